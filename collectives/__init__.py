@@ -1,0 +1,34 @@
+"""Communication for data-parallel training behind one small interface (`Collectives`).
+
+`init_collectives(cfg, rank_info)` is the one place a process group starts; backends are
+imported lazily so that importing this package has no side effects and needs no MPI.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from collectives.base import Collectives, CollectivesError
+
+if TYPE_CHECKING:
+    from collectives.config import CommConfig
+    from hpc.env import RankInfo
+
+__all__ = ["Collectives", "CollectivesError", "init_collectives"]
+
+
+def init_collectives(cfg: CommConfig, rank_info: RankInfo) -> Collectives:
+    if cfg.backend == "mpi":
+        from collectives.mpi import MpiCollectives
+
+        comm: Collectives = MpiCollectives.from_world()
+    else:
+        raise CollectivesError(f"comm.backend={cfg.backend!r} is not available; use comm=mpi")
+    if (comm.rank, comm.world_size) != (rank_info.rank, rank_info.world_size):
+        comm.close()
+        raise CollectivesError(
+            f"{cfg.backend} sees rank {comm.rank} of {comm.world_size} but the launcher "
+            f"({rank_info.launcher}) says rank {rank_info.rank} of {rank_info.world_size}: "
+            "launch with srun --mpi=pmix or mpirun, not a plain python per task"
+        )
+    return comm

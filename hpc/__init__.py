@@ -1,0 +1,1 @@
+"""Login-node and rank-environment side. The submit path never imports torch."""

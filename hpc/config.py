@@ -1,0 +1,83 @@
+"""Typed configs owned by hpc/, and the root config that ties every group together.
+
+Registered in Hydra's ConfigStore by `register_schemas()` (called once by launch.py), so an
+override of a key that no dataclass declares fails at compose time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from collectives.config import CommConfig
+from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+
+LAUNCHERS = ("local", "slurm")
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    launcher: str = "local"  # local: mpirun on this machine; slurm: sbatch through submitit
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    cpus_per_node: int | None = None  # None: no limit checked (local: oversubscribe)
+    gpus_per_node: int = 0
+    max_nodes: int | None = None
+    time_min: int = 60  # default wall-clock limit of a job
+    mem_gb: float | None = None
+    srun_args: list[str] = field(default_factory=lambda: ["--mpi=pmix"])
+    mpirun_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # exported on every rank
+    setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun
+
+
+@dataclass
+class ResourcesConfig:
+    nodes: int = 1
+    tasks_per_node: int = 2
+    cpus_per_task: int = 1
+    gpus_per_task: int = 0
+    time_min: int | None = None  # None: the cluster's default
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "cpu"
+    gpus_per_node: int = 0
+    nics: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JobConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    name: str = "train"
+    run_root: str = "runs"  # run directories go under here (relative: to the launch dir)
+    dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing
+    wait: bool = False  # slurm: block until the job ends, streaming rank 0's log
+
+
+def register_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+
+
+def to_job_config(cfg: Any) -> JobConfig:
+    """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
+    job = OmegaConf.to_object(merged)
+    assert isinstance(job, JobConfig)
+    return job

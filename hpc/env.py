@@ -1,0 +1,158 @@
+"""One reader of the rank environment: where am I in the job?
+
+Launchers describe a rank in different variables. In order of precedence (the innermost
+launcher wins: mpirun inside an sbatch allocation is described by OMPI_*, not SLURM_PROCID):
+torchrun (RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK), Open MPI's mpirun (OMPI_COMM_WORLD_*),
+a Slurm job step (SLURM_PROCID inside srun), PMIx (PMIX_RANK), else a single process.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import hostlist
+
+
+class RankEnvError(ValueError):
+    """The environment describes an impossible rank layout."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    hosts: tuple[str, ...]
+    launcher: str  # torchrun | mpirun | slurm | pmix | single
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], hostname: str | None = None) -> RankInfo:
+        hostname = hostname or socket.gethostname()
+        if "TORCHELASTIC_RUN_ID" in env or {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= env.keys():
+            info = _from_torchrun(env, hostname)
+        elif "OMPI_COMM_WORLD_RANK" in env:
+            info = _from_ompi(env, hostname)
+        elif "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+            info = _from_slurm(env)
+        elif "PMIX_RANK" in env and "PMIX_SIZE" in env:
+            info = _from_pmix(env, hostname)
+        else:
+            info = cls(0, 0, 1, 1, 0, 1, (hostname,), "single")
+        info.check()
+        return info
+
+    def check(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise RankEnvError(f"rank {self.rank} outside world of size {self.world_size}")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise RankEnvError(f"local_rank {self.local_rank} outside {self.local_world_size} local ranks")
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise RankEnvError(f"node_rank {self.node_rank} outside {self.num_nodes} nodes")
+
+    @property
+    def host(self) -> str:
+        return self.hosts[self.node_rank] if self.node_rank < len(self.hosts) else self.hosts[0]
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    value = env.get(key)
+    if value is None:
+        if default is None:
+            raise RankEnvError(f"{key} is not set")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise RankEnvError(f"{key}={value!r} is not an integer") from None
+
+
+def slurm_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    return tuple(hostlist.expand_hostlist(nodelist)) if nodelist else ()
+
+
+def _tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
+    """SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1': expand and pick this node's count."""
+    expanded: list[int] = []
+    for part in tasks_per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        expanded += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return expanded[node_rank]
+
+
+def _from_slurm(env: Mapping[str, str]) -> RankInfo:
+    node_rank = _int(env, "SLURM_NODEID")
+    hosts = slurm_hosts(env)
+    num_nodes = _int(env, "SLURM_STEP_NUM_NODES", _int(env, "SLURM_NNODES", max(len(hosts), 1)))
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    local_world = _tasks_on_node(per_node, node_rank) if per_node else 1
+    world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
+    hosts = hosts or (env.get("SLURMD_NODENAME", "localhost"),)
+    return RankInfo(
+        rank=_int(env, "SLURM_PROCID"),
+        local_rank=_int(env, "SLURM_LOCALID"),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        hosts=hosts,
+        launcher="slurm",
+    )
+
+
+def _from_ompi(env: Mapping[str, str], hostname: str) -> RankInfo:
+    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+    world = _int(env, "OMPI_COMM_WORLD_SIZE")
+    num_nodes = max(1, -(-world // local_world))
+    # mpirun gives no node index; with the block mapping it uses by default it is rank // ppn.
+    node_rank = min(rank // local_world, num_nodes - 1)
+    return RankInfo(
+        rank=rank,
+        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        hosts=slurm_hosts(env) if num_nodes > 1 and slurm_hosts(env) else (hostname,) * num_nodes,
+        launcher="mpirun",
+    )
+
+
+def _from_torchrun(env: Mapping[str, str], hostname: str) -> RankInfo:
+    world = _int(env, "WORLD_SIZE")
+    local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+    num_nodes = max(1, -(-world // local_world))
+    return RankInfo(
+        rank=_int(env, "RANK"),
+        local_rank=_int(env, "LOCAL_RANK"),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=_int(env, "GROUP_RANK", _int(env, "RANK") // local_world),
+        num_nodes=num_nodes,
+        hosts=slurm_hosts(env) or (hostname,) * num_nodes,
+        launcher="torchrun",
+    )
+
+
+def _from_pmix(env: Mapping[str, str], hostname: str) -> RankInfo:
+    world = _int(env, "PMIX_SIZE")
+    return RankInfo(
+        rank=_int(env, "PMIX_RANK"),
+        local_rank=_int(env, "PMIX_LOCAL_RANK", 0),
+        world_size=world,
+        local_world_size=_int(env, "PMIX_LOCAL_SIZE", world),
+        node_rank=_int(env, "PMIX_NODE_RANK", 0),
+        num_nodes=_int(env, "PMIX_NUM_NODES", 1),
+        hosts=(hostname,),
+        launcher="pmix",
+    )

@@ -1,0 +1,62 @@
+"""From a composed config to a running job: validate, lay out the run dir, run or submit."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from hpc import local, slurm
+from hpc.config import JobConfig
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+from hpc.spec import rank_environment, validate_job
+from trainers.datasets import resolve_data_path
+
+
+def resolved_yaml(job: JobConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(job))
+
+
+def prepare(job: JobConfig) -> JobConfig:
+    """Validate, and pin what ranks must not re-derive (the data path, made absolute)."""
+    info = validate_job(job)
+    return replace(job, data=replace(job.data, path=str(Path(info.path))))
+
+
+def launch(job: JobConfig, run_dir: RunDir) -> int:
+    job = prepare(job)
+    env = rank_environment(job)
+    if job.dry_run:
+        print("# resolved config")
+        print(resolved_yaml(job))
+        if job.cluster.launcher == "slurm":
+            print("# sbatch script")
+            print(slurm.render_sbatch(job, env, run_dir))
+        else:
+            print("# command (cluster=local runs mpirun, no sbatch)")
+            print(" ".join(local.mpirun_command("mpirun", job, run_dir)))
+        return 0
+    run_dir.config.write_text(resolved_yaml(job))
+    if job.cluster.launcher == "local":
+        code = local.run_local(job, env, run_dir)
+        print(f"run directory: {run_dir.path}")
+        return code
+    job_id = slurm.submit(job, env, run_dir)
+    run_dir.write_json(run_dir.job, {"job_id": job_id, "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
+    print(f"submitted job {job_id} to {job.cluster.name}")
+    print(f"run directory: {run_dir.path}")
+    if not job.wait:
+        return 0
+    state = slurm.wait_for_job(job_id, run_dir.rank_log(0))
+    print(f"job {job_id} ended: {state}")
+    return 0 if state == "COMPLETED" and run_dir.result.exists() else 1
+
+
+def discard_run_dir(run_dir: RunDir) -> None:
+    """After a dry run or refused input, remove what Hydra created; nothing else is there."""
+    leftovers = {p.name for p in run_dir.path.iterdir()} if run_dir.path.is_dir() else set()
+    if leftovers <= {".hydra", "launch.log"}:
+        shutil.rmtree(run_dir.path, ignore_errors=True)

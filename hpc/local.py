@@ -1,0 +1,34 @@
+"""The embedded default: the job's ranks as local MPI processes under mpirun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from hpc.config import JobConfig
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+from hpc.spec import find_mpirun
+
+
+def mpirun_command(mpirun: str, job: JobConfig, run_dir: RunDir) -> list[str]:
+    ranks = job.resources.nodes * job.resources.tasks_per_node
+    return [
+        mpirun,
+        "-np", str(ranks),
+        "--oversubscribe",  # more ranks than cores is fine for a laptop run
+        "--bind-to", "none",  # let the OS spread ranks; binding is the topology issue's job
+        *job.cluster.mpirun_args,
+        sys.executable, "-m", "hpc.rank_main", str(run_dir.path),
+    ]
+
+
+def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:
+    """Run in the foreground; rank 0 prints progress. Returns mpirun's exit code."""
+    mpirun = find_mpirun()
+    if mpirun is None:
+        raise UserError("mpirun not found: run scripts/install.sh")
+    command = mpirun_command(mpirun, job, run_dir)
+    (run_dir.path / "command.txt").write_text(" ".join(command) + "\n")
+    return subprocess.run(command, env={**os.environ, **env}).returncode

@@ -1,0 +1,76 @@
+"""Compose-time checks of command-line overrides, reported as one line naming the valid choices.
+
+Hydra's own messages span several lines and do not list the keys a group accepts; we compose
+once up front and translate its errors, using the dataclass schemas for the list of keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+from hpc.config import JobConfig
+from hpc.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def schema_keys(dotted: str) -> tuple[str, list[str]] | None:
+    """For 'optim.lrr': ('optim', [the OptimConfig fields]). None when no schema owns the path."""
+    node: Any = JobConfig
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(node):
+            return None
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            return ".".join(parts[:depth]), names
+        node = typing.get_type_hints(node)[part]
+    return None
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _override_keys(overrides: list[str]) -> list[str]:
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+
+
+def explain_composition_error(err: Exception, overrides: list[str]) -> str:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, option = str(err.missing_cfg_file).rpartition("/")
+        if group and (CONF_DIR / group).is_dir():
+            return f"unknown option {group}={option}; choose one of: {', '.join(group_options(group))}"
+    text = " ".join(str(err).split())
+    for key in _override_keys(overrides):
+        if f"'{key}'" in text and ("not in" in text or "Could not override" in text or "Could not append" in text):
+            found = schema_keys(key)
+            if found is not None:
+                parent, names = found
+                where = f"'{parent}'" if parent else "the root config"
+                return f"unknown key '{key}'; valid keys in {where}: {', '.join(names)}"
+    cause = err.__cause__ or err
+    detail = " ".join(str(cause).split("full_key:")[0].split())
+    return detail or text
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Compose the config with these overrides; raise UserError with one line on failure."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=plain)
+            OmegaConf.to_object(cfg)  # type errors surface on conversion, e.g. nodes=abc
+    except Exception as err:  # hydra and omegaconf raise many types; all become one line
+        raise UserError(explain_composition_error(err, plain)) from None
+    finally:
+        GlobalHydra.instance().clear()

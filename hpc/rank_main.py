@@ -1,0 +1,78 @@
+"""What every rank runs: read the run dir's config, find its place, train, report.
+
+    python -m hpc.rank_main RUN_DIR     (under mpirun, srun, or sbatch/train.sbatch)
+
+submitit calls `run_rank(RUN_DIR)` directly. Module import stays light (no torch) because
+the login node pickles `run_rank` by reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.env import RankInfo
+from hpc.rundir import RunDir
+
+
+def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
+    """One log file per rank; rank 0 also prints to stdout. Every line names the rank."""
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    prefix = f"[rank {rank.rank}/{rank.world_size} {rank.host}]"
+    file_handler = logging.FileHandler(run_dir.rank_log(rank.rank))
+    file_handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(name)s: %(message)s"))
+    handlers: list[logging.Handler] = [file_handler]
+    if rank.is_main:
+        console = logging.StreamHandler(sys.stdout)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        handlers.append(console)
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+
+
+def run_rank(run_dir_path: str) -> dict[str, Any]:
+    import torch
+
+    from collectives import init_collectives
+    from hpc.config import to_job_config
+    from omegaconf import OmegaConf
+    from trainers.fit import FitConfig, fit
+    from trainers.metrics import MetricsWriter
+
+    run_dir = RunDir(Path(run_dir_path))
+    job = to_job_config(OmegaConf.load(run_dir.config))
+    rank = RankInfo.from_env(os.environ)
+    init_rank_logging(run_dir, rank)
+    log = logging.getLogger("hpc.rank")
+    torch.set_num_threads(max(1, job.trainer.threads_per_rank))
+    log.info("rank %d local_rank %d node %d/%d on %s (launcher %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher)
+    comm = init_collectives(job.comm, rank)
+    try:
+        fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer)
+        metrics = MetricsWriter(run_dir.metrics if rank.is_main else None)
+        assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
+        result = fit(fit_cfg, comm, Path(job.data.path), metrics)
+        comm.barrier()
+    finally:
+        comm.close()
+    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": "completed"}
+    if rank.is_main:
+        run_dir.write_json(run_dir.result, summary)
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m hpc.rank_main RUN_DIR", file=sys.stderr)
+        return 2
+    if not RunDir(Path(argv[0])).config.is_file():
+        print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
+        return 2
+    run_rank(argv[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""Slurm through submitit: sbatch parameters, the exact script, submission, job state.
+
+`sbatch_parameters` and `render_sbatch` are pure: the dry run prints the very text that
+submitit writes at submission, because both go through submitit's own renderer.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc.config import JobConfig
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def setup_lines(env: dict[str, str]) -> list[str]:
+    """Shell lines run in the batch script before srun; every value is quoted, never executed."""
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items()) if key.isidentifier()]
+    lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return lines
+
+
+def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
+    bad = sorted(key for key in env if not key.isidentifier())
+    if bad:
+        raise UserError(f"cluster.env has names that are not shell variables: {', '.join(bad)}")
+    res, cluster = job.resources, job.cluster
+    params: dict[str, Any] = {
+        "job_name": job.name,
+        "nodes": res.nodes,
+        "ntasks_per_node": res.tasks_per_node,
+        "cpus_per_task": res.cpus_per_task,
+        "time": res.time_min if res.time_min is not None else cluster.time_min,
+        "srun_args": list(cluster.srun_args),
+        "setup": setup_lines(env) + list(cluster.setup),
+        "stderr_to_stdout": False,
+    }
+    optional = {"partition": cluster.partition, "account": cluster.account, "qos": cluster.qos, "constraint": cluster.constraint}
+    params.update({key: value for key, value in optional.items() if value})
+    if cluster.mem_gb:
+        params["mem"] = f"{int(cluster.mem_gb * 1024)}MB"
+    if res.gpus_per_task:
+        params["gpus_per_task"] = res.gpus_per_task
+    return params
+
+
+def submitit_command(folder: Path) -> str:
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+
+
+def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = run_dir.submitit / "%j"
+    return _make_sbatch_string(command=submitit_command(folder), folder=folder, **sbatch_parameters(job, env))
+
+
+def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+    """Submit `hpc.rank_main.run_rank(run_dir)` on every task; returns the Slurm job id."""
+    import submitit
+
+    from hpc.rank_main import run_rank
+
+    executor = submitit.SlurmExecutor(folder=run_dir.submitit / "%j", python=shlex.quote(sys.executable))
+    executor.update_parameters(**sbatch_parameters(job, env))
+    try:
+        submitted = executor.submit(run_rank, str(run_dir.path))
+    except (subprocess.CalledProcessError, submitit.core.utils.FailedSubmissionError) as err:
+        detail = getattr(err, "stderr", None) or getattr(err, "output", None) or str(err)
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        raise UserError(f"sbatch refused the job: {' '.join(str(detail).split())}") from None
+    run_dir.sbatch.write_text(submitted.paths.submission_file.read_text())
+    return str(submitted.job_id)
+
+
+def job_state(job_id: str) -> str:
+    """The job's state from squeue (works without accounting); UNKNOWN once Slurm forgot it."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True, text=True)
+    states = out.stdout.split()
+    return states[0] if out.returncode == 0 and states else "UNKNOWN"
+
+
+def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = print, poll_s: float = 1.0) -> str:
+    """Block until the job ends, streaming rank 0's log; returns the final state."""
+    offset = 0
+    while True:
+        state = job_state(job_id)
+        if rank0_log.exists():
+            with rank0_log.open() as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+            for line in chunk.splitlines():
+                emit(line)
+        if state in TERMINAL_STATES or state == "UNKNOWN":
+            return state
+        time.sleep(poll_s)  # polling squeue: the job's state has no push notification here

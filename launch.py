@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Compose a job from Hydra configs, validate it, and run it locally or submit it to Slurm.
+
+    python launch.py                                   # embedded default: 2 local MPI ranks
+    python launch.py cluster=simulated resources.nodes=2 resources.tasks_per_node=2
+    python launch.py dry_run=true cluster=simulated    # print config + sbatch, submit nothing
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from hpc.config import register_schemas, to_job_config
+from hpc.errors import UserError
+from hpc.launch import discard_run_dir, launch
+from hpc.overrides import check_overrides
+from hpc.rundir import RunDir
+
+HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
+MULTIRUN_FLAGS = {"-m", "--multirun"}
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
+    try:
+        job = to_job_config(cfg)
+        code = launch(job, run_dir)
+    except UserError as err:
+        discard_run_dir(run_dir)
+        fail(str(err), err.exit_code)
+    if job.dry_run:
+        discard_run_dir(run_dir)
+    if code:
+        sys.exit(code)
+
+
+def cli() -> None:
+    register_schemas()
+    args = sys.argv[1:]
+    if not HYDRA_INFO_FLAGS & set(args) and not MULTIRUN_FLAGS & set(args):
+        try:
+            check_overrides([a for a in args if not a.startswith("-")])
+        except UserError as err:
+            fail(str(err), err.exit_code)
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# A real Slurm cluster simulated on one machine: munged, slurmctld and one slurmd per
+# simulated node (node1..nodeN), each slurmd in its own mount namespace with a private
+# /nodetmp so that PMIx and Open MPI's shared memory do not collide between "nodes".
+#
+#   scripts/slurm-sim.sh start | stop | status
+#
+# Needs root and Debian's slurmctld slurmd slurm-client munge (scripts/install.sh --cluster).
+set -euo pipefail
+
+command=${1:-start}
+state_dir=${HPCTK_SLURM_STATE:-/var/tmp/hpctk-slurm}
+num_nodes=${HPCTK_SLURM_NODES:-4}
+cpus_per_node=${HPCTK_SLURM_CPUS:-4}
+slurm_conf=/etc/slurm/slurm.conf
+host=$(hostname -s)
+
+die() { echo "slurm-sim: $*" >&2; exit 1; }
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll a condition, never sleep blindly
+    local deadline=$((SECONDS + $1)) what=$2; shift 2
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "timed out waiting for $what"
+        sleep 0.5
+    done
+}
+
+render_slurm_conf() {
+    cat <<EOF
+# Written by scripts/slurm-sim.sh: a simulated ${num_nodes}-node cluster on host ${host}.
+ClusterName=hpctk-sim
+SlurmctldHost=${host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+JobRequeue=1
+MinJobAge=600
+KillWait=10
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+SchedulerType=sched/backfill
+# Preemption: a job in 'high' that needs the CPUs of a job in 'debug' requeues it after
+# GraceTime, and the preempted job's tasks are signalled first (preempt_send_user_signal).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+StateSaveLocation=${state_dir}/ctld
+SlurmctldPidFile=${state_dir}/slurmctld.pid
+SlurmctldLogFile=${state_dir}/slurmctld.log
+SlurmdSpoolDir=${state_dir}/%n/spool
+SlurmdPidFile=${state_dir}/%n/slurmd.pid
+SlurmdLogFile=${state_dir}/%n/slurmd.log
+# PMIx does not expand %n in its client tmpdir: each slurmd sees its own /nodetmp instead.
+TmpFS=/nodetmp
+NodeName=node[1-${num_nodes}] NodeHostname=${host} CPUs=${cpus_per_node} RealMemory=4000 Port=[17001-$((17000 + num_nodes))] State=UNKNOWN
+PartitionName=debug Nodes=node[1-${num_nodes}] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20
+PartitionName=high Nodes=node[1-${num_nodes}] Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
+EOF
+}
+
+start_munge() {
+    if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
+    [[ -s /etc/munge/munge.key ]] || mungekey --create --force
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /etc/munge/munge.key /run/munge /var/log/munge /var/lib/munge
+    chmod 0400 /etc/munge/munge.key
+    runuser -u munge -- munged
+    wait_for 20 "munged" sh -c 'munge -n | unmunge'
+}
+
+all_nodes_idle() {
+    local states
+    states=$(sinfo -h -N -p debug -o '%T' 2>/dev/null) || return 1
+    [[ $(grep -c . <<<"$states") -eq $num_nodes ]] || return 1
+    ! grep -qv -E '^(idle|mixed|allocated)$' <<<"$states"
+}
+
+start() {
+    [[ $(id -u) -eq 0 ]] || die "needs root (it starts slurmctld, slurmd and munged)"
+    command -v slurmctld >/dev/null || die "slurmctld not found: run scripts/install.sh --cluster"
+    if all_nodes_idle; then echo "slurm-sim: already running"; return; fi
+    stop >/dev/null 2>&1 || true
+    mkdir -p "${state_dir}/ctld" /nodetmp /etc/slurm
+    render_slurm_conf >"${slurm_conf}"
+    start_munge
+    slurmctld -i
+    wait_for 30 "slurmctld" scontrol ping
+    local k
+    for ((k = 1; k <= num_nodes; k++)); do
+        local node="node${k}"
+        mkdir -p "${state_dir}/${node}/spool" "${state_dir}/${node}/tmp"
+        unshare --mount --propagation private sh -c \
+            'mount --bind "$1" /nodetmp && exec slurmd -N "$2"' _ "${state_dir}/${node}/tmp" "${node}"
+    done
+    wait_for 60 "${num_nodes} idle nodes" all_nodes_idle
+    echo "slurm-sim: ${num_nodes} nodes x ${cpus_per_node} CPUs up (partitions debug, high)"
+}
+
+kill_pidfile() {
+    local pid
+    [[ -f $1 ]] || return 0
+    pid=$(cat "$1")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+stop() {
+    scancel --quiet --full --user="$(id -un)" 2>/dev/null || true
+    local pidfile
+    for pidfile in "${state_dir}"/node*/slurmd.pid; do kill_pidfile "$pidfile"; done
+    kill_pidfile "${state_dir}/slurmctld.pid"
+    pkill -x slurmstepd 2>/dev/null || true
+    echo "slurm-sim: stopped"
+}
+
+case "$command" in
+start) start ;;
+stop) stop ;;
+status) sinfo -N -l ;;
+*) die "usage: $0 start|stop|status" ;;
+esac

@@ -1,0 +1,101 @@
+"""HDF5 data sets on disk: building the built-in one and checking any one. No torch here, so
+the login node can check a data set before it submits anything.
+
+Layout of a data set file: `train/x`, `train/y`, `test/x`, `test/y` (names configurable).
+x is N x C x H x W (or N x D); uint8 inputs are scaled by the dataset's `scale` attribute
+(default 1/255); y holds integer class labels. `num_classes` is a file attribute, or max(y)+1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from trainers.config import DataConfig
+
+DIGITS_FILE = "digits.h5"
+
+
+class DataError(ValueError):
+    """A data set that cannot be trained on; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    path: str
+    num_train: int
+    num_test: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HPCTK_CACHE") or Path.home() / ".cache" / "hpc-toolkit")
+
+
+def default_dataset_path() -> Path:
+    return cache_dir() / DIGITS_FILE
+
+
+def build_digits_hdf5(path: Path, test_fraction: float = 0.2, seed: int = 0) -> Path:
+    """scikit-learn's bundled digits (no network) -> HDF5, written atomically."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("the built-in digits data set needs scikit-learn: pip install scikit-learn") from None
+    digits = load_digits()
+    images = digits.images.astype(np.uint8)[:, None, :, :]  # values 0..16, 8x8
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    num_test = int(round(len(labels) * test_fraction))
+    test, train = order[:num_test], order[num_test:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["num_classes"] = 10
+        f.attrs["source"] = "sklearn.datasets.load_digits"
+        for split, idx in (("train", np.sort(train)), ("test", np.sort(test))):
+            x = f.create_dataset(f"{split}/x", data=images[idx])
+            x.attrs["scale"] = 1.0 / 16.0
+            f.create_dataset(f"{split}/y", data=labels[idx])
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_data_path(cfg: DataConfig) -> Path:
+    """The absolute path ranks will read; builds the built-in set when no path is given."""
+    if cfg.path is None:
+        path = default_dataset_path()
+        if not path.exists():
+            build_digits_hdf5(path)
+        return path
+    return Path(cfg.path).expanduser().resolve()
+
+
+def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
+    if not path.exists():
+        raise DataError(f"data.path {str(path)!r} does not exist")
+    if not path.is_file() or not h5py.is_hdf5(path):
+        raise DataError(f"data.path {str(path)!r} is not an HDF5 file")
+    with h5py.File(path, "r") as f:
+        missing = [name for name in (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y) if not isinstance(f.get(name), h5py.Dataset)]
+        if missing:
+            raise DataError(f"{path} lacks the dataset(s) {', '.join(missing)} (set data.train_x/... to the names it has)")
+        train_x, train_y, test_x, test_y = (f[name] for name in (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y))
+        for x, y in ((train_x, train_y), (test_x, test_y)):
+            if x.shape[0] != y.shape[0] or y.ndim != 1:
+                raise DataError(f"{path}: {x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
+            if not np.issubdtype(y.dtype, np.integer):
+                raise DataError(f"{path}: labels {y.name} must be integers, not {y.dtype}")
+            if not (np.issubdtype(x.dtype, np.number) and x.ndim >= 2):
+                raise DataError(f"{path}: inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
+        if train_x.shape[1:] != test_x.shape[1:]:
+            raise DataError(f"{path}: train inputs {train_x.shape[1:]} and test inputs {test_x.shape[1:]} differ in shape")
+        if train_x.shape[0] == 0:
+            raise DataError(f"{path}: {cfg.train_x} is empty")
+        num_classes = int(f.attrs.get("num_classes", 0)) or int(max(np.max(train_y[:]), np.max(test_y[:], initial=0))) + 1
+        return DatasetInfo(str(path), train_x.shape[0], test_x.shape[0], tuple(train_x.shape[1:]), num_classes)
