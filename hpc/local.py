@@ -8,7 +8,7 @@ import sys
 
 from hpc.config import JobConfig
 from hpc.errors import UserError
-from hpc.rundir import RunDir
+from hpc.rundir import PROJECT_ROOT, RunDir
 from hpc.spec import find_mpirun
 
 
@@ -31,4 +31,5 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:
         raise UserError("mpirun not found: run scripts/install.sh")
     command = mpirun_command(mpirun, job, run_dir)
     (run_dir.path / "command.txt").write_text(" ".join(command) + "\n")
-    return subprocess.run(command, env={**os.environ, **env}).returncode
+    pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": pythonpath}).returncode

@@ -55,8 +55,9 @@ def explain_composition_error(err: Exception, overrides: list[str]) -> str:
                 where = f"'{parent}'" if parent else "the root config"
                 return f"unknown key '{key}'; valid keys in {where}: {', '.join(names)}"
     cause = err.__cause__ or err
-    detail = " ".join(str(cause).split("full_key:")[0].split())
-    return detail or text
+    detail = " ".join(str(cause).split("full_key:")[0].split()) or text
+    full_key = getattr(cause, "full_key", None)
+    return f"{full_key}: {detail}" if full_key else detail
 
 
 def check_overrides(overrides: list[str]) -> None:

@@ -16,9 +16,7 @@ from typing import Any
 
 from hpc.config import JobConfig
 from hpc.errors import UserError
-from hpc.rundir import RunDir
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from hpc.rundir import PROJECT_ROOT, RunDir
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 

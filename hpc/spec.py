@@ -23,9 +23,10 @@ def check_resources(job: JobConfig) -> None:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
     if res.gpus_per_task < 0:
         raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
+    if cluster.launcher == "local" and res.nodes > 1:
+        raise UserError(f"resources.nodes={res.nodes}: cluster=local runs on this one machine; choose a Slurm cluster for more nodes")
     if cluster.max_nodes is not None and res.nodes > cluster.max_nodes:
-        where = "this machine (cluster=local) is one node" if cluster.launcher == "local" else f"cluster {cluster.name} has {cluster.max_nodes} nodes"
-        raise UserError(f"resources.nodes={res.nodes} is more than {cluster.max_nodes}: {where}")
+        raise UserError(f"resources.nodes={res.nodes} is more than the {cluster.max_nodes} nodes of cluster {cluster.name}")
     cpus = res.tasks_per_node * res.cpus_per_task
     if cluster.cpus_per_node is not None and cpus > cluster.cpus_per_node:
         raise UserError(

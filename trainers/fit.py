@@ -111,7 +111,10 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                 step += 1
                 if max_steps is not None and step >= max_steps:
                     break
-            epoch_seconds = time.perf_counter() - started
+            # Throughput is set by the slowest rank: every rank reports that one figure.
+            slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+            comm.allreduce_(slowest, op="max")
+            epoch_seconds = float(slowest)
             train_seconds += epoch_seconds
             total_loss, total_seen = allreduce_sums(comm, [loss_sum, seen])
             loss = total_loss / max(total_seen, 1)

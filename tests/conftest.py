@@ -1,0 +1,53 @@
+"""Shared test helpers. Under CI=true a missing MPI or Slurm is a failure, never a skip."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(condition: bool, what: str) -> None:
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI (scripts/test.sh installs and starts it)")
+    pytest.skip(f"{what} not available")
+
+
+def slurm_is_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-p", "debug", "-N", "-o", "%T"], capture_output=True, text=True)
+    return out.returncode == 0 and any(state in out.stdout for state in ("idle", "mixed", "allocated"))
+
+
+@pytest.fixture
+def needs_mpi() -> None:
+    from hpc.spec import find_mpirun
+
+    require(find_mpirun() is not None, "mpirun")
+
+
+@pytest.fixture
+def needs_slurm() -> None:
+    require(slurm_is_up(), "a running Slurm cluster (scripts/slurm-sim.sh start)")
+
+
+def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python launch.py OVERRIDES...` in a subprocess, run dirs under cwd."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))

@@ -1,0 +1,59 @@
+"""Multi-rank tests under real Open MPI: 2 and 3 ranks (odd counts matter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpc.spec import find_mpirun
+from tests.conftest import ROOT, run_dirs, run_launch
+from trainers.metrics import read_metrics
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+
+def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [find_mpirun() or "mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, *command]
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_collectives_are_correct(ranks):
+    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"collectives ok on {ranks} ranks" in result.stdout
+
+
+def test_embedded_default_trains_on_two_ranks(tmp_path):
+    """`python launch.py` with no overrides: >= 0.95 test accuracy, rank 0 alone prints."""
+    result = run_launch(cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 20  # rank 0 only: one line per epoch, not one per rank
+    assert all("loss" in line and "test_acc" in line and "samples/s" in line for line in epoch_lines)
+    assert result.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["train_seconds"] < 60
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["epoch"] for m in metrics] == list(range(1, 21))
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
+        assert f"[rank {rank}/2 " in log and "epoch 20/20" in log
+
+
+def test_three_ranks_agree_on_metrics(tmp_path):
+    """Odd world size: every rank logs the same rank-averaged loss and accuracy."""
+    result = run_launch("resources.tasks_per_node=3", "trainer.epochs=8", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    finals = {(run_dir / "logs" / f"rank-{r:05d}.log").read_text().strip().splitlines()[-1].split(": ", 1)[1] for r in range(3)}
+    assert len(finals) == 1 and "epoch 8/8" in finals.pop()
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["world_size"] == 3 and summary["test_accuracy"] >= 0.9

@@ -1,0 +1,80 @@
+"""launch.py as users type it: help, config printing, dry runs, and one-line errors."""
+
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from tests.conftest import run_dirs, run_launch
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    result = run_launch("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for group in ("cluster", "resources", "comm", "model", "data", "optim", "trainer", "checkpoint", "topology"):
+        assert f"{group}:" in result.stdout
+
+
+def test_cfg_job_prints_config_without_running(tmp_path):
+    result = run_launch("--cfg", "job", "optim.lr=0.3", cwd=tmp_path)
+    assert result.returncode == 0 and "lr: 0.3" in result.stdout
+    assert run_dirs(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("optim.lrr=0.1", ["unknown key 'optim.lrr'", "lr, momentum"]),
+        ("model=nope", ["unknown option model=nope", "cnn, mlp"]),
+        ("resources.nodes=0", ["resources.nodes=0 must be >= 1"]),
+        ("resources.tasks_per_node=0", ["resources.tasks_per_node=0 must be >= 1"]),
+        ("resources.nodes=x", ["resources.nodes"]),
+    ],
+)
+def test_bad_overrides_fail_in_one_line(tmp_path, override, fragments):
+    assert_one_line_error(run_launch(override, cwd=tmp_path), *fragments)
+    assert not (tmp_path / "runs").exists() or run_dirs(tmp_path) == []
+
+
+def test_more_tasks_than_cluster_cpus_is_refused_before_submission(tmp_path):
+    result = run_launch("cluster=simulated", "resources.tasks_per_node=5", cwd=tmp_path)
+    assert_one_line_error(result, "5 tasks x 1 CPUs per node = 5 > the 4 CPUs")
+
+
+def test_bad_data_paths_are_refused(tmp_path):
+    assert_one_line_error(run_launch(f"data.path={tmp_path}/missing.h5", cwd=tmp_path), "does not exist")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert_one_line_error(run_launch(f"data.path={tmp_path}/notes.txt", cwd=tmp_path), "is not an HDF5 file")
+    with h5py.File(tmp_path / "partial.h5", "w") as f:
+        f["train/x"] = np.zeros((8, 4))
+        f["train/y"] = np.zeros(8, dtype=int)
+    assert_one_line_error(run_launch(f"data.path={tmp_path}/partial.h5", cwd=tmp_path), "lacks the dataset(s) test/x, test/y")
+    assert run_dirs(tmp_path) == []
+
+
+def test_missing_launch_tools_are_named(tmp_path):
+    if (Path(sys.executable).parent / "mpirun").exists():
+        pytest.skip("this python's own bin/ has an mpirun (pip-installed Open MPI)")
+    no_tools = {"PATH": str(tmp_path / "empty-bin"), "HOME": str(Path.home())}
+    assert_one_line_error(run_launch(cwd=tmp_path, env=no_tools), "mpirun not found")
+    assert_one_line_error(run_launch("cluster=simulated", cwd=tmp_path, env=no_tools), "sbatch not found")
+
+
+def test_dry_run_prints_config_and_exact_sbatch_and_leaves_nothing(tmp_path):
+    result = run_launch("dry_run=true", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "# resolved config" in out and "tasks_per_node: 2" in out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=2" in out and "--mpi=pmix" in out
+    assert "export OMPI_MCA_btl_vader_backing_directory=/nodetmp" in out
+    assert run_dirs(tmp_path) == [] and not list((tmp_path / "runs").rglob("*.yaml"))

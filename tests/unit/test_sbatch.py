@@ -1,0 +1,52 @@
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+from hpc.slurm import render_sbatch, sbatch_parameters
+
+CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20, account="proj1")
+
+
+def render(env=None, **resources):
+    job = JobConfig(cluster=CLUSTER, resources=replace(ResourcesConfig(), **resources), name="train")
+    return render_sbatch(job, env or {}, RunDir(Path("/runs/a b")))
+
+
+def sbatch_lines(text):
+    return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_resources_become_sbatch_flags():
+    lines = sbatch_lines(render(nodes=2, tasks_per_node=3, cpus_per_task=1))
+    for flag in ("--nodes=2", "--ntasks-per-node=3", "--cpus-per-task=1", "--partition=debug", "--time=20", "--account=proj1", "--job-name=train"):
+        assert f"#SBATCH {flag}" in lines
+
+
+def test_ranks_start_with_srun_pmix_and_the_run_dir_is_quoted():
+    text = render(nodes=2)
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--mpi=pmix" in srun and "-m submitit.core._submit '/runs/a b/slurm/%j'" in srun
+
+
+def test_env_values_are_passed_literally_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    nasty = f"a'b \"c\" $(touch {marker}) `touch {marker}`; touch {marker}\nnext"
+    text = render(env={"NASTY": nasty})
+    setup = text[text.index("# setup") : text.index("# command")]
+    script = setup + 'printf %s "$NASTY"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout == nasty and not marker.exists()
+
+
+def test_env_names_must_be_shell_identifiers():
+    with pytest.raises(UserError, match="not shell variables: A;B"):
+        sbatch_parameters(JobConfig(cluster=CLUSTER), {"A;B": "x"})
+
+
+def test_script_is_valid_bash():
+    subprocess.run(["bash", "-n"], input=render(nodes=2), text=True, check=True)

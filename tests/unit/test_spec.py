@@ -1,0 +1,62 @@
+from dataclasses import replace
+
+import pytest
+
+from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.errors import UserError
+from hpc.spec import check_resources, check_training, rank_environment
+
+SIMULATED = ClusterConfig(name="sim", launcher="slurm", cpus_per_node=4, gpus_per_node=0, max_nodes=4)
+
+
+def job(cluster=SIMULATED, **resources):
+    return JobConfig(cluster=cluster, resources=replace(ResourcesConfig(), **resources))
+
+
+def test_a_request_that_fits_passes():
+    check_resources(job(nodes=4, tasks_per_node=2, cpus_per_task=2))
+
+
+@pytest.mark.parametrize(
+    "resources, message",
+    [
+        (dict(nodes=0), "resources.nodes=0 must be >= 1"),
+        (dict(tasks_per_node=0), "resources.tasks_per_node=0 must be >= 1"),
+        (dict(cpus_per_task=0), "resources.cpus_per_task=0"),
+        (dict(nodes=5), "more than the 4 nodes"),
+        (dict(tasks_per_node=5), "5 tasks x 1 CPUs per node = 5 > the 4 CPUs"),
+        (dict(tasks_per_node=2, cpus_per_task=3), "= 6 > the 4 CPUs"),
+        (dict(gpus_per_task=1), "GPUs per node = 2 > the 0 GPUs"),
+        (dict(time_min=0), "time limit"),
+    ],
+)
+def test_impossible_requests_are_refused(resources, message):
+    with pytest.raises(UserError, match=message):
+        check_resources(job(**resources))
+
+
+def test_local_cluster_is_one_node_but_may_oversubscribe_cores():
+    local = ClusterConfig()
+    check_resources(job(local, tasks_per_node=64))
+    with pytest.raises(UserError, match="this one machine"):
+        check_resources(job(local, nodes=2))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda j: replace(j, model=replace(j.model, name="vit")), "model.name='vit' is not one of mlp, cnn"),
+        (lambda j: replace(j, comm=replace(j.comm, backend="nccl2")), "comm.backend"),
+        (lambda j: replace(j, checkpoint=replace(j.checkpoint, keep=1)), "keep at least 2"),
+        (lambda j: replace(j, optim=replace(j.optim, lr=0.0)), "optim.lr=0.0 must be > 0"),
+        (lambda j: replace(j, trainer=replace(j.trainer, epochs=0)), "trainer.epochs=0"),
+    ],
+)
+def test_bad_training_settings_are_refused(change, message):
+    with pytest.raises(UserError, match=message):
+        check_training(change(JobConfig()))
+
+
+def test_rank_environment_adds_cluster_env_and_root_permission():
+    env = rank_environment(job(cluster=replace(SIMULATED, env={"FOO": "bar"})))
+    assert env["FOO"] == "bar" and env["OMP_NUM_THREADS"] == "1"
