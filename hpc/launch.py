@@ -44,7 +44,11 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         code = local.run_local(job, env, run_dir)
         print(f"run directory: {run_dir.path}")
         return code
-    job_id = slurm.submit(job, env, run_dir)
+    try:
+        job_id = slurm.submit(job, env, run_dir)
+    except UserError:
+        shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
+        raise
     run_dir.write_json(run_dir.job, {"job_id": job_id, "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
     print(f"submitted job {job_id} to {job.cluster.name}")
     print(f"run directory: {run_dir.path}")

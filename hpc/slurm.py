@@ -6,11 +6,13 @@ submitit writes at submission, because both go through submitit's own renderer.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +73,27 @@ def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
     executor = submitit.SlurmExecutor(folder=run_dir.submitit / "%j", python=shlex.quote(sys.executable))
     executor.update_parameters(**sbatch_parameters(job, env))
     try:
-        submitted = executor.submit(run_rank, str(run_dir.path))
-    except (subprocess.CalledProcessError, submitit.core.utils.FailedSubmissionError) as err:
-        detail = getattr(err, "stderr", None) or getattr(err, "output", None) or str(err)
-        if isinstance(detail, bytes):
-            detail = detail.decode(errors="replace")
-        raise UserError(f"sbatch refused the job: {' '.join(str(detail).split())}") from None
+        with _quiet_stderr_fd():  # sbatch's own error lines would repeat the one we print
+            submitted = executor.submit(run_rank, str(run_dir.path))
+    except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
+        lines = [line.removeprefix("sbatch: error: ") for line in str(err).splitlines() if line.strip()]
+        raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
     run_dir.sbatch.write_text(submitted.paths.submission_file.read_text())
     return str(submitted.job_id)
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd() -> Iterator[None]:
+    """Send file descriptor 2 (inherited by the sbatch child) to /dev/null for a moment."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def job_state(job_id: str) -> str:

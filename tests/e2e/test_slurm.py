@@ -1,0 +1,79 @@
+"""End-to-end through launch.py against the real (simulated multi-node) Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from hpc.slurm import TERMINAL_STATES, job_state
+from tests.conftest import run_dirs, run_launch
+from trainers.metrics import read_metrics
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+TWO_BY_TWO = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2")
+
+
+def wait_until_done(job_id: str, timeout_s: float = 240) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            return state
+        time.sleep(0.5)  # polling squeue: Slurm offers no completion event to wait on
+    pytest.fail(f"job {job_id} still {job_state(job_id)} after {timeout_s} s")
+
+
+def submitted_job_id(stdout: str) -> str:
+    match = re.search(r"submitted job (\d+)", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
+    result = run_launch(*TWO_BY_TWO, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job_id = submitted_job_id(result.stdout)
+    assert job_state(job_id) not in TERMINAL_STATES  # launch.py returned at submission
+    (run_dir,) = run_dirs(tmp_path)
+    assert f"run directory: {run_dir}" in result.stdout
+
+    assert wait_until_done(job_id) == "COMPLETED"
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert (summary["world_size"], summary["num_nodes"]) == (4, 2)
+    assert summary["test_accuracy"] >= 0.95
+    assert json.loads((run_dir / "job.json").read_text())["job_id"] == job_id
+    assert "resources:\n  nodes: 2\n  tasks_per_node: 2" in (run_dir / "config.yaml").read_text()
+    assert len(read_metrics(run_dir / "metrics.jsonl")) == 20
+
+    hosts = {}
+    for rank in range(4):
+        log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
+        hosts[rank] = re.search(rf"\[rank {rank}/4 (\S+)\]", log).group(1)
+        assert "launcher slurm" in log and "epoch 20/20" in log
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3]  # 2 ranks on each of 2 nodes
+    assert list((run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.out"))
+
+    script = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and re.search(r"^srun .*--mpi=pmix", script, re.M)
+    dry = run_launch("dry_run=true", *TWO_BY_TWO, cwd=tmp_path)
+    printed = dry.stdout.split("# sbatch script\n", 1)[1]
+    dry_dir = re.search(r"--output=(/\S+)/slurm/%j", printed).group(1)
+    assert printed.strip() == script.replace(str(run_dir), dry_dir).strip()  # the dry run is exact
+
+
+def test_wait_streams_rank0_log_until_the_job_ends(tmp_path):
+    result = run_launch("cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=3", "wait=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "epoch 3/3" in result.stdout and "ended: COMPLETED" in result.stdout
+
+
+def test_sbatch_refusal_is_one_line_and_submits_nothing(tmp_path):
+    result = run_launch("cluster=simulated", "cluster.partition=nosuchpartition", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: sbatch refused the job") and "partition" in lines[0].lower()
+    assert run_dirs(tmp_path) == []
