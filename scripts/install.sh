@@ -33,7 +33,7 @@ if ((${#debs[@]})); then
     if can_apt; then
         echo "install: Debian packages ${debs[*]}"
         as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debs[@]}" >/dev/null
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${debs[@]}" >/dev/null
     elif ((with_cluster)); then
         echo "install: Slurm and munge need root and apt-get (missing: ${debs[*]})" >&2
         exit 1
