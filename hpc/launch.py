@@ -11,7 +11,6 @@ from hpc.config import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.spec import rank_environment, validate_job
-from trainers.datasets import resolve_data_path
 
 
 def resolved_yaml(job: JobConfig) -> str:

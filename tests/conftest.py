@@ -6,9 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from hpc.slurm import TERMINAL_STATES, job_state
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -51,3 +54,13 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
 
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
+
+
+def wait_until_done(job_id: str, timeout_s: float = 240) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = job_state(job_id)
+        if state in TERMINAL_STATES:
+            return state
+        time.sleep(0.5)  # polling squeue: Slurm offers no completion event to wait on
+    pytest.fail(f"job {job_id} still {job_state(job_id)} after {timeout_s} s")

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
 from hpc.slurm import TERMINAL_STATES, job_state
-from tests.conftest import run_dirs, run_launch
+from tests.conftest import run_dirs, run_launch, wait_until_done
 from trainers.metrics import read_metrics
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 TWO_BY_TWO = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2")
-
-
-def wait_until_done(job_id: str, timeout_s: float = 240) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = job_state(job_id)
-        if state in TERMINAL_STATES:
-            return state
-        time.sleep(0.5)  # polling squeue: Slurm offers no completion event to wait on
-    pytest.fail(f"job {job_id} still {job_state(job_id)} after {timeout_s} s")
 
 
 def submitted_job_id(stdout: str) -> str:

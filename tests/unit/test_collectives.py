@@ -22,7 +22,7 @@ def test_flatten_roundtrip_preserves_shapes_and_values():
     tensors = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
     copies = [torch.zeros_like(t) for t in tensors]
     _unflatten_into(_flat(tensors), copies)
-    assert all(torch.equal(a, b) for a, b in zip(tensors, copies))
+    assert all(torch.equal(a, b) for a, b in zip(tensors, copies, strict=True))
 
 
 def test_gradients_are_fused_into_one_call_per_dtype():
@@ -32,11 +32,11 @@ def test_gradients_are_fused_into_one_call_per_dtype():
     comm = Doubling()
     allreduce_gradients(comm, model.parameters())
     assert comm.calls == 1
-    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters(), strict=True))
 
 
 def test_single_rank_broadcast_is_identity():
     model = nn.Linear(3, 3)
     before = [p.clone() for p in model.parameters()]
     broadcast_module(FakeCollectives(), model)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -1,0 +1,91 @@
+"""Inside an allocation that a user got with plain `sbatch`: compose, check, make the run dir.
+
+    exports=$(python3 -m hpc.prepare [hydra overrides...]) || exit $?
+    eval "$exports"        # HPCTK_RUN_DIR and the ranks' environment, shell-quoted
+    srun --mpi=pmix python3 -m hpc.rank_main "$HPCTK_RUN_DIR"
+
+The allocation Slurm granted is authoritative: resources.nodes and resources.tasks_per_node are
+taken from it, and an override that contradicts it is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+from hpc.config import JobConfig, register_schemas, to_job_config
+from hpc.errors import UserError
+from hpc.launch import resolved_yaml
+from hpc.overrides import CONF_DIR, check_overrides
+from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.spec import check_data, check_training, rank_environment
+
+
+def allocation_shape(env: Mapping[str, str]) -> tuple[int, int]:
+    """(nodes, tasks per node) of the batch job, from sbatch's environment."""
+    try:
+        nodes = int(env["SLURM_JOB_NUM_NODES"])
+        per_node = env.get("SLURM_NTASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"].split("(")[0].split(",")[0]
+        return nodes, int(per_node)
+    except (KeyError, ValueError):
+        raise UserError("hpc.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)") from None
+
+
+def compose_job(overrides: list[str]) -> JobConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    check_overrides(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return to_job_config(compose("config", overrides=overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def fit_to_allocation(job: JobConfig, nodes: int, tasks_per_node: int, overrides: list[str]) -> JobConfig:
+    for key, granted in (("resources.nodes", nodes), ("resources.tasks_per_node", tasks_per_node)):
+        asked = [o.split("=", 1)[1] for o in overrides if o.startswith(key + "=")]
+        if asked and asked[-1] != str(granted):
+            raise UserError(f"{key}={asked[-1]} but sbatch granted {granted}; change the #SBATCH/--nodes/--ntasks-per-node flags instead")
+    return replace(job, resources=replace(job.resources, nodes=nodes, tasks_per_node=tasks_per_node))
+
+
+def new_run_dir(job: JobConfig, job_id: str) -> RunDir:
+    now = datetime.now()
+    path = Path(job.run_root).resolve() / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S-%f')}_{job.name}_{job_id}"
+    path.mkdir(parents=True)
+    return RunDir(path)
+
+
+def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
+    nodes, tasks_per_node = allocation_shape(env)
+    job = fit_to_allocation(compose_job(overrides), nodes, tasks_per_node, overrides)
+    check_training(job)
+    info = check_data(job)
+    job = replace(job, data=replace(job.data, path=info.path))
+    run_dir = new_run_dir(job, env.get("SLURM_JOB_ID", "nojob"))
+    run_dir.config.write_text(resolved_yaml(job))
+    exports = {**rank_environment(job), "HPCTK_RUN_DIR": str(run_dir.path)}
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(exports.items())]
+    lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        print(prepare_exports(argv, os.environ))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,41 @@
+"""sbatch/train.sbatch typed by hand on the real (simulated) Slurm: same rank entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT, wait_until_done
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+
+def sbatch_wait(tmp_path, *args) -> str:
+    """Submit with plain sbatch, poll until the job ends; returns its final state."""
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )
+    return wait_until_done(submitted.stdout.strip().split(";")[0])
+
+
+def test_plain_sbatch_trains_on_two_nodes_with_overrides(tmp_path):
+    state = sbatch_wait(tmp_path, "--nodes=2", "--ntasks-per-node=2", str(ROOT / "sbatch" / "train.sbatch"),
+                         "cluster=simulated", "trainer.epochs=4", f"run_root={tmp_path / 'runs'}")
+    (output,) = tmp_path.glob("slurm-*.out")
+    assert state == "COMPLETED", output.read_text()
+    run_dir = re.search(r"run directory: (\S+)", output.read_text()).group(1)
+    summary = json.loads((tmp_path / "runs" / run_dir / "result.json").read_text())
+    assert (summary["world_size"], summary["num_nodes"], summary["epochs"]) == (4, 2, 4)
+
+
+def test_override_contradicting_the_allocation_is_refused(tmp_path):
+    state = sbatch_wait(tmp_path, "--nodes=1", "--ntasks-per-node=2", str(ROOT / "sbatch" / "train.sbatch"),
+                         "cluster=simulated", "resources.nodes=3", f"run_root={tmp_path / 'runs'}")
+    (output,) = tmp_path.glob("slurm-*.out")
+    assert state == "FAILED"
+    assert "error: resources.nodes=3 but sbatch granted 1" in output.read_text()
+    assert not (tmp_path / "runs").exists()
