@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from collectives.base import Collectives, CollectivesError
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # importing this package must not import torch (login nodes read its config)
+    from collectives.base import Collectives
     from collectives.config import CommConfig
     from hpc.env import RankInfo
 
-__all__ = ["Collectives", "CollectivesError", "init_collectives"]
+__all__ = ["init_collectives"]
 
 
 def init_collectives(cfg: CommConfig, rank_info: RankInfo) -> Collectives:
+    from collectives.base import CollectivesError
+
     if cfg.backend == "mpi":
         from collectives.mpi import MpiCollectives
 

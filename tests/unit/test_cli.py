@@ -1,5 +1,6 @@
 """launch.py as users type it: help, config printing, dry runs, and one-line errors."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import run_dirs, run_launch
+from tests.conftest import ROOT, run_dirs, run_launch
 
 
 def assert_one_line_error(result, *fragments):
@@ -78,3 +79,16 @@ def test_dry_run_prints_config_and_exact_sbatch_and_leaves_nothing(tmp_path):
     assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=2" in out and "--mpi=pmix" in out
     assert "export OMPI_MCA_btl_vader_backing_directory=/nodetmp" in out
     assert run_dirs(tmp_path) == [] and not list((tmp_path / "runs").rglob("*.yaml"))
+
+
+def test_submit_path_never_imports_torch(tmp_path):
+    """Login nodes: composing, checking and rendering a Slurm job must not pay torch's import."""
+    probe = (
+        "import atexit, sys, runpy\n"
+        "atexit.register(lambda: print('TORCH_IMPORTED' if 'torch' in sys.modules else 'NO_TORCH'))\n"
+        f"sys.argv = ['launch.py', 'dry_run=true', 'cluster=simulated', 'run_root={tmp_path}/runs']\n"
+        f"runpy.run_path({str(ROOT / 'launch.py')!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "NO_TORCH" in result.stdout
