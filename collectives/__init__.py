@@ -22,7 +22,8 @@ def init_collectives(cfg: CommConfig, rank_info: RankInfo) -> Collectives:
     if cfg.backend == "mpi":
         from collectives.mpi import MpiCollectives
 
-        comm: Collectives = MpiCollectives.from_world()
+        node_rank, local_rank = node_layout(cfg, rank_info)
+        comm: Collectives = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank)
     else:
         raise CollectivesError(f"comm.backend={cfg.backend!r} is not available; use comm=mpi")
     if (comm.rank, comm.world_size) != (rank_info.rank, rank_info.world_size):
@@ -33,3 +34,10 @@ def init_collectives(cfg: CommConfig, rank_info: RankInfo) -> Collectives:
             "launch with srun --mpi=pmix or mpirun, not a plain python per task"
         )
     return comm
+
+
+def node_layout(cfg: CommConfig, rank_info: RankInfo) -> tuple[int, int]:
+    """(node_rank, local_rank) for the hierarchical communicators; by hand with ranks_per_node."""
+    if cfg.ranks_per_node:
+        return rank_info.rank // cfg.ranks_per_node, rank_info.rank % cfg.ranks_per_node
+    return rank_info.node_rank, rank_info.local_rank

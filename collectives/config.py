@@ -5,8 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BACKENDS = ("mpi",)
+ALGORITHMS = ("auto", "ring", "rhd", "hierarchical", "mpi")
+COMPRESSIONS = ("none", "fp16", "bf16", "topk")
 
 
 @dataclass
 class CommConfig:
     backend: str = "mpi"
+    # auto: recursive halving/doubling below the measured crossover, ring above it;
+    # hierarchical: inside the node, then across nodes on each rail; mpi: MPI_Allreduce itself.
+    algorithm: str = "auto"
+    bucket_mb: float = 4.0  # gradient fusion bucket size; 0 = one allreduce per tensor
+    overlap: bool = True  # start a bucket's allreduce while backward still runs
+    compression: str = "none"  # none | fp16 | bf16 | topk (top-k with error feedback)
+    topk_ratio: float = 0.01  # fraction of a bucket's gradients sent by topk
+    ranks_per_node: int | None = None  # group ranks into nodes by hand (emulated nodes on one host)

@@ -1,57 +1,137 @@
-"""The `mpi` backend: collectives on mpi4py over zero-copy views of CPU tensors.
+"""The `mpi` backend: the toolkit's own collective engine on mpi4py.
 
-This first version calls MPI_Allreduce / MPI_Bcast; later issues add the toolkit's own
-ring, halving-doubling and hierarchical algorithms behind the same methods.
+One communication thread runs every collective in submission order (so ranks always agree on
+the order, and MPI is only ever entered from one thread at a time); `allreduce_async` returns
+at once with a handle, which lets gradient buckets travel while backward still computes.
 """
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
 import torch
 
-from collectives.base import CollectivesError, ReduceOp
+from collectives import algorithms
+from collectives.algorithms import ReduceOp
+from collectives.base import CollectivesError
+from collectives.config import ALGORITHMS
 
-_MPI_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
+log = logging.getLogger("collectives")
+
+# Crossover between recursive halving/doubling and ring, in bytes per rank's buffer.
+# Measured with `python -m collectives.bench` (docs/benchmarks.md, "algorithm crossover").
+RHD_MAX_BYTES = 256 * 1024
+
+# Open MPI 4.1 has no reduction for float16 or bfloat16: those go through the ring.
+MPI_DTYPES = {torch.float32, torch.float64, torch.int32, torch.int64}
 
 
-def _as_numpy(buffer: torch.Tensor):  # type: ignore[no-untyped-def]
-    if buffer.device.type != "cpu" or not buffer.is_contiguous():
-        raise CollectivesError("the mpi backend reduces contiguous CPU tensors")
-    if buffer.dtype == torch.bfloat16:
-        raise CollectivesError("the mpi backend has no bfloat16 reduction yet; reduce in float32")
-    return buffer.numpy()  # shares memory with the tensor
+class Handle:
+    """A pending collective; `wait()` returns once the buffer holds the result."""
+
+    def __init__(self, future: Future[None]) -> None:
+        self._future = future
+
+    def wait(self) -> None:
+        self._future.result()
+
+    def done(self) -> bool:
+        return self._future.done()
 
 
 class MpiCollectives:
-    def __init__(self, comm) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, comm: Any, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None) -> None:
+        if algorithm not in ALGORITHMS:
+            raise CollectivesError(f"comm.algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         self._comm = comm
         self.rank: int = comm.Get_rank()
         self.world_size: int = comm.Get_size()
+        self.algorithm = algorithm
+        self._node_comm, self._rail_comm = self._split_hierarchy(node_rank, local_rank)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpi-comm")
 
     @classmethod
-    def from_world(cls) -> MpiCollectives:
+    def from_world(cls, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None) -> MpiCollectives:
         try:
             from mpi4py import MPI
         except ImportError as err:  # mpi4py present but libmpi missing, or not installed
             raise CollectivesError(f"comm=mpi needs mpi4py and an MPI library: {err}") from None
-        return cls(MPI.COMM_WORLD)
+        if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+            raise CollectivesError("the MPI library gives no MPI_THREAD_SERIALIZED; the comm thread needs it")
+        return cls(MPI.COMM_WORLD, algorithm, node_rank, local_rank)
+
+    def _split_hierarchy(self, node_rank: int | None, local_rank: int | None) -> tuple[Any, Any]:
+        """One communicator per node and one per rail (same local_rank on every node)."""
+        if node_rank is None or local_rank is None:
+            return None, None
+        node_comm = self._comm.Split(color=node_rank, key=local_rank)
+        rail_comm = self._comm.Split(color=local_rank, key=node_rank)
+        sizes = self._comm.allgather(node_comm.Get_size())
+        if len(set(sizes)) != 1:  # a rail needs one rank per node on every node
+            log.warning("nodes have unequal rank counts %s: hierarchical allreduce falls back to ring", sorted(set(sizes)))
+            return None, None
+        return node_comm, rail_comm
+
+    # --- what callers use ---------------------------------------------------------------------
 
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
-        from mpi4py import MPI
+        self.allreduce_async(buffer, op).wait()
 
-        array = _as_numpy(buffer)
-        if array.size:
-            self._comm.Allreduce(MPI.IN_PLACE, array, op=getattr(MPI, _MPI_OPS[op]))
-        if op == "avg":
-            buffer.div_(self.world_size)
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum", algorithm: str | None = None) -> Handle:
+        flat = _flat_view(buffer)
+        return Handle(self._worker.submit(self._allreduce_now, flat, op, algorithm or self.algorithm))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
-        array = _as_numpy(buffer)
-        if array.size:
-            self._comm.Bcast(array, root=root)
+        flat = _flat_view(buffer)
+        self._worker.submit(algorithms.broadcast, self._comm, flat, root).result()
+
+    def allgather(self, mine: torch.Tensor) -> torch.Tensor:
+        return self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)).result()
+
+    def reduce_scatter(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+        return self._worker.submit(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op).result()
 
     def barrier(self) -> None:
-        self._comm.Barrier()
+        self._worker.submit(self._comm.Barrier).result()
 
     def close(self) -> None:
-        # mpi4py finalizes MPI at exit; nothing to tear down per communicator of the world.
-        return None
+        self._worker.shutdown(wait=True)
+        for comm in (self._node_comm, self._rail_comm):
+            if comm is not None:
+                comm.Free()
+        self._node_comm = self._rail_comm = None
+
+    # --- on the comm thread -------------------------------------------------------------------
+
+    def choose(self, nbytes: int, algorithm: str) -> str:
+        if algorithm == "hierarchical" and self._node_comm is None:
+            algorithm = "auto"
+        if algorithm == "auto":
+            return "rhd" if nbytes <= RHD_MAX_BYTES else "ring"
+        return algorithm
+
+    def _allreduce_now(self, buf: torch.Tensor, op: ReduceOp, algorithm: str) -> None:
+        if self.world_size == 1:
+            return
+        chosen = self.choose(buf.numel() * buf.element_size(), algorithm)
+        if chosen == "mpi" and buf.dtype in MPI_DTYPES:
+            from mpi4py import MPI
+
+            if buf.numel():
+                mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+                self._comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=mpi_op)
+            algorithms.finish_average(buf, op, self.world_size)
+        elif chosen == "hierarchical":
+            algorithms.hierarchical_allreduce(self._node_comm, self._rail_comm, buf, op)
+        elif chosen == "rhd":
+            algorithms.rhd_allreduce(self._comm, buf, op)
+        else:  # ring, and mpi for dtypes MPI has no reduction for (bfloat16)
+            algorithms.ring_allreduce(self._comm, buf, op)
+
+
+def _flat_view(buffer: torch.Tensor) -> torch.Tensor:
+    if buffer.device.type != "cpu" or not buffer.is_contiguous():
+        raise CollectivesError("the mpi backend works on contiguous CPU tensors")
+    return buffer.view(-1)

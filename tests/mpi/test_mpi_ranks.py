@@ -22,7 +22,7 @@ def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5])
 def test_collectives_are_correct(ranks):
     result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"))
     assert result.returncode == 0, result.stdout + result.stderr
