@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -14,12 +13,25 @@ class CollectivesError(RuntimeError):
     """A communication setup that cannot work (wrong launcher, missing library)."""
 
 
+class Handle(Protocol):
+    def wait(self) -> Any:
+        """Block until the collective finished; returns its result (allgather) or None."""
+
+
 class Collectives(Protocol):
     rank: int
     world_size: int
 
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         """Reduce a contiguous CPU tensor in place across all ranks."""
+
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> Handle:
+        """Start an in-place allreduce; the buffer must not be touched until wait()."""
+
+    def allgather(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's equally sized tensor, concatenated in rank order."""
+
+    def allgather_async(self, mine: torch.Tensor) -> Handle: ...
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         """Overwrite a contiguous CPU tensor with root's copy."""
@@ -41,20 +53,6 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += n
 
 
-def allreduce_gradients(comm: Collectives, params: Iterable[torch.nn.Parameter]) -> None:
-    """Average gradients over ranks with one fused allreduce (one call, not one per tensor)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if comm.world_size == 1 or not grads:
-        return
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for group in by_dtype.values():
-        flat = _flat(group)
-        comm.allreduce_(flat, op="avg")
-        _unflatten_into(flat, group)
-
-
 def broadcast_module(comm: Collectives, module: torch.nn.Module, root: int = 0) -> None:
     """Make every rank start from root's parameters and buffers."""
     tensors = [t.data for t in module.parameters()] + [b for b in module.buffers() if b.is_floating_point()]
@@ -72,6 +70,14 @@ def allreduce_sums(comm: Collectives, values: list[float]) -> list[float]:
     return buffer.tolist()
 
 
+class _Done:
+    def __init__(self, result: Any = None) -> None:
+        self._result = result
+
+    def wait(self) -> Any:
+        return self._result
+
+
 class FakeCollectives:
     """A world of one process, for unit tests of code that takes a Collectives."""
 
@@ -80,6 +86,15 @@ class FakeCollectives:
 
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         return None
+
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> _Done:
+        return _Done()
+
+    def allgather(self, mine: torch.Tensor) -> torch.Tensor:
+        return mine.reshape(-1).clone()
+
+    def allgather_async(self, mine: torch.Tensor) -> _Done:
+        return _Done(self.allgather(mine))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         return None

@@ -31,11 +31,11 @@ MPI_DTYPES = {torch.float32, torch.float64, torch.int32, torch.int64}
 class Handle:
     """A pending collective; `wait()` returns once the buffer holds the result."""
 
-    def __init__(self, future: Future[None]) -> None:
+    def __init__(self, future: Future[Any]) -> None:
         self._future = future
 
-    def wait(self) -> None:
-        self._future.result()
+    def wait(self) -> Any:
+        return self._future.result()
 
     def done(self) -> bool:
         return self._future.done()
@@ -88,7 +88,10 @@ class MpiCollectives:
         self._worker.submit(algorithms.broadcast, self._comm, flat, root).result()
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
-        return self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)).result()
+        return self.allgather_async(mine).wait()
+
+    def allgather_async(self, mine: torch.Tensor) -> Handle:
+        return Handle(self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)))
 
     def reduce_scatter(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         return self._worker.submit(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op).result()

@@ -50,7 +50,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     log.info("rank %d local_rank %d node %d/%d on %s (launcher %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher)
     comm = init_collectives(job.comm, rank)
     try:
-        fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer)
+        fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm)
         metrics = MetricsWriter(run_dir.metrics if rank.is_main else None)
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
         result = fit(fit_cfg, comm, Path(job.data.path), metrics)

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from collectives.config import BACKENDS
+from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from hpc.config import LAUNCHERS, JobConfig
 from hpc.errors import UserError
 from trainers.config import MODELS, OPTIMIZERS, SCHEDULES
@@ -63,6 +63,19 @@ def check_training(job: JobConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise UserError(f"{key}={value} must be >= 1")
+    comm = job.comm
+    for key, value, allowed in (("comm.algorithm", comm.algorithm, ALGORITHMS), ("comm.compression", comm.compression, COMPRESSIONS)):
+        if value not in allowed:
+            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    if comm.bucket_mb < 0:
+        raise UserError(f"comm.bucket_mb={comm.bucket_mb} must be >= 0 (0: one allreduce per tensor)")
+    if not 0 < comm.topk_ratio <= 1:
+        raise UserError(f"comm.topk_ratio={comm.topk_ratio} must be in (0, 1]")
+    world = job.resources.nodes * job.resources.tasks_per_node
+    if comm.ranks_per_node is not None and (comm.ranks_per_node < 1 or world % comm.ranks_per_node):
+        raise UserError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1 and divide the {world} ranks")
+    if job.trainer.accumulation_steps < 1:
+        raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
     if job.optim.lr <= 0:
         raise UserError(f"optim.lr={job.optim.lr} must be > 0")
     if job.checkpoint.keep < 2:

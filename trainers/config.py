@@ -45,6 +45,7 @@ class TrainerConfig:
     epochs: int = 20
     seed: int = 0
     max_steps: int | None = None  # stop early after this many optimizer steps
+    accumulation_steps: int = 1  # micro-batches per optimizer step; no communication between
     threads_per_rank: int = 1  # torch intra-op threads; ranks share the node's cores
 
 

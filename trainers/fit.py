@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from collectives.base import Collectives, allreduce_gradients, allreduce_sums, broadcast_module
+from collectives.base import Collectives, allreduce_sums, broadcast_module
+from collectives.config import CommConfig
+from collectives.optimizer import apply_distributed_optimizer
 from trainers.config import SCHEDULES, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5
@@ -27,6 +29,7 @@ class FitConfig:
     data: DataConfig
     optim: OptimConfig
     trainer: TrainerConfig
+    comm: CommConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class FitResult:
     test_accuracy: float
     samples_per_s: float
     train_seconds: float
+    step_ms: float
+    comm_wait_ms: float  # per step: time step() waited for gradient communication
 
 
 def build_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
@@ -80,52 +85,66 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     torch.manual_seed(cfg.trainer.seed)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
-    optimizer = build_optimizer(cfg.optim, model.parameters())
+    accumulation = cfg.trainer.accumulation_steps
+    optimizer = apply_distributed_optimizer(build_optimizer(cfg.optim, model.parameters()), model, comm, cfg.comm, accumulation)
     loss_fn = nn.CrossEntropyLoss()
     train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
     test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
+    steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     max_steps = cfg.trainer.max_steps
-    total_steps = min(max_steps or 1 << 62, cfg.trainer.epochs * sampler.steps_per_epoch)
+    total_steps = min(max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
-    step, loss, accuracy, samples_per_s, train_seconds = 0, float("nan"), 0.0, 0.0, 0.0
+    step, loss, accuracy, samples_per_s, train_seconds, step_ms, comm_wait_ms = 0, float("nan"), 0.0, 0.0, 0.0, 0.0, 0.0
     log.info(
-        "training %s on %s: %d train / %d test samples, %d ranks x batch %d, %d steps per epoch",
-        cfg.model.name, data_path.name, info.num_train, info.num_test, comm.world_size,
-        cfg.data.batch_size, sampler.steps_per_epoch,
+        "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
+        "allreduce %s, buckets %.1f MiB, overlap %s, compression %s",
+        cfg.model.name, data_path.name, info.num_train, info.num_test, comm.world_size, cfg.data.batch_size, accumulation,
+        steps_per_epoch, cfg.comm.algorithm, cfg.comm.bucket_mb, cfg.comm.overlap, cfg.comm.compression,
     )
     epoch = 0
     try:
         for epoch in range(1, cfg.trainer.epochs + 1):
-            started, loss_sum, seen = time.perf_counter(), 0.0, 0
-            for indices in sampler.batches(epoch):
+            started, loss_sum, seen, epoch_steps, waited = time.perf_counter(), 0.0, 0, 0, 0.0
+            optimizer.zero_grad(set_to_none=True)
+            for micro, indices in enumerate(sampler.batches(epoch), start=1):
                 x, y = train.read(indices)
-                optimizer.zero_grad(set_to_none=True)
                 batch_loss = loss_fn(model(x), y)
-                batch_loss.backward()
-                allreduce_gradients(comm, model.parameters())
-                optimizer.step()
-                schedule.step()
+                (batch_loss / accumulation).backward()
                 loss_sum += batch_loss.item() * len(y)
                 seen += len(y)
+                if micro % accumulation:
+                    continue  # accumulation micro-step: gradients stay local
+                waited -= optimizer.comm_wait_s  # type: ignore[attr-defined]
+                optimizer.step()
+                waited += optimizer.comm_wait_s  # type: ignore[attr-defined]
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
                 step += 1
+                epoch_steps += 1
                 if max_steps is not None and step >= max_steps:
                     break
             # Throughput is set by the slowest rank: every rank reports that one figure.
-            slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+            slowest = torch.tensor([time.perf_counter() - started, waited], dtype=torch.float64)
             comm.allreduce_(slowest, op="max")
-            epoch_seconds = float(slowest)
+            epoch_seconds, waited = slowest.tolist()
             train_seconds += epoch_seconds
             total_loss, total_seen = allreduce_sums(comm, [loss_sum, seen])
             loss = total_loss / max(total_seen, 1)
             samples_per_s = total_seen / epoch_seconds if epoch_seconds > 0 else 0.0
+            step_ms = 1000 * epoch_seconds / max(epoch_steps, 1)
+            comm_wait_ms = 1000 * waited / max(epoch_steps, 1)
             average_buffers(comm, model)
             accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size)
             log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", epoch, cfg.trainer.epochs, loss, accuracy, samples_per_s)
-            metrics.write({"epoch": epoch, "step": step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s, "world_size": comm.world_size})
+            metrics.write({
+                "epoch": epoch, "step": step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
+                "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "world_size": comm.world_size,
+            })
             if max_steps is not None and step >= max_steps:
                 break
     finally:
         train.close()
         test.close()
-    return FitResult(epoch, step, loss, accuracy, samples_per_s, train_seconds)
+        optimizer.remove_hooks()  # type: ignore[attr-defined]
+    return FitResult(epoch, step, loss, accuracy, samples_per_s, train_seconds, step_ms, comm_wait_ms)

@@ -29,6 +29,13 @@ def test_collectives_are_correct(ranks):
     assert f"collectives ok on {ranks} ranks" in result.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_distributed_optimizer_matches_single_process_sgd(ranks):
+    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "optimizer_worker.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"optimizer ok on {ranks} ranks" in result.stdout
+
+
 def test_embedded_default_trains_on_two_ranks(tmp_path):
     """`python launch.py` with no overrides: >= 0.95 test accuracy, rank 0 alone prints."""
     result = run_launch(cwd=tmp_path)
