@@ -11,12 +11,25 @@ including 0, 1 and counts not divisible by p (some chunks are then empty).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Literal
 
 import torch
 
 ReduceOp = Literal["sum", "avg", "max", "min"]
 Comm = Any  # an mpi4py communicator (Intracomm); typed loosely so this module imports without MPI
+
+
+_scratch_cache = threading.local()
+
+
+def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A reusable receive buffer: fresh large allocations cost page faults on every call."""
+    cache: dict[torch.dtype, torch.Tensor] = _scratch_cache.__dict__.setdefault("buffers", {})
+    buffer = cache.get(dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffer = cache[dtype] = torch.empty(max(numel, 1024), dtype=dtype)
+    return buffer[:numel]
 
 
 def _wire(t: torch.Tensor) -> Any:
@@ -60,10 +73,10 @@ def ring_reduce_scatter_chunks(comm: Comm, chunks: list[torch.Tensor], op: Reduc
     if p == 1:
         return
     right, left = (r + 1) % p, (r - 1) % p
-    scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype)
+    receive = scratch(max(c.numel() for c in chunks), chunks[0].dtype)
     for step in range(p - 1):
         send, recv = chunks[(r - step - 1) % p], chunks[(r - step - 2) % p]
-        incoming = scratch[: recv.numel()]
+        incoming = receive[: recv.numel()]
         _sendrecv(comm, send, right, incoming, left)
         reduce_into(recv, incoming, op)
 
@@ -93,7 +106,7 @@ def _fold_in(comm: Comm, buf: torch.Tensor, op: ReduceOp, pof2: int) -> int | No
         if r % 2 == 0:
             comm.Send(_wire(buf), dest=r + 1)
             return None
-        incoming = torch.empty_like(buf)
+        incoming = scratch(buf.numel(), buf.dtype)
         comm.Recv(_wire(incoming), source=r - 1)
         reduce_into(buf, incoming, op)
         return r // 2
@@ -118,7 +131,7 @@ def rhd_allreduce(comm: Comm, buf: torch.Tensor, op: ReduceOp = "sum") -> None:
         def blocks(lo: int, hi: int) -> torch.Tensor:
             return buf[bounds[lo] : bounds[hi]]
 
-        scratch = torch.empty(n, dtype=buf.dtype)
+        receive = scratch(n - n // 2, buf.dtype)  # the first halving keeps the larger half at most
         lo, hi = 0, pof2  # the blocks this rank is responsible for
         mask = pof2 >> 1
         while mask:  # recursive halving reduce-scatter: keep half, send the other half
@@ -126,7 +139,7 @@ def rhd_allreduce(comm: Comm, buf: torch.Tensor, op: ReduceOp = "sum") -> None:
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if new_rank & mask == 0 else ((mid, hi), (lo, mid))
             kept = blocks(*keep)
-            incoming = scratch[: kept.numel()]
+            incoming = receive[: kept.numel()]
             _sendrecv(comm, blocks(*give), partner, incoming, partner)
             reduce_into(kept, incoming, op)
             lo, hi = keep

@@ -3,8 +3,8 @@
     python -m collectives.bench --np 4 -b 8 -e 64M -f 2 -w 5 -n 20 --out results/
     mpirun -np 4 python -m collectives.bench ...          (or srun --mpi=pmix ...)
 
-Per message size (bytes of each rank's buffer) and implementation: time per allreduce (mean
-over timed iterations of the slowest rank), algbw = bytes / time, busbw = algbw * 2(n-1)/n, and
+Per message size (bytes of each rank's buffer) and implementation: time per allreduce (median
+over timed iterations, of the slowest rank), algbw = bytes / time, busbw = algbw * 2(n-1)/n, and
 the largest error against a float64 reference. Implementations: our ring, rhd (recursive
 halving/doubling), auto, hierarchical (with --ranks-per-node), MPI_Allreduce through mpi4py,
 torch.distributed Gloo, and Horovod when it imports. Writes bench.json, bench.md, bench.png.
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from hpc.env import RankInfo
 
 IMPLEMENTATIONS = ("ring", "rhd", "auto", "hierarchical", "mpi", "gloo", "horovod")
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -127,7 +129,9 @@ def measure(comm: Any, impl: Callable[[torch.Tensor], None], nbytes: int, warmup
         elapsed = time.perf_counter() - started
         if i >= warmup:
             times.append(elapsed)
-    slowest = comm.allreduce(statistics.fmean(times), op=_mpi_max())
+    # Median, not mean: on shared, oversubscribed machines a few iterations stall for
+    # milliseconds; the slowest rank's median is what a steady training step sees.
+    slowest = comm.allreduce(statistics.median(times), op=_mpi_max())
     error = comm.allreduce(float((buf.to(torch.float64) - expected).abs().max()), op=_mpi_max())
     return slowest, error
 
@@ -238,7 +242,7 @@ def relaunch_under_mpirun(np_: int, argv: list[str]) -> int:
         skip = a == "--np"
         if not skip:
             args.append(a)
-    command = [mpirun, "-np", str(np_), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "collectives.bench", *args]
+    command = [mpirun, "-n", str(np_), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, "-m", "collectives.bench", *args]
     return subprocess.run(command, env=env).returncode
 
 
@@ -268,11 +272,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.np_ and args.np_ > 1 and RankInfo.from_env(os.environ).world_size == 1:
+        # Decided before MPI starts: a singleton MPI process would spin beside the ranks.
+        return relaunch_under_mpirun(args.np_, argv)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    if args.np_ and comm.Get_size() == 1 and args.np_ > 1:
-        return relaunch_under_mpirun(args.np_, argv)
     if args.ranks_per_node and comm.Get_size() % args.ranks_per_node:
         if comm.Get_rank() == 0:
             print(f"error: --ranks-per-node {args.ranks_per_node} does not divide {comm.Get_size()} ranks", file=sys.stderr)

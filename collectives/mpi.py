@@ -20,9 +20,12 @@ from collectives.config import ALGORITHMS
 
 log = logging.getLogger("collectives")
 
-# Crossover between recursive halving/doubling and ring, in bytes per rank's buffer.
-# Measured with `python -m collectives.bench` (docs/benchmarks.md, "algorithm crossover").
-RHD_MAX_BYTES = 256 * 1024
+# auto's choice by the bytes of each rank's buffer, from `python -m collectives.bench` on 2 and
+# 4 ranks (docs/benchmarks.md): MPI_Allreduce has about half our latency up to 512 KiB (no
+# comm-thread handoff, tuned small-message paths); recursive halving/doubling matches or beats
+# the ring up to 2 MiB; from 8 MiB the ring (and hierarchical) is faster than both.
+MPI_MAX_BYTES = 1 << 20
+RHD_MAX_BYTES = 4 << 20
 
 # Open MPI 4.1 has no reduction for float16 or bfloat16: those go through the ring.
 MPI_DTYPES = {torch.float32, torch.float64, torch.int32, torch.int64}
@@ -108,17 +111,21 @@ class MpiCollectives:
 
     # --- on the comm thread -------------------------------------------------------------------
 
-    def choose(self, nbytes: int, algorithm: str) -> str:
+    def choose(self, nbytes: int, algorithm: str, dtype: torch.dtype = torch.float32) -> str:
         if algorithm == "hierarchical" and self._node_comm is None:
             algorithm = "auto"
         if algorithm == "auto":
-            return "rhd" if nbytes <= RHD_MAX_BYTES else "ring"
+            if nbytes < MPI_MAX_BYTES and dtype in MPI_DTYPES:
+                return "mpi"
+            if nbytes < RHD_MAX_BYTES:
+                return "rhd"
+            return "hierarchical" if self._node_comm is not None and self._rail_comm.Get_size() > 1 else "ring"
         return algorithm
 
     def _allreduce_now(self, buf: torch.Tensor, op: ReduceOp, algorithm: str) -> None:
         if self.world_size == 1:
             return
-        chosen = self.choose(buf.numel() * buf.element_size(), algorithm)
+        chosen = self.choose(buf.numel() * buf.element_size(), algorithm, buf.dtype)
         if chosen == "mpi" and buf.dtype in MPI_DTYPES:
             from mpi4py import MPI
 

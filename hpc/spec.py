@@ -97,11 +97,13 @@ def check_data(job: JobConfig) -> DatasetInfo:
 
 
 def find_mpirun() -> str | None:
-    """The machine's mpirun, else the one a pip-installed Open MPI put next to this python."""
-    for name in ("mpirun", "mpiexec"):
-        found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-        if found:
-            return found
+    """The mpirun next to this python first (a pip-installed Open MPI, which the mpi4py wheel
+    then loads too: mixing it with the system's mpirun breaks PMIx), else the one on PATH."""
+    for path in (str(Path(sys.executable).parent), None):
+        for name in ("mpirun", "mpiexec"):
+            found = shutil.which(name, path=path)
+            if found:
+                return found
     return None
 
 

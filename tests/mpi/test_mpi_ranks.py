@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
 def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [find_mpirun() or "mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, *command]
+    args = [find_mpirun() or "mpirun", "-n", str(ranks), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, *command]
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
 
@@ -34,6 +34,18 @@ def test_distributed_optimizer_matches_single_process_sgd(ranks):
     result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "optimizer_worker.py"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"optimizer ok on {ranks} ranks" in result.stdout
+
+
+def test_bench_runs_every_implementation_and_writes_its_reports(tmp_path):
+    out = tmp_path / "bench"
+    result = mpirun(4, "-m", "collectives.bench", "-b", "8", "-e", "1M", "-f", "32", "-w", "1", "-n", "2", "--ranks-per-node", "2", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "bench.json").read_text())
+    impls = {r["impl"] for r in report["results"]}
+    assert {"ring", "rhd", "auto", "hierarchical", "mpi", "gloo"} <= impls
+    assert {r["bytes"] for r in report["results"]} == {8, 256, 8192, 262144}
+    assert max(r["max_error"] for r in report["results"]) == 0.0
+    assert (out / "bench.md").read_text().count("\n| ") >= 5 and (out / "bench.png").stat().st_size > 1000
 
 
 def test_embedded_default_trains_on_two_ranks(tmp_path):
