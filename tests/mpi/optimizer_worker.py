@@ -14,7 +14,7 @@ from torch import nn
 
 from collectives import init_collectives
 from collectives.config import CommConfig
-from collectives.optimizer import apply_distributed_optimizer
+from collectives.optimizer import apply_distributed_optimizer, broadcast_optimizer_state
 from hpc.env import RankInfo
 
 STEPS, BATCH = 3, 4  # per rank, per micro-step
@@ -72,8 +72,24 @@ def main() -> None:
     everyone = comm.allgather(model.weight.detach().reshape(-1)).view(comm.world_size, -1)
     assert all(torch.equal(row, everyone[0]) for row in everyone), "topk ranks diverged"
     comm.close()
+    check_optimizer_state_broadcast(info)
     if info.rank == 0:
         print(f"optimizer ok on {info.world_size} ranks")
+
+
+def check_optimizer_state_broadcast(info: RankInfo) -> None:
+    """Momentum buffers that differ per rank become rank 0's everywhere."""
+    comm = init_collectives(CommConfig(), info)
+    torch.manual_seed(comm.rank)
+    model = nn.Linear(7, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 7)).sum().backward()
+    opt.step()
+    broadcast_optimizer_state(comm, opt)
+    momentum = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
+    everyone = comm.allgather(momentum).view(comm.world_size, -1)
+    assert all(torch.equal(row, everyone[0]) for row in everyone), "optimizer state differs after broadcast"
+    comm.close()
 
 
 if __name__ == "__main__":
