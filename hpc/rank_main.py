@@ -32,34 +32,50 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
 
 
+# Exit code of a rank that stopped on a signal with a committed checkpoint and was not requeued
+# by us (no scontrol, or not under Slurm): a wrapper should start the same run dir again.
+EXIT_RESUMABLE = 75
+
+
 def run_rank(run_dir_path: str) -> dict[str, Any]:
     import torch
 
     from collectives import init_collectives
     from hpc.config import to_job_config
     from omegaconf import OmegaConf
-    from trainers.fit import FitConfig, fit
+    from trainers.fit import FitConfig, RunContext, fit
     from trainers.metrics import MetricsWriter
+    from trainers.preemption import StopFlag
 
     run_dir = RunDir(Path(run_dir_path))
     job = to_job_config(OmegaConf.load(run_dir.config))
     rank = RankInfo.from_env(os.environ)
     init_rank_logging(run_dir, rank)
     log = logging.getLogger("hpc.rank")
+    stop = StopFlag().install()  # before anything slow: a signal during start-up is not lost
     torch.set_num_threads(max(1, job.trainer.threads_per_rank))
-    log.info("rank %d local_rank %d node %d/%d on %s (launcher %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher)
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    log.info("rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher, restarts)
     comm = init_collectives(job.comm, rank)
     try:
-        fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm)
-        metrics = MetricsWriter(run_dir.metrics if rank.is_main else None)
+        fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
+        context = RunContext(
+            checkpoint_dir=run_dir.checkpoints,
+            stop=stop,
+            step_log=MetricsWriter(run_dir.steps if rank.is_main else None),
+        )
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
-        result = fit(fit_cfg, comm, Path(job.data.path), metrics)
+        result = fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
         comm.barrier()
     finally:
         comm.close()
-    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": "completed"}
+        stop.uninstall()
+    status = "stopped" if result.stopped_by else "completed"
+    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": int(restarts)}
     if rank.is_main:
         run_dir.write_json(run_dir.result, summary)
+        if result.stopped_by:
+            log.info("stopped by %s at step %d with a committed checkpoint; start the same run dir to resume", result.stopped_by, result.steps)
     return summary
 
 
@@ -70,8 +86,8 @@ def main(argv: list[str]) -> int:
     if not RunDir(Path(argv[0])).config.is_file():
         print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    run_rank(argv[0])
-    return 0
+    summary = run_rank(argv[0])
+    return EXIT_RESUMABLE if summary["status"] == "stopped" else 0
 
 
 if __name__ == "__main__":

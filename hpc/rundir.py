@@ -5,6 +5,8 @@
     <run_dir>/job.json         job id, cluster, submission time
     <run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
     <run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
+    <run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
+    <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint)
     <run_dir>/result.json      final metrics, written by rank 0 when training ends
     <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
 """
@@ -43,6 +45,14 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def steps(self) -> Path:
+        return self.path / "steps.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
 
     @property
     def result(self) -> Path:

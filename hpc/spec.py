@@ -78,6 +78,10 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
     if job.optim.lr <= 0:
         raise UserError(f"optim.lr={job.optim.lr} must be > 0")
+    if job.checkpoint.every_steps < 0:
+        raise UserError(f"checkpoint.every_steps={job.checkpoint.every_steps} must be >= 0 (0: off)")
+    if job.checkpoint.every_minutes is not None and job.checkpoint.every_minutes <= 0:
+        raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
 

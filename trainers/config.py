@@ -51,5 +51,9 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
+    enabled: bool = True
     keep: int = 2  # committed checkpoints kept; fewer than 2 is refused
-    every_steps: int = 0  # 0: only at the end of training
+    every_steps: int = 0  # 0: not by step count
+    every_minutes: float | None = 10.0  # None: not by time
+    async_save: bool = True  # write on a background thread while training continues
+    resume: bool = True  # start from the newest committed checkpoint in the run dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,12 +13,16 @@ from torch import nn
 from collectives.base import Collectives, allreduce_sums, broadcast_module
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
-from trainers.config import SCHEDULES, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.checkpoint import CheckpointError, Checkpointer
+from trainers.config import SCHEDULES, CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5
 from trainers.metrics import MetricsWriter
 from trainers.models import build_model
+from trainers.preemption import StopFlag
 from trainers.sampler import ShardSampler, eval_shard
+from trainers.saving import SaveCoordinator
+from trainers.state import Progress, restore, restore_rng, rng_state, shared_state, snapshot
 
 log = logging.getLogger("trainers")
 
@@ -30,6 +34,7 @@ class FitConfig:
     optim: OptimConfig
     trainer: TrainerConfig
     comm: CommConfig
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class FitResult:
     train_seconds: float
     step_ms: float
     comm_wait_ms: float  # per step: time step() waited for gradient communication
+    stopped_by: str | None = None  # the signal that stopped training early, if any
+    resumed_from: int | None = None  # the checkpoint step this process started from
 
 
 def build_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
@@ -80,7 +87,17 @@ def evaluate(model: nn.Module, split: H5Split, comm: Collectives, batch_size: in
     return total_correct / max(total, 1)
 
 
-def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter) -> FitResult:
+@dataclass
+class RunContext:
+    """Where a run keeps its state across restarts, and how it learns it must stop."""
+
+    checkpoint_dir: Path | None = None
+    stop: StopFlag = field(default_factory=StopFlag)
+    step_log: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
+
+
+def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
+    run = run or RunContext()
     info = inspect_hdf5(data_path, cfg.data)
     torch.manual_seed(cfg.trainer.seed)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
@@ -88,31 +105,44 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     accumulation = cfg.trainer.accumulation_steps
     optimizer = apply_distributed_optimizer(build_optimizer(cfg.optim, model.parameters()), model, comm, cfg.comm, accumulation)
     loss_fn = nn.CrossEntropyLoss()
-    train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
-    test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     max_steps = cfg.trainer.max_steps
     total_steps = min(max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
-    step, loss, accuracy, samples_per_s, train_seconds, step_ms, comm_wait_ms = 0, float("nan"), 0.0, 0.0, 0.0, 0.0, 0.0
+    coordinator, progress, resumed_from = resume_or_start(cfg, comm, run, model, optimizer, schedule)
+    loss, accuracy, samples_per_s, step_ms, comm_wait_ms = float("nan"), 0.0, 0.0, 0.0, 0.0
+    stopped_by: str | None = None
     log.info(
         "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "allreduce %s, buckets %.1f MiB, overlap %s, compression %s",
         cfg.model.name, data_path.name, info.num_train, info.num_test, comm.world_size, cfg.data.batch_size, accumulation,
         steps_per_epoch, cfg.comm.algorithm, cfg.comm.bucket_mb, cfg.comm.overlap, cfg.comm.compression,
     )
-    epoch = 0
+
+    def save(synchronous: bool) -> None:
+        if coordinator is not None:
+            model_config = {"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes}
+            coordinator.save(
+                progress.step,
+                lambda: snapshot(shared_state(model, optimizer, schedule, progress, model_config)),
+                snapshot({"rng": rng_state()}),
+                synchronous,
+            )
+
+    train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
+    test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     try:
-        for epoch in range(1, cfg.trainer.epochs + 1):
-            started, loss_sum, seen, epoch_steps, waited = time.perf_counter(), 0.0, 0, 0, 0.0
+        while progress.epoch <= cfg.trainer.epochs and not stopped_by and not (max_steps is not None and progress.step >= max_steps):
+            epoch = progress.epoch
+            started, waited, step_loss, step_seen = time.perf_counter(), 0.0, 0.0, 0
             optimizer.zero_grad(set_to_none=True)
-            for micro, indices in enumerate(sampler.batches(epoch), start=1):
+            for micro, indices in enumerate(sampler.batches(epoch, start=progress.position), start=1):
                 x, y = train.read(indices)
                 batch_loss = loss_fn(model(x), y)
                 (batch_loss / accumulation).backward()
-                loss_sum += batch_loss.item() * len(y)
-                seen += len(y)
+                step_loss += batch_loss.item() * len(y)
+                step_seen += len(y)
                 if micro % accumulation:
                     continue  # accumulation micro-step: gradients stay local
                 waited -= optimizer.comm_wait_s  # type: ignore[attr-defined]
@@ -120,31 +150,71 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                 waited += optimizer.comm_wait_s  # type: ignore[attr-defined]
                 schedule.step()
                 optimizer.zero_grad(set_to_none=True)
-                step += 1
-                epoch_steps += 1
-                if max_steps is not None and step >= max_steps:
+                progress.step += 1
+                progress.epoch_steps += 1
+                progress.position += accumulation * sampler.global_batch
+                progress.epoch_loss_sum += step_loss
+                progress.epoch_seen += step_seen
+                # One tiny collective per step: the averaged loss, the stop vote, the save handshake.
+                written = coordinator.written_flag() if coordinator else 1.0
+                total_loss, total_seen, stop_votes, ranks_written = allreduce_sums(comm, [step_loss, step_seen, float(run.stop.raised), written])
+                run.step_log.write({"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1)})
+                step_loss, step_seen = 0.0, 0
+                if coordinator is not None:
+                    coordinator.on_step_boundary(ranks_written)
+                if stop_votes:
+                    stopped_by = run.stop.signal_name or "a signal on another rank"
                     break
+                if max_steps is not None and progress.step >= max_steps:
+                    break
+                if coordinator is not None and coordinator.due(progress.step):
+                    save(synchronous=False)
+            progress.epoch_seconds += time.perf_counter() - started
+            if stopped_by:
+                break  # the partial epoch is evaluated after the restart
             # Throughput is set by the slowest rank: every rank reports that one figure.
-            slowest = torch.tensor([time.perf_counter() - started, waited], dtype=torch.float64)
+            slowest = torch.tensor([progress.epoch_seconds, waited], dtype=torch.float64)
             comm.allreduce_(slowest, op="max")
             epoch_seconds, waited = slowest.tolist()
-            train_seconds += epoch_seconds
-            total_loss, total_seen = allreduce_sums(comm, [loss_sum, seen])
+            progress.train_seconds += epoch_seconds
+            total_loss, total_seen = allreduce_sums(comm, [progress.epoch_loss_sum, progress.epoch_seen])
             loss = total_loss / max(total_seen, 1)
             samples_per_s = total_seen / epoch_seconds if epoch_seconds > 0 else 0.0
-            step_ms = 1000 * epoch_seconds / max(epoch_steps, 1)
-            comm_wait_ms = 1000 * waited / max(epoch_steps, 1)
+            step_ms = 1000 * epoch_seconds / max(progress.epoch_steps, 1)
+            comm_wait_ms = 1000 * waited / max(progress.epoch_steps, 1)
             average_buffers(comm, model)
             accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size)
             log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", epoch, cfg.trainer.epochs, loss, accuracy, samples_per_s)
             metrics.write({
-                "epoch": epoch, "step": step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
+                "epoch": epoch, "step": progress.step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
                 "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "world_size": comm.world_size,
             })
-            if max_steps is not None and step >= max_steps:
-                break
+            progress.next_epoch()
+        save(synchronous=True)  # the last save before exit is synchronous
     finally:
         train.close()
         test.close()
         optimizer.remove_hooks()  # type: ignore[attr-defined]
-    return FitResult(epoch, step, loss, accuracy, samples_per_s, train_seconds, step_ms, comm_wait_ms)
+    return FitResult(progress.epoch - 1, progress.step, loss, accuracy, samples_per_s,
+                     progress.train_seconds, step_ms, comm_wait_ms, stopped_by, resumed_from)
+
+
+def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule) -> tuple[SaveCoordinator | None, Progress, int | None]:  # type: ignore[no-untyped-def]
+    if not cfg.checkpoint.enabled or run.checkpoint_dir is None:
+        return None, Progress(), None
+    checkpointer = Checkpointer(run.checkpoint_dir, comm.rank, comm.world_size, cfg.checkpoint.keep)
+    coordinator = SaveCoordinator(checkpointer, comm, cfg.checkpoint)
+    restored = checkpointer.load_latest() if cfg.checkpoint.resume else None
+    chosen = torch.tensor([restored[0] if restored else -1, -(restored[0] if restored else -1)], dtype=torch.float64)
+    comm.allreduce_(chosen, op="max")
+    if chosen[0] != -chosen[1]:
+        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-chosen[1])}..{int(chosen[0])}); check the shared file system")
+    if restored is None:
+        return coordinator, Progress(), None
+    step, shared, own = restored
+    progress = restore(model, optimizer, schedule, step, shared)
+    if own is not None:
+        restore_rng(own["rng"])
+    log.info("resumed from checkpoint step %d (epoch %d, sample %d)%s", step, progress.epoch, progress.position,
+             "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG")
+    return coordinator, progress, step

@@ -1,0 +1,224 @@
+"""Atomic, verifiable checkpoints shared by all ranks of a job.
+
+Layout under <run_dir>/checkpoints/:
+
+    step-000123/shared.pt          model, optimizer, schedule, progress (rank 0 writes)
+    step-000123/rank-00000.pt      that rank's RNG states (every rank writes its own)
+    step-000123/COMMITTED          JSON: step, world size, sha256 and size of every file
+
+A save writes into `.tmp-step-000123/`, fsyncs every file, renames the directory, fsyncs the
+parent, then writes COMMITTED (itself via a temporary file, fsync and rename). Only directories
+whose COMMITTED marker matches their files are ever loaded; anything else is reported and
+skipped in favour of the previous one. Files are loaded with `torch.load(weights_only=True)`:
+nothing in them can run code. Writing happens on a background thread (async) or inline (sync);
+the commit waits until every rank has written, which the ranks agree on at a step boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("trainers.checkpoint")
+MARKER = "COMMITTED"
+SHARED = "shared.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or used; the message names the cause."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, write: Callable[[Any], None]) -> None:
+    """Write through `write(file)`, flush and fsync; a crash leaves the file absent or whole
+    only when the caller renames afterwards (we always write into temporary names)."""
+    with path.open("wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_tensor_file(path: Path, obj: Any) -> None:
+    write_durably(path, lambda f: torch.save(obj, f))
+
+
+def load_tensor_file(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle.UnpicklingError for code-carrying files, and many others
+        raise CheckpointError(f"{path} cannot be loaded safely: {' '.join(str(err).split())[:200]}") from None
+
+
+@dataclass(frozen=True)
+class Committed:
+    step: int
+    path: Path
+    world_size: int
+
+
+def verify(directory: Path) -> Committed:
+    """The checkpoint in `directory` if its marker and checksums hold, else CheckpointError."""
+    marker = directory / MARKER
+    if not marker.is_file():
+        raise CheckpointError(f"{directory.name} has no {MARKER} marker (an interrupted save)")
+    try:
+        meta = json.loads(marker.read_text())
+        files: dict[str, dict[str, Any]] = meta["files"]
+        step, world_size = int(meta["step"]), int(meta["world_size"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{directory.name}: unreadable {MARKER} marker ({err})") from None
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{directory.name}: {name} is missing")
+        if path.stat().st_size != expected["bytes"] or sha256_of(path) != expected["sha256"]:
+            raise CheckpointError(f"{directory.name}: {name} does not match its checksum (truncated or corrupted)")
+    return Committed(step, directory, world_size)
+
+
+class Checkpointer:
+    """One per rank. `begin_save` writes this rank's part; `commit` (all ranks, after they agree
+    that everybody finished writing) makes it visible. Rank 0 renames and marks."""
+
+    def __init__(self, root: Path, rank: int, world_size: int, keep: int) -> None:
+        if keep < 2:
+            raise CheckpointError(f"keep={keep}: keep at least 2 checkpoints so a bad newest one has a fallback")
+        self.root, self.rank, self.world_size, self.keep = root, rank, world_size, keep
+        self._writer: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.pending_step: int | None = None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"checkpoint dir {root} cannot be created: {err.strerror}") from None
+        if not os.access(root, os.W_OK):
+            raise CheckpointError(f"checkpoint dir {root} is not writable")
+
+    # --- saving -------------------------------------------------------------------------------
+
+    def tmp_dir(self, step: int) -> Path:
+        return self.root / f".tmp-{step_dir_name(step)}"
+
+    def begin_save(self, step: int, shared: dict[str, Any] | None, own: dict[str, Any], asynchronous: bool) -> None:
+        """Write this rank's files for `step` (rank 0 also the shared state). The caller must
+        pass host copies that training will not modify (see trainers.state.snapshot)."""
+        self.wait_written()
+        tmp = self.tmp_dir(step)
+        tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
+        self.pending_step = step
+
+        def write() -> None:
+            try:
+                save_tensor_file(tmp / rank_file(self.rank), own)
+                if shared is not None:
+                    save_tensor_file(tmp / SHARED, shared)
+            except BaseException as err:  # reported on the training thread by wait_written()
+                self._error = err
+
+        if asynchronous:
+            self._writer = threading.Thread(target=write, name="checkpoint-writer", daemon=True)
+            self._writer.start()
+        else:
+            write()
+
+    def written(self) -> bool:
+        """True when this rank's part of the pending save is on disk (or failed)."""
+        return self._writer is None or not self._writer.is_alive()
+
+    def wait_written(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            self.pending_step = None
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise CheckpointError(f"writing the checkpoint failed: {reason}; the previous committed checkpoint is intact")
+
+    def commit(self) -> Path | None:
+        """Called on every rank once all ranks have written; rank 0 publishes the checkpoint."""
+        step = self.pending_step
+        self.pending_step = None
+        if step is None or self.rank != 0:
+            return None
+        tmp, final = self.tmp_dir(step), self.root / step_dir_name(step)
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_of(p)} for p in sorted(tmp.glob("*.pt"))}
+        expected = {SHARED, *(rank_file(r) for r in range(self.world_size))}
+        if set(files) != expected:
+            raise CheckpointError(f"step {step}: files {sorted(expected - set(files))} were not written")
+        if final.exists():  # a save of the same step after a restart: the new one wins
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+        marker = {"step": step, "world_size": self.world_size, "files": files}
+        write_durably(final / f".{MARKER}.tmp", lambda f: f.write(json.dumps(marker, indent=1).encode()))
+        os.replace(final / f".{MARKER}.tmp", final / MARKER)
+        fsync_dir(final)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        committed = self.committed()
+        for old in committed[: -self.keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+        for stale in self.root.glob(".tmp-step-*"):
+            if self.pending_step is None:
+                shutil.rmtree(stale, ignore_errors=True)
+
+    # --- loading ------------------------------------------------------------------------------
+
+    def committed(self) -> list[Committed]:
+        """Valid checkpoints, oldest first; invalid ones are reported and skipped."""
+        found = []
+        for directory in sorted(self.root.glob("step-*")):
+            try:
+                found.append(verify(directory))
+            except CheckpointError as err:
+                log.warning("skipping checkpoint: %s", err)
+        return sorted(found, key=lambda c: c.step)
+
+    def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
+        """(step, shared state, this rank's own state or None if the world size changed)."""
+        for checkpoint in reversed(self.committed()):
+            try:
+                shared = load_tensor_file(checkpoint.path / SHARED)
+                own_path = checkpoint.path / rank_file(self.rank)
+                own = load_tensor_file(own_path) if checkpoint.world_size == self.world_size else None
+            except CheckpointError as err:
+                log.warning("skipping checkpoint: %s", err)
+                continue
+            return checkpoint.step, shared, own
+        return None

@@ -1,0 +1,64 @@
+"""When to checkpoint, and the cross-rank handshake that makes an async save visible."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from collectives.base import Collectives
+from trainers.checkpoint import Checkpointer
+from trainers.config import CheckpointConfig
+
+log = logging.getLogger("trainers.checkpoint")
+
+
+class SaveCoordinator:
+    """Periodic async saves; a save commits once every rank reports it written (the flag rides
+    on the per-step allreduce); a final or on-signal save is synchronous."""
+
+    def __init__(self, checkpointer: Checkpointer, comm: Collectives, cfg: CheckpointConfig) -> None:
+        self.checkpointer, self.comm, self.cfg = checkpointer, comm, cfg
+        self._last_save_time = time.monotonic()
+        self.saves = 0
+        self.stall_s = 0.0  # training time spent inside save(): snapshot + any wait
+
+    def due(self, step: int) -> bool:
+        by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
+        by_time = self.cfg.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.cfg.every_minutes
+        return by_steps or by_time
+
+    def written_flag(self) -> float:
+        """1 when this rank has nothing in flight, for the per-step sum over ranks."""
+        return 1.0 if self.checkpointer.written() else 0.0
+
+    def on_step_boundary(self, ranks_written: float) -> None:
+        if self.checkpointer.pending_step is not None and ranks_written >= self.comm.world_size:
+            self.checkpointer.wait_written()
+            self._commit()
+
+    def finish_pending(self) -> None:
+        if self.checkpointer.pending_step is None:
+            return
+        self.checkpointer.wait_written()
+        self.comm.barrier()  # every rank has written its part
+        self._commit()
+
+    def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool) -> None:
+        started = time.perf_counter()
+        self.finish_pending()
+        rank0_state = shared() if self.comm.rank == 0 else None
+        asynchronous = self.cfg.async_save and not synchronous
+        self.checkpointer.begin_save(step, rank0_state, own, asynchronous)
+        self._last_save_time = time.monotonic()
+        if not asynchronous:
+            self.finish_pending()
+        self.stall_s += time.perf_counter() - started
+
+    def _commit(self) -> None:
+        step = self.checkpointer.pending_step
+        path = self.checkpointer.commit()
+        self.saves += 1
+        if path is not None:
+            log.info("checkpoint step %d committed: %s", step, path)

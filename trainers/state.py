@@ -1,0 +1,95 @@
+"""What a bit-exact continuation needs, as plain tensors and numbers (no pickled objects)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainers.checkpoint import CheckpointError
+
+
+@dataclass
+class Progress:
+    """Where training stands: the data position is a global sample index in the epoch's order."""
+
+    step: int = 0
+    epoch: int = 1
+    position: int = 0
+    epoch_loss_sum: float = 0.0
+    epoch_seen: int = 0
+    epoch_steps: int = 0
+    epoch_seconds: float = 0.0
+    train_seconds: float = 0.0
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.position, self.epoch_loss_sum, self.epoch_seen, self.epoch_steps, self.epoch_seconds = 0, 0.0, 0, 0, 0.0
+
+
+def snapshot(obj: Any) -> Any:
+    """A deep copy whose tensors training will not touch while a background thread writes it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {key: snapshot(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(snapshot(value) for value in obj)
+    return obj
+
+
+def rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "progress": asdict(progress),
+        "model_config": model_config,
+    }
+
+
+def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int) -> None:
+    """Refuse a checkpoint of another model with a message naming the first difference."""
+    current = model.state_dict()
+    for name in sorted(set(current) | set(saved)):
+        if name not in saved or name not in current:
+            where = "the checkpoint" if name not in saved else "this model"
+            raise CheckpointError(f"checkpoint step {step} does not fit this model: {name!r} is missing from {where}; use a new run dir or the old model config")
+        if tuple(saved[name].shape) != tuple(current[name].shape):
+            raise CheckpointError(
+                f"checkpoint step {step} does not fit this model: {name} is {tuple(saved[name].shape)} there and "
+                f"{tuple(current[name].shape)} here; use a new run dir or the old model config"
+            )
+
+
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, shared: dict[str, Any]) -> Progress:
+    check_compatible(model, shared["model"], step)
+    model.load_state_dict(shared["model"])
+    optimizer.load_state_dict(shared["optimizer"])
+    schedule.load_state_dict(shared["schedule"])
+    return Progress(**shared["progress"])
