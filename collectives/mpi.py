@@ -102,6 +102,10 @@ class MpiCollectives:
     def barrier(self) -> None:
         self._worker.submit(self._comm.Barrier).result()
 
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now: one rank's failure must not leave the others waiting."""
+        self._comm.Abort(code)
+
     def close(self) -> None:
         self._worker.shutdown(wait=True)
         for comm in (self._node_comm, self._rail_comm):

@@ -65,7 +65,14 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
             step_log=MetricsWriter(run_dir.steps if rank.is_main else None),
         )
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
-        result = fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+        try:
+            result = fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+        except BaseException:
+            # The other ranks would wait in their next collective forever: end the whole job.
+            log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+            logging.shutdown()
+            comm.abort(1)  # type: ignore[attr-defined]
+            raise
         comm.barrier()
     finally:
         comm.close()

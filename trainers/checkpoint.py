@@ -187,15 +187,16 @@ class Checkpointer:
         write_durably(final / f".{MARKER}.tmp", lambda f: f.write(json.dumps(marker, indent=1).encode()))
         os.replace(final / f".{MARKER}.tmp", final / MARKER)
         fsync_dir(final)
-        self._prune()
+        self._prune(step)
         return final
 
-    def _prune(self) -> None:
-        committed = self.committed()
-        for old in committed[: -self.keep]:
+    def _prune(self, committed_step: int) -> None:
+        for old in self.committed()[: -self.keep]:
             shutil.rmtree(old.path, ignore_errors=True)
+        # Leftovers of interrupted saves are older than what was just committed; a newer
+        # temporary dir belongs to a save other ranks have already begun: never touch it.
         for stale in self.root.glob(".tmp-step-*"):
-            if self.pending_step is None:
+            if int(stale.name.removeprefix(".tmp-step-")) < committed_step:
                 shutil.rmtree(stale, ignore_errors=True)
 
     # --- loading ------------------------------------------------------------------------------

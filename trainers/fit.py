@@ -153,11 +153,11 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                 progress.step += 1
                 progress.epoch_steps += 1
                 progress.position += accumulation * sampler.global_batch
-                progress.epoch_loss_sum += step_loss
-                progress.epoch_seen += step_seen
                 # One tiny collective per step: the averaged loss, the stop vote, the save handshake.
                 written = coordinator.written_flag() if coordinator else 1.0
                 total_loss, total_seen, stop_votes, ranks_written = allreduce_sums(comm, [step_loss, step_seen, float(run.stop.raised), written])
+                progress.epoch_loss_sum += total_loss  # global sums: the same on every rank, so
+                progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
                 run.step_log.write({"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1)})
                 step_loss, step_seen = 0.0, 0
                 if coordinator is not None:
@@ -177,9 +177,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             comm.allreduce_(slowest, op="max")
             epoch_seconds, waited = slowest.tolist()
             progress.train_seconds += epoch_seconds
-            total_loss, total_seen = allreduce_sums(comm, [progress.epoch_loss_sum, progress.epoch_seen])
-            loss = total_loss / max(total_seen, 1)
-            samples_per_s = total_seen / epoch_seconds if epoch_seconds > 0 else 0.0
+            loss = progress.epoch_loss_sum / max(progress.epoch_seen, 1)
+            samples_per_s = progress.epoch_seen / epoch_seconds if epoch_seconds > 0 else 0.0
             step_ms = 1000 * epoch_seconds / max(progress.epoch_steps, 1)
             comm_wait_ms = 1000 * waited / max(progress.epoch_steps, 1)
             average_buffers(comm, model)

@@ -1,0 +1,109 @@
+"""Stop a local 2-rank job with signals at three different steps, resume it each time in the same
+run dir, and compare with an uninterrupted run: identical per-step losses and model state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_dirs, run_launch
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+# Slow enough per step (wide MLP) that signals land mid-run; async saves every 7 steps.
+JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
+
+
+def state_hash(run_dir: Path) -> str:
+    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    state = torch.load(newest / "shared.pt", weights_only=True)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """Last logged loss per step (steps re-run after a restart log again)."""
+    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "steps.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"hpc.rank_main {run_dir}"], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return shlex.split((run_dir / "command.txt").read_text()), env
+
+
+def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:
+    """Start the ranks, signal every rank once `after_steps` more steps are logged; exit code."""
+    start = logged_steps(run_dir)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while logged_steps(run_dir) < start + after_steps:
+        assert proc.poll() is None, f"job ended before the signal: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)  # polling the step log: there is no event to wait on
+    for pid in rank_pids(run_dir):
+        os.kill(pid, sig)  # Slurm signals every task, not mpirun
+    return proc.wait(timeout=120)
+
+
+def test_three_interruptions_resume_bit_exactly(tmp_path):
+    (tmp_path / "a").mkdir()
+    reference = run_launch(*JOB, cwd=tmp_path / "a")
+    assert reference.returncode == 0, reference.stderr
+    (ref_dir,) = run_dirs(tmp_path / "a")
+
+    (tmp_path / "b").mkdir()
+    # Prepare the run dir through launch.py, then interrupt its ranks: start it with a signal
+    # arriving after a few steps, resume from command.txt, three times, then let it finish.
+    first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'b' / 'runs'}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not run_dirs(tmp_path / "b") or logged_steps(run_dirs(tmp_path / "b")[0]) < 5:
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() is not None else "slow start"
+        time.sleep(0.01)
+    (run_dir,) = run_dirs(tmp_path / "b")
+    for pid in rank_pids(run_dir):
+        os.kill(pid, signal.SIGUSR1)
+    assert first.wait(timeout=120) != 0
+    stops = [json.loads((run_dir / "result.json").read_text())["steps"]]
+
+    command, env = resume_command(run_dir)
+    for after, sig in ((23, signal.SIGTERM), (41, signal.SIGUSR1)):
+        assert run_until_signalled(command, env, run_dir, after, sig) != 0
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["status"] == "stopped" and result["resumed_from"] == stops[-1]
+        stops.append(result["steps"])
+    final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["resumed_from"] == stops[-1]
+
+    assert len(set(stops)) == 3 and all(0 < s < result["steps"] for s in stops)
+    assert step_losses(run_dir) == step_losses(ref_dir)  # every step, bit for bit
+    assert state_hash(run_dir) == state_hash(ref_dir)
+    ref_metrics = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda rows: [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]  # noqa: E731
+    assert strip(metrics) == strip(ref_metrics)
