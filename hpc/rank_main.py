@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from hpc.env import RankInfo
+from hpc.requeue import EXIT_RESUMABLE, requeue_after_stop
 from hpc.rundir import RunDir
 
 
@@ -30,11 +33,6 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
         console.setFormatter(logging.Formatter("%(message)s"))
         handlers.append(console)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
-
-
-# Exit code of a rank that stopped on a signal with a committed checkpoint and was not requeued
-# by us (no scontrol, or not under Slurm): a wrapper should start the same run dir again.
-EXIT_RESUMABLE = 75
 
 
 def run_rank(run_dir_path: str) -> dict[str, Any]:
@@ -79,10 +77,16 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
         stop.uninstall()
     status = "stopped" if result.stopped_by else "completed"
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": int(restarts)}
+    exit_code = 0
+    if result.stopped_by:
+        exit_code = EXIT_RESUMABLE
+        if rank.is_main:
+            received = datetime.fromtimestamp(stop.received_at or time.time())
+            what, exit_code = requeue_after_stop(os.environ, received, job.cluster.signal_seconds, log)
+            log.info("stopped by %s at step %d, checkpoint committed; %s", result.stopped_by, result.steps, what)
+    summary["exit_code"] = exit_code
     if rank.is_main:
         run_dir.write_json(run_dir.result, summary)
-        if result.stopped_by:
-            log.info("stopped by %s at step %d with a committed checkpoint; start the same run dir to resume", result.stopped_by, result.steps)
     return summary
 
 
@@ -93,8 +97,7 @@ def main(argv: list[str]) -> int:
     if not RunDir(Path(argv[0])).config.is_file():
         print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    summary = run_rank(argv[0])
-    return EXIT_RESUMABLE if summary["status"] == "stopped" else 0
+    return int(run_rank(argv[0])["exit_code"])
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
         "srun_args": list(cluster.srun_args),
         "setup": setup_lines(env) + list(cluster.setup),
         "stderr_to_stdout": False,
+        # Every rank gets the signal (no "B:"); the ranks agree on a step, save and requeue.
+        "additional_parameters": {"signal": f"{cluster.signal}@{cluster.signal_seconds}", **({"requeue": True} if cluster.requeue else {})},
     }
     optional = {"partition": cluster.partition, "account": cluster.account, "qos": cluster.qos, "constraint": cluster.constraint}
     params.update({key: value for key, value in optional.items() if value})

@@ -39,6 +39,10 @@ def check_resources(job: JobConfig) -> None:
             f"{res.tasks_per_node} tasks x {res.gpus_per_task} GPUs per node = {gpus} > the {cluster.gpus_per_node} "
             f"GPUs of a {cluster.name} node; lower resources.tasks_per_node or resources.gpus_per_task"
         )
+    if cluster.signal not in ("USR1", "USR2", "TERM", "INT"):
+        raise UserError(f"cluster.signal={cluster.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
+    if cluster.signal_seconds < 1:
+        raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")

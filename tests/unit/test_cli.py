@@ -1,5 +1,6 @@
 """launch.py as users type it: help, config printing, dry runs, and one-line errors."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,7 @@ def test_submit_path_never_imports_torch(tmp_path):
         f"sys.argv = ['launch.py', 'dry_run=true', 'cluster=simulated', 'run_root={tmp_path}/runs']\n"
         f"runpy.run_path({str(ROOT / 'launch.py')!r}, run_name='__main__')\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "NO_TORCH" in result.stdout

@@ -1,0 +1,75 @@
+"""After a signal stopped training and the checkpoint is committed: why did we stop, and who
+requeues the job? Decided from Slurm's own facts (`scontrol show job`), never from a guess.
+
+- Preemption (PreemptTime set): with PreemptMode=REQUEUE Slurm requeues the job itself; we must
+  not requeue a second time.
+- Time limit (the signal came within `--signal` seconds of EndTime): we requeue.
+- Anything else (`scancel --signal`, an operator's SIGTERM): we requeue, so the job continues.
+- A job Slurm is already requeueing (`scontrol requeue`): nothing to do.
+Without scontrol (containers) we say so, and the rank exits with EXIT_RESUMABLE for a wrapper.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from datetime import datetime
+
+EXIT_RESUMABLE = 75  # "stopped with a committed checkpoint; start the same run dir again"
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """Array tasks are requeued as <array job id>_<task id>, plain jobs by their id."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def parse_job_fields(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output -> {Key: Value} (values hold no spaces in -o mode, except
+    the command line, which we do not read)."""
+    fields = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value or value in ("None", "Unknown", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def stop_reason(fields: Mapping[str, str], received_at: datetime, signal_seconds: int) -> str:
+    state = fields.get("JobState", "")
+    if "REQUEUE" in state or state in ("COMPLETING", "PENDING"):
+        return "requeue in progress"
+    if _time(fields.get("PreemptTime")) is not None:
+        return "preemption"
+    end = _time(fields.get("EndTime"))
+    if end is not None and (end - received_at).total_seconds() <= signal_seconds + 30:
+        return "time limit"
+    return "external signal"
+
+
+def requeue_after_stop(env: Mapping[str, str], received_at: datetime, signal_seconds: int, log) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """Requeue if that is our job; returns (what happened, exit code for the rank)."""
+    job_id = slurm_job_id(env)
+    if job_id is None:
+        return "not a Slurm job: start the same run dir again to resume", EXIT_RESUMABLE
+    if shutil.which("scontrol") is None:
+        return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", EXIT_RESUMABLE
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    reason = stop_reason(parse_job_fields(shown.stdout), received_at, signal_seconds) if shown.returncode == 0 else "external signal"
+    if reason in ("preemption", "requeue in progress"):
+        return f"{reason}: Slurm requeues job {job_id} itself", 0
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"{reason}: scontrol requeue {job_id} failed: {done.stderr.strip()}", EXIT_RESUMABLE
+    return f"{reason}: requeued job {job_id}", 0

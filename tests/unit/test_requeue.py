@@ -1,0 +1,51 @@
+from datetime import datetime
+
+import pytest
+
+from hpc.requeue import EXIT_RESUMABLE, parse_job_fields, requeue_after_stop, slurm_job_id, stop_reason
+
+NOW = datetime(2026, 11, 23, 12, 0, 0)
+
+
+def fields(**kw):
+    base = {"JobState": "RUNNING", "PreemptTime": "None", "EndTime": "2026-11-23T14:00:00"}
+    return {**base, **kw}
+
+
+def test_scontrol_one_line_output_parses():
+    text = "JobId=42 JobName=train JobState=RUNNING Reason=None Restarts=2 PreemptTime=None EndTime=2026-11-23T14:00:00 Command=/x/y a=b"
+    parsed = parse_job_fields(text)
+    assert parsed["JobState"] == "RUNNING" and parsed["Restarts"] == "2" and parsed["EndTime"] == "2026-11-23T14:00:00"
+
+
+@pytest.mark.parametrize(
+    "job, reason",
+    [
+        (fields(PreemptTime="2026-11-23T11:59:50"), "preemption"),
+        (fields(EndTime="2026-11-23T12:01:30"), "time limit"),  # within signal_seconds (60) + 30 s
+        (fields(EndTime="2026-11-23T12:05:00"), "external signal"),
+        (fields(EndTime="Unknown"), "external signal"),
+        (fields(JobState="REQUEUE_FED"), "requeue in progress"),
+        (fields(JobState="COMPLETING"), "requeue in progress"),
+    ],
+)
+def test_stop_reason_comes_from_slurm_facts(job, reason):
+    assert stop_reason(job, NOW, signal_seconds=60) == reason
+
+
+def test_array_tasks_requeue_by_array_id():
+    assert slurm_job_id({"SLURM_JOB_ID": "101", "SLURM_ARRAY_JOB_ID": "100", "SLURM_ARRAY_TASK_ID": "3"}) == "100_3"
+    assert slurm_job_id({"SLURM_JOB_ID": "101"}) == "101"
+
+
+class Log:
+    def info(self, *args):
+        pass
+
+
+def test_outside_slurm_or_without_scontrol_exits_resumable(monkeypatch):
+    what, code = requeue_after_stop({}, NOW, 60, Log())
+    assert code == EXIT_RESUMABLE and "not a Slurm job" in what
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    what, code = requeue_after_stop({"SLURM_JOB_ID": "7"}, NOW, 60, Log())
+    assert code == EXIT_RESUMABLE and "scontrol not found" in what
