@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.env import RankInfo
-from hpc.requeue import EXIT_RESUMABLE, requeue_after_stop
+from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue
 from hpc.rundir import RunDir
 
 
@@ -77,16 +77,19 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
         stop.uninstall()
     status = "stopped" if result.stopped_by else "completed"
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": int(restarts)}
-    exit_code = 0
-    if result.stopped_by:
-        exit_code = EXIT_RESUMABLE
-        if rank.is_main:
-            received = datetime.fromtimestamp(stop.received_at or time.time())
-            what, exit_code = requeue_after_stop(os.environ, received, job.cluster.signal_seconds, log)
-            log.info("stopped by %s at step %d, checkpoint committed; %s", result.stopped_by, result.steps, what)
+    exit_code, requeue_id = (EXIT_RESUMABLE if result.stopped_by else 0), None
+    if result.stopped_by and rank.is_main:
+        received = datetime.fromtimestamp(stop.received_at or time.time())
+        what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
+        log.info("stopped by %s at step %d, checkpoint committed; %s", result.stopped_by, result.steps, what)
     summary["exit_code"] = exit_code
     if rank.is_main:
-        run_dir.write_json(run_dir.result, summary)
+        run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm kills us next
+        if requeue_id is not None:
+            error = requeue(requeue_id)
+            if error:
+                log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
+                summary["exit_code"] = EXIT_RESUMABLE
     return summary
 
 

@@ -58,18 +58,21 @@ def stop_reason(fields: Mapping[str, str], received_at: datetime, signal_seconds
     return "external signal"
 
 
-def requeue_after_stop(env: Mapping[str, str], received_at: datetime, signal_seconds: int, log) -> tuple[str, int]:  # type: ignore[no-untyped-def]
-    """Requeue if that is our job; returns (what happened, exit code for the rank)."""
+def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_seconds: int) -> tuple[str, str | None, int]:
+    """(what happens, the job id to requeue or None, exit code for the rank)."""
     job_id = slurm_job_id(env)
     if job_id is None:
-        return "not a Slurm job: start the same run dir again to resume", EXIT_RESUMABLE
+        return "not a Slurm job: start the same run dir again to resume", None, EXIT_RESUMABLE
     if shutil.which("scontrol") is None:
-        return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", EXIT_RESUMABLE
+        return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
     shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
     reason = stop_reason(parse_job_fields(shown.stdout), received_at, signal_seconds) if shown.returncode == 0 else "external signal"
     if reason in ("preemption", "requeue in progress"):
-        return f"{reason}: Slurm requeues job {job_id} itself", 0
+        return f"{reason}: Slurm requeues job {job_id} itself", None, 0
+    return f"{reason}: requeueing job {job_id}", job_id, 0
+
+
+def requeue(job_id: str) -> str | None:
+    """`scontrol requeue`; returns the error text, or None on success."""
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"{reason}: scontrol requeue {job_id} failed: {done.stderr.strip()}", EXIT_RESUMABLE
-    return f"{reason}: requeued job {job_id}", 0
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit code {done.returncode}"

@@ -2,7 +2,7 @@ from datetime import datetime
 
 import pytest
 
-from hpc.requeue import EXIT_RESUMABLE, parse_job_fields, requeue_after_stop, slurm_job_id, stop_reason
+from hpc.requeue import EXIT_RESUMABLE, parse_job_fields, plan_after_stop, slurm_job_id, stop_reason
 
 NOW = datetime(2026, 11, 23, 12, 0, 0)
 
@@ -38,14 +38,9 @@ def test_array_tasks_requeue_by_array_id():
     assert slurm_job_id({"SLURM_JOB_ID": "101"}) == "101"
 
 
-class Log:
-    def info(self, *args):
-        pass
-
-
 def test_outside_slurm_or_without_scontrol_exits_resumable(monkeypatch):
-    what, code = requeue_after_stop({}, NOW, 60, Log())
-    assert code == EXIT_RESUMABLE and "not a Slurm job" in what
+    what, job_id, code = plan_after_stop({}, NOW, 60)
+    assert (job_id, code) == (None, EXIT_RESUMABLE) and "not a Slurm job" in what
     monkeypatch.setattr("shutil.which", lambda name: None)
-    what, code = requeue_after_stop({"SLURM_JOB_ID": "7"}, NOW, 60, Log())
-    assert code == EXIT_RESUMABLE and "scontrol not found" in what
+    what, job_id, code = plan_after_stop({"SLURM_JOB_ID": "7"}, NOW, 60)
+    assert (job_id, code) == (None, EXIT_RESUMABLE) and "scontrol not found" in what

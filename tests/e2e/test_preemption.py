@@ -1,0 +1,74 @@
+"""Preempt a 2-node x 2-rank job on the real (simulated) Slurm three times, at different steps and
+in different ways, and compare it with an uninterrupted run: same per-step losses, same model."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.slurm import job_state
+from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.mpi.test_resume import logged_steps, state_hash, step_losses
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
+       "trainer.epochs=8", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+
+
+def poll(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # Slurm and the step log give no event to wait on
+
+
+def restarts(job_id: str) -> int:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    match = re.search(r"Restarts=(\d+)", out)
+    return int(match.group(1)) if match else -1
+
+
+def release_when_requeued(job_id: str, restarts_before: int) -> None:
+    """Slurm holds a requeued job back (BeginTime about 2 minutes on): start it now."""
+    poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued")
+    poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
+
+
+def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    reference = run_launch(*JOB, "wait=true", cwd=tmp_path / "a")
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    (ref_dir,) = run_dirs(tmp_path / "a")
+
+    submitted = run_launch(*JOB, cwd=tmp_path / "b")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path / "b")
+
+    interruptions = [
+        (9, ["scancel", "--signal=USR1", job_id]),  # what preempt_send_user_signal delivers
+        (17, ["scontrol", "requeue", job_id]),  # Slurm requeues: SIGTERM to every rank
+        (29, ["scancel", "--signal=USR1", job_id]),
+    ]
+    for count, (at_step, command) in enumerate(interruptions):
+        poll(lambda: logged_steps(run_dir) >= at_step, f"step {at_step}")
+        subprocess.run(command, check=True, capture_output=True)
+        release_when_requeued(job_id, count)
+
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 3 and result["resumed_from"] > 0
+    assert step_losses(run_dir) == step_losses(ref_dir)
+    assert state_hash(run_dir) == state_hash(ref_dir)
+    rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert rank0.count("resumed from checkpoint step") == 3  # one run dir, logs appended
+    assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0
+    assert all(f"restart {n}" in rank0 for n in (1, 2, 3))
