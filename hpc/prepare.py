@@ -15,13 +15,13 @@ import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 
 from hpc.config import JobConfig, register_schemas, to_job_config
 from hpc.errors import UserError
 from hpc.launch import resolved_yaml
 from hpc.overrides import CONF_DIR, check_overrides
+from hpc.requeue import slurm_job_id
 from hpc.rundir import PROJECT_ROOT, RunDir
 from hpc.spec import check_data, check_training, rank_environment
 
@@ -57,11 +57,13 @@ def fit_to_allocation(job: JobConfig, nodes: int, tasks_per_node: int, overrides
     return replace(job, resources=replace(job.resources, nodes=nodes, tasks_per_node=tasks_per_node))
 
 
-def new_run_dir(job: JobConfig, job_id: str) -> RunDir:
-    now = datetime.now()
-    path = Path(job.run_root).resolve() / now.strftime("%Y-%m-%d") / f"{now.strftime('%H-%M-%S-%f')}_{job.name}_{job_id}"
-    path.mkdir(parents=True)
-    return RunDir(path)
+def job_run_dir(job: JobConfig, job_id: str) -> tuple[RunDir, bool]:
+    """The run dir of this Slurm job: the same one after every requeue, so it resumes.
+    Returns (run dir, whether it already existed)."""
+    path = Path(job.run_root).resolve() / "jobs" / f"{job_id}_{job.name}"
+    existed = (path / "config.yaml").is_file()
+    path.mkdir(parents=True, exist_ok=True)
+    return RunDir(path), existed
 
 
 def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
@@ -70,8 +72,10 @@ def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
     check_training(job)
     info = check_data(job)
     job = replace(job, data=replace(job.data, path=info.path))
-    run_dir = new_run_dir(job, env.get("SLURM_JOB_ID", "nojob"))
-    run_dir.config.write_text(resolved_yaml(job))
+    job_id = slurm_job_id(env) or "nojob"
+    run_dir, existed = job_run_dir(job, job_id)
+    if not existed:  # after a requeue the first config stays: the checkpoints were made with it
+        run_dir.config.write_text(resolved_yaml(job))
     exports = {**rank_environment(job), "HPCTK_RUN_DIR": str(run_dir.path)}
     lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(exports.items())]
     lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")

@@ -34,10 +34,19 @@ def restarts(job_id: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def nodes_settled() -> bool:
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%T"], capture_output=True, text=True).stdout.split()
+    steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout.split()
+    return bool(out) and all(state in ("idle", "mixed", "allocated") for state in out) and not steps
+
+
 def release_when_requeued(job_id: str, restarts_before: int) -> None:
     """Slurm holds a requeued job back (BeginTime about 2 minutes on): start it now."""
     poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued")
     poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
+    # Starting it before every node finished cleaning up the killed run makes slurmd refuse the
+    # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
+    poll(nodes_settled, "nodes to finish the killed run")
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
 
 

@@ -28,6 +28,7 @@ def test_plain_sbatch_trains_on_two_nodes_with_overrides(tmp_path):
     (output,) = tmp_path.glob("slurm-*.out")
     assert state == "COMPLETED", output.read_text()
     run_dir = re.search(r"run directory: (\S+)", output.read_text()).group(1)
+    assert run_dir.endswith(f"/jobs/{output.name.split('-')[1].split('.')[0]}_train")
     summary = json.loads((tmp_path / "runs" / run_dir / "result.json").read_text())
     assert (summary["world_size"], summary["num_nodes"], summary["epochs"]) == (4, 2, 4)
 
@@ -39,3 +40,24 @@ def test_override_contradicting_the_allocation_is_refused(tmp_path):
     assert state == "FAILED"
     assert "error: resources.nodes=3 but sbatch granted 1" in output.read_text()
     assert not (tmp_path / "runs").exists()
+
+
+def test_plain_sbatch_job_resumes_in_the_same_run_dir_after_a_signal(tmp_path):
+    from tests.e2e.test_preemption import poll, release_when_requeued
+    from tests.mpi.test_resume import logged_steps
+
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/slurm-%j.out",
+         str(ROOT / "sbatch" / "train.sbatch"), "cluster=simulated", "model.hidden_sizes=[512,512]", "trainer.epochs=4",
+         "checkpoint.every_steps=5", f"run_root={tmp_path / 'runs'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )
+    job_id = submitted.stdout.strip()
+    run_dir = tmp_path / "runs" / "jobs" / f"{job_id}_train"
+    poll(lambda: logged_steps(run_dir) >= 8, "step 8")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "completed" and summary["restarts"] == 1 and summary["resumed_from"] >= 8
+    assert [p.name for p in (tmp_path / "runs" / "jobs").iterdir()] == [run_dir.name]
