@@ -22,6 +22,7 @@ class SaveCoordinator:
         self.checkpointer, self.comm, self.cfg = checkpointer, comm, cfg
         self._last_save_time = time.monotonic()
         self.saves = 0
+        self.last_step: int | None = None  # the step of the newest save begun (pending or done)
         self.stall_s = 0.0  # training time spent inside save(): snapshot + any wait
 
     def due(self, step: int) -> bool:
@@ -47,7 +48,11 @@ class SaveCoordinator:
 
     def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool) -> None:
         started = time.perf_counter()
+        if step == self.last_step:  # e.g. a periodic save on the last step, then the final one:
+            self.finish_pending()  # saving the same step twice would race on its directory
+            return
         self.finish_pending()
+        self.last_step = step
         rank0_state = shared() if self.comm.rank == 0 else None
         asynchronous = self.cfg.async_save and not synchronous
         self.checkpointer.begin_save(step, rank0_state, own, asynchronous)

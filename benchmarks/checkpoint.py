@@ -1,0 +1,90 @@
+"""Checkpoint figures, each side by side with its baseline in one run.
+
+    python benchmarks/checkpoint.py [--mb 256] [--repeats 5] [--dir /path/on/the/target/disk]
+
+1. Save bandwidth: a synchronous Checkpointer save (write, fsync, rename, checksums, marker) of
+   an optimizer-sized state, against a raw sequential write + fsync of the same bytes.
+2. Training stall: what an async save blocks the training thread for (snapshot to host memory
+   and starting the writer) against a synchronous save of the same state.
+Medians over interleaved repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trainers.checkpoint import Checkpointer
+from trainers.state import snapshot
+
+
+def make_state(megabytes: int) -> dict[str, torch.Tensor]:
+    count = megabytes * (1 << 20) // 4 // 2
+    return {"model.weight": torch.randn(count), "optimizer.momentum": torch.randn(count)}
+
+
+def raw_write(path: Path, payload: bytes) -> float:
+    started = time.perf_counter()
+    with path.open("wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - started
+
+
+def checkpoint_save(root: Path, step: int, state: dict[str, torch.Tensor], asynchronous: bool) -> tuple[float, float]:
+    """(seconds the caller was blocked, seconds until committed)."""
+    ckpt = Checkpointer(root, rank=0, world_size=1, keep=2)
+    started = time.perf_counter()
+    ckpt.begin_save(step, snapshot(state) if asynchronous else state, {"rng": torch.get_rng_state()}, asynchronous)
+    blocked = time.perf_counter() - started
+    ckpt.wait_written()
+    ckpt.commit()
+    return blocked, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=256, help="state size in MiB")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(dir=args.dir, prefix="ckpt-bench-"))
+    try:
+        state = make_state(args.mb)
+        sample = base / "sample.pt"
+        torch.save(state, sample)
+        payload = sample.read_bytes()
+        nbytes = len(payload)
+        raw, sync_total, async_blocked, async_total = [], [], [], []
+        for i in range(args.repeats):
+            raw.append(raw_write(base / f"raw-{i}.bin", payload))
+            (base / f"raw-{i}.bin").unlink()
+            sync_total.append(checkpoint_save(base / "sync", 2 * i + 1, state, asynchronous=False)[1])
+            blocked, total = checkpoint_save(base / "async", 2 * i + 2, state, asynchronous=True)
+            async_blocked.append(blocked)
+            async_total.append(total)
+        med = statistics.median
+        gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
+        print(f"state {nbytes / 2**20:.0f} MiB, {args.repeats} repeats, dir {base}")
+        print("| figure | value |")
+        print("| --- | --- |")
+        print(f"| raw sequential write + fsync | {gbps(med(raw)):.2f} GB/s ({med(raw) * 1e3:.0f} ms) |")
+        print(f"| checkpoint save, synchronous (write, fsync, rename, sha256, marker) | {gbps(med(sync_total)):.2f} GB/s ({med(sync_total) * 1e3:.0f} ms) |")
+        print(f"| save bandwidth vs raw write | {med(raw) / med(sync_total):.2f}x |")
+        print(f"| async save: training thread blocked (snapshot + start writer) | {med(async_blocked) * 1e3:.0f} ms |")
+        print(f"| async stall vs synchronous save | {med(async_blocked) / med(sync_total):.1%} |")
+        print(f"| async save until committed | {med(async_total) * 1e3:.0f} ms |")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
