@@ -1,11 +1,13 @@
 """After a signal stopped training and the checkpoint is committed: why did we stop, and who
 requeues the job? Decided from Slurm's own facts (`scontrol show job`), never from a guess.
 
-- Preemption (PreemptTime set): with PreemptMode=REQUEUE Slurm requeues the job itself; we must
-  not requeue a second time.
+- Preemption (PreemptTime set): we requeue. Measured on the test cluster (Slurm 22.05,
+  PreemptMode=REQUEUE, GraceTime=20): a preempted job that ends by itself within GraceTime is
+  NOT requeued by Slurm (it simply completes), while `scontrol requeue` from the job requeues it
+  once (Restarts=1) and frees its nodes for the preemptor at once instead of after GraceTime.
 - Time limit (the signal came within `--signal` seconds of EndTime): we requeue.
 - Anything else (`scancel --signal`, an operator's SIGTERM): we requeue, so the job continues.
-- A job Slurm is already requeueing (`scontrol requeue`): nothing to do.
+- A job Slurm is already requeueing (`scontrol requeue` by someone else): nothing to do.
 Without scontrol (containers) we say so, and the rank exits with EXIT_RESUMABLE for a wrapper.
 """
 
@@ -67,7 +69,7 @@ def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_second
         return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
     shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
     reason = stop_reason(parse_job_fields(shown.stdout), received_at, signal_seconds) if shown.returncode == 0 else "external signal"
-    if reason in ("preemption", "requeue in progress"):
+    if reason == "requeue in progress":
         return f"{reason}: Slurm requeues job {job_id} itself", None, 0
     return f"{reason}: requeueing job {job_id}", job_id, 0
 

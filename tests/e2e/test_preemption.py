@@ -81,3 +81,22 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert rank0.count("resumed from checkpoint step") == 3  # one run dir, logs appended
     assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0
     assert all(f"restart {n}" in rank0 for n in (1, 2, 3))
+
+
+def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):
+    """A job in 'high' needing every node preempts ours: USR1 reaches every rank
+    (preempt_send_user_signal), they checkpoint, the job requeues, and later resumes."""
+    submitted = run_launch(*JOB, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 8, "step 8")
+    preemptor = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    poll(lambda: restarts(job_id) >= 1, f"job {job_id} to be requeued by its ranks")
+    assert wait_until_done(preemptor) == "COMPLETED"  # the preemptor got the nodes
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 8
+    assert "preemption: requeueing job" in (run_dir / "logs" / "rank-00000.log").read_text()
