@@ -71,8 +71,33 @@ def write_durably(path: Path, write: Callable[[Any], None]) -> None:
         os.fsync(f.fileno())
 
 
+class _HashingWriter:
+    """Hashes bytes on their way to the file: no second pass over a large checkpoint."""
+
+    def __init__(self, f: Any) -> None:
+        self._f, self.digest, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def save_tensor_file(path: Path, obj: Any) -> None:
-    write_durably(path, lambda f: torch.save(obj, f))
+    """torch.save, fsynced, plus `<name>.sum` holding its size and sha256 for the commit."""
+    hashed: list[_HashingWriter] = []
+
+    def write(f: Any) -> None:
+        writer = _HashingWriter(f)
+        torch.save(obj, writer)
+        hashed.append(writer)
+
+    write_durably(path, write)
+    summary = {"bytes": hashed[0].size, "sha256": hashed[0].digest.hexdigest()}
+    write_durably(path.with_name(path.name + ".sum"), lambda f: f.write(json.dumps(summary).encode()))
 
 
 def load_tensor_file(path: Path) -> Any:
@@ -175,10 +200,11 @@ class Checkpointer:
         if step is None or self.rank != 0:
             return None
         tmp, final = self.tmp_dir(step), self.root / step_dir_name(step)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_of(p)} for p in sorted(tmp.glob("*.pt"))}
         expected = {SHARED, *(rank_file(r) for r in range(self.world_size))}
-        if set(files) != expected:
-            raise CheckpointError(f"step {step}: files {sorted(expected - set(files))} were not written")
+        missing = sorted(name for name in expected if not (tmp / f"{name}.sum").is_file())
+        if missing:
+            raise CheckpointError(f"step {step}: files {missing} were not written")
+        files = {name: json.loads((tmp / f"{name}.sum").read_text()) for name in sorted(expected)}
         if final.exists():  # a save of the same step after a restart: the new one wins
             shutil.rmtree(final)
         os.replace(tmp, final)
