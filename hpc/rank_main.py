@@ -41,6 +41,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     from collectives import init_collectives
     from hpc.config import to_job_config
     from omegaconf import OmegaConf
+    from trainers.checkpoint import CheckpointError
     from trainers.fit import FitConfig, RunContext, fit
     from trainers.metrics import MetricsWriter
     from trainers.preemption import StopFlag
@@ -65,9 +66,12 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
         try:
             result = fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
-        except BaseException:
+        except BaseException as err:
             # The other ranks would wait in their next collective forever: end the whole job.
-            log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+            if isinstance(err, CheckpointError):  # a user-fixable cause: one line, no traceback
+                log.error("error: %s; aborting all %d ranks", err, rank.world_size)
+            else:
+                log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
             logging.shutdown()
             comm.abort(1)  # type: ignore[attr-defined]
             raise

@@ -107,3 +107,18 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     strip = lambda rows: [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]  # noqa: E731
     assert strip(metrics) == strip(ref_metrics)
+
+
+def test_resuming_with_another_model_fails_in_one_clear_line(tmp_path):
+    first = run_launch("trainer.epochs=1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("- 256\n", "- 64\n").replace("epochs: 1", "epochs: 2"))
+    command, env = resume_command(run_dir)
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0
+    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "error: checkpoint step 22 does not fit this model: 1.bias is (256,) there and (64,) here" in log
+    assert "Traceback" not in log
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-000000022"]  # intact
