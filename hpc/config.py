@@ -28,7 +28,8 @@ class ClusterConfig:
     max_nodes: int | None = None
     time_min: int = 60  # default wall-clock limit of a job
     mem_gb: float | None = None
-    srun_args: list[str] = field(default_factory=lambda: ["--mpi=pmix"])
+    # --kill-on-bad-exit: a rank that dies ends the step, instead of the others waiting forever.
+    srun_args: list[str] = field(default_factory=lambda: ["--mpi=pmix", "--kill-on-bad-exit=1"])
     mpirun_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # exported on every rank
     requeue: bool = True  # sbatch --requeue: a preempted or stopped job goes back to the queue

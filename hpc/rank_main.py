@@ -60,6 +60,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
         fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
         context = RunContext(
             checkpoint_dir=run_dir.checkpoints,
+            config_text=run_dir.config.read_text(),
             stop=stop,
             step_log=MetricsWriter(run_dir.steps if rank.is_main else None),
         )

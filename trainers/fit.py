@@ -92,6 +92,7 @@ class RunContext:
     """Where a run keeps its state across restarts, and how it learns it must stop."""
 
     checkpoint_dir: Path | None = None
+    config_text: str = ""  # the run's resolved config, stored in every checkpoint
     stop: StopFlag = field(default_factory=StopFlag)
     step_log: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
 
@@ -125,7 +126,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             model_config = {"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes}
             coordinator.save(
                 progress.step,
-                lambda: snapshot(shared_state(model, optimizer, schedule, progress, model_config)),
+                lambda: snapshot(shared_state(model, optimizer, schedule, progress, model_config, run.config_text)),
                 snapshot({"rng": rng_state()}),
                 synchronous,
             )

@@ -63,8 +63,9 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any]) -> dict[str, Any]:
+def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any], config_text: str = "") -> dict[str, Any]:
     return {
+        "config": config_text,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "schedule": schedule.state_dict(),

@@ -1,0 +1,60 @@
+"""SIGKILL one rank of a 2-node job on the real Slurm at random moments while it checkpoints
+every 2 steps: the step ends (srun --kill-on-bad-exit), and every next start finds a valid
+committed checkpoint and continues from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.slurm import TERMINAL_STATES, job_state
+from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.e2e.test_preemption import nodes_settled, poll
+from tests.mpi.test_resume import logged_steps
+from trainers.checkpoint import Checkpointer
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
+       "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null", "checkpoint.keep=3")
+KILLS = 3
+
+
+def python_ranks(run_dir: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"submitit.core._submit {run_dir}"], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in out if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python")]
+
+
+def start_again(job_id: str) -> None:
+    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
+    poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend")
+    poll(nodes_settled, "nodes to finish the killed run")
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
+
+
+def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
+    rng = random.Random(2026)
+    submitted = run_launch(*JOB, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path)
+    for kill in range(KILLS):
+        target = logged_steps(run_dir) + rng.randint(3, 8)
+        poll(lambda: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")
+        time.sleep(rng.uniform(0, 0.02))  # a random moment among the next steps and saves
+        os.kill(rng.choice(python_ranks(run_dir)), signal.SIGKILL)
+        poll(lambda: job_state(job_id) in TERMINAL_STATES, "the killed job to end", timeout_s=60)
+        restored = Checkpointer(run_dir / "checkpoints", 0, 4, keep=3).load_latest()
+        assert restored is not None and restored[2] is not None, "no loadable checkpoint after a SIGKILL"
+        start_again(job_id)
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == KILLS and result["resumed_from"] > 0
