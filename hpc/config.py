@@ -49,9 +49,15 @@ class ResourcesConfig:
 
 @dataclass
 class TopologyConfig:
+    """One node's hardware: GPU i uses NIC rail_of_gpu[i]; NIC j sits on NUMA numa_of_nic[j];
+    NUMA node k owns the CPUs numa_cpus[k] ('0-55,112-167'). Empty lists: not known."""
+
     name: str = "cpu"
     gpus_per_node: int = 0
     nics: list[str] = field(default_factory=list)
+    rail_of_gpu: list[int] = field(default_factory=list)
+    numa_of_nic: list[int] = field(default_factory=list)
+    numa_cpus: list[str] = field(default_factory=list)
 
 
 @dataclass

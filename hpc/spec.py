@@ -10,6 +10,7 @@ from pathlib import Path
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from hpc.config import LAUNCHERS, JobConfig
 from hpc.errors import UserError
+from hpc.topology import check_topology
 from trainers.config import MODELS, OPTIMIZERS, SCHEDULES
 from trainers.datasets import DataError, DatasetInfo, inspect_hdf5, resolve_data_path
 
@@ -124,6 +125,7 @@ def check_launcher_tools(job: JobConfig) -> None:
 
 def validate_job(job: JobConfig) -> DatasetInfo:
     check_resources(job)
+    check_topology(job.topology, job.resources.tasks_per_node)
     check_training(job)
     check_launcher_tools(job)
     return check_data(job)
