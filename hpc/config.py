@@ -58,6 +58,7 @@ class TopologyConfig:
     rail_of_gpu: list[int] = field(default_factory=list)
     numa_of_nic: list[int] = field(default_factory=list)
     numa_cpus: list[str] = field(default_factory=list)
+    transport: str = "ib"  # ib: nics are HCAs (NCCL_IB_HCA, UCX); tcp: nics are interfaces
 
 
 @dataclass

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hpc.binding import apply_binding, binding_for
 from hpc.env import RankInfo
 from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue
 from hpc.rundir import RunDir
@@ -52,9 +53,11 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     init_rank_logging(run_dir, rank)
     log = logging.getLogger("hpc.rank")
     stop = StopFlag().install()  # before anything slow: a signal during start-up is not lost
+    binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
     torch.set_num_threads(max(1, job.trainer.threads_per_rank))
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
     log.info("rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher, restarts)
+    log.info("%s", binding_line)
     comm = init_collectives(job.comm, rank)
     try:
         fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)

@@ -76,3 +76,13 @@ def test_three_ranks_agree_on_metrics(tmp_path):
     assert len(finals) == 1 and "epoch 8/8" in finals.pop()
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["world_size"] == 3 and summary["test_accuracy"] >= 0.9
+
+
+def test_each_rank_applies_and_logs_its_binding(tmp_path):
+    """topology.numa_cpus declares two 1-CPU NUMA nodes: local rank i pins to CPU i."""
+    result = run_launch("trainer.epochs=1", "topology.numa_cpus=[0,1]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
+        assert f"binding: gpu -, nic - (rail -), numa {rank}, 1 CPUs {rank}-{rank}" in log

@@ -1,0 +1,43 @@
+"""Apply a rank's binding (GPU, NIC of its rail, NUMA CPUs) before any communication library
+starts: NCCL, UCX, Open MPI and Gloo read these variables when they initialise."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping
+
+from hpc.config import TopologyConfig
+from hpc.env import RankInfo
+from hpc.topology import RankBinding, bind_local_rank, check_topology
+
+
+def binding_for(topo: TopologyConfig, rank: RankInfo) -> RankBinding:
+    check_topology(topo, rank.local_world_size)
+    gpu, nic, rail, numa, cpus = bind_local_rank(topo, rank.local_rank, rank.local_world_size)
+    return RankBinding(rank.rank, rank.node_rank, rank.local_rank, rank.host, gpu, nic, rail, numa, cpus)
+
+
+def binding_environment(binding: RankBinding, topo: TopologyConfig, current: Mapping[str, str]) -> dict[str, str]:
+    """Variables to set; a value the user or Slurm already chose is left alone."""
+    wanted: dict[str, str] = {}
+    if binding.gpu is not None and "," in current.get("CUDA_VISIBLE_DEVICES", ","):
+        wanted["CUDA_VISIBLE_DEVICES"] = str(binding.gpu)  # unset, or several GPUs visible
+    if binding.nic is not None:
+        if topo.transport == "ib":
+            wanted.update(NCCL_IB_HCA=f"={binding.nic}", UCX_NET_DEVICES=f"{binding.nic}:1")
+        else:  # a TCP interface per rail (the emulated fabric)
+            wanted.update(OMPI_MCA_btl_tcp_if_include=binding.nic, GLOO_SOCKET_IFNAME=binding.nic, NCCL_SOCKET_IFNAME=binding.nic)
+    return {key: value for key, value in wanted.items() if key not in current or key == "CUDA_VISIBLE_DEVICES"}
+
+
+def apply_binding(binding: RankBinding, topo: TopologyConfig, environ: MutableMapping[str, str] = os.environ) -> str:
+    """Set the variables and the CPU affinity; returns the line each rank logs."""
+    environ.update(binding_environment(binding, topo, environ))
+    available = os.sched_getaffinity(0)
+    pinned = sorted(set(binding.cpus) & available)
+    if pinned:
+        os.sched_setaffinity(0, pinned)
+    cpus = f"{len(pinned)} CPUs {pinned[0]}-{pinned[-1]}" if pinned else "CPUs unchanged" + (
+        f" (declared {binding.cpus[0]}-{binding.cpus[-1]} not on this machine)" if binding.cpus else "")
+    return (f"binding: gpu {binding.gpu if binding.gpu is not None else '-'}, nic {binding.nic or '-'}"
+            f" (rail {binding.rail if binding.rail is not None else '-'}), numa {binding.numa}, {cpus}")
