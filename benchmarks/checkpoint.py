@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from trainers.checkpoint import Checkpointer
-from trainers.state import snapshot
 
 
 def make_state(megabytes: int) -> dict[str, torch.Tensor]:
@@ -43,7 +42,7 @@ def checkpoint_save(root: Path, step: int, state: dict[str, torch.Tensor], async
     """(seconds the caller was blocked, seconds until committed)."""
     ckpt = Checkpointer(root, rank=0, world_size=1, keep=2)
     started = time.perf_counter()
-    ckpt.begin_save(step, snapshot(state) if asynchronous else state, {"rng": torch.get_rng_state()}, asynchronous)
+    ckpt.begin_save(step, state, {"rng": torch.get_rng_state()}, asynchronous)  # async copies first
     blocked = time.perf_counter() - started
     ckpt.wait_written()
     ckpt.commit()

@@ -142,7 +142,6 @@ class _DistributedOptimizer:
         self._passes: dict[nn.Parameter, int] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params] if cfg.overlap else []
         self._reset_step()
-        self.allreduce_calls = 0  # collectives started, for tests and metrics
         self.comm_wait_s = 0.0  # time step() spent finishing communication (not hidden)
 
     def _reset_step(self) -> None:
@@ -168,7 +167,6 @@ class _DistributedOptimizer:
             bucket = self._buckets[self._next_bucket]
             bucket.pack()
             self._compressor.launch(self._comm, bucket)
-            self.allreduce_calls += len(bucket.handles)
             self._next_bucket += 1
 
     def synchronize(self) -> None:

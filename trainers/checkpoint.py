@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,17 @@ def load_tensor_file(path: Path) -> Any:
         raise CheckpointError(f"{path} cannot be loaded safely: {' '.join(str(err).split())[:200]}") from None
 
 
+def snapshot(obj: Any) -> Any:
+    """A deep copy whose tensors training will not touch while a background thread writes it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {key: snapshot(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(snapshot(value) for value in obj)
+    return obj
+
+
 @dataclass(frozen=True)
 class Committed:
     step: int
@@ -145,6 +156,9 @@ class Checkpointer:
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.pending_step: int | None = None
+        # Directories already checked, or committed by us: pruning after every save must not
+        # re-read and re-hash every kept checkpoint. Loading always verifies afresh.
+        self._verified: dict[Path, Committed] = {}
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -158,9 +172,11 @@ class Checkpointer:
         return self.root / f".tmp-{step_dir_name(step)}"
 
     def begin_save(self, step: int, shared: dict[str, Any] | None, own: dict[str, Any], asynchronous: bool) -> None:
-        """Write this rank's files for `step` (rank 0 also the shared state). The caller must
-        pass host copies that training will not modify (see trainers.state.snapshot)."""
+        """Write this rank's files for `step` (rank 0 also the shared state). An asynchronous
+        save first copies the state, so training may go on changing the live tensors."""
         self.wait_written()
+        if asynchronous:
+            shared, own = snapshot(shared), snapshot(own)
         tmp = self.tmp_dir(step)
         tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
         self.pending_step = step
@@ -213,12 +229,15 @@ class Checkpointer:
         write_durably(final / f".{MARKER}.tmp", lambda f: f.write(json.dumps(marker, indent=1).encode()))
         os.replace(final / f".{MARKER}.tmp", final / MARKER)
         fsync_dir(final)
+        self._verified[final] = Committed(step, final, self.world_size)  # we just wrote its sums
         self._prune(step)
         return final
 
     def _prune(self, committed_step: int) -> None:
-        for old in self.committed()[: -self.keep]:
+        kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
+        for old in kept[: -self.keep]:
             shutil.rmtree(old.path, ignore_errors=True)
+            self._verified.pop(old.path, None)
         # Leftovers of interrupted saves are older than what was just committed; a newer
         # temporary dir belongs to a save other ranks have already begun: never touch it.
         for stale in self.root.glob(".tmp-step-*"):
@@ -227,19 +246,28 @@ class Checkpointer:
 
     # --- loading ------------------------------------------------------------------------------
 
-    def committed(self) -> list[Committed]:
-        """Valid checkpoints, oldest first; invalid ones are reported and skipped."""
-        found = []
-        for directory in sorted(self.root.glob("step-*")):
+    def _verify_once(self, directory: Path) -> Committed:
+        if directory not in self._verified:
+            self._verified[directory] = verify(directory)
+        return self._verified[directory]
+
+    def _checked_newest_first(self, check: Callable[[Path], Committed] = verify) -> Iterator[Committed]:
+        """Valid checkpoints, newest first, each verified only when reached; invalid ones are
+        reported and skipped. Step directories sort by name (zero-padded step numbers)."""
+        for directory in sorted(self.root.glob("step-*"), reverse=True):
             try:
-                found.append(verify(directory))
+                yield check(directory)
             except CheckpointError as err:
                 log.warning("skipping checkpoint: %s", err)
-        return sorted(found, key=lambda c: c.step)
+
+    def committed(self) -> list[Committed]:
+        """Valid checkpoints, oldest first; invalid ones are reported and skipped."""
+        return sorted(self._checked_newest_first(), key=lambda c: c.step)
 
     def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
-        """(step, shared state, this rank's own state or None if the world size changed)."""
-        for checkpoint in reversed(self.committed()):
+        """(step, shared state, this rank's own state or None if the world size changed).
+        Only the newest checkpoints are read, down to the first that verifies and loads."""
+        for checkpoint in self._checked_newest_first():
             try:
                 shared = load_tensor_file(checkpoint.path / SHARED)
                 own_path = checkpoint.path / rank_file(self.rank)

@@ -22,7 +22,7 @@ from trainers.models import build_model
 from trainers.preemption import StopFlag
 from trainers.sampler import ShardSampler, eval_shard
 from trainers.saving import SaveCoordinator
-from trainers.state import Progress, restore, restore_rng, rng_state, shared_state, snapshot
+from trainers.state import Progress, restore, restore_rng, rng_state, shared_state
 
 log = logging.getLogger("trainers")
 
@@ -126,8 +126,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             model_config = {"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes}
             coordinator.save(
                 progress.step,
-                lambda: snapshot(shared_state(model, optimizer, schedule, progress, model_config, run.config_text)),
-                snapshot({"rng": rng_state()}),
+                lambda: shared_state(model, optimizer, schedule, progress, model_config, run.config_text),
+                {"rng": rng_state()},
                 synchronous,
             )
 

@@ -21,9 +21,7 @@ class SaveCoordinator:
     def __init__(self, checkpointer: Checkpointer, comm: Collectives, cfg: CheckpointConfig) -> None:
         self.checkpointer, self.comm, self.cfg = checkpointer, comm, cfg
         self._last_save_time = time.monotonic()
-        self.saves = 0
         self.last_step: int | None = None  # the step of the newest save begun (pending or done)
-        self.stall_s = 0.0  # training time spent inside save(): snapshot + any wait
 
     def due(self, step: int) -> bool:
         by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
@@ -47,7 +45,6 @@ class SaveCoordinator:
         self._commit()
 
     def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool) -> None:
-        started = time.perf_counter()
         if step == self.last_step:  # e.g. a periodic save on the last step, then the final one:
             self.finish_pending()  # saving the same step twice would race on its directory
             return
@@ -59,11 +56,9 @@ class SaveCoordinator:
         self._last_save_time = time.monotonic()
         if not asynchronous:
             self.finish_pending()
-        self.stall_s += time.perf_counter() - started
 
     def _commit(self) -> None:
         step = self.checkpointer.pending_step
         path = self.checkpointer.commit()
-        self.saves += 1
         if path is not None:
             log.info("checkpoint step %d committed: %s", step, path)

@@ -31,17 +31,6 @@ class Progress:
         self.position, self.epoch_loss_sum, self.epoch_seen, self.epoch_steps, self.epoch_seconds = 0, 0.0, 0, 0, 0.0
 
 
-def snapshot(obj: Any) -> Any:
-    """A deep copy whose tensors training will not touch while a background thread writes it."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {key: snapshot(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(snapshot(value) for value in obj)
-    return obj
-
-
 def rng_state() -> dict[str, Any]:
     numpy_state = np.random.get_state()
     state: dict[str, Any] = {
