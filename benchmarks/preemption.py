@@ -20,6 +20,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from hpc.requeue import job_fields
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = ["cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
             "trainer.epochs=50", "checkpoint.every_minutes=null"]
@@ -34,9 +36,7 @@ def wait_for(condition, timeout_s: float = 120) -> None:  # type: ignore[no-unty
 
 
 def restarts(job_id: str) -> int:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    match = re.search(r"Restarts=(\d+)", out)
-    return int(match.group(1)) if match else 0
+    return int(job_fields(job_id).get("Restarts", 0))
 
 
 def log_time(line: str) -> float:

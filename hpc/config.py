@@ -13,6 +13,7 @@ from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 
 LAUNCHERS = ("local", "slurm")
+TRANSPORTS = ("ib", "tcp")
 
 
 @dataclass
@@ -58,7 +59,7 @@ class TopologyConfig:
     rail_of_gpu: list[int] = field(default_factory=list)
     numa_of_nic: list[int] = field(default_factory=list)
     numa_cpus: list[str] = field(default_factory=list)
-    transport: str = "ib"  # ib: nics are HCAs (NCCL_IB_HCA, UCX); tcp: nics are interfaces
+    transport: str = "ib"  # one of TRANSPORTS. ib: nics are HCAs (NCCL_IB_HCA, UCX); tcp: interfaces
 
 
 @dataclass

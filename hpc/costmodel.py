@@ -51,7 +51,7 @@ def bus_bandwidth(f: Fabric, nbytes: float, seconds: float) -> float:
 
 def render_table(f: Fabric, sizes: list[int]) -> str:
     rows = [
-        f"| size | flat ring ms | hierarchical ms | flat busbw GB/s | hierarchical busbw GB/s | speedup |",
+        "| size | flat ring ms | hierarchical ms | flat busbw GB/s | hierarchical busbw GB/s | speedup |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for size in sizes:

@@ -123,7 +123,7 @@ def _from_ompi(env: Mapping[str, str], hostname: str) -> RankInfo:
         local_world_size=local_world,
         node_rank=node_rank,
         num_nodes=num_nodes,
-        hosts=slurm_hosts(env) if num_nodes > 1 and slurm_hosts(env) else (hostname,) * num_nodes,
+        hosts=(slurm_hosts(env) if num_nodes > 1 else ()) or (hostname,) * num_nodes,
         launcher="mpirun",
     )
 

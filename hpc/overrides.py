@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from hpc.config import JobConfig
+from hpc.config import JobConfig, register_schemas, to_job_config
 from hpc.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -60,18 +60,23 @@ def explain_composition_error(err: Exception, overrides: list[str]) -> str:
     return f"{full_key}: {detail}" if full_key else detail
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Compose the config with these overrides; raise UserError with one line on failure."""
+def compose_job(overrides: list[str]) -> JobConfig:
+    """Compose the typed config with these overrides (Hydra's own `hydra.*` ones are left
+    out); raise UserError with one line on failure."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
 
+    register_schemas()  # idempotent: the same node stored again
     plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=plain)
-            OmegaConf.to_object(cfg)  # type errors surface on conversion, e.g. nodes=abc
+            return to_job_config(compose("config", overrides=plain))  # type errors surface here too
     except Exception as err:  # hydra and omegaconf raise many types; all become one line
         raise UserError(explain_composition_error(err, plain)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Compose the config with these overrides; raise UserError with one line on failure."""
+    compose_job(overrides)

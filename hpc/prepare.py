@@ -11,18 +11,18 @@ taken from it, and an override that contradicts it is refused.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hpc.config import JobConfig, register_schemas, to_job_config
+from hpc.config import JobConfig
 from hpc.errors import UserError
 from hpc.launch import resolved_yaml
-from hpc.overrides import CONF_DIR, check_overrides
+from hpc.overrides import compose_job
 from hpc.requeue import slurm_job_id
-from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.rundir import RunDir
+from hpc.slurm import setup_lines
 from hpc.spec import check_data, check_training, rank_environment
 
 
@@ -34,19 +34,6 @@ def allocation_shape(env: Mapping[str, str]) -> tuple[int, int]:
         return nodes, int(per_node)
     except (KeyError, ValueError):
         raise UserError("hpc.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)") from None
-
-
-def compose_job(overrides: list[str]) -> JobConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_schemas()
-    check_overrides(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_job_config(compose("config", overrides=overrides))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def fit_to_allocation(job: JobConfig, nodes: int, tasks_per_node: int, overrides: list[str]) -> JobConfig:
@@ -76,10 +63,7 @@ def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
     run_dir, existed = job_run_dir(job, job_id)
     if not existed:  # after a requeue the first config stays: the checkpoints were made with it
         run_dir.config.write_text(resolved_yaml(job))
-    exports = {**rank_environment(job), "HPCTK_RUN_DIR": str(run_dir.path)}
-    lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(exports.items())]
-    lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
-    return "\n".join(lines)
+    return "\n".join(setup_lines({**rank_environment(job), "HPCTK_RUN_DIR": str(run_dir.path)}))
 
 
 def main(argv: list[str]) -> int:

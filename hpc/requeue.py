@@ -39,6 +39,12 @@ def parse_job_fields(text: str) -> dict[str, str]:
     return fields
 
 
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o JOB` as {Key: Value}; empty when Slurm does not know the job."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    return parse_job_fields(shown.stdout) if shown.returncode == 0 else {}
+
+
 def _time(value: str | None) -> datetime | None:
     if not value or value in ("None", "Unknown", "N/A"):
         return None
@@ -67,8 +73,8 @@ def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_second
         return "not a Slurm job: start the same run dir again to resume", None, EXIT_RESUMABLE
     if shutil.which("scontrol") is None:
         return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-    reason = stop_reason(parse_job_fields(shown.stdout), received_at, signal_seconds) if shown.returncode == 0 else "external signal"
+    fields = job_fields(job_id)
+    reason = stop_reason(fields, received_at, signal_seconds) if fields else "external signal"
     if reason == "requeue in progress":
         return f"{reason}: Slurm requeues job {job_id} itself", None, 0
     return f"{reason}: requeueing job {job_id}", job_id, 0

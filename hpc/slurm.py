@@ -19,20 +19,23 @@ from typing import Any
 from hpc.config import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
+
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 def setup_lines(env: dict[str, str]) -> list[str]:
-    """Shell lines run in the batch script before srun; every value is quoted, never executed."""
-    lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items()) if key.isidentifier()]
+    """Shell lines exporting `env` and the project's PYTHONPATH; every value is quoted, never
+    executed, and a name that is not a shell variable is refused."""
+    bad = sorted(key for key in env if not key.isidentifier())
+    if bad:
+        raise UserError(f"cluster.env has names that are not shell variables: {', '.join(bad)}")
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
     lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
     return lines
 
 
 def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
-    bad = sorted(key for key in env if not key.isidentifier())
-    if bad:
-        raise UserError(f"cluster.env has names that are not shell variables: {', '.join(bad)}")
+    setup = setup_lines(env)
     res, cluster = job.resources, job.cluster
     params: dict[str, Any] = {
         "job_name": job.name,
@@ -41,7 +44,7 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
         "cpus_per_task": res.cpus_per_task,
         "time": res.time_min if res.time_min is not None else cluster.time_min,
         "srun_args": list(cluster.srun_args),
-        "setup": setup_lines(env) + list(cluster.setup),
+        "setup": setup + list(cluster.setup),
         "stderr_to_stdout": False,
         # Every rank gets the signal (no "B:"); the ranks agree on a step, save and requeue.
         "additional_parameters": {"signal": f"{cluster.signal}@{cluster.signal_seconds}", **({"requeue": True} if cluster.requeue else {})},

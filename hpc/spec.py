@@ -126,8 +126,6 @@ def check_launcher_tools(job: JobConfig) -> None:
 def validate_job(job: JobConfig) -> DatasetInfo:
     check_resources(job)
     check_topology(job.topology, job.resources.tasks_per_node)
-    if job.topology.transport not in ("ib", "tcp"):
-        raise UserError(f"topology.transport={job.topology.transport!r} is not one of ib, tcp")
     check_training(job)
     check_launcher_tools(job)
     return check_data(job)

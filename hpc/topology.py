@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import hostlist
 
-from hpc.config import TopologyConfig
+from hpc.config import TRANSPORTS, TopologyConfig
 from hpc.errors import UserError
 
 
@@ -48,6 +48,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
 
 def check_topology(topo: TopologyConfig, tasks_per_node: int) -> None:
     """Refuse a topology that cannot host `tasks_per_node` ranks, naming what is missing."""
+    if topo.transport not in TRANSPORTS:
+        raise UserError(f"topology.transport={topo.transport!r} is not one of {', '.join(TRANSPORTS)}")
     if topo.gpus_per_node and tasks_per_node > topo.gpus_per_node:
         raise UserError(f"topology={topo.name} has {topo.gpus_per_node} GPUs per node but resources.tasks_per_node={tasks_per_node}")
     if len(topo.rail_of_gpu) not in (0, topo.gpus_per_node):
@@ -198,7 +200,7 @@ def main(argv: list[str]) -> int:
     import sys
     from pathlib import Path
 
-    from hpc.prepare import compose_job
+    from hpc.overrides import compose_job
 
     parser = argparse.ArgumentParser(prog="python -m hpc.topology", description="Print the rank mapping and the ring order of a job.")
     parser.add_argument("command", choices=["show"])

@@ -46,9 +46,9 @@ def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
     (run_dir,) = run_dirs(tmp_path)
-    for kill in range(KILLS):
+    for _ in range(KILLS):
         target = logged_steps(run_dir) + rng.randint(3, 8)
-        poll(lambda: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")
+        poll(lambda target=target: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")
         time.sleep(rng.uniform(0, 0.02))  # a random moment among the next steps and saves
         os.kill(rng.choice(python_ranks(run_dir)), signal.SIGKILL)
         poll(lambda: job_state(job_id) in TERMINAL_STATES, "the killed job to end", timeout_s=60)

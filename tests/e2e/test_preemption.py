@@ -7,10 +7,10 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+from hpc.requeue import job_fields
 from hpc.slurm import job_state
 from tests.conftest import run_dirs, run_launch, wait_until_done
 from tests.mpi.test_resume import logged_steps, state_hash, step_losses
@@ -29,9 +29,7 @@ def poll(condition, what: str, timeout_s: float = 120) -> None:
 
 
 def restarts(job_id: str) -> int:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
-    match = re.search(r"Restarts=(\d+)", out)
-    return int(match.group(1)) if match else -1
+    return int(job_fields(job_id).get("Restarts", -1))
 
 
 def nodes_settled() -> bool:
@@ -68,7 +66,7 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
         (29, ["scancel", "--signal=USR1", job_id]),
     ]
     for count, (at_step, command) in enumerate(interruptions):
-        poll(lambda: logged_steps(run_dir) >= at_step, f"step {at_step}")
+        poll(lambda at_step=at_step: logged_steps(run_dir) >= at_step, f"step {at_step}")
         subprocess.run(command, check=True, capture_output=True)
         release_when_requeued(job_id, count)
 
