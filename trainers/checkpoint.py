@@ -2,15 +2,17 @@
 
 Layout under <run_dir>/checkpoints/:
 
-    step-000123/shared.pt          model, optimizer, schedule, progress (rank 0 writes)
-    step-000123/rank-00000.pt      that rank's RNG states (every rank writes its own)
+    step-000123/shared.ckpt        model, optimizer, schedule, progress (rank 0 writes)
+    step-000123/rank-00000.ckpt    that rank's RNG states (every rank writes its own)
     step-000123/COMMITTED          JSON: step, world size, sha256 and size of every file
 
 A save writes into `.tmp-step-000123/`, fsyncs every file, renames the directory, fsyncs the
 parent, then writes COMMITTED (itself via a temporary file, fsync and rename). Only directories
 whose COMMITTED marker matches their files are ever loaded; anything else is reported and
-skipped in favour of the previous one. Files are loaded with `torch.load(weights_only=True)`:
-nothing in them can run code. Writing happens on a background thread (async) or inline (sync);
+skipped in favour of the previous one. Files are in the pickle-free format of
+`trainers.tensorfile` (tensor bytes written straight from memory, the small header read with
+`torch.load(weights_only=True)`): nothing in them can run code. Writing happens on a
+background thread (async, from reused host copies of the state) or inline (sync);
 the commit waits until every rank has written, which the ranks agree on at a step boundary.
 """
 
@@ -29,9 +31,11 @@ from typing import Any
 
 import torch
 
+from trainers.tensorfile import read_tensor_file, write_tensor_file
+
 log = logging.getLogger("trainers.checkpoint")
 MARKER = "COMMITTED"
-SHARED = "shared.pt"
+SHARED = "shared.ckpt"
 
 
 class CheckpointError(RuntimeError):
@@ -43,13 +47,13 @@ def step_dir_name(step: int) -> str:
 
 
 def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
+    return f"rank-{rank:05d}.ckpt"
 
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(8 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
@@ -71,51 +75,49 @@ def write_durably(path: Path, write: Callable[[Any], None]) -> None:
         os.fsync(f.fileno())
 
 
-class _HashingWriter:
-    """Hashes bytes on their way to the file: no second pass over a large checkpoint."""
-
-    def __init__(self, f: Any) -> None:
-        self._f, self.digest, self.size = f, hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-
 def save_tensor_file(path: Path, obj: Any) -> None:
-    """torch.save, fsynced, plus `<name>.sum` holding its size and sha256 for the commit."""
-    hashed: list[_HashingWriter] = []
-
-    def write(f: Any) -> None:
-        writer = _HashingWriter(f)
-        torch.save(obj, writer)
-        hashed.append(writer)
-
-    write_durably(path, write)
-    summary = {"bytes": hashed[0].size, "sha256": hashed[0].digest.hexdigest()}
+    """Write and fsync `obj`, plus `<name>.sum` holding its size and sha256 for the commit."""
+    nbytes, sha256 = write_tensor_file(path, obj)
+    summary = {"bytes": nbytes, "sha256": sha256}
     write_durably(path.with_name(path.name + ".sum"), lambda f: f.write(json.dumps(summary).encode()))
 
 
 def load_tensor_file(path: Path) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle.UnpicklingError for code-carrying files, and many others
+        return read_tensor_file(path)
+    except Exception as err:  # pickle.UnpicklingError for code-carrying headers, and many others
         raise CheckpointError(f"{path} cannot be loaded safely: {' '.join(str(err).split())[:200]}") from None
 
 
-def snapshot(obj: Any) -> Any:
-    """A deep copy whose tensors training will not touch while a background thread writes it."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {key: snapshot(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(snapshot(value) for value in obj)
-    return obj
+class HostCopies:
+    """Host copies of the state for async saves, kept between saves: after the first one a
+    snapshot is a copy into memory that is already allocated and mapped (no page faults), which
+    is most of what a save costs the training thread. Costs one extra copy of the state in host
+    memory (pinned for CUDA tensors, so the device-to-host copy runs at full speed)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def snapshot(self, obj: Any, key: tuple[Any, ...] = ()) -> Any:
+        """A copy whose tensors training will not touch while a background thread writes them.
+        Only safe to call once the previous save from these buffers has been written."""
+        copy = self._copy(obj, key)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies have landed
+        return copy
+
+    def _copy(self, obj: Any, key: tuple[Any, ...]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            buffer = self._buffers.get(key)
+            if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
+                buffer = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=obj.is_cuda)
+                self._buffers[key] = buffer
+            return buffer.copy_(obj.detach(), non_blocking=obj.is_cuda)
+        if isinstance(obj, dict):
+            return {name: self._copy(value, (*key, name)) for name, value in obj.items()}
+        if isinstance(obj, list | tuple):
+            return type(obj)(self._copy(value, (*key, i)) for i, value in enumerate(obj))
+        return obj
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ class Checkpointer:
             raise CheckpointError(f"keep={keep}: keep at least 2 checkpoints so a bad newest one has a fallback")
         self.root, self.rank, self.world_size, self.keep = root, rank, world_size, keep
         self._writer: threading.Thread | None = None
+        self._host_copies = HostCopies()
+        self._deleter: threading.Thread | None = None
         self._error: BaseException | None = None
         self.pending_step: int | None = None
         # Directories already checked, or committed by us: pruning after every save must not
@@ -176,7 +180,7 @@ class Checkpointer:
         save first copies the state, so training may go on changing the live tensors."""
         self.wait_written()
         if asynchronous:
-            shared, own = snapshot(shared), snapshot(own)
+            shared, own = self._host_copies.snapshot(shared, ("shared",)), self._host_copies.snapshot(own, ("own",))
         tmp = self.tmp_dir(step)
         tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
         self.pending_step = step
@@ -234,15 +238,32 @@ class Checkpointer:
         return final
 
     def _prune(self, committed_step: int) -> None:
+        """Keep the newest `keep`. Old directories are renamed out of sight at once and deleted
+        on a background thread: deleting a large checkpoint takes longer than writing a marker
+        (measured: ~0.18 s for 256 MiB here), and the training thread must not wait for it."""
+        self.wait_pruned()
         kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
+        doomed: list[Path] = []
         for old in kept[: -self.keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
+            trash = self.root / f".old-{old.path.name}"
+            if trash.exists():  # left by a process killed while deleting it
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(old.path, trash)
             self._verified.pop(old.path, None)
+            doomed.append(trash)
         # Leftovers of interrupted saves are older than what was just committed; a newer
         # temporary dir belongs to a save other ranks have already begun: never touch it.
-        for stale in self.root.glob(".tmp-step-*"):
-            if int(stale.name.removeprefix(".tmp-step-")) < committed_step:
-                shutil.rmtree(stale, ignore_errors=True)
+        doomed += [stale for stale in self.root.glob(".tmp-step-*") if int(stale.name.removeprefix(".tmp-step-")) < committed_step]
+        doomed += [leftover for leftover in self.root.glob(".old-step-*") if leftover not in doomed]
+        if doomed:
+            self._deleter = threading.Thread(target=lambda: [shutil.rmtree(path, ignore_errors=True) for path in doomed], name="checkpoint-prune", daemon=True)
+            self._deleter.start()
+
+    def wait_pruned(self) -> None:
+        """Wait until old checkpoints are deleted (call before exit)."""
+        if self._deleter is not None:
+            self._deleter.join()
+            self._deleter = None
 
     # --- loading ------------------------------------------------------------------------------
 

@@ -192,6 +192,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             progress.next_epoch()
         save(synchronous=True)  # the last save before exit is synchronous
     finally:
+        if coordinator is not None:
+            coordinator.checkpointer.wait_pruned()
         train.close()
         test.close()
         optimizer.remove_hooks()  # type: ignore[attr-defined]

@@ -51,9 +51,9 @@ def test_sigkill_during_saves_never_leaves_the_job_without_a_checkpoint(tmp_path
 
     # A corrupted newest checkpoint is skipped: the job resumes from the one before and finishes.
     newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    data = bytearray((newest / "shared.pt").read_bytes())
+    data = bytearray((newest / "shared.ckpt").read_bytes())
     data[len(data) // 3] ^= 0x5A
-    (newest / "shared.pt").write_bytes(bytes(data))
+    (newest / "shared.ckpt").write_bytes(bytes(data))
     previous = Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).committed()[-1].step
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr

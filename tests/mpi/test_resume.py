@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import ROOT, run_dirs, run_launch
+from trainers.checkpoint import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -26,7 +26,7 @@ JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_ste
 
 def state_hash(run_dir: Path) -> str:
     newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    state = torch.load(newest / "shared.pt", weights_only=True)
+    state = load_tensor_file(newest / "shared.ckpt")
     digest = hashlib.sha256()
     for name, tensor in sorted(state["model"].items()):
         digest.update(name.encode() + tensor.numpy().tobytes())
