@@ -14,6 +14,7 @@ from hpc.requeue import job_fields
 from hpc.slurm import job_state
 from tests.conftest import run_dirs, run_launch, wait_until_done
 from tests.mpi.test_resume import logged_steps, state_hash, step_losses
+from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -98,3 +99,21 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 8
     assert "preemption: requeueing job" in (run_dir / "logs" / "rank-00000.log").read_text()
+
+
+def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tmp_path):
+    """A 1-minute job with --signal=USR1@50: Slurm signals it 10-40 s in (its time-limit check
+    runs periodically); the ranks save, and from the job's EndTime the log says 'time limit'."""
+    submitted = run_launch("cluster=simulated", "resources.nodes=1", "resources.time_min=1", "cluster.signal_seconds=50",
+                           "trainer.epochs=1000", "checkpoint.every_steps=0", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path)
+    try:
+        poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=75)
+        log = (run_dir / "logs" / "rank-00000.log").read_text()
+        assert "time limit: requeueing job" in log and "checkpoint committed" in log, log[-2000:]
+        assert Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).load_latest() is not None
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+        poll(nodes_settled, "nodes to settle after the test")
