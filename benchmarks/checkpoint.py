@@ -76,7 +76,7 @@ def main() -> None:
             async_blocked.append(blocked)
             async_total.append(total)
         med = statistics.median
-        gbps = lambda seconds: nbytes / seconds / 1e9  # noqa: E731
+        gbps = lambda seconds: nbytes / seconds / 1e9
         print(f"state {nbytes / 2**20:.0f} MiB, {args.repeats} repeats, dir {base}")
         print("| figure | value |")
         print("| --- | --- |")

@@ -37,6 +37,10 @@ class ClusterConfig:
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun
+    # sbatch --switches=<switches>@<switches_wait_min>: wait up to that long for an allocation
+    # on at most this many leaf switches (`python -m hpc.topology place` suggests the count).
+    switches: int | None = None
+    switches_wait_min: int = 10
 
 
 @dataclass

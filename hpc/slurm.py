@@ -55,6 +55,8 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
         params["mem"] = f"{int(cluster.mem_gb * 1024)}MB"
     if res.gpus_per_task:
         params["gpus_per_task"] = res.gpus_per_task
+    if cluster.switches is not None:
+        params["additional_parameters"]["switches"] = f"{cluster.switches}@{cluster.switches_wait_min}"
     return params
 
 

@@ -44,6 +44,10 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"cluster.signal={cluster.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
     if cluster.signal_seconds < 1:
         raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
+    if cluster.switches is not None and not 1 <= cluster.switches <= res.nodes:
+        raise UserError(f"cluster.switches={cluster.switches} must be between 1 and resources.nodes={res.nodes}")
+    if cluster.switches_wait_min < 0:
+        raise UserError(f"cluster.switches_wait_min={cluster.switches_wait_min} must be >= 0")
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")

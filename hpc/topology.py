@@ -179,7 +179,42 @@ def order_for_ring(tree: SwitchTree, hosts: Sequence[str]) -> list[str]:
     return sorted(hosts, key=key)
 
 
-# --- python -m hpc.topology show ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    leaves: list[str]  # the leaf switches to use, fullest first
+    hosts: list[str]  # the nodes, in ring order
+
+    @property
+    def switches(self) -> int:
+        return len(self.leaves)
+
+
+def plan_placement(tree: SwitchTree, nodes: int, available: Sequence[str] | None = None) -> Placement:
+    """The fewest leaf switches that hold `nodes` of the available hosts (one node needs one
+    leaf): take the fullest leaves first, preferring leaves under one parent switch, so the
+    request can be sent as `--switches=<count>`."""
+    hosts = list(available) if available is not None else list(tree.leaf_of)
+    by_leaf: dict[str, list[str]] = {}
+    for host in hosts:
+        if host not in tree.leaf_of:
+            raise UserError(f"host {host} is not under any switch in topology.conf")
+        by_leaf.setdefault(tree.leaf_of[host], []).append(host)
+    if nodes < 1 or nodes > len(hosts):
+        raise UserError(f"cannot place {nodes} nodes on {len(hosts)} available hosts")
+    # Fullest leaf first; among equals, leaves sharing a parent with the fullest come first.
+    first = max(by_leaf, key=lambda leaf: (len(by_leaf[leaf]), leaf))
+    parent = tree.parent_of.get(first)
+    order = sorted(by_leaf, key=lambda leaf: (-len(by_leaf[leaf]), tree.parent_of.get(leaf) != parent, leaf))
+    leaves, chosen = [], []
+    for leaf in order:
+        if len(chosen) >= nodes:
+            break
+        leaves.append(leaf)
+        chosen.extend(by_leaf[leaf][: nodes - len(chosen)])
+    return Placement(leaves, order_for_ring(tree, chosen))
+
+
+# --- python -m hpc.topology show | place | detect ---------------------------------------------
 
 
 def render_mapping(bindings: Sequence[RankBinding]) -> str:
@@ -195,21 +230,41 @@ def _dash(value: object) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """show [--hosts HOSTLIST] [--topology-conf FILE] [hydra overrides: topology=, resources.*]"""
+    """show [--hosts HOSTLIST] [--topology-conf FILE] [hydra overrides: topology=, resources.*]
+    place --topology-conf FILE [--hosts AVAILABLE] [overrides]
+    detect [--name NAME] [--write FILE]"""
     import argparse
     import sys
     from pathlib import Path
 
     from hpc.overrides import compose_job
 
-    parser = argparse.ArgumentParser(prog="python -m hpc.topology", description="Print the rank mapping and the ring order of a job.")
-    parser.add_argument("command", choices=["show"])
-    parser.add_argument("--hosts", help="Slurm host list of the job's nodes (default: node[1-N])")
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc.topology",
+        description="show: the rank mapping and ring order of a job; place: the fewest leaf switches for it (sbatch --switches); "
+        "detect: this node's topology as a conf/topology preset.",
+    )
+    parser.add_argument("command", choices=["show", "place", "detect"])
+    parser.add_argument("--hosts", help="show: the job's nodes (default: node[1-N]); place: the nodes available (default: all)")
     parser.add_argument("--topology-conf", type=Path, help="Slurm topology.conf to order the ring by")
+    parser.add_argument("--name", default="detected", help="detect: the preset's name")
+    parser.add_argument("--write", type=Path, help="detect: write the preset to this YAML file (e.g. conf/topology/NAME.yaml)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. topology=dgx_h100 resources.nodes=4")
     args = parser.parse_intermixed_args(argv)
     try:
+        if args.command == "detect":
+            return _detect(args.name, args.write)
         job = compose_job(args.overrides)
+        if args.command == "place":
+            if not args.topology_conf:
+                raise UserError("place needs --topology-conf FILE (Slurm's topology.conf)")
+            tree = parse_topology_conf(args.topology_conf.read_text())
+            available = hostlist.expand_hostlist(args.hosts) if args.hosts else None
+            plan = plan_placement(tree, job.resources.nodes, available)
+            print(f"{job.resources.nodes} nodes on {plan.switches} leaf switch{'es' if plan.switches > 1 else ''}: {', '.join(plan.leaves)}")
+            print(f"nodes in ring order: {','.join(plan.hosts)} ({ring_hops(tree, plan.hosts)} inter-switch hops)")
+            print(f"submit with: cluster.switches={plan.switches} (sbatch --switches={plan.switches}@{job.cluster.switches_wait_min})")
+            return 0
         hosts = hostlist.expand_hostlist(args.hosts) if args.hosts else [f"node{i + 1}" for i in range(job.resources.nodes)]
         if len(hosts) != job.resources.nodes:
             raise UserError(f"--hosts names {len(hosts)} hosts but resources.nodes={job.resources.nodes}")
@@ -223,6 +278,31 @@ def main(argv: list[str]) -> int:
     except (UserError, OSError, hostlist.BadHostlist) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _detect(name: str, write: object) -> int:
+    import socket
+    from pathlib import Path
+
+    from hpc.detect import detect_topology, nvidia_smi_topo, to_yaml
+
+    if not name.replace("_", "").isalnum():
+        raise UserError(f"--name {name!r}: use letters, digits and underscores (it becomes topology={name})")
+    topo_text = nvidia_smi_topo()
+    topo = detect_topology(name, topo_text=topo_text)
+    check_topology(topo, max(topo.gpus_per_node, 1))
+    text = to_yaml(topo, socket.gethostname())
+    if topo_text is None:
+        text = text.replace("\n", "\n# No nvidia-smi here: GPUs not detected (gpus_per_node 0).\n", 1)
+    if write is None:
+        print(text, end="")
+        return 0
+    path = Path(str(write))
+    if path.exists():
+        raise UserError(f"{path} exists; remove it or choose another --write path")
+    path.write_text(text)
+    print(f"wrote {path}: use it with topology={path.stem} (from conf/topology/)")
     return 0
 
 

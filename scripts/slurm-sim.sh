@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real Slurm cluster simulated on one machine: munged, slurmctld and one slurmd per
 # simulated node (node1..nodeN), each slurmd in its own mount namespace with a private
-# /nodetmp so that PMIx and Open MPI's shared memory do not collide between "nodes".
+# /nodetmp so that PMIx and Open MPI's shared memory do not collide between "nodes", and four
+# fake GPUs per node as GRES (plain files: Slurm schedules --gres=gpu:N, nothing runs on them).
 #
 #   scripts/slurm-sim.sh start | stop | status
 #
@@ -13,6 +14,8 @@ state_dir=${HPCTK_SLURM_STATE:-/var/tmp/hpctk-slurm}
 num_nodes=${HPCTK_SLURM_NODES:-4}
 cpus_per_node=${HPCTK_SLURM_CPUS:-4}
 slurm_conf=/etc/slurm/slurm.conf
+gres_conf=/etc/slurm/gres.conf
+gpus_per_node=4  # fake GPUs: plain files Slurm schedules as GRES gpu (no CUDA behind them)
 host=$(hostname -s)
 
 die() { echo "slurm-sim: $*" >&2; exit 1; }
@@ -50,6 +53,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
 SchedulerType=sched/backfill
+GresTypes=gpu
 # Preemption: a job in 'high' that needs the CPUs of a job in 'debug' requeues it after
 # GraceTime, and the preempted job's tasks are signalled first (preempt_send_user_signal).
 PreemptType=preempt/partition_prio
@@ -63,10 +67,16 @@ SlurmdPidFile=${state_dir}/%n/slurmd.pid
 SlurmdLogFile=${state_dir}/%n/slurmd.log
 # PMIx does not expand %n in its client tmpdir: each slurmd sees its own /nodetmp instead.
 TmpFS=/nodetmp
-NodeName=node[1-${num_nodes}] NodeHostname=${host} CPUs=${cpus_per_node} RealMemory=4000 Port=[17001-$((17000 + num_nodes))] State=UNKNOWN
+NodeName=node[1-${num_nodes}] NodeHostname=${host} CPUs=${cpus_per_node} Gres=gpu:${gpus_per_node} RealMemory=4000 Port=[17001-$((17000 + num_nodes))] State=UNKNOWN
 PartitionName=debug Nodes=node[1-${num_nodes}] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20
 PartitionName=high Nodes=node[1-${num_nodes}] Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
+}
+
+render_gres_conf() {
+    echo "# Written by scripts/slurm-sim.sh: ${gpus_per_node} fake GPUs per node (plain files)."
+    echo "AutoDetect=off"
+    echo "NodeName=node[1-${num_nodes}] Name=gpu File=${state_dir}/gpus/nvidia[0-$((gpus_per_node - 1))]"
 }
 
 start_munge() {
@@ -89,10 +99,15 @@ all_nodes_idle() {
 start() {
     [[ $(id -u) -eq 0 ]] || die "needs root (it starts slurmctld, slurmd and munged)"
     command -v slurmctld >/dev/null || die "slurmctld not found: run scripts/install.sh --cluster"
-    if all_nodes_idle; then echo "slurm-sim: already running"; return; fi
+    if all_nodes_idle && cmp -s <(render_slurm_conf) "${slurm_conf}" && cmp -s <(render_gres_conf) "${gres_conf}"; then
+        echo "slurm-sim: already running"
+        return
+    fi
     stop >/dev/null 2>&1 || true
-    mkdir -p "${state_dir}/ctld" /nodetmp /etc/slurm
+    mkdir -p "${state_dir}/ctld" "${state_dir}/gpus" /nodetmp /etc/slurm
+    for ((k = 0; k < gpus_per_node; k++)); do touch "${state_dir}/gpus/nvidia${k}"; done
     render_slurm_conf >"${slurm_conf}"
+    render_gres_conf >"${gres_conf}"
     start_munge
     slurmctld -i
     wait_for 30 "slurmctld" scontrol ping
@@ -104,7 +119,7 @@ start() {
             'mount --bind "$1" /nodetmp && exec slurmd -N "$2"' _ "${state_dir}/${node}/tmp" "${node}"
     done
     wait_for 60 "${num_nodes} idle nodes" all_nodes_idle
-    echo "slurm-sim: ${num_nodes} nodes x ${cpus_per_node} CPUs up (partitions debug, high)"
+    echo "slurm-sim: ${num_nodes} nodes x ${cpus_per_node} CPUs x ${gpus_per_node} fake GPUs up (partitions debug, high)"
 }
 
 kill_pidfile() {

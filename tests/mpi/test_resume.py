@@ -105,7 +105,7 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     assert state_hash(run_dir) == state_hash(ref_dir)
     ref_metrics = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    strip = lambda rows: [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]  # noqa: E731
+    strip = lambda rows: [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]
     assert strip(metrics) == strip(ref_metrics)
 
 

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from trainers import tensorfile
-from trainers.checkpoint import MARKER, CheckpointError, Checkpointer, load_tensor_file, sha256_of, step_dir_name
+from trainers.checkpoint import (
+    MARKER,
+    Checkpointer,
+    CheckpointError,
+    load_tensor_file,
+    sha256_of,
+    step_dir_name,
+)
 
 
 def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False) -> None:

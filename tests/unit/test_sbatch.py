@@ -50,3 +50,13 @@ def test_env_names_must_be_shell_identifiers():
 
 def test_script_is_valid_bash():
     subprocess.run(["bash", "-n"], input=render(nodes=2), text=True, check=True)
+
+
+def test_switches_become_an_sbatch_flag_and_are_checked():
+    from hpc.spec import validate_job
+
+    job = JobConfig(cluster=replace(CLUSTER, switches=2, switches_wait_min=15), resources=replace(ResourcesConfig(), nodes=4), name="train")
+    assert "#SBATCH --switches=2@15" in sbatch_lines(render_sbatch(job, {}, RunDir(Path("/runs/x"))))
+    assert not any("--switches" in line for line in sbatch_lines(render(nodes=4)))
+    with pytest.raises(UserError, match="cluster.switches=5 must be between 1 and resources.nodes=4"):
+        validate_job(replace(job, cluster=replace(job.cluster, switches=5)))
