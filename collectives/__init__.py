@@ -16,16 +16,25 @@ if TYPE_CHECKING:  # importing this package must not import torch (login nodes r
 __all__ = ["init_collectives"]
 
 
-def init_collectives(cfg: CommConfig, rank_info: RankInfo) -> Collectives:
+def init_collectives(cfg: CommConfig, rank_info: RankInfo, node_position: int | None = None) -> Collectives:
+    """`node_position`: this node's place in the switch-ordered ring (None: node order)."""
     from collectives.base import CollectivesError
 
     if cfg.backend == "mpi":
         from collectives.mpi import MpiCollectives
 
         node_rank, local_rank = node_layout(cfg, rank_info)
-        comm: Collectives = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank)
+        comm: Collectives = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank, node_position)
+    elif cfg.backend in ("gloo", "nccl"):
+        from collectives.torchdist import TorchDistCollectives
+
+        comm = TorchDistCollectives.from_env(cfg.backend, rank_info.rank, rank_info.world_size)
+    elif cfg.backend == "horovod":
+        from collectives.horovod import HorovodCollectives
+
+        comm = HorovodCollectives.start(cfg.bucket_mb)
     else:
-        raise CollectivesError(f"comm.backend={cfg.backend!r} is not available; use comm=mpi")
+        raise CollectivesError(f"comm.backend={cfg.backend!r} is not one of mpi, gloo, nccl, horovod")
     if (comm.rank, comm.world_size) != (rank_info.rank, rank_info.world_size):
         comm.close()
         raise CollectivesError(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("mpi",)
+BACKENDS = ("mpi", "gloo", "nccl", "horovod")
 ALGORITHMS = ("auto", "ring", "rhd", "hierarchical", "mpi")
 COMPRESSIONS = ("none", "fp16", "bf16", "topk")
 
 
 @dataclass
 class CommConfig:
-    backend: str = "mpi"
+    backend: str = "mpi"  # mpi (ours) | gloo, nccl (torch.distributed + DDP) | horovod
     # auto: recursive halving/doubling below the measured crossover, ring above it;
     # hierarchical: inside the node, then across nodes on each rail; mpi: MPI_Allreduce itself.
     algorithm: str = "auto"

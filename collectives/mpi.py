@@ -45,32 +45,40 @@ class Handle:
 
 
 class MpiCollectives:
-    def __init__(self, comm: Any, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None) -> None:
+    def __init__(self, comm: Any, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None,
+                 node_position: int | None = None) -> None:
         if algorithm not in ALGORITHMS:
             raise CollectivesError(f"comm.algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         self._comm = comm
         self.rank: int = comm.Get_rank()
         self.world_size: int = comm.Get_size()
         self.algorithm = algorithm
-        self._node_comm, self._rail_comm = self._split_hierarchy(node_rank, local_rank)
+        # Our ring algorithms run on a copy of the world ordered by switch position, so ring
+        # neighbours share a leaf switch; ranks, roots and everything else keep the world's order.
+        self._ring_comm = comm
+        if node_position is not None and local_rank is not None:
+            self._ring_comm = comm.Split(color=0, key=node_position * self.world_size + local_rank)
+        self._node_comm, self._rail_comm = self._split_hierarchy(node_rank, local_rank, node_position)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpi-comm")
 
     @classmethod
-    def from_world(cls, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None) -> MpiCollectives:
+    def from_world(cls, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None,
+                   node_position: int | None = None) -> MpiCollectives:
         try:
             from mpi4py import MPI
         except ImportError as err:  # mpi4py present but libmpi missing, or not installed
             raise CollectivesError(f"comm=mpi needs mpi4py and an MPI library: {err}") from None
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise CollectivesError("the MPI library gives no MPI_THREAD_SERIALIZED; the comm thread needs it")
-        return cls(MPI.COMM_WORLD, algorithm, node_rank, local_rank)
+        return cls(MPI.COMM_WORLD, algorithm, node_rank, local_rank, node_position)
 
-    def _split_hierarchy(self, node_rank: int | None, local_rank: int | None) -> tuple[Any, Any]:
-        """One communicator per node and one per rail (same local_rank on every node)."""
+    def _split_hierarchy(self, node_rank: int | None, local_rank: int | None, node_position: int | None) -> tuple[Any, Any]:
+        """One communicator per node and one per rail (same local_rank, so the same NIC rail, on
+        every node), the rail's ring in switch order when known."""
         if node_rank is None or local_rank is None:
             return None, None
         node_comm = self._comm.Split(color=node_rank, key=local_rank)
-        rail_comm = self._comm.Split(color=local_rank, key=node_rank)
+        rail_comm = self._comm.Split(color=local_rank, key=node_rank if node_position is None else node_position)
         sizes = self._comm.allgather(node_comm.Get_size())
         if len(set(sizes)) != 1:  # a rail needs one rank per node on every node
             log.warning("nodes have unequal rank counts %s: hierarchical allreduce falls back to ring", sorted(set(sizes)))
@@ -108,10 +116,11 @@ class MpiCollectives:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
-        for comm in (self._node_comm, self._rail_comm):
+        for comm in (self._node_comm, self._rail_comm, None if self._ring_comm is self._comm else self._ring_comm):
             if comm is not None:
                 comm.Free()
         self._node_comm = self._rail_comm = None
+        self._ring_comm = self._comm
 
     # --- on the comm thread -------------------------------------------------------------------
 
@@ -140,9 +149,9 @@ class MpiCollectives:
         elif chosen == "hierarchical":
             algorithms.hierarchical_allreduce(self._node_comm, self._rail_comm, buf, op)
         elif chosen == "rhd":
-            algorithms.rhd_allreduce(self._comm, buf, op)
+            algorithms.rhd_allreduce(self._ring_comm, buf, op)
         else:  # ring, and mpi for dtypes MPI has no reduction for (bfloat16)
-            algorithms.ring_allreduce(self._comm, buf, op)
+            algorithms.ring_allreduce(self._ring_comm, buf, op)
 
 
 def _flat_view(buffer: torch.Tensor) -> torch.Tensor:

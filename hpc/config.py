@@ -41,6 +41,9 @@ class ClusterConfig:
     # on at most this many leaf switches (`python -m hpc.topology place` suggests the count).
     switches: int | None = None
     switches_wait_min: int = 10
+    # Slurm's topology.conf as seen on the compute nodes: rings follow the switch tree (ring
+    # neighbours share a leaf switch). None: rings follow the allocation's node order.
+    topology_conf: str | None = None
 
 
 @dataclass

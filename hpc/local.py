@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -32,4 +33,12 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:
     command = mpirun_command(mpirun, job, run_dir)
     (run_dir.path / "command.txt").write_text(" ".join(command) + "\n")
     pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run(command, env={**os.environ, **env, "PYTHONPATH": pythonpath}).returncode
+    # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return subprocess.run(command, env={**os.environ, **rendezvous, **env, "PYTHONPATH": pythonpath}).returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -58,7 +58,18 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
     log.info("rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher, restarts)
     log.info("%s", binding_line)
-    comm = init_collectives(job.comm, rank)
+    node_position = None
+    if job.cluster.topology_conf and rank.num_nodes > 1:
+        from hpc.errors import UserError
+        from hpc.topology import ring_positions
+
+        try:
+            positions, ring_line = ring_positions(Path(job.cluster.topology_conf).read_text(), rank.hosts)
+            node_position = positions[rank.host]
+            log.info("%s; this node is number %d", ring_line, node_position)
+        except (OSError, UserError, KeyError) as err:  # a slower ring, not a reason to fail the job
+            log.warning("rings keep the allocation's node order: cluster.topology_conf=%s unusable (%s)", job.cluster.topology_conf, err)
+    comm = init_collectives(job.comm, rank, node_position)
     try:
         fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
         context = RunContext(

@@ -46,6 +46,13 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
     if cluster.switches is not None and not 1 <= cluster.switches <= res.nodes:
         raise UserError(f"cluster.switches={cluster.switches} must be between 1 and resources.nodes={res.nodes}")
+    if cluster.topology_conf is not None:
+        from hpc.topology import parse_topology_conf
+
+        try:
+            parse_topology_conf(Path(cluster.topology_conf).read_text())
+        except OSError as err:
+            raise UserError(f"cluster.topology_conf={cluster.topology_conf}: {err.strerror}") from None
     if cluster.switches_wait_min < 0:
         raise UserError(f"cluster.switches_wait_min={cluster.switches_wait_min} must be >= 0")
     time_min = res.time_min if res.time_min is not None else cluster.time_min
@@ -76,6 +83,7 @@ def check_training(job: JobConfig) -> None:
     for key, value, allowed in (("comm.algorithm", comm.algorithm, ALGORITHMS), ("comm.compression", comm.compression, COMPRESSIONS)):
         if value not in allowed:
             raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    check_backend(job)
     if comm.bucket_mb < 0:
         raise UserError(f"comm.bucket_mb={comm.bucket_mb} must be >= 0 (0: one allreduce per tensor)")
     if not 0 < comm.topk_ratio <= 1:
@@ -93,6 +101,28 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
+
+
+def check_backend(job: JobConfig) -> None:
+    """A backend that cannot start is refused here, naming the fix, before any rank starts."""
+    comm = job.comm
+    if comm.backend != "mpi" and comm.compression == "topk":
+        raise UserError(f"comm.compression=topk works with comm=mpi only; comm={comm.backend} offers none, fp16, bf16")
+    if comm.backend == "horovod":
+        import importlib.util
+
+        if comm.compression == "bf16":
+            raise UserError("comm.compression=bf16 is not offered by Horovod; use none or fp16 with comm=horovod")
+        if importlib.util.find_spec("horovod") is None:
+            raise UserError("comm=horovod but Horovod is not installed: run scripts/build-horovod.sh (builds it once for this torch)")
+    if comm.backend == "nccl":
+        if job.cluster.launcher == "slurm" and job.resources.gpus_per_task < 1:
+            raise UserError("comm=nccl needs GPUs: set resources.gpus_per_task=1 (or use comm=gloo or comm=mpi on CPUs)")
+        if job.cluster.launcher != "slurm":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UserError("comm=nccl needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi")
 
 
 def check_data(job: JobConfig) -> DatasetInfo:

@@ -179,6 +179,14 @@ def order_for_ring(tree: SwitchTree, hosts: Sequence[str]) -> list[str]:
     return sorted(hosts, key=key)
 
 
+def ring_positions(topology_conf_text: str, hosts: Sequence[str]) -> tuple[dict[str, int], str]:
+    """Each host's place in the switch-ordered ring, and a line saying what ordering gained."""
+    tree = parse_topology_conf(topology_conf_text)
+    ordered = order_for_ring(tree, hosts)
+    line = f"ring over {len(hosts)} nodes ordered by switch: {ring_hops(tree, hosts)} inter-switch hops as allocated, {ring_hops(tree, ordered)} now"
+    return {host: i for i, host in enumerate(ordered)}, line
+
+
 @dataclass(frozen=True)
 class Placement:
     leaves: list[str]  # the leaf switches to use, fullest first

@@ -12,11 +12,11 @@ from torch import nn
 
 from collectives.base import Collectives, allreduce_sums, broadcast_module
 from collectives.config import CommConfig
-from collectives.optimizer import apply_distributed_optimizer
 from trainers.checkpoint import CheckpointError, Checkpointer
 from trainers.config import SCHEDULES, CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5
+from trainers.gradsync import build_gradient_sync
 from trainers.metrics import MetricsWriter
 from trainers.models import build_model
 from trainers.preemption import StopFlag
@@ -75,13 +75,13 @@ def average_buffers(comm: Collectives, model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: H5Split, comm: Collectives, batch_size: int) -> float:
+def evaluate(model: nn.Module, split: H5Split, comm: Collectives, batch_size: int, device: torch.device = torch.device("cpu")) -> float:
     model.eval()
     indices = eval_shard(len(split), comm.rank, comm.world_size)
     correct = 0
     for lo in range(0, len(indices), batch_size):
         x, y = split.read(indices[lo : lo + batch_size])
-        correct += int((model(x).argmax(dim=1) == y).sum())
+        correct += int((model(x.to(device)).argmax(dim=1) == y.to(device)).sum())
     total_correct, total = allreduce_sums(comm, [correct, len(indices)])
     model.train()
     return total_correct / max(total, 1)
@@ -101,10 +101,12 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     run = run or RunContext()
     info = inspect_hdf5(data_path, cfg.data)
     torch.manual_seed(cfg.trainer.seed)
-    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    device: torch.device = getattr(comm, "device", torch.device("cpu"))
+    model = build_model(cfg.model, info.input_shape, info.num_classes).to(device)
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
     accumulation = cfg.trainer.accumulation_steps
-    optimizer = apply_distributed_optimizer(build_optimizer(cfg.optim, model.parameters()), model, comm, cfg.comm, accumulation)
+    sync = build_gradient_sync(model, build_optimizer(cfg.optim, model.parameters()), comm, cfg.comm, accumulation)
+    optimizer = sync.optimizer
     loss_fn = nn.CrossEntropyLoss()
     sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
@@ -140,15 +142,17 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             optimizer.zero_grad(set_to_none=True)
             for micro, indices in enumerate(sampler.batches(epoch, start=progress.position), start=1):
                 x, y = train.read(indices)
-                batch_loss = loss_fn(model(x), y)
-                (batch_loss / accumulation).backward()
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with sync.micro_step(last=micro % accumulation == 0):  # no communication on micro-steps
+                    batch_loss = loss_fn(sync.module(x), y)
+                    (batch_loss / accumulation).backward()
                 step_loss += batch_loss.item() * len(y)
                 step_seen += len(y)
                 if micro % accumulation:
                     continue  # accumulation micro-step: gradients stay local
-                waited -= optimizer.comm_wait_s  # type: ignore[attr-defined]
+                waited -= sync.comm_wait_s
                 optimizer.step()
-                waited += optimizer.comm_wait_s  # type: ignore[attr-defined]
+                waited += sync.comm_wait_s
                 schedule.step()
                 optimizer.zero_grad(set_to_none=True)
                 progress.step += 1
@@ -183,7 +187,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             step_ms = 1000 * epoch_seconds / max(progress.epoch_steps, 1)
             comm_wait_ms = 1000 * waited / max(progress.epoch_steps, 1)
             average_buffers(comm, model)
-            accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size)
+            accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size, device)
             log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", epoch, cfg.trainer.epochs, loss, accuracy, samples_per_s)
             metrics.write({
                 "epoch": epoch, "step": progress.step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
@@ -196,7 +200,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             coordinator.checkpointer.wait_pruned()
         train.close()
         test.close()
-        optimizer.remove_hooks()  # type: ignore[attr-defined]
+        sync.close()
     return FitResult(progress.epoch - 1, progress.step, loss, accuracy, samples_per_s,
                      progress.train_seconds, step_ms, comm_wait_ms, stopped_by, resumed_from)
 

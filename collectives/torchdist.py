@@ -1,0 +1,121 @@
+"""Collectives on torch.distributed (Gloo on CPU, NCCL on GPU), for comm=gloo and comm=nccl.
+
+The rendezvous comes from the launcher, never from the user: under Slurm the first host of
+the job's node list and a port derived from the job id (two jobs on one node do not collide);
+under the local launcher, MASTER_ADDR/MASTER_PORT exported by it. Gradients themselves go
+through DistributedDataParallel (trainers/gradsync.py); this class carries what the trainer
+reduces besides them (losses, counts, the stop vote, BatchNorm statistics) and broadcasts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import hostlist
+import torch
+import torch.distributed as dist
+
+from collectives.base import CollectivesError, ReduceOp
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
+    """(address, port) of rank 0's store: MASTER_ADDR/PORT if set, else from Slurm."""
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    job_id = env.get("SLURM_JOB_ID")
+    if not nodes or not job_id:
+        raise CollectivesError("no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set (launch with python launch.py)")
+    first = hostlist.expand_hostlist(nodes)[0]
+    # A requeued job keeps its id but gets a new port range slot via the restart count.
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    return first, PORT_BASE + (int(job_id) * 7 + restarts) % PORT_SPAN
+
+
+class TorchDistCollectives:
+    def __init__(self, backend: str, rank: int, world_size: int, address: str, port: int, timeout_s: float = 600.0) -> None:
+        if backend == "nccl":
+            if not torch.cuda.is_available():
+                raise CollectivesError("comm=nccl needs a GPU on every rank and this one sees none; use comm=gloo or comm=mpi")
+            torch.cuda.set_device(0)  # the binding left exactly this rank's GPU visible
+        elif not dist.is_gloo_available():
+            raise CollectivesError("this torch build has no Gloo; use comm=mpi")
+        self.backend = backend
+        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+        dist.init_process_group(
+            backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    @classmethod
+    def from_env(cls, backend: str, rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> TorchDistCollectives:
+        address, port = rendezvous(env)
+        return cls(backend, rank, world_size, address, port)
+
+    # --- the Collectives interface (CPU tensors in, CPU tensors out) -------------------------
+
+    def _on_device(self, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer if buffer.device == self.device else buffer.to(self.device)
+
+    def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
+        self.allreduce_async(buffer, op).wait()
+
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> _Pending:
+        work = self._on_device(buffer)
+        reduce_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        handle = dist.all_reduce(work, op=reduce_op, async_op=True)
+
+        def finish() -> None:
+            if op == "avg":
+                work.div_(self.world_size)
+            if work is not buffer:
+                buffer.copy_(work)
+
+        return _Pending(handle, finish)
+
+    def allgather(self, mine: torch.Tensor) -> torch.Tensor:
+        return self.allgather_async(mine).wait()
+
+    def allgather_async(self, mine: torch.Tensor) -> _Pending:
+        work = self._on_device(mine.contiguous())
+        parts = [torch.empty_like(work) for _ in range(self.world_size)]
+        handle = dist.all_gather(parts, work, async_op=True)
+        return _Pending(handle, lambda: torch.cat(parts).to(mine.device))
+
+    def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
+        work = self._on_device(buffer)
+        dist.broadcast(work, src=root)
+        if work is not buffer:
+            buffer.copy_(work)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """End this process at once; the launcher (srun --kill-on-bad-exit, mpirun) ends the rest."""
+        os._exit(code)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Pending:
+    def __init__(self, handle: Any, finish: Any) -> None:
+        self._handle, self._finish, self._result, self._done = handle, finish, None, False
+
+    def wait(self) -> Any:
+        if not self._done:
+            self._handle.wait()
+            self._result = self._finish()
+            self._done = True
+        return self._result
+
+    def done(self) -> bool:
+        return self._done or self._handle.is_completed()

@@ -1,0 +1,94 @@
+"""How gradients are made equal on every rank, per backend, behind one small interface.
+
+comm=mpi: our distributed optimizer (fusion buckets, overlap hooks, compression).
+comm=gloo / nccl: DistributedDataParallel (bucket size, fp16/bf16 compression hooks).
+comm=horovod: Horovod's DistributedOptimizer (compression, backward_passes_per_step).
+
+Gradient accumulation never communicates on micro-steps: `micro_step(last=False)` wraps the
+forward and backward of every micro-batch but the last of a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from collectives.config import CommConfig
+from collectives.optimizer import apply_distributed_optimizer
+
+
+class GradientSync(Protocol):
+    module: nn.Module  # call this for forward (the model itself, or its DDP wrapper)
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def comm_wait_s(self) -> float:
+        """Seconds step() has waited for gradient communication so far (0 where it is hidden in backward)."""
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]: ...
+
+    def close(self) -> None: ...
+
+
+class MpiSync:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig, accumulation: int) -> None:
+        self.module = model
+        self.optimizer = apply_distributed_optimizer(optimizer, model, comm, cfg, accumulation)
+
+    @property
+    def comm_wait_s(self) -> float:
+        return float(self.optimizer.comm_wait_s)  # type: ignore[attr-defined]
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # its hooks count backward passes themselves
+
+    def close(self) -> None:
+        self.optimizer.remove_hooks()  # type: ignore[attr-defined]
+
+
+class DdpSync:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = getattr(comm, "device", torch.device("cpu"))
+        # broadcast_buffers=False: BatchNorm statistics stay per rank and are averaged before
+        # evaluation, as with the other backends (parity), instead of rank 0's every forward.
+        options = {"device_ids": [device.index] if device.type == "cuda" else None, "bucket_cap_mb": cfg.bucket_mb if cfg.bucket_mb > 0 else 25.0}
+        try:  # newer torch renamed the option (buffers are already equal at start: broadcast_module)
+            self.module = DistributedDataParallel(model, forward_sync_buffers=False, **options)
+        except TypeError:
+            self.module = DistributedDataParallel(model, broadcast_buffers=False, **options)
+        hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+        if cfg.compression in hooks:
+            self.module.register_comm_hook(None, hooks[cfg.compression])
+        self.optimizer = optimizer
+
+    @property
+    def comm_wait_s(self) -> float:
+        return 0.0  # DDP overlaps with backward and waits inside it
+
+    @contextlib.contextmanager
+    def micro_step(self, last: bool) -> Iterator[None]:
+        if last:
+            yield
+        else:
+            with self.module.no_sync():  # type: ignore[operator]
+                yield
+
+    def close(self) -> None:
+        pass
+
+
+def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig, accumulation: int) -> GradientSync:
+    if cfg.backend in ("gloo", "nccl"):
+        return DdpSync(model, optimizer, comm, cfg)
+    if cfg.backend == "horovod":
+        from collectives.horovod import HorovodSync
+
+        return HorovodSync(model, optimizer, cfg, accumulation)
+    return MpiSync(model, optimizer, comm, cfg, accumulation)
