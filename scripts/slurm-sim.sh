@@ -79,6 +79,13 @@ render_gres_conf() {
     echo "NodeName=node[1-${num_nodes}] Name=gpu File=${state_dir}/gpus/nvidia[0-$((gpus_per_node - 1))]"
 }
 
+resolve_node_names() {  # real clusters resolve node names (torch.distributed's rendezvous needs it)
+    local names
+    names=$(printf 'node%d ' $(seq 1 "$num_nodes"))
+    grep -q "# hpctk-slurm-sim" /etc/hosts && sed -i '/# hpctk-slurm-sim$/d' /etc/hosts
+    echo "127.0.0.1 ${names}# hpctk-slurm-sim" >>/etc/hosts
+}
+
 start_munge() {
     if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
     [[ -s /etc/munge/munge.key ]] || mungekey --create --force
@@ -99,6 +106,7 @@ all_nodes_idle() {
 start() {
     [[ $(id -u) -eq 0 ]] || die "needs root (it starts slurmctld, slurmd and munged)"
     command -v slurmctld >/dev/null || die "slurmctld not found: run scripts/install.sh --cluster"
+    resolve_node_names
     if all_nodes_idle && cmp -s <(render_slurm_conf) "${slurm_conf}" && cmp -s <(render_gres_conf) "${gres_conf}"; then
         echo "slurm-sim: already running"
         return

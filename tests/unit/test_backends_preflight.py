@@ -1,0 +1,60 @@
+"""Backends that cannot start are refused before any rank starts; the rendezvous is derived."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+
+import pytest
+import torch
+
+from collectives.base import CollectivesError
+from collectives.config import CommConfig
+from collectives.torchdist import PORT_BASE, PORT_SPAN, rendezvous
+from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.errors import UserError
+from hpc.spec import check_backend
+
+SLURM = ClusterConfig(name="sim", launcher="slurm", partition="debug")
+
+
+def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM, gpus: int = 0) -> JobConfig:
+    return JobConfig(cluster=cluster, resources=replace(ResourcesConfig(), gpus_per_task=gpus), comm=CommConfig(backend=backend, compression=compression))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (job("gloo", "topk"), "comm.compression=topk works with comm=mpi only"),
+        (job("horovod", "bf16"), "comm.compression=bf16 is not offered by Horovod"),
+        (job("nccl"), "comm=nccl needs GPUs: set resources.gpus_per_task=1"),
+    ],
+)
+def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
+    with pytest.raises(UserError, match=message):
+        check_backend(config)
+
+
+def test_nccl_on_a_machine_without_gpus_is_refused_locally():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(UserError, match="torch sees none on this machine; use comm=gloo or comm=mpi"):
+        check_backend(job("nccl", cluster=ClusterConfig()))
+    check_backend(job("nccl", gpus=1))  # on Slurm with GPUs requested it is the cluster's to say
+
+
+def test_missing_horovod_names_the_build_script(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    with pytest.raises(UserError, match="run scripts/build-horovod.sh"):
+        check_backend(job("horovod"))
+
+
+def test_rendezvous_comes_from_slurm_or_the_launcher():
+    env = {"SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_JOB_ID": "4242"}
+    address, port = rendezvous(env)
+    assert address == "gpu07" and PORT_BASE <= port < PORT_BASE + PORT_SPAN
+    assert rendezvous({**env, "SLURM_RESTART_COUNT": "1"})[1] != port  # a requeued run gets a fresh port
+    assert rendezvous({**env, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == ("10.0.0.1", 29500)
+    with pytest.raises(CollectivesError, match="no rendezvous"):
+        rendezvous({})
