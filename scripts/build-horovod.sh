@@ -41,4 +41,4 @@ if ! compgen -G "$target/horovod-*.whl" >/dev/null; then
 fi
 "$python" -m pip install -q --disable-pip-version-check --no-deps "$target"/horovod-*.whl
 "$python" -m pip install -q --disable-pip-version-check cloudpickle psutil pyyaml packaging
-"$python" -c 'import horovod.torch as hvd; print(f"build-horovod: ok (horovod {hvd.__version__}, mpi {hvd.mpi_built()}, gloo {hvd.gloo_built()})")'
+"$python" -c 'import horovod, horovod.torch as hvd; print(f"build-horovod: ok (horovod {horovod.__version__}, mpi {hvd.mpi_built()}, gloo {hvd.gloo_built()})")'

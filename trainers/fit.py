@@ -139,7 +139,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
         while progress.epoch <= cfg.trainer.epochs and not stopped_by and not (max_steps is not None and progress.step >= max_steps):
             epoch = progress.epoch
             started, waited, step_loss, step_seen = time.perf_counter(), 0.0, 0.0, 0
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
             for micro, indices in enumerate(sampler.batches(epoch, start=progress.position), start=1):
                 x, y = train.read(indices)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -154,7 +154,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                 optimizer.step()
                 waited += sync.comm_wait_s
                 schedule.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 progress.step += 1
                 progress.epoch_steps += 1
                 progress.position += accumulation * sampler.global_batch

@@ -1,18 +1,23 @@
-"""comm=gloo on the simulated Slurm: the rendezvous comes from the job (first node, job id)."""
+"""Other backends on the simulated Slurm: gloo's rendezvous comes from the job (first node, job
+id); Horovod starts under srun --mpi=pmix."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch
+from tests.conftest import require, run_dirs, run_launch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 
-def test_gloo_trains_on_two_nodes_with_a_rendezvous_from_slurm(tmp_path):
-    done = run_launch("cluster=simulated", "comm=gloo", "resources.nodes=2", "trainer.epochs=2", "wait=true", cwd=tmp_path)
+@pytest.mark.parametrize("backend", ["gloo", "horovod"])
+def test_backend_trains_on_two_nodes_under_srun(tmp_path, backend):
+    if backend == "horovod":
+        require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
+    done = run_launch("cluster=simulated", f"comm={backend}", "resources.nodes=2", "trainer.epochs=2", "wait=true", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
