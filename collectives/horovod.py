@@ -103,5 +103,11 @@ class HorovodSync:
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # backward_passes_per_step counts passes itself
 
+    def synchronize(self) -> None:
+        self.optimizer.synchronize()
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        return self.optimizer.skip_synchronize()  # Horovod's documented pattern for clipping/AMP
+
     def close(self) -> None:
         pass

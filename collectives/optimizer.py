@@ -142,6 +142,7 @@ class _DistributedOptimizer:
         self._passes: dict[nn.Parameter, int] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params] if cfg.overlap else []
         self._reset_step()
+        self._synchronized = False  # gradients of this step already averaged (clipping, AMP unscale)
         self.comm_wait_s = 0.0  # time step() spent finishing communication (not hidden)
 
     def _reset_step(self) -> None:
@@ -170,7 +171,10 @@ class _DistributedOptimizer:
             self._next_bucket += 1
 
     def synchronize(self) -> None:
-        """Start any bucket not yet started, wait for all, and write averaged gradients back."""
+        """Start any bucket not yet started, wait for all, and write averaged gradients back.
+        Once per step: clipping or a grad scaler may call it before step() does."""
+        if self._synchronized:
+            return
         started = time.perf_counter()
         if self._comm.world_size > 1:
             self._launch_in_order(everything=True)
@@ -178,11 +182,17 @@ class _DistributedOptimizer:
                 self._compressor.finish(bucket)
                 bucket.unpack()
         self._reset_step()
+        self._synchronized = True
         self.comm_wait_s += time.perf_counter() - started
 
     def step(self, closure: Any = None) -> Any:
         self.synchronize()
+        self._synchronized = False
         return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._synchronized = False  # a step a grad scaler skipped (inf/nan) must not carry over
+        super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:

@@ -11,7 +11,7 @@ from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from hpc.config import LAUNCHERS, JobConfig
 from hpc.errors import UserError
 from hpc.topology import check_topology
-from trainers.config import MODELS, OPTIMIZERS, SCHEDULES
+from trainers.config import MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES, accumulation_steps
 from trainers.datasets import DataError, DatasetInfo, inspect_hdf5, resolve_data_path
 
 
@@ -93,6 +93,16 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1 and divide the {world} ranks")
     if job.trainer.accumulation_steps < 1:
         raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
+    if job.trainer.precision not in PRECISIONS:
+        raise UserError(f"trainer.precision={job.trainer.precision!r} is not one of {', '.join(PRECISIONS)}")
+    try:
+        accumulation_steps(job.trainer, job.data.batch_size, world)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if job.trainer.clip_grad_norm is not None and job.trainer.clip_grad_norm <= 0:
+        raise UserError(f"trainer.clip_grad_norm={job.trainer.clip_grad_norm} must be > 0, or null for off")
+    if job.optim.warmup_steps < 0 or job.optim.reference_batch < 1:
+        raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} must be >= 0 and optim.reference_batch={job.optim.reference_batch} >= 1")
     if job.optim.lr <= 0:
         raise UserError(f"optim.lr={job.optim.lr} must be > 0")
     if job.checkpoint.every_steps < 0:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 MODELS = ("mlp", "cnn")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -38,6 +39,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     nesterov: bool = False
     schedule: str = "cosine"  # cosine decay to 0 over the run, or constant
+    warmup_steps: int = 0  # linear warm-up from lr/100 (large global batches need it)
+    # Linear scaling: lr is for reference_batch samples per step; the run uses
+    # lr * global batch / reference_batch. Off: lr as given, whatever the global batch.
+    scale_lr: bool = False
+    reference_batch: int = 256
 
 
 @dataclass
@@ -47,6 +53,12 @@ class TrainerConfig:
     max_steps: int | None = None  # stop early after this many optimizer steps
     accumulation_steps: int = 1  # micro-batches per optimizer step; no communication between
     threads_per_rank: int = 1  # torch intra-op threads; ranks share the node's cores
+    # Samples per optimizer step over all ranks; set, it is kept whatever the rank count:
+    # accumulation steps = global_batch / (ranks x data.batch_size), which must be whole.
+    global_batch: int | None = None
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler)
+    clip_grad_norm: float | None = None  # clip the averaged gradients to this global L2 norm
+    channels_last: bool = False  # NHWC memory format for CNNs (faster convolutions on GPUs)
 
 
 @dataclass
@@ -57,3 +69,22 @@ class CheckpointConfig:
     every_minutes: float | None = 10.0  # None: not by time
     async_save: bool = True  # write on a background thread while training continues
     resume: bool = True  # start from the newest committed checkpoint in the run dir
+
+
+def accumulation_steps(trainer: TrainerConfig, batch_size: int, world_size: int) -> int:
+    """Micro-batches per optimizer step: from trainer.global_batch when set (kept constant
+    whatever the rank count), else trainer.accumulation_steps. ValueError if not whole."""
+    if trainer.global_batch is None:
+        return trainer.accumulation_steps
+    per_pass = batch_size * world_size
+    if trainer.global_batch < per_pass or trainer.global_batch % per_pass:
+        raise ValueError(
+            f"trainer.global_batch={trainer.global_batch} is not a whole multiple of {world_size} ranks x "
+            f"data.batch_size={batch_size} = {per_pass}; change data.batch_size or the rank count"
+        )
+    return trainer.global_batch // per_pass
+
+
+def scaled_lr(optim: OptimConfig, global_batch: int) -> float:
+    """optim.lr, or with optim.scale_lr the linear scaling rule: lr x global batch / reference."""
+    return optim.lr * global_batch / optim.reference_batch if optim.scale_lr else optim.lr

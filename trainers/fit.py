@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +15,7 @@ from torch import nn
 from collectives.base import Collectives, allreduce_sums, broadcast_module
 from collectives.config import CommConfig
 from trainers.checkpoint import CheckpointError, Checkpointer
-from trainers.config import SCHEDULES, CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.config import SCHEDULES, CheckpointConfig, accumulation_steps, scaled_lr, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5
 from trainers.gradsync import build_gradient_sync
@@ -51,20 +53,28 @@ class FitResult:
     resumed_from: int | None = None  # the checkpoint step this process started from
 
 
-def build_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+def build_optimizer(cfg: OptimConfig, params, lr: float | None = None) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+    lr = cfg.lr if lr is None else lr
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose sgd or adamw")
 
 
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Multiplier of the base lr at `step`: linear warm-up from 1/100, then the schedule."""
+    warm = min(1.0, 0.01 + 0.99 * step / warmup_steps) if warmup_steps > 0 else 1.0
+    if schedule == "cosine":
+        return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+    if schedule == "constant":
+        return warm
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+
+
 def build_schedule(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
-    if cfg.schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total_steps, 1))
-    if cfg.schedule == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    raise ValueError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    lr_factor(0, total_steps, cfg.warmup_steps, cfg.schedule)  # unknown schedules fail here, not at step 1
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.schedule))
 
 
 def average_buffers(comm: Collectives, model: nn.Module) -> None:
@@ -102,25 +112,32 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     info = inspect_hdf5(data_path, cfg.data)
     torch.manual_seed(cfg.trainer.seed)
     device: torch.device = getattr(comm, "device", torch.device("cpu"))
-    model = build_model(cfg.model, info.input_shape, info.num_classes).to(device)
+    memory_format = torch.channels_last if cfg.trainer.channels_last and len(info.input_shape) == 3 else torch.contiguous_format
+    model = build_model(cfg.model, info.input_shape, info.num_classes).to(device, memory_format=memory_format)
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
-    accumulation = cfg.trainer.accumulation_steps
-    sync = build_gradient_sync(model, build_optimizer(cfg.optim, model.parameters()), comm, cfg.comm, accumulation)
+    accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
+    global_batch = accumulation * cfg.data.batch_size * comm.world_size
+    optimizer = build_optimizer(cfg.optim, model.parameters(), scaled_lr(cfg.optim, global_batch))
+    sync = build_gradient_sync(model, optimizer, comm, cfg.comm, accumulation)
     optimizer = sync.optimizer
+    precision = cfg.trainer.precision
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     loss_fn = nn.CrossEntropyLoss()
     sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     max_steps = cfg.trainer.max_steps
     total_steps = min(max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
-    coordinator, progress, resumed_from = resume_or_start(cfg, comm, run, model, optimizer, schedule)
+    coordinator, progress, resumed_from = resume_or_start(cfg, comm, run, model, optimizer, schedule, scaler)
     loss, accuracy, samples_per_s, step_ms, comm_wait_ms = float("nan"), 0.0, 0.0, 0.0, 0.0
     stopped_by: str | None = None
     log.info(
         "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
-        "allreduce %s, buckets %.1f MiB, overlap %s, compression %s",
+        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
         cfg.model.name, data_path.name, info.num_train, info.num_test, comm.world_size, cfg.data.batch_size, accumulation,
-        steps_per_epoch, cfg.comm.algorithm, cfg.comm.bucket_mb, cfg.comm.overlap, cfg.comm.compression,
+        steps_per_epoch, cfg.comm.backend, cfg.comm.algorithm, cfg.comm.bucket_mb, cfg.comm.overlap, cfg.comm.compression,
+        global_batch, optimizer.param_groups[0]["initial_lr"], precision,
     )
 
     def save(synchronous: bool) -> None:
@@ -128,7 +145,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             model_config = {"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes}
             coordinator.save(
                 progress.step,
-                lambda: shared_state(model, optimizer, schedule, progress, model_config, run.config_text),
+                lambda: shared_state(model, optimizer, schedule, progress, model_config, run.config_text, scaler),
                 {"rng": rng_state()},
                 synchronous,
             )
@@ -142,17 +159,24 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
             for micro, indices in enumerate(sampler.batches(epoch, start=progress.position), start=1):
                 x, y = train.read(indices)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = x.to(device, non_blocking=True, memory_format=memory_format) if x.dim() == 4 else x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with sync.micro_step(last=micro % accumulation == 0):  # no communication on micro-steps
-                    batch_loss = loss_fn(sync.module(x), y)
-                    (batch_loss / accumulation).backward()
+                    with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
+                        batch_loss = loss_fn(sync.module(x), y)
+                    scaler.scale(batch_loss / accumulation).backward()
                 step_loss += batch_loss.item() * len(y)
                 step_seen += len(y)
                 if micro % accumulation:
                     continue  # accumulation micro-step: gradients stay local
                 waited -= sync.comm_wait_s
-                optimizer.step()
+                sync.synchronize()  # averaged gradients, before unscaling or clipping them
                 waited += sync.comm_wait_s
+                scaler.unscale_(optimizer)
+                if cfg.trainer.clip_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
+                with sync.step_context():
+                    scaler.step(optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
+                scaler.update()
                 schedule.step()
                 optimizer.zero_grad()
                 progress.step += 1
@@ -205,7 +229,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                      progress.train_seconds, step_ms, comm_wait_ms, stopped_by, resumed_from)
 
 
-def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule) -> tuple[SaveCoordinator | None, Progress, int | None]:  # type: ignore[no-untyped-def]
+def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]
+                    scaler: torch.amp.GradScaler | None = None) -> tuple[SaveCoordinator | None, Progress, int | None]:
     if not cfg.checkpoint.enabled or run.checkpoint_dir is None:
         return None, Progress(), None
     checkpointer = Checkpointer(run.checkpoint_dir, comm.rank, comm.world_size, cfg.checkpoint.keep)
@@ -218,7 +243,7 @@ def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: n
     if restored is None:
         return coordinator, Progress(), None
     step, shared, own = restored
-    progress = restore(model, optimizer, schedule, step, shared)
+    progress = restore(model, optimizer, schedule, step, shared, scaler)
     if own is not None:
         restore_rng(own["rng"])
     log.info("resumed from checkpoint step %d (epoch %d, sample %d)%s", step, progress.epoch, progress.position,

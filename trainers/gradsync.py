@@ -31,6 +31,12 @@ class GradientSync(Protocol):
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]: ...
 
+    def synchronize(self) -> None:
+        """Make gradients the average over ranks now (before clipping or unscaling them)."""
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        """Around optimizer.step() after synchronize()."""
+
     def close(self) -> None: ...
 
 
@@ -45,6 +51,12 @@ class MpiSync:
 
     def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # its hooks count backward passes themselves
+
+    def synchronize(self) -> None:
+        self.optimizer.synchronize()  # type: ignore[attr-defined]
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # step() knows the gradients are already averaged
 
     def close(self) -> None:
         self.optimizer.remove_hooks()  # type: ignore[attr-defined]
@@ -79,6 +91,12 @@ class DdpSync:
         else:
             with self.module.no_sync():  # type: ignore[operator]
                 yield
+
+    def synchronize(self) -> None:
+        pass  # DDP has averaged the gradients by the end of backward
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass

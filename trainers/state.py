@@ -52,8 +52,10 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any], config_text: str = "") -> dict[str, Any]:
+def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any],
+                 config_text: str = "", scaler: Any = None) -> dict[str, Any]:
     return {
+        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else {},
         "config": config_text,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -77,9 +79,11 @@ def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int
             )
 
 
-def restore(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, shared: dict[str, Any]) -> Progress:
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, shared: dict[str, Any], scaler: Any = None) -> Progress:
     check_compatible(model, shared["model"], step)
     model.load_state_dict(shared["model"])
     optimizer.load_state_dict(shared["optimizer"])
     schedule.load_state_dict(shared["schedule"])
+    if scaler is not None and scaler.is_enabled() and shared.get("scaler"):
+        scaler.load_state_dict(shared["scaler"])  # the fp16 loss scale continues where it was
     return Progress(**shared["progress"])

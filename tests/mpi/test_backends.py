@@ -59,3 +59,21 @@ def test_one_rank_with_the_global_batch_equals_two_ranks_with_half(tmp_path, bac
     two = final_parameters(tmp_path, "two", f"comm={backend}", "resources.tasks_per_node=2", "data.batch_size=32")
     one = final_parameters(tmp_path, "one", f"comm={backend}", "resources.tasks_per_node=1", "data.batch_size=64")
     assert max_difference(one, two) < TOLERANCE
+
+
+def test_a_global_batch_gives_the_same_training_on_one_or_two_ranks(tmp_path):
+    """trainer.global_batch=64 with batch 32: 2 accumulation steps on 1 rank, 1 on 2 ranks."""
+    common = ("comm=mpi", "trainer.global_batch=64", "data.batch_size=32")
+    one = final_parameters(tmp_path, "one", *common, "resources.tasks_per_node=1")
+    two = final_parameters(tmp_path, "two", *common, "resources.tasks_per_node=2")
+    assert max_difference(one, two) < TOLERANCE
+
+
+def test_fp16_training_checkpoints_its_loss_scale(tmp_path):
+    where = tmp_path / "fp16"
+    where.mkdir()
+    done = run_launch("trainer.max_steps=5", "trainer.precision=fp16", "trainer.clip_grad_norm=1.0", cwd=where)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = run_dirs(where)
+    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    assert load_tensor_file(newest / "shared.ckpt")["scaler"]["scale"] > 0

@@ -1,0 +1,63 @@
+"""Global batch, LR scaling and warm-up, mixed precision state: pure parts and checkpoint content."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hpc.errors import UserError
+from hpc.overrides import compose_job
+from hpc.spec import check_training
+from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
+from trainers.fit import lr_factor
+from trainers.state import Progress, restore, shared_state
+
+
+def test_the_global_batch_stays_constant_when_the_rank_count_changes():
+    trainer = TrainerConfig(global_batch=256)
+    assert [accumulation_steps(trainer, 32, ranks) for ranks in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert accumulation_steps(TrainerConfig(accumulation_steps=3), 32, 4) == 3  # unset: as configured
+    with pytest.raises(ValueError, match="not a whole multiple of 3 ranks x data.batch_size=32 = 96"):
+        accumulation_steps(trainer, 32, 3)
+
+
+def test_linear_lr_scaling_and_warm_up():
+    assert scaled_lr(OptimConfig(lr=0.1, scale_lr=True, reference_batch=256), 1024) == pytest.approx(0.4)
+    assert scaled_lr(OptimConfig(lr=0.1), 1024) == 0.1
+    assert lr_factor(0, 100, 10, "constant") == pytest.approx(0.01)
+    assert lr_factor(5, 100, 10, "constant") == pytest.approx(0.01 + 0.99 * 0.5)
+    assert lr_factor(10, 100, 10, "constant") == 1.0
+    assert lr_factor(50, 100, 0, "cosine") == pytest.approx(0.5) and lr_factor(100, 100, 0, "cosine") == pytest.approx(0.0)
+    assert lr_factor(25, 100, 0, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.precision=fp8", "trainer.precision='fp8' is not one of fp32, bf16, fp16"),
+        ("trainer.global_batch=100", "trainer.global_batch=100 is not a whole multiple of 2 ranks x data.batch_size=32 = 64"),
+        ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm=0.0 must be > 0"),
+        ("optim.warmup_steps=-1", "optim.warmup_steps=-1 must be >= 0"),
+    ],
+)
+def test_bad_training_settings_are_refused_before_launch(override, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_training(compose_job([override]))
+
+
+def test_the_fp16_loss_scale_is_checkpointed_and_restored():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # the scale exists once used
+    scaler.update(new_scale=96.0)
+    state = shared_state(model, optimizer, schedule, Progress(step=3), {}, "", scaler)
+    assert state["scaler"]["scale"] == 96.0
+    fresh = torch.amp.GradScaler("cpu")
+    restore(model, optimizer, schedule, 3, state, fresh)
+    assert fresh.get_scale() == 96.0
+    assert shared_state(model, optimizer, schedule, Progress(), {}, "", torch.amp.GradScaler("cpu", enabled=False))["scaler"] == {}
