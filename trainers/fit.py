@@ -16,7 +16,7 @@ from collectives.base import Collectives, allreduce_sums, broadcast_module
 from collectives.config import CommConfig
 from trainers.checkpoint import CheckpointError, Checkpointer
 from trainers.config import SCHEDULES, CheckpointConfig, accumulation_steps, scaled_lr, DataConfig, ModelConfig, OptimConfig, TrainerConfig
-from trainers.data import H5Split
+from trainers.data import H5Split, Prefetcher
 from trainers.datasets import inspect_hdf5
 from trainers.gradsync import build_gradient_sync
 from trainers.metrics import MetricsWriter
@@ -155,67 +155,74 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     try:
         while progress.epoch <= cfg.trainer.epochs and not stopped_by and not (max_steps is not None and progress.step >= max_steps):
             epoch = progress.epoch
-            started, waited, step_loss, step_seen = time.perf_counter(), 0.0, 0.0, 0
+            started, waited, data_waited, step_loss, step_seen = time.perf_counter(), 0.0, 0.0, 0.0, 0
             optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
-            for micro, indices in enumerate(sampler.batches(epoch, start=progress.position), start=1):
-                x, y = train.read(indices)
-                x, y = x.to(device, non_blocking=True, memory_format=memory_format) if x.dim() == 4 else x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with sync.micro_step(last=micro % accumulation == 0):  # no communication on micro-steps
-                    with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
-                        batch_loss = loss_fn(sync.module(x), y)
-                    scaler.scale(batch_loss / accumulation).backward()
-                step_loss += batch_loss.item() * len(y)
-                step_seen += len(y)
-                if micro % accumulation:
-                    continue  # accumulation micro-step: gradients stay local
-                waited -= sync.comm_wait_s
-                sync.synchronize()  # averaged gradients, before unscaling or clipping them
-                waited += sync.comm_wait_s
-                scaler.unscale_(optimizer)
-                if cfg.trainer.clip_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
-                with sync.step_context():
-                    scaler.step(optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
-                scaler.update()
-                schedule.step()
-                optimizer.zero_grad()
-                progress.step += 1
-                progress.epoch_steps += 1
-                progress.position += accumulation * sampler.global_batch
-                # One tiny collective per step: the averaged loss, the stop vote, the save handshake.
-                written = coordinator.written_flag() if coordinator else 1.0
-                total_loss, total_seen, stop_votes, ranks_written = allreduce_sums(comm, [step_loss, step_seen, float(run.stop.raised), written])
-                progress.epoch_loss_sum += total_loss  # global sums: the same on every rank, so
-                progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
-                run.step_log.write({"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1)})
-                step_loss, step_seen = 0.0, 0
-                if coordinator is not None:
-                    coordinator.on_step_boundary(ranks_written)
-                if stop_votes:
-                    stopped_by = run.stop.signal_name or "a signal on another rank"
-                    break
-                if max_steps is not None and progress.step >= max_steps:
-                    break
-                if coordinator is not None and coordinator.due(progress.step):
-                    save(synchronous=False)
+            batches = Prefetcher(train, sampler.batches(epoch, start=progress.position), pin=device.type == "cuda")
+            try:
+                for micro, (raw_x, y) in enumerate(batches, start=1):
+                    x = train.decode(raw_x, device)  # uint8 travels, float32 is made on the device
+                    x = x.contiguous(memory_format=memory_format) if x.dim() == 4 else x
+                    y = y.to(device, non_blocking=True)
+                    with sync.micro_step(last=micro % accumulation == 0):  # no communication on micro-steps
+                        with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
+                            batch_loss = loss_fn(sync.module(x), y)
+                        scaler.scale(batch_loss / accumulation).backward()
+                    step_loss += batch_loss.item() * len(y)
+                    step_seen += len(y)
+                    if micro % accumulation:
+                        continue  # accumulation micro-step: gradients stay local
+                    waited -= sync.comm_wait_s
+                    sync.synchronize()  # averaged gradients, before unscaling or clipping them
+                    waited += sync.comm_wait_s
+                    scaler.unscale_(optimizer)
+                    if cfg.trainer.clip_grad_norm is not None:
+                        nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
+                    with sync.step_context():
+                        scaler.step(optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
+                    scaler.update()
+                    schedule.step()
+                    optimizer.zero_grad()
+                    progress.step += 1
+                    progress.epoch_steps += 1
+                    progress.position += accumulation * sampler.global_batch
+                    # One tiny collective per step: the averaged loss, the stop vote, the save handshake.
+                    written = coordinator.written_flag() if coordinator else 1.0
+                    total_loss, total_seen, stop_votes, ranks_written = allreduce_sums(comm, [step_loss, step_seen, float(run.stop.raised), written])
+                    progress.epoch_loss_sum += total_loss  # global sums: the same on every rank, so
+                    progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
+                    run.step_log.write({"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1)})
+                    step_loss, step_seen = 0.0, 0
+                    if coordinator is not None:
+                        coordinator.on_step_boundary(ranks_written)
+                    if stop_votes:
+                        stopped_by = run.stop.signal_name or "a signal on another rank"
+                        break
+                    if max_steps is not None and progress.step >= max_steps:
+                        break
+                    if coordinator is not None and coordinator.due(progress.step):
+                        save(synchronous=False)
+            finally:
+                batches.close()
+            data_waited += batches.wait_s
             progress.epoch_seconds += time.perf_counter() - started
             if stopped_by:
                 break  # the partial epoch is evaluated after the restart
             # Throughput is set by the slowest rank: every rank reports that one figure.
-            slowest = torch.tensor([progress.epoch_seconds, waited], dtype=torch.float64)
+            slowest = torch.tensor([progress.epoch_seconds, waited, data_waited], dtype=torch.float64)
             comm.allreduce_(slowest, op="max")
-            epoch_seconds, waited = slowest.tolist()
+            epoch_seconds, waited, data_waited = slowest.tolist()
             progress.train_seconds += epoch_seconds
             loss = progress.epoch_loss_sum / max(progress.epoch_seen, 1)
             samples_per_s = progress.epoch_seen / epoch_seconds if epoch_seconds > 0 else 0.0
             step_ms = 1000 * epoch_seconds / max(progress.epoch_steps, 1)
             comm_wait_ms = 1000 * waited / max(progress.epoch_steps, 1)
+            data_wait_ms = 1000 * data_waited / max(progress.epoch_steps, 1)
             average_buffers(comm, model)
             accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size, device)
             log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", epoch, cfg.trainer.epochs, loss, accuracy, samples_per_s)
             metrics.write({
                 "epoch": epoch, "step": progress.step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
-                "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "world_size": comm.world_size,
+                "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "data_wait_ms": data_wait_ms, "world_size": comm.world_size,
             })
             progress.next_epoch()
         save(synchronous=True)  # the last save before exit is synchronous
