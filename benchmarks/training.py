@@ -7,6 +7,9 @@ Suites:
   overlap      a wider MLP (communication-heavy) on 2 ranks: per-tensor vs fused allreduce,
                with and without overlap, against 1 rank (no communication at all)
   compression  the embedded default on 2 ranks with each gradient compression
+  backends     a wider MLP on 2 ranks with each CPU backend (mpi, gloo, horovod when installed)
+  scaling      weak scaling of the default model, 1, 2, 4, ... up to --max-ranks local ranks,
+               for each CPU backend; efficiency = samples/s / (ranks x the 1-rank samples/s)
 
 Variants run interleaved (A, B, C, A, B, C, ...) so machine noise hits all alike; reported are
 medians of the per-epoch figures after the first epoch (which includes warm-up).
@@ -51,6 +54,30 @@ SUITES: dict[str, dict[str, list[str]]] = {
         "topk 1%": ["comm.compression=topk", "comm.topk_ratio=0.01"],
     },
 }
+
+
+def backend_names() -> list[str]:
+    import importlib.util
+
+    return ["mpi", "gloo"] + (["horovod"] if importlib.util.find_spec("horovod") else [])
+
+
+def scaling_suite(max_ranks: int) -> dict[str, list[str]]:
+    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_ranks]
+    return {f"{backend}, {n} ranks": [f"comm={backend}", f"resources.tasks_per_node={n}", "trainer.epochs=4"]
+            for backend in backend_names() for n in counts}
+
+
+def efficiency_table(results: dict[str, list[dict[str, float]]]) -> str:
+    rows = ["| backend | ranks | samples/s | weak-scaling efficiency |", "| --- | --- | --- | --- |"]
+    single: dict[str, float] = {}
+    for name, runs in results.items():
+        backend, ranks = name.split(", ")[0], int(name.split(", ")[1].split()[0])
+        sps = statistics.median(r["samples_per_s"] for r in runs)
+        if ranks == 1:
+            single[backend] = sps
+        rows.append(f"| {backend} | {ranks} | {sps:,.0f} | {sps / (ranks * single[backend]):.2f} |")
+    return "\n".join(rows)
 
 
 def run_once(overrides: list[str], workdir: Path) -> dict[str, float]:
@@ -98,22 +125,31 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("suite", choices=sorted([*SUITES, "backends", "scaling"]))
+    parser.add_argument("--max-ranks", type=int, default=os.cpu_count() or 1, help="scaling: the largest rank count")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", type=Path, help="append the table to this markdown file")
     args = parser.parse_args()
-    variants = SUITES[args.suite]
+    if args.suite == "backends":
+        variants = {"1 rank, no communication": [*WIDE, "resources.tasks_per_node=1"], **{f"2 ranks, comm={b}": [*WIDE, f"comm={b}"] for b in backend_names()}}
+    elif args.suite == "scaling":
+        variants = scaling_suite(args.max_ranks)
+    else:
+        variants = SUITES[args.suite]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             for name, overrides in variants.items():
                 results[name].append(run_once(overrides, Path(tmp)))
     text = table(results)
+    if args.suite == "scaling":
+        text += "\n\n" + efficiency_table(results)
     print(text)
     if args.write:
         header = (
             f"\n### Training suite `{args.suite}` ({date.today().isoformat()}, {platform.node()}, {os.cpu_count()} cores)\n\n"
-            f"`python benchmarks/training.py {args.suite} --repeats {args.repeats}` ({args.repeats} runs per variant, "
+            f"`python benchmarks/training.py {args.suite} --repeats {args.repeats}"
+            f"{f' --max-ranks {args.max_ranks}' if args.suite == 'scaling' else ''}` ({args.repeats} runs per variant, "
             "interleaved; medians of per-epoch figures after epoch 1)\n\n"
         )
         with args.write.open("a") as f:

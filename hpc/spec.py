@@ -93,6 +93,11 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1 and divide the {world} ranks")
     if job.trainer.accumulation_steps < 1:
         raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
+    if job.model.name == "resnet50":
+        import importlib.util
+
+        if importlib.util.find_spec("torchvision") is None:
+            raise UserError("model=resnet50 needs torchvision, which is not installed here (install the build matching your torch)")
     if job.trainer.precision not in PRECISIONS:
         raise UserError(f"trainer.precision={job.trainer.precision!r} is not one of {', '.join(PRECISIONS)}")
     try:
@@ -118,6 +123,8 @@ def check_backend(job: JobConfig) -> None:
     comm = job.comm
     if comm.backend != "mpi" and comm.compression == "topk":
         raise UserError(f"comm.compression=topk works with comm=mpi only; comm={comm.backend} offers none, fp16, bf16")
+    if job.trainer.sync_batchnorm and comm.backend != "nccl":
+        raise UserError(f"trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); comm={comm.backend} averages BatchNorm statistics before evaluation instead")
     if comm.backend == "horovod":
         import importlib.util
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "resnet50")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -12,7 +12,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | cnn
+    name: str = "mlp"  # mlp | cnn | resnet50 (torchvision)
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
     channels: list[int] = field(default_factory=list)  # conv channels (cnn only)
     dropout: float = 0.0
@@ -59,6 +59,7 @@ class TrainerConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler)
     clip_grad_norm: float | None = None  # clip the averaged gradients to this global L2 norm
     channels_last: bool = False  # NHWC memory format for CNNs (faster convolutions on GPUs)
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' batches (comm=nccl: torch's is GPU-only)
 
 
 @dataclass

@@ -113,7 +113,10 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     torch.manual_seed(cfg.trainer.seed)
     device: torch.device = getattr(comm, "device", torch.device("cpu"))
     memory_format = torch.channels_last if cfg.trainer.channels_last and len(info.input_shape) == 3 else torch.contiguous_format
-    model = build_model(cfg.model, info.input_shape, info.num_classes).to(device, memory_format=memory_format)
+    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    if cfg.trainer.sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device, memory_format=memory_format)
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
     global_batch = accumulation * cfg.data.batch_size * comm.world_size

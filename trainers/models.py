@@ -34,4 +34,15 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         layers += [nn.MaxPool2d(2), nn.Flatten()]
         features = channels * (height // 2) * (width // 2)
         return nn.Sequential(*layers, *_mlp_head(features, cfg.hidden_sizes, num_classes, cfg.dropout))
+    if cfg.name == "resnet50":
+        if len(input_shape) != 3:
+            raise ValueError(f"model=resnet50 needs C x H x W images, the data set has shape {input_shape}")
+        try:
+            import torchvision
+        except ImportError:
+            raise ValueError("model=resnet50 needs torchvision (install the build matching your torch)") from None
+        model = torchvision.models.resnet50(num_classes=num_classes)
+        if input_shape[0] != 3:
+            model.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=7, stride=2, padding=3, bias=False)
+        return model
     raise ValueError(f"unknown model {cfg.name!r}; choose one of {', '.join(MODELS)}")

@@ -14,6 +14,7 @@ from collectives.torchdist import PORT_BASE, PORT_SPAN, rendezvous
 from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.errors import UserError
 from hpc.spec import check_backend
+from trainers.config import TrainerConfig
 
 SLURM = ClusterConfig(name="sim", launcher="slurm", partition="debug")
 
@@ -28,6 +29,7 @@ def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM,
         (job("gloo", "topk"), "comm.compression=topk works with comm=mpi only"),
         (job("horovod", "bf16"), "comm.compression=bf16 is not offered by Horovod"),
         (job("nccl"), "comm=nccl needs GPUs: set resources.gpus_per_task=1"),
+        (replace(job("gloo"), trainer=replace(TrainerConfig(), sync_batchnorm=True)), "trainer.sync_batchnorm=true needs comm=nccl"),
     ],
 )
 def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
