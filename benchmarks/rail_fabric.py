@@ -93,7 +93,7 @@ def fabric(*args: str) -> str:
 
 
 def run_in_fabric(nodes: int, rails: int, sizes: list[int], rounds: int, timeout_s: float) -> dict:
-    hosts = ",".join(f"node{k}:{rails}" for k in range(nodes))
+    hosts = ",".join(f"rn{k}:{rails}" for k in range(nodes))
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
     command = [
         "ip", "netns", "exec", "hpcrail-fabric", "mpirun", "--allow-run-as-root", "-n", str(nodes * rails), "--host", hosts,

@@ -4,10 +4,11 @@
 #   scripts/rail-fabric.sh up NODES RAILS RATE     e.g. up 4 2 200mbit
 #   scripts/rail-fabric.sh down
 #   scripts/rail-fabric.sh status
-#   scripts/rail-fabric.sh exec NODE CMD...         run CMD inside node NODE (its own hostname)
+#   scripts/rail-fabric.sh exec rnK CMD...          run CMD inside node K (hostname rnK)
 #   scripts/rail-fabric.sh agent HOST CMD...        Open MPI's plm_rsh_agent: start CMD on HOST
 #
-# Node k is the namespace hpcrail-nodeK with interfaces rail0..rail(R-1) (10.<r+1>.0.<k+1>/24)
+# Node k is the namespace hpcrail-rnK, hostname rnK (not nodeK: the simulated Slurm maps node1..4 to
+# 127.0.0.1 in /etc/hosts), with interfaces rail0..rail(R-1) (10.<r+1>.0.<k+1>/24)
 # and mgmt (10.100.0.<k+1>/24, unshaped, for the launcher). Rail r of every node is a veth into
 # the bridge br-rail<r>, shaped with tc tbf to RATE in both directions: a leaf switch per rail.
 # Every node has an interface on every rail, so a packet for another rail's address leaves
@@ -22,7 +23,7 @@ fabric=$prefix-fabric
 
 die() { echo "rail-fabric: $*" >&2; exit 2; }
 in_fabric() { ip netns exec "$fabric" "$@"; }
-node_ns() { echo "$prefix-node$1"; }
+node_ns() { echo "$prefix-rn$1"; }
 
 shape() {  # namespace interface rate: tbf on the interface's egress
     # burst >= one 64 KiB GSO segment. The queue is short (LATENCY): a ring step sends both
@@ -99,7 +100,7 @@ status() {
 exec_in_node() {  # NODE CMD...: a node has its own hostname, so Open MPI sees separate hosts
     local node=$1
     shift
-    [[ $node =~ ^node[0-9]+$ ]] || die "no such node '$node' (node0, node1, ...)"
+    [[ $node =~ ^rn[0-9]+$ ]] || die "no such node '$node' (rn0, rn1, ...)"
     ip netns list | grep -q "^$prefix-$node\b" || die "node '$node' is not up"
     exec ip netns exec "$prefix-$node" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
 }
