@@ -57,4 +57,10 @@ def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
         start_again(job_id)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["restarts"] == KILLS and result["resumed_from"] > 0
+    assert result["status"] == "completed" and result["resumed_from"] > 0
+    # Step ids repeat across requeues (28.0 every time): a kill Slurm still had queued for the
+    # SIGKILLed incarnation sometimes reaches the restarted step as SIGTERM (seen in CI). The ranks
+    # must then do what they do for any signal: checkpoint, requeue, resume. Each extra restart
+    # must be such a clean stop.
+    clean_stops = (run_dir / "logs" / "rank-00000.log").read_text().count("checkpoint committed; external signal: requeueing job")
+    assert result["restarts"] == KILLS + clean_stops, (result["restarts"], clean_stops)
