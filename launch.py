@@ -4,6 +4,7 @@
     python launch.py                                   # embedded default: 2 local MPI ranks
     python launch.py cluster=simulated resources.nodes=2 resources.tasks_per_node=2
     python launch.py dry_run=true cluster=simulated    # print config + sbatch, submit nothing
+    python launch.py -m optim.lr=0.1,0.2 cluster=simulated sweep.max_parallel=1   # one job array
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 from hpc.config import register_schemas, to_job_config
 from hpc.errors import UserError
 from hpc.launch import discard_run_dir, launch
-from hpc.overrides import check_overrides
+from hpc.overrides import check_overrides, check_sweep
 from hpc.rundir import RunDir
 
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
@@ -48,9 +49,10 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     register_schemas()
     args = sys.argv[1:]
-    if not HYDRA_INFO_FLAGS & set(args) and not MULTIRUN_FLAGS & set(args):
+    if not HYDRA_INFO_FLAGS & set(args):
+        overrides = [a for a in args if not a.startswith("-")]
         try:
-            check_overrides([a for a in args if not a.startswith("-")])
+            check_sweep(overrides) if MULTIRUN_FLAGS & set(args) else check_overrides(overrides)
         except UserError as err:
             fail(str(err), err.exit_code)
     main()

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectives.config import CommConfig
-from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.config import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainerConfig,
+)
 
 LAUNCHERS = ("local", "slurm")
 TRANSPORTS = ("ib", "tcp")
@@ -70,6 +76,13 @@ class TopologyConfig:
 
 
 @dataclass
+class SweepConfig:
+    """How `launch.py -m` submits: one Slurm job array per distinct sbatch script."""
+
+    max_parallel: int | None = None  # at most this many array tasks run at once (--array=0-N%max_parallel)
+
+
+@dataclass
 class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
@@ -84,6 +97,8 @@ class JobConfig:
     run_root: str = "runs"  # run directories go under here (relative: to the launch dir)
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing
     wait: bool = False  # slurm: block until the job ends, streaming rank 0's log
+    hold: bool = False  # slurm: submit held (sbatch --hold); `scontrol release JOB` starts it
+    sweep: SweepConfig = field(default_factory=lambda: SweepConfig())
 
 
 def register_schemas() -> None:

@@ -10,6 +10,7 @@ from hpc import local, slurm
 from hpc.config import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RunDir
+from hpc.snapshot import freeze_code
 from hpc.spec import rank_environment, validate_job
 
 
@@ -44,7 +45,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(f"run directory: {run_dir.path}")
         return code
     try:
-        job_id = slurm.submit(job, env, run_dir)
+        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code))
     except UserError:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise

@@ -77,6 +77,43 @@ def compose_job(overrides: list[str]) -> JobConfig:
         GlobalHydra.instance().clear()
 
 
+def sweeper_params(overrides: list[str]) -> dict[str, str]:
+    """`hydra.sweeper.params` of the config these (non-sweep) overrides compose, e.g. from
+    experiment=scaling; Hydra's basic sweeper adds them to the command line's sweep."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    register_schemas()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            params = compose("config", overrides=overrides, return_hydra_config=True).hydra.sweeper.get("params")
+    except Exception as err:  # as in compose_job: every failure is one line
+        raise UserError(explain_composition_error(err, overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return {str(k): str(v) for k, v in (OmegaConf.to_container(params) or {}).items()} if params else {}
+
+
+def check_sweep(arguments: list[str]) -> int:
+    """Expand a `-m` command line and compose every point; returns the number of points.
+    Raises UserError (one line, naming the point) for anything Hydra would refuse later."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from hpc.sweep import expand_sweep
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(arguments)
+    except HydraException as err:
+        raise UserError(" ".join(str(err).split())) from None
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    points = expand_sweep(arguments, sweeper_params(fixed))
+    for point in points:
+        compose_job(point)
+    return len(points)
+
+
 def check_overrides(overrides: list[str]) -> None:
     """Compose the config with these overrides; raise UserError with one line on failure."""
     compose_job(overrides)

@@ -21,6 +21,14 @@ from hpc.env import RankInfo
 from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue
 from hpc.rundir import RunDir
 
+TTY_VARIABLE = "HPCTK_TTY"
+
+
+def attached_to_terminal() -> bool:
+    """Whether launch.py runs in a terminal (hpc.local says so in HPCTK_TTY): mpirun hands the
+    ranks a pseudo-terminal of its own either way, so their own isatty() cannot tell."""
+    return os.environ.get(TTY_VARIABLE) == "1"
+
 
 def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     """One log file per rank; rank 0 also prints to stdout. Every line names the rank."""
@@ -31,21 +39,26 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     handlers: list[logging.Handler] = [file_handler]
     if rank.is_main:
         console = logging.StreamHandler(sys.stdout)
-        console.setFormatter(logging.Formatter("%(message)s"))
+        if attached_to_terminal():  # a person watching: short lines, and the progress bar shows steps
+            console.setFormatter(logging.Formatter("%(message)s"))
+            console.addFilter(lambda record: record.name != "trainers.progress")
+        else:  # a Slurm or mpirun log file: plain timestamped lines
+            console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         handlers.append(console)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
 
 
 def run_rank(run_dir_path: str) -> dict[str, Any]:
     import torch
+    from omegaconf import OmegaConf
 
     from collectives import init_collectives
     from hpc.config import to_job_config
-    from omegaconf import OmegaConf
     from trainers.checkpoint import CheckpointError
     from trainers.fit import FitConfig, RunContext, fit
     from trainers.metrics import MetricsWriter
     from trainers.preemption import StopFlag
+    from trainers.reporting import StepReporter
 
     run_dir = RunDir(Path(run_dir_path))
     job = to_job_config(OmegaConf.load(run_dir.config))
@@ -58,6 +71,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
     log.info("rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher, restarts)
     log.info("%s", binding_line)
+    log.info("code: %s", Path(__file__).resolve().parent.parent)  # the frozen copy on Slurm (hpc.snapshot)
     node_position = None
     if job.cluster.topology_conf and rank.num_nodes > 1:
         from hpc.errors import UserError
@@ -76,7 +90,15 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
             checkpoint_dir=run_dir.checkpoints,
             config_text=run_dir.config.read_text(),
             stop=stop,
-            step_log=MetricsWriter(run_dir.steps if rank.is_main else None),
+            steps=StepReporter(
+                run_dir.steps if rank.is_main else None,
+                log_every=job.trainer.log_every,
+                prometheus_file=run_dir.path / job.trainer.prometheus_file if job.trainer.prometheus_file else None,
+                tensorboard_dir=run_dir.path / "tensorboard" if job.trainer.tensorboard else None,
+                run_name=run_dir.path.name,
+                terminal=sys.stdout if attached_to_terminal() else None,
+            ),
+            host=rank.host,
         )
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
         try:

@@ -9,6 +9,7 @@
     <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint)
     <run_dir>/result.json      final metrics, written by rank 0 when training ends
     <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
+    <run_dir>/code/            the sources the job runs, frozen at submission (hpc.snapshot)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class RunDir:
     def submitit(self) -> Path:
         return self.path / "slurm"
 
+    @property
+    def code(self) -> Path:
+        return self.path / "code"
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank:05d}.log"
 
@@ -72,3 +77,47 @@ class RunDir:
 
     def read_json(self, path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
+
+
+def last_record(path: Path) -> dict[str, Any] | None:
+    """The last complete JSON line of a metrics file (read from its end: files grow long), or None."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first line
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+def find_runs(path: Path) -> list[RunDir]:
+    """The run directories at `path`: a sweep's points (sweep.json), one run (config.yaml), or
+    every run below it (sorted). Raises UserError when there are none."""
+    from hpc.errors import UserError
+
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    sweep = path / "sweep.json"
+    if sweep.is_file():
+        points = json.loads(sweep.read_text()).get("points", [])
+        runs = [RunDir(Path(p["run_dir"])) for p in sorted(points, key=lambda p: p["num"])]
+    elif (path / "config.yaml").is_file():
+        runs = [RunDir(path)]
+    else:
+        # Hydra's .hydra/ and a frozen code/ copy hold config.yaml files too; they are not runs.
+        runs = sorted((RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: r.path)
+    if not runs:
+        raise UserError(f"{path} holds no runs (no sweep.json, and no config.yaml in it or below it)")
+    return runs
+
+
+def _hidden_or_code(parts: tuple[str, ...]) -> bool:
+    return any(part.startswith(".") or part == "code" for part in parts)

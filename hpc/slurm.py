@@ -23,19 +23,27 @@ from hpc.rundir import PROJECT_ROOT, RunDir
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-def setup_lines(env: dict[str, str]) -> list[str]:
-    """Shell lines exporting `env` and the project's PYTHONPATH; every value is quoted, never
-    executed, and a name that is not a shell variable is refused."""
+def setup_lines(env: dict[str, str], code_root: Path = PROJECT_ROOT) -> list[str]:
+    """Shell lines exporting `env` and PYTHONPATH (`code_root` first); every value is quoted,
+    never executed, and a name that is not a shell variable is refused."""
     bad = sorted(key for key in env if not key.isidentifier())
     if bad:
         raise UserError(f"cluster.env has names that are not shell variables: {', '.join(bad)}")
     lines = [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
-    lines.append(f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}")
+    lines.append(f"export PYTHONPATH={shlex.quote(str(code_root))}${{PYTHONPATH:+:$PYTHONPATH}}")
     return lines
 
 
-def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
-    setup = setup_lines(env)
+def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
+    """What the sbatch script runs before srun. Two lines make the frozen code the code that runs:
+    PYTHONSAFEPATH keeps `python -m` from importing the live checkout through the working
+    directory, and SLURM_EXPORT_ENV=ALL makes srun hand these exports to the ranks even on
+    clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit)."""
+    return [*setup_lines(env, code_root), "export PYTHONSAFEPATH=1", "export SLURM_EXPORT_ENV=ALL"]
+
+
+def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    setup = job_setup_lines(env, code_root)
     res, cluster = job.resources, job.cluster
     params: dict[str, Any] = {
         "job_name": job.name,
@@ -57,6 +65,8 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str]) -> dict[str, Any]:
         params["gpus_per_task"] = res.gpus_per_task
     if cluster.switches is not None:
         params["additional_parameters"]["switches"] = f"{cluster.switches}@{cluster.switches_wait_min}"
+    if job.hold:
+        params["additional_parameters"]["hold"] = True
     return params
 
 
@@ -68,25 +78,36 @@ def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = run_dir.submitit / "%j"
-    return _make_sbatch_string(command=submitit_command(folder), folder=folder, **sbatch_parameters(job, env))
+    return _make_sbatch_string(command=submitit_command(folder), folder=folder, **sbatch_parameters(job, env, run_dir.code))
 
 
-def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
     """Submit `hpc.rank_main.run_rank(run_dir)` on every task; returns the Slurm job id."""
+    job_ids, script = submit_array(sbatch_parameters(job, env, code_root), [run_dir], run_dir.submitit)
+    run_dir.sbatch.write_text(script)
+    return job_ids[0]
+
+
+def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None = None) -> tuple[list[str], str]:
+    """One sbatch for all `run_dirs` (a job array when there are several: `--array=0-N%max_parallel`),
+    each task running `hpc.rank_main.run_rank(its run dir)`. Returns the job ids ("123" or
+    "123_0", "123_1", ...) and the submitted script."""
     import submitit
 
     from hpc.rank_main import run_rank
 
-    executor = submitit.SlurmExecutor(folder=run_dir.submitit / "%j", python=shlex.quote(sys.executable))
-    executor.update_parameters(**sbatch_parameters(job, env))
+    executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
+    executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))
     try:
         with _quiet_stderr_fd():  # sbatch's own error lines would repeat the one we print
-            submitted = executor.submit(run_rank, str(run_dir.path))
+            if len(run_dirs) == 1:
+                submitted = [executor.submit(run_rank, str(run_dirs[0].path))]
+            else:
+                submitted = executor.map_array(run_rank, [str(run_dir.path) for run_dir in run_dirs])
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
         lines = [line.removeprefix("sbatch: error: ") for line in str(err).splitlines() if line.strip()]
         raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
-    run_dir.sbatch.write_text(submitted.paths.submission_file.read_text())
-    return str(submitted.job_id)
+    return [str(job.job_id) for job in submitted], submitted[0].paths.submission_file.read_text()
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -11,7 +12,13 @@ from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from hpc.config import LAUNCHERS, JobConfig
 from hpc.errors import UserError
 from hpc.topology import check_topology
-from trainers.config import MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES, accumulation_steps
+from trainers.config import (
+    MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SCHEDULES,
+    accumulation_steps,
+)
 from trainers.datasets import DataError, DatasetInfo, inspect_hdf5, resolve_data_path
 
 
@@ -22,6 +29,8 @@ def check_resources(job: JobConfig) -> None:
     for key in ("nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(res, key) < 1:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
+    if job.sweep.max_parallel is not None and job.sweep.max_parallel < 1:
+        raise UserError(f"sweep.max_parallel={job.sweep.max_parallel} must be >= 1 (or null: no limit)")
     if res.gpus_per_task < 0:
         raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
     if cluster.launcher == "local" and res.nodes > 1:
@@ -60,6 +69,23 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
 
 
+def installed(module: str) -> bool:
+    """Importable here (which the login node shares with the ranks: one software stack)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def check_reporting(job: JobConfig) -> None:
+    trainer = job.trainer
+    if trainer.log_every < 1:
+        raise UserError(f"trainer.log_every={trainer.log_every} must be >= 1")
+    if trainer.straggler_every < 0:
+        raise UserError(f"trainer.straggler_every={trainer.straggler_every} must be >= 0 (0: no straggler check)")
+    if trainer.straggler_ratio <= 1:
+        raise UserError(f"trainer.straggler_ratio={trainer.straggler_ratio} must be > 1 (the slowest rank vs the median)")
+    if trainer.tensorboard and not installed("tensorboard"):
+        raise UserError("trainer.tensorboard=true needs the tensorboard package: pip install tensorboard")
+
+
 def check_training(job: JobConfig) -> None:
     choices = {
         "comm.backend": (job.comm.backend, BACKENDS),
@@ -93,11 +119,9 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1 and divide the {world} ranks")
     if job.trainer.accumulation_steps < 1:
         raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
-    if job.model.name == "resnet50":
-        import importlib.util
-
-        if importlib.util.find_spec("torchvision") is None:
-            raise UserError("model=resnet50 needs torchvision, which is not installed here (install the build matching your torch)")
+    check_reporting(job)
+    if job.model.name == "resnet50" and not installed("torchvision"):
+        raise UserError("model=resnet50 needs torchvision, which is not installed here (install the build matching your torch)")
     if job.trainer.precision not in PRECISIONS:
         raise UserError(f"trainer.precision={job.trainer.precision!r} is not one of {', '.join(PRECISIONS)}")
     try:
@@ -126,11 +150,9 @@ def check_backend(job: JobConfig) -> None:
     if job.trainer.sync_batchnorm and comm.backend != "nccl":
         raise UserError(f"trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); comm={comm.backend} averages BatchNorm statistics before evaluation instead")
     if comm.backend == "horovod":
-        import importlib.util
-
         if comm.compression == "bf16":
             raise UserError("comm.compression=bf16 is not offered by Horovod; use none or fp16 with comm=horovod")
-        if importlib.util.find_spec("horovod") is None:
+        if not installed("horovod"):
             raise UserError("comm=horovod but Horovod is not installed: run scripts/build-horovod.sh (builds it once for this torch)")
     if comm.backend == "nccl":
         if job.cluster.launcher == "slurm" and job.resources.gpus_per_task < 1:

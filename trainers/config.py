@@ -60,6 +60,11 @@ class TrainerConfig:
     clip_grad_norm: float | None = None  # clip the averaged gradients to this global L2 norm
     channels_last: bool = False  # NHWC memory format for CNNs (faster convolutions on GPUs)
     sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' batches (comm=nccl: torch's is GPU-only)
+    log_every: int = 10  # a progress line (and the Prometheus file) every this many steps
+    straggler_every: int = 20  # compare the ranks' step times every this many steps (0: never)
+    straggler_ratio: float = 1.5  # report the slowest rank when above this x the median
+    prometheus_file: str | None = None  # rank 0 rewrites it (text format); relative: in the run dir
+    tensorboard: bool = False  # event files in <run_dir>/tensorboard (needs the tensorboard package)
 
 
 @dataclass

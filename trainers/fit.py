@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +15,24 @@ from torch import nn
 
 from collectives.base import Collectives, allreduce_sums, broadcast_module
 from collectives.config import CommConfig
-from trainers.checkpoint import CheckpointError, Checkpointer
-from trainers.config import SCHEDULES, CheckpointConfig, accumulation_steps, scaled_lr, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.checkpoint import Checkpointer, CheckpointError
+from trainers.config import (
+    SCHEDULES,
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainerConfig,
+    accumulation_steps,
+    scaled_lr,
+)
 from trainers.data import H5Split, Prefetcher
 from trainers.datasets import inspect_hdf5
 from trainers.gradsync import build_gradient_sync
 from trainers.metrics import MetricsWriter
 from trainers.models import build_model
 from trainers.preemption import StopFlag
+from trainers.reporting import PHASES, StepReporter, Straggler, find_straggler
 from trainers.sampler import ShardSampler, eval_shard
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, restore, restore_rng, rng_state, shared_state
@@ -104,7 +115,8 @@ class RunContext:
     checkpoint_dir: Path | None = None
     config_text: str = ""  # the run's resolved config, stored in every checkpoint
     stop: StopFlag = field(default_factory=StopFlag)
-    step_log: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
+    steps: StepReporter = field(default_factory=lambda: StepReporter(None))
+    host: str = field(default_factory=socket.gethostname)  # named in straggler reports
 
 
 def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
@@ -155,12 +167,15 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
 
     train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
     test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
+    run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
+    watch = StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio)
     try:
         while progress.epoch <= cfg.trainer.epochs and not stopped_by and not (max_steps is not None and progress.step >= max_steps):
             epoch = progress.epoch
-            started, waited, data_waited, step_loss, step_seen = time.perf_counter(), 0.0, 0.0, 0.0, 0
+            started, waited, data_waited, step_loss, step_seen, step_correct = time.perf_counter(), 0.0, 0.0, 0.0, 0, 0
             optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
             batches = Prefetcher(train, sampler.batches(epoch, start=progress.position), pin=device.type == "cuda")
+            step_started, step_data_wait = time.perf_counter(), 0.0
             try:
                 for micro, (raw_x, y) in enumerate(batches, start=1):
                     x = train.decode(raw_x, device)  # uint8 travels, float32 is made on the device
@@ -168,15 +183,19 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                     y = y.to(device, non_blocking=True)
                     with sync.micro_step(last=micro % accumulation == 0):  # no communication on micro-steps
                         with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
-                            batch_loss = loss_fn(sync.module(x), y)
+                            output = sync.module(x)
+                            batch_loss = loss_fn(output, y)
                         scaler.scale(batch_loss / accumulation).backward()
-                    step_loss += batch_loss.item() * len(y)
+                    step_loss += batch_loss.item() * len(y)  # .item() waits for the device: phases are real
+                    step_correct += int((output.detach().argmax(dim=1) == y).sum())
                     step_seen += len(y)
                     if micro % accumulation:
                         continue  # accumulation micro-step: gradients stay local
+                    synced_at = time.perf_counter()
                     waited -= sync.comm_wait_s
                     sync.synchronize()  # averaged gradients, before unscaling or clipping them
                     waited += sync.comm_wait_s
+                    optimizer_at = time.perf_counter()
                     scaler.unscale_(optimizer)
                     if cfg.trainer.clip_grad_norm is not None:
                         nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
@@ -188,13 +207,26 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                     progress.step += 1
                     progress.epoch_steps += 1
                     progress.position += accumulation * sampler.global_batch
-                    # One tiny collective per step: the averaged loss, the stop vote, the save handshake.
+                    # The step's time split; data wait is what the prefetcher made this rank wait.
+                    done_at, data_s = time.perf_counter(), batches.wait_s - step_data_wait
+                    phases = [data_s, synced_at - step_started - data_s, optimizer_at - synced_at, done_at - optimizer_at]
+                    # One tiny collective per step: averaged loss, accuracy and phases, the stop vote, the save handshake.
                     written = coordinator.written_flag() if coordinator else 1.0
-                    total_loss, total_seen, stop_votes, ranks_written = allreduce_sums(comm, [step_loss, step_seen, float(run.stop.raised), written])
+                    total_loss, total_seen, total_correct, stop_votes, ranks_written, *phase_sums = allreduce_sums(
+                        comm, [step_loss, step_seen, step_correct, float(run.stop.raised), written, *phases])
                     progress.epoch_loss_sum += total_loss  # global sums: the same on every rank, so
                     progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
-                    run.step_log.write({"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1)})
-                    step_loss, step_seen = 0.0, 0
+                    step_s = time.perf_counter() - step_started
+                    record = {"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1), "accuracy": total_correct / max(total_seen, 1),
+                              "samples_per_s": total_seen / step_s, "step_ms": 1000 * step_s,
+                              **{f"{name}_ms": 1000 * value / comm.world_size for name, value in zip(PHASES, phase_sums, strict=True)}}
+                    straggler = watch.step(progress.step, step_s)
+                    if straggler is not None:
+                        log.warning("%s", straggler.line())
+                        record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
+                    run.steps.report(record)
+                    step_loss, step_seen, step_correct = 0.0, 0, 0
+                    step_started, step_data_wait = time.perf_counter(), batches.wait_s
                     if coordinator is not None:
                         coordinator.on_step_boundary(ranks_written)
                     if stop_votes:
@@ -223,6 +255,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             average_buffers(comm, model)
             accuracy = evaluate(model, test, comm, cfg.data.eval_batch_size, device)
             log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", epoch, cfg.trainer.epochs, loss, accuracy, samples_per_s)
+            run.steps.scalar("test/accuracy", accuracy, progress.step)
             metrics.write({
                 "epoch": epoch, "step": progress.step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
                 "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "data_wait_ms": data_wait_ms, "world_size": comm.world_size,
@@ -235,8 +268,34 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
         train.close()
         test.close()
         sync.close()
+        run.steps.close()
     return FitResult(progress.epoch - 1, progress.step, loss, accuracy, samples_per_s,
                      progress.train_seconds, step_ms, comm_wait_ms, stopped_by, resumed_from)
+
+
+class StragglerWatch:
+    """Every `every` steps, all ranks share their mean step time since the last check (one
+    allgather); the slowest is reported when above `ratio` x the median. The hosts are gathered
+    once, at the first check."""
+
+    def __init__(self, comm: Collectives, host: str, every: int, ratio: float) -> None:
+        self._comm, self._host, self._every, self._ratio = comm, host, every, ratio
+        self._hosts: list[str] | None = None
+        self._seconds, self._steps = 0.0, 0
+
+    def step(self, step: int, seconds: float) -> Straggler | None:
+        self._seconds, self._steps = self._seconds + seconds, self._steps + 1
+        if self._every <= 0 or self._comm.world_size < 2 or step % self._every:
+            return None  # the same decision on every rank: the step counts agree
+        if self._hosts is None:
+            encoded = torch.zeros(64, dtype=torch.float64)  # a dtype every backend reduces and gathers
+            name = self._host.encode()[:64]
+            encoded[: len(name)] = torch.tensor(list(name), dtype=torch.float64)
+            gathered = self._comm.allgather(encoded).reshape(self._comm.world_size, 64)
+            self._hosts = [bytes(int(v) for v in row.tolist()).rstrip(b"\0").decode(errors="replace") for row in gathered]
+        mean_ms = torch.tensor([1000 * self._seconds / self._steps], dtype=torch.float64)
+        self._seconds, self._steps = 0.0, 0
+        return find_straggler(self._comm.allgather(mean_ms).tolist(), self._hosts, self._ratio)
 
 
 def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]

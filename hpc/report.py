@@ -1,0 +1,144 @@
+"""Scaling report of a sweep: throughput, speedup, efficiency and the final metric per run.
+
+    python -m hpc.report SWEEP_DIR        prints the table; writes report.md, report.json,
+                                          scaling.png and loss.png into SWEEP_DIR
+
+Throughput is the mean samples/s over a run's epochs, leaving out the first when there are
+more (start-up and first-touch costs). Speedup is against the mean throughput of the runs with
+the fewest ranks; efficiency is speedup / (ranks / those fewest ranks). Login-node code: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc.errors import UserError
+from hpc.rundir import RunDir, find_runs
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    run: str  # the run directory's name (the sweep point number)
+    ranks: int
+    nodes: int | None
+    samples_per_s: float
+    speedup: float
+    efficiency: float
+    test_accuracy: float | None
+    loss: float | None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a killed job
+    return records
+
+
+def throughput(epochs: list[dict[str, Any]]) -> float:
+    rates = [float(e["samples_per_s"]) for e in epochs if e.get("samples_per_s")]
+    steady = rates[1:] if len(rates) > 1 else rates
+    return sum(steady) / len(steady) if steady else 0.0
+
+
+def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
+    """Figures for the runs that reported at least one epoch; the others are left out."""
+    measured = []
+    for run in runs:
+        epochs = read_jsonl(run.metrics)
+        if not epochs:
+            continue
+        result = json.loads(run.result.read_text()) if run.result.is_file() else {}
+        last = epochs[-1]
+        ranks = int(last.get("world_size") or result.get("world_size") or 0)
+        if ranks < 1:
+            continue
+        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), last.get("test_accuracy"), last.get("loss")))
+    if not measured:
+        return []
+    fewest = min(m[1] for m in measured)
+    base_rates = [m[3] for m in measured if m[1] == fewest]
+    base = sum(base_rates) / len(base_rates)
+    figures = []
+    for run, ranks, nodes, rate, accuracy, loss in measured:
+        speedup = rate / base if base > 0 else 0.0
+        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, speedup / (ranks / fewest), accuracy, loss))
+    return sorted(figures, key=lambda f: (f.ranks, f.run))
+
+
+def render_table(figures: list[RunFigures]) -> str:
+    lines = ["| run | ranks | nodes | samples/s | speedup | efficiency | test accuracy | loss |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in figures:
+        acc = "-" if f.test_accuracy is None else f"{f.test_accuracy:.4f}"
+        loss = "-" if f.loss is None else f"{f.loss:.4f}"
+        lines.append(f"| {f.run} | {f.ranks} | {f.nodes or '-'} | {f.samples_per_s:.1f} | {f.speedup:.2f} | {f.efficiency:.2f} | {acc} | {loss} |")
+    return "\n".join(lines)
+
+
+def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # login nodes have no display
+    import matplotlib.pyplot as plt
+
+    fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
+    ranks = [f.ranks for f in figures]
+    ax_rate.plot(ranks, [f.samples_per_s for f in figures], "o-")
+    ax_rate.set(xlabel="ranks", ylabel="samples/s", title="throughput", xscale="log", xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))])
+    ax_eff.plot(ranks, [f.efficiency for f in figures], "o-")
+    ax_eff.axhline(1.0, color="grey", linewidth=0.5)
+    ax_eff.set(xlabel="ranks", ylabel="speedup / rank ratio", title="scaling efficiency", xscale="log", ylim=(0, 1.2), xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))])
+    fig.tight_layout()
+    scaling = out / "scaling.png"
+    fig.savefig(scaling, dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        steps = [(r["step"], r["loss"]) for r in read_jsonl(run.steps) if "step" in r and "loss" in r]
+        if steps:
+            ax.plot(*zip(*steps, strict=True), label=run.path.name)
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="loss", yscale="log")
+    ax.legend(title="run", fontsize="small")
+    fig.tight_layout()
+    loss = out / "loss.png"
+    fig.savefig(loss, dpi=100)
+    plt.close(fig)
+    return [scaling, loss]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m hpc.report SWEEP_DIR", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    try:
+        runs = find_runs(out)
+        figures = scaling_figures(runs)
+        if not figures:
+            raise UserError(f"no run under {out} has reported an epoch yet (metrics.jsonl); try again when one has")
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    table = render_table(figures)
+    print(table)
+    (out / "report.md").write_text(table + "\n")
+    (out / "report.json").write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
+    try:
+        plots = write_plots(figures, runs, out)
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return 0
+    print("wrote " + ", ".join(str(p) for p in [out / "report.md", out / "report.json", *plots]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

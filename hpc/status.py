@@ -1,0 +1,154 @@
+"""What jobs are doing: one line per run (a job, an array task, or a local run).
+
+    python -m hpc.status                 every run under runs/
+    python -m hpc.status RUN_OR_SWEEP_DIR
+
+State comes from Slurm (squeue, then sacct where accounting runs), and from the run directory
+once Slurm has forgotten the job; restarts, the last step, the newest committed checkpoint and
+the current samples/s come from the run directory. Login-node code: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc.errors import UserError
+from hpc.requeue import parse_job_fields
+from hpc.rundir import RunDir, find_runs, last_record
+
+CHECKPOINT_MARKER = "COMMITTED"  # trainers.checkpoint.MARKER, without importing torch here
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_dir: Path
+    job_id: str | None
+    state: str
+    restarts: int
+    last_step: int | None
+    checkpoint_step: int | None
+    samples_per_s: float | None
+    log: Path
+
+    def line(self) -> str:
+        step = "-" if self.last_step is None else str(self.last_step)
+        ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
+        rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:.0f}"
+        return f"{self.job_id or 'local':<12} {self.state:<12} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
+
+
+HEADER = f"{'job':<12} {'state':<12} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
+
+
+def slurm_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+    """`scontrol show job -o` fields for these jobs (array tasks included), keyed by "123" or
+    "123_4"; jobs Slurm no longer knows are missing."""
+    if shutil.which("scontrol") is None:
+        return {}
+    records: dict[str, dict[str, str]] = {}
+    for base in sorted({job_id.split("_")[0] for job_id in job_ids}):
+        shown = subprocess.run(["scontrol", "show", "job", "-o", base], capture_output=True, text=True, check=False)
+        for line in shown.stdout.splitlines() if shown.returncode == 0 else []:
+            fields = parse_job_fields(line)
+            key = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}" if fields.get("ArrayTaskId", "N/A") not in ("N/A", "") else fields.get("JobId", "")
+            records[key] = fields
+    return records
+
+
+def accounting_states(job_ids: Sequence[str]) -> dict[str, str]:
+    """Final states from sacct, where accounting runs; empty otherwise."""
+    if not job_ids or shutil.which("sacct") is None:
+        return {}
+    done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)], capture_output=True, text=True, check=False)
+    states = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        job_id, _, state = line.partition("|")
+        states[job_id] = state.split()[0] if state else "UNKNOWN"
+    return states
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def newest_checkpoint(run_dir: RunDir) -> int | None:
+    steps = [int(d.name.removeprefix("step-")) for d in run_dir.checkpoints.glob("step-*") if (d / CHECKPOINT_MARKER).is_file()]
+    return max(steps, default=None)
+
+
+def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
+    if result:
+        return "COMPLETED" if result.get("status") == "completed" else "STOPPED"
+    if job.get("host") == socket.gethostname() and isinstance(job.get("pid"), int):
+        try:
+            os.kill(job["pid"], 0)
+            return "RUNNING"
+        except ProcessLookupError:
+            return "DIED"
+        except PermissionError:
+            return "RUNNING"
+    return "UNKNOWN"
+
+
+def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str]) -> RunStatus:
+    job = _read_json(run_dir.job)
+    result = _read_json(run_dir.result)
+    job_id = job.get("job_id")
+    fields = slurm.get(job_id, {}) if job_id else {}
+    if job_id is None:
+        state = _local_state(job, result)
+    elif fields:
+        state = fields.get("JobState", "UNKNOWN")
+    elif job_id in accounting:
+        state = accounting[job_id]
+    elif result:  # Slurm forgot the job (MinJobAge) and keeps no accounting: the run dir knows
+        state = "COMPLETED" if result.get("status") == "completed" else "STOPPED"
+    else:
+        state = "UNKNOWN"
+    restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else int(result.get("restarts", 0))
+    step = last_record(run_dir.steps)
+    rate = step.get("samples_per_s") if step else None
+    if rate is None:
+        rate = (last_record(run_dir.metrics) or {}).get("samples_per_s")
+    return RunStatus(run_dir.path, job_id, state, restarts, step.get("step") if step else None, newest_checkpoint(run_dir),
+                     float(rate) if rate is not None else None, run_dir.rank_log(0))
+
+
+def statuses(path: Path) -> list[RunStatus]:
+    runs = find_runs(path)
+    job_ids = [j for j in (_read_json(r.job).get("job_id") for r in runs) if isinstance(j, str)]
+    slurm = slurm_records(job_ids)
+    accounting = accounting_states([j for j in job_ids if j not in slurm])
+    return [run_status(run, slurm, accounting) for run in runs]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1 or any(a.startswith("-") for a in argv):
+        print("usage: python -m hpc.status [RUN_OR_SWEEP_DIR]   (default: runs)", file=sys.stderr)
+        return 2
+    try:
+        found = statuses(Path(argv[0] if argv else "runs"))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    print(HEADER)
+    for status in found:
+        print(status.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

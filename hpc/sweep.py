@@ -1,0 +1,128 @@
+"""`launch.py -m`: a sweep becomes job arrays, and launch.py returns at once.
+
+    <sweep_dir>/sweep.json     the points (overrides, run dir, job id) and the arrays
+    <sweep_dir>/code/          the sources every task runs, frozen once at submission
+    <sweep_dir>/slurm/         submitit's folder for the arrays
+    <sweep_dir>/<num>/         one ordinary run directory per point (see hpc.rundir)
+
+Points whose sbatch scripts are identical (same resources, cluster, environment) share one
+array; `-m resources.nodes=1,2,4` gives one array per shape. Every array task is requeued
+and resumed like a single job. Points on cluster=local run one after another, here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc import local, slurm
+from hpc.config import JobConfig
+from hpc.errors import UserError
+from hpc.launch import prepare, resolved_yaml
+from hpc.rundir import RunDir
+from hpc.snapshot import freeze_code
+from hpc.spec import rank_environment
+
+SWEEP_FILE = "sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    num: int
+    overrides: tuple[str, ...]
+    job: JobConfig
+
+
+def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
+    """Hydra's grid expansion of `-m` arguments (and of `hydra.sweeper.params`, as Hydra's basic
+    sweeper does): one override list per point. Raises UserError for bad syntax or no points."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    params = [f"{key}={value}" for key, value in (sweeper_params or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as err:
+        raise UserError(" ".join(str(err).split())) from None
+    points = [list(point) for batch in batches for point in batch]
+    if not points:
+        empty = [o.input_line for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+        raise UserError(f"empty sweep: {', '.join(empty) or 'the sweep'} expands to no values")
+    return points
+
+
+def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], dict[str, Any]]) -> list[list[SweepPoint]]:
+    """Points with identical sbatch parameters, in order of first appearance: one array each."""
+    groups: dict[str, list[SweepPoint]] = {}
+    for point in points:
+        key = json.dumps(params_of(point.job), sort_keys=True, default=str)
+        groups.setdefault(key, []).append(point)
+    return list(groups.values())
+
+
+def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None] = print) -> int:
+    """Validate every point, then submit (or run locally); nothing is submitted if one is invalid."""
+    prepared = []
+    for point in points:
+        try:
+            prepared.append(SweepPoint(point.num, point.overrides, prepare(point.job)))
+        except UserError as err:
+            raise UserError(f"sweep point #{point.num} ({' '.join(point.overrides) or 'no overrides'}): {err}") from None
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    for point in prepared:
+        run_dir = RunDir(sweep_dir / str(point.num))
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        run_dir.config.write_text(resolved_yaml(point.job))
+    on_slurm = [p for p in prepared if p.job.cluster.launcher == "slurm"]
+    on_local = [p for p in prepared if p.job.cluster.launcher == "local"]
+    record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
+    if on_slurm:
+        code = freeze_code(sweep_dir / "code")
+        for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+            record["arrays"].append(_submit_group(group, sweep_dir, code, record["points"]))
+            array = record["arrays"][-1]
+            limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
+            emit(f"submitted job array {array['job_id']}: {len(group)} tasks (points {_nums(group)}){limit}")
+    _write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
+    worst = 0
+    for point in on_local:
+        run_dir = RunDir(sweep_dir / str(point.num))
+        record["points"].append({"num": point.num, "overrides": list(point.overrides), "run_dir": str(run_dir.path), "job_id": None})
+        _write_record(sweep_dir, record)
+        emit(f"point #{point.num} ({' '.join(point.overrides)}): running locally")
+        worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}))
+    emit(f"sweep directory: {sweep_dir}")
+    return worst
+
+
+def _submit_group(group: list[SweepPoint], sweep_dir: Path, code: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
+    first = group[0].job
+    limits = [p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None]
+    max_parallel = min(limits) if limits else None
+    params = slurm.sbatch_parameters(first, rank_environment(first), code)
+    run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
+    job_ids, script = slurm.submit_array(params, run_dirs, sweep_dir / "slurm", max_parallel)
+    array_id = job_ids[0].split("_")[0]
+    for point, run_dir, job_id in zip(group, run_dirs, job_ids, strict=True):
+        run_dir.sbatch.write_text(script)
+        info = {"job_id": job_id, "array_job_id": array_id, "cluster": point.job.cluster.name, "run_dir": str(run_dir.path), "overrides": list(point.overrides)}
+        run_dir.write_json(run_dir.job, info)
+        points_out.append({"num": point.num, "overrides": list(point.overrides), "run_dir": str(run_dir.path), "job_id": job_id})
+    (sweep_dir / f"array-{array_id}.sbatch").write_text(script)
+    return {"job_id": array_id, "tasks": len(group), "max_parallel": max_parallel, "nodes": first.resources.nodes,
+            "tasks_per_node": first.resources.tasks_per_node, "points": [p.num for p in group]}
+
+
+def _nums(group: Sequence[SweepPoint]) -> str:
+    return ", ".join(f"#{p.num}" for p in group)
+
+
+def _write_record(sweep_dir: Path, record: dict[str, Any]) -> None:
+    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(sweep_dir / SWEEP_FILE)
