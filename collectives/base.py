@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import torch
@@ -70,12 +71,23 @@ def allreduce_sums(comm: Collectives, values: list[float]) -> list[float]:
     return buffer.tolist()
 
 
-class _Done:
-    def __init__(self, result: Any = None) -> None:
-        self._result = result
+class Deferred:
+    """A started collective, as every backend returns it: the first wait() calls `finish`
+    (which blocks until the result is there and returns it), later calls return the same."""
+
+    def __init__(self, finish: Callable[[], Any]) -> None:
+        self._finish: Callable[[], Any] | None = finish
+        self._result: Any = None
 
     def wait(self) -> Any:
+        if self._finish is not None:
+            self._result, self._finish = self._finish(), None
         return self._result
+
+    @classmethod
+    def of(cls, result: Any = None) -> Deferred:
+        """Already finished (a world of one, or a collective that ran synchronously)."""
+        return cls(lambda: result)
 
 
 class FakeCollectives:
@@ -87,14 +99,14 @@ class FakeCollectives:
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         return None
 
-    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> _Done:
-        return _Done()
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> Deferred:
+        return Deferred.of()
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         return mine.reshape(-1).clone()
 
-    def allgather_async(self, mine: torch.Tensor) -> _Done:
-        return _Done(self.allgather(mine))
+    def allgather_async(self, mine: torch.Tensor) -> Deferred:
+        return Deferred.of(self.allgather(mine))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         return None

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from collectives.base import CollectivesError, ReduceOp
+from collectives.base import CollectivesError, Deferred, ReduceOp
 from collectives.config import CommConfig
 
 
@@ -45,18 +45,18 @@ class HorovodCollectives:
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         self.allreduce_async(buffer, op).wait()
 
-    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> _Pending:
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> Deferred:
         hvd = self._hvd
         hvd_op = {"sum": hvd.Sum, "avg": hvd.Average, "max": hvd.Max, "min": hvd.Min}[op]
         handle = hvd.allreduce_async_(buffer, op=hvd_op, name=self._name("allreduce"))
-        return _Pending(lambda: hvd.synchronize(handle))
+        return Deferred(lambda: hvd.synchronize(handle))
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         return self._hvd.allgather(mine.reshape(1, -1), name=self._name("allgather")).reshape(-1)
 
-    def allgather_async(self, mine: torch.Tensor) -> _Pending:
+    def allgather_async(self, mine: torch.Tensor) -> Deferred:
         result = self.allgather(mine)
-        return _Pending(lambda: result)
+        return Deferred.of(result)
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         self._hvd.broadcast_(buffer, root_rank=root, name=self._name("broadcast"))
@@ -69,16 +69,6 @@ class HorovodCollectives:
 
     def close(self) -> None:
         self._hvd.shutdown()
-
-
-class _Pending:
-    def __init__(self, finish: Any) -> None:
-        self._finish, self._done, self._result = finish, False, None
-
-    def wait(self) -> Any:
-        if not self._done:
-            self._result, self._done = self._finish(), True
-        return self._result
 
 
 class HorovodSync:

@@ -8,14 +8,14 @@ at once with a handle, which lets gradient buckets travel while backward still c
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from collectives import algorithms
 from collectives.algorithms import ReduceOp
-from collectives.base import CollectivesError
+from collectives.base import CollectivesError, Deferred
 from collectives.config import ALGORITHMS
 
 log = logging.getLogger("collectives")
@@ -29,19 +29,6 @@ RHD_MAX_BYTES = 4 << 20
 
 # Open MPI 4.1 has no reduction for float16 or bfloat16: those go through the ring.
 MPI_DTYPES = {torch.float32, torch.float64, torch.int32, torch.int64}
-
-
-class Handle:
-    """A pending collective; `wait()` returns once the buffer holds the result."""
-
-    def __init__(self, future: Future[Any]) -> None:
-        self._future = future
-
-    def wait(self) -> Any:
-        return self._future.result()
-
-    def done(self) -> bool:
-        return self._future.done()
 
 
 class MpiCollectives:
@@ -90,9 +77,9 @@ class MpiCollectives:
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         self.allreduce_async(buffer, op).wait()
 
-    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum", algorithm: str | None = None) -> Handle:
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum", algorithm: str | None = None) -> Deferred:
         flat = _flat_view(buffer)
-        return Handle(self._worker.submit(self._allreduce_now, flat, op, algorithm or self.algorithm))
+        return Deferred(self._worker.submit(self._allreduce_now, flat, op, algorithm or self.algorithm).result)
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         flat = _flat_view(buffer)
@@ -101,8 +88,8 @@ class MpiCollectives:
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         return self.allgather_async(mine).wait()
 
-    def allgather_async(self, mine: torch.Tensor) -> Handle:
-        return Handle(self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)))
+    def allgather_async(self, mine: torch.Tensor) -> Deferred:
+        return Deferred(self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)).result)
 
     def reduce_scatter(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         return self._worker.submit(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op).result()

@@ -12,13 +12,12 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Mapping
-from typing import Any
 
 import hostlist
 import torch
 import torch.distributed as dist
 
-from collectives.base import CollectivesError, ReduceOp
+from collectives.base import CollectivesError, Deferred, ReduceOp
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -66,7 +65,7 @@ class TorchDistCollectives:
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         self.allreduce_async(buffer, op).wait()
 
-    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> _Pending:
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> Deferred:
         work = self._on_device(buffer)
         reduce_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
         handle = dist.all_reduce(work, op=reduce_op, async_op=True)
@@ -77,16 +76,16 @@ class TorchDistCollectives:
             if work is not buffer:
                 buffer.copy_(work)
 
-        return _Pending(handle, finish)
+        return Deferred(lambda: (handle.wait(), finish())[1])
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         return self.allgather_async(mine).wait()
 
-    def allgather_async(self, mine: torch.Tensor) -> _Pending:
+    def allgather_async(self, mine: torch.Tensor) -> Deferred:
         work = self._on_device(mine.contiguous())
         parts = [torch.empty_like(work) for _ in range(self.world_size)]
         handle = dist.all_gather(parts, work, async_op=True)
-        return _Pending(handle, lambda: torch.cat(parts).to(mine.device))
+        return Deferred(lambda: (handle.wait(), torch.cat(parts).to(mine.device))[1])
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         work = self._on_device(buffer)
@@ -106,16 +105,3 @@ class TorchDistCollectives:
             dist.destroy_process_group()
 
 
-class _Pending:
-    def __init__(self, handle: Any, finish: Any) -> None:
-        self._handle, self._finish, self._result, self._done = handle, finish, None, False
-
-    def wait(self) -> Any:
-        if not self._done:
-            self._handle.wait()
-            self._result = self._finish()
-            self._done = True
-        return self._result
-
-    def done(self) -> bool:
-        return self._done or self._handle.is_completed()

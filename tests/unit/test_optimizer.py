@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from collectives.base import FakeCollectives, _Done
+from collectives.base import Deferred, FakeCollectives
 from collectives.config import CommConfig
 from collectives.optimizer import Bucket, Compressor, apply_distributed_optimizer, plan_buckets
 
@@ -31,10 +31,10 @@ class CountingTwoRanks(FakeCollectives):
         self.allreduces += 1
         if op == "sum":
             buffer.mul_(2)
-        return _Done()
+        return Deferred.of()
 
     def allgather_async(self, mine):
-        return _Done(torch.cat([mine.reshape(-1), mine.reshape(-1)]))
+        return Deferred.of(torch.cat([mine.reshape(-1), mine.reshape(-1)]))
 
 
 def model_and_batch():

@@ -1,0 +1,57 @@
+"""Per-step reporting: the straggler rule, the Prometheus text, the files rank 0 writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainers.reporting import StepReporter, find_straggler, render_prometheus
+
+
+def test_straggler_is_the_slowest_rank_above_the_ratio_of_the_median():
+    found = find_straggler([10.0, 11.0, 30.0, 10.5], ["n1", "n1", "n2", "n2"], ratio=1.5)
+    assert (found.rank, found.host, found.median_ms) == (2, "n2", 10.75)
+    assert found.ratio == pytest.approx(30 / 10.75)
+    assert "rank 2 on n2" in found.line()
+    assert find_straggler([10.0, 11.0, 14.0], ["a", "b", "c"], ratio=1.5) is None
+    assert find_straggler([10.0], ["a"], ratio=1.5) is None
+
+
+def test_prometheus_text_has_gauges_and_phases():
+    text = render_prometheus({"step": 7, "samples_per_s": 123.5, "loss": 0.25, "data_ms": 2.0, "compute_ms": 10.0}, 'run "x"')
+    assert 'hpctk_step{run="run \\"x\\""} 7' in text
+    assert 'hpctk_samples_per_second{run="run \\"x\\""} 123.5' in text
+    assert 'hpctk_step_phase_seconds{run="run \\"x\\"",phase="data"} 0.002' in text
+    assert "# TYPE hpctk_loss gauge" in text and "hpctk_accuracy" not in text
+
+
+def test_rank0_writes_steps_and_prometheus_every_log_interval(tmp_path):
+    prom = tmp_path / "metrics.prom"
+    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=5, log_every=2, prometheus_file=prom, run_name="r")
+    for step in range(1, 4):
+        reporter.report({"step": step, "loss": 1.0, "samples_per_s": 10.0 * step})
+    reporter.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert 'hpctk_step{run="r"} 2' in prom.read_text()  # written at step 2, not yet at 3
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    reporter = StepReporter(None, prometheus_file=tmp_path / "p.prom")
+    reporter.report({"step": 10, "loss": 1.0})
+    reporter.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_event_files_hold_the_step_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reporter = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
+    for step in (1, 2):
+        reporter.report({"step": step, "loss": 1.0 / step, "samples_per_s": 5.0})
+    reporter.scalar("test/accuracy", 0.75, 2)
+    reporter.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
+    assert events.Scalars("test/accuracy")[0].value == 0.75

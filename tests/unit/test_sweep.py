@@ -1,0 +1,67 @@
+"""Sweep expansion, grouping into arrays, and the one-line refusals of `launch.py -m`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from hpc.config import JobConfig, ResourcesConfig
+from hpc.errors import UserError
+from hpc.overrides import check_sweep
+from hpc.sweep import SweepPoint, expand_sweep, sweep_groups
+from tests.conftest import ROOT
+
+
+def test_grid_of_two_keys_gives_every_combination_in_order():
+    points = expand_sweep(["optim.lr=0.1,0.2", "model=mlp,cnn", "trainer.epochs=1"])
+    assert len(points) == 4
+    assert {tuple(sorted(p)) for p in points} == {
+        tuple(sorted([f"optim.lr={lr}", f"model={m}", "trainer.epochs=1"])) for lr in ("0.1", "0.2") for m in ("mlp", "cnn")
+    }
+
+
+def test_sweeper_params_from_config_join_the_command_line():
+    points = expand_sweep(["optim.lr=0.1,0.2"], {"resources.nodes": "1,2,4"})
+    assert len(points) == 6
+    assert sorted({p[0] for p in points}) == ["resources.nodes=1", "resources.nodes=2", "resources.nodes=4"]
+
+
+def test_empty_sweep_is_refused_naming_the_override():
+    with pytest.raises(UserError, match=r"empty sweep: optim.lr=range\(1,1\)"):
+        expand_sweep(["optim.lr=range(1,1)"])
+
+
+def test_bad_syntax_is_one_line():
+    with pytest.raises(UserError) as err:
+        expand_sweep(["optim.lr=[0.1"])
+    assert "\n" not in str(err.value)
+
+
+def test_points_with_the_same_script_share_an_array_and_shapes_split():
+    def point(num: int, nodes: int) -> SweepPoint:
+        return SweepPoint(num, (f"resources.nodes={nodes}",), replace(JobConfig(), resources=ResourcesConfig(nodes=nodes)))
+
+    points = [point(0, 1), point(1, 2), point(2, 1), point(3, 4), point(4, 2)]
+    groups = sweep_groups(points, lambda job: {"nodes": job.resources.nodes, "tasks": job.resources.tasks_per_node})
+    assert [[p.num for p in g] for g in groups] == [[0, 2], [1, 4], [3]]
+
+
+def test_scaling_preset_expands_to_three_node_counts():
+    assert check_sweep(["experiment=scaling", "cluster=simulated"]) == 3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["optim.lrr=0.1,0.2"], "unknown key 'optim.lrr'"),
+    (["optim.lr=range(1,1)"], "empty sweep"),
+    (["optim.lr=0.1,0.2", "sweep.max_parallel=0"], "sweep.max_parallel=0 must be >= 1"),
+    (["model=mlp,transformer"], "unknown option model=transformer"),
+])
+def test_launch_refuses_a_bad_sweep_with_one_line_and_submits_nothing(tmp_path, args, message):
+    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-m", *args, "cluster=simulated", f"run_root={tmp_path / 'runs'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not list((tmp_path / "runs").rglob("sweep.json")) and not list((tmp_path / "runs").rglob("config.yaml"))
