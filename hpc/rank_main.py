@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -18,10 +19,11 @@ from typing import Any
 
 from hpc.binding import apply_binding, binding_for
 from hpc.env import RankInfo
-from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue
+from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue, slurm_job_id
 from hpc.rundir import RunDir
 
 TTY_VARIABLE = "HPCTK_TTY"
+EXIT_STALLED = 70  # the watchdog ended the job (EX_SOFTWARE)
 
 
 def attached_to_terminal() -> bool:
@@ -83,6 +85,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
             log.info("%s; this node is number %d", ring_line, node_position)
         except (OSError, UserError, KeyError) as err:  # a slower ring, not a reason to fail the job
             log.warning("rings keep the allocation's node order: cluster.topology_conf=%s unusable (%s)", job.cluster.topology_conf, err)
+    watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
     comm = init_collectives(job.comm, rank, node_position)
     try:
         fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
@@ -99,6 +102,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
                 terminal=sys.stdout if attached_to_terminal() else None,
             ),
             host=rank.host,
+            watchdog=watchdog,
         )
         assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
         try:
@@ -114,6 +118,8 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
             raise
         comm.barrier()
     finally:
+        if watchdog is not None:
+            watchdog.close()
         comm.close()
         stop.uninstall()
     status = "stopped" if result.stopped_by else "completed"
@@ -132,6 +138,30 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
                 log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
                 summary["exit_code"] = EXIT_RESUMABLE
     return summary
+
+
+def start_watchdog(job: Any, run_dir: RunDir, rank: RankInfo) -> Any:
+    """trainers.watchdog, ending the job on a stall: requeue it (Slurm) so it resumes from the
+    last committed checkpoint, then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends
+    the other ranks, including a stopped one."""
+    if job.trainer.watchdog_s is None:
+        return None
+    from trainers.watchdog import Watchdog
+
+    log = logging.getLogger("hpc.rank")
+
+    def on_stall(message: str) -> None:
+        log.error("%s; ending all %d ranks", message, rank.world_size)
+        job_id = slurm_job_id(os.environ)
+        if job_id is not None and job.cluster.requeue and shutil.which("scontrol"):
+            error = requeue(job_id)
+            # Several ranks notice the stall; the first requeue wins, later ones find it pending.
+            log.error("requeued job %s: it resumes from the last committed checkpoint" if error is None else
+                      f"scontrol requeue %s: {error} (another rank may have requeued it first)", job_id)
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
+
+    return Watchdog(job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall).start()
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@
     <run_dir>/result.json      final metrics, written by rank 0 when training ends
     <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
     <run_dir>/code/            the sources the job runs, frozen at submission (hpc.snapshot)
+    <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class RunDir:
     @property
     def submitit(self) -> Path:
         return self.path / "slurm"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.path / "heartbeats"
 
     @property
     def code(self) -> Path:

@@ -82,6 +82,8 @@ def check_reporting(job: JobConfig) -> None:
         raise UserError(f"trainer.straggler_every={trainer.straggler_every} must be >= 0 (0: no straggler check)")
     if trainer.straggler_ratio <= 1:
         raise UserError(f"trainer.straggler_ratio={trainer.straggler_ratio} must be > 1 (the slowest rank vs the median)")
+    if trainer.watchdog_s is not None and trainer.watchdog_s <= 0:
+        raise UserError(f"trainer.watchdog_s={trainer.watchdog_s} must be > 0 seconds, or null for no watchdog")
     if trainer.tensorboard and not installed("tensorboard"):
         raise UserError("trainer.tensorboard=true needs the tensorboard package: pip install tensorboard")
 

@@ -65,6 +65,9 @@ class TrainerConfig:
     straggler_ratio: float = 1.5  # report the slowest rank when above this x the median
     prometheus_file: str | None = None  # rank 0 rewrites it (text format); relative: in the run dir
     tensorboard: bool = False  # event files in <run_dir>/tensorboard (needs the tensorboard package)
+    # No finished step for this long: name the stalled rank, requeue (Slurm) and end the job
+    # instead of hanging to the time limit. Must exceed start-up, evaluation and a checkpoint.
+    watchdog_s: float | None = 600.0
 
 
 @dataclass

@@ -36,6 +36,7 @@ from trainers.reporting import PHASES, StepReporter, Straggler, find_straggler
 from trainers.sampler import ShardSampler, eval_shard
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, restore, restore_rng, rng_state, shared_state
+from trainers.watchdog import Watchdog
 
 log = logging.getLogger("trainers")
 
@@ -117,6 +118,7 @@ class RunContext:
     stop: StopFlag = field(default_factory=StopFlag)
     steps: StepReporter = field(default_factory=lambda: StepReporter(None))
     host: str = field(default_factory=socket.gethostname)  # named in straggler reports
+    watchdog: Watchdog | None = None  # told of every finished step
 
 
 def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
@@ -225,6 +227,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                         log.warning("%s", straggler.line())
                         record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
                     run.steps.report(record)
+                    if run.watchdog is not None:
+                        run.watchdog.beat(progress.step)
                     step_loss, step_seen, step_correct = 0.0, 0, 0
                     step_started, step_data_wait = time.perf_counter(), batches.wait_s
                     if coordinator is not None:

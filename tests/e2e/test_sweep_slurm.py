@@ -75,6 +75,10 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     for line in final.stdout.splitlines()[1:]:
         assert re.match(rf"{array_id}_\d\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+\S+rank-00000.log$", line), line
 
+    # Slurm's stdout log of a task: plain timestamped progress lines, no progress bar.
+    stdout = next((sweep_dir / "slurm").glob(f"{array_id}_0/*_0_log.out")).read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} step 10/\d+  loss ", stdout, re.M) and "\r" not in stdout, stdout[-1500:]
+
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     assert len([line for line in report.stdout.splitlines() if re.match(r"\| \d \| 2 \| 1 \|", line)]) == 4
@@ -118,3 +122,25 @@ def test_a_job_runs_the_code_frozen_at_submission_even_under_export_none(tmp_pat
     log = (run_dir / "logs" / "rank-00001.log").read_text()
     assert f"code: {run_dir / 'code'}" in log
     assert json.loads((run_dir / "code" / "SOURCE.json").read_text())["files"] > 20
+
+
+def test_an_array_task_is_stopped_requeued_and_resumed_like_a_single_job(tmp_path):
+    from tests.e2e.test_preemption import poll, release_when_requeued
+    from tests.mpi.test_resume import logged_steps
+
+    done = launch_sweep("optim.lr=0.05,0.1", "cluster=simulated", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
+                        "trainer.epochs=6", "checkpoint.every_steps=5", "checkpoint.every_minutes=null", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    array_id = re.search(r"submitted job array (\d+): 2 tasks", done.stdout).group(1)
+    sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))
+    task, run_dir = f"{array_id}_1", sweep_dir / "1"
+    poll(lambda: logged_steps(run_dir) >= 9, "step 9 of array task 1")
+    subprocess.run(["scancel", "--signal=USR1", task], check=True, capture_output=True)
+    release_when_requeued(task, 0)
+    assert wait_for_sweep(sweep_dir) == ["COMPLETED"] * 2
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["restarts"] == 1 and result["resumed_from"] >= 5
+    assert json.loads((sweep_dir / "0" / "result.json").read_text())["restarts"] == 0  # its sibling ran through
+    assert f"external signal: requeueing job {task}" in (run_dir / "logs" / "rank-00000.log").read_text()
+    (line,) = [s for s in statuses(sweep_dir) if s.job_id == task]
+    assert line.restarts == 1

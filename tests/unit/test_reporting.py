@@ -55,3 +55,16 @@ def test_tensorboard_event_files_hold_the_step_scalars(tmp_path):
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
     assert events.Scalars("test/accuracy")[0].value == 0.75
+
+
+def test_a_terminal_gets_a_progress_line_redrawn_in_place(tmp_path):
+    import io
+
+    terminal = io.StringIO()
+    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=40, terminal=terminal)
+    reporter.report({"step": 1, "loss": 2.5, "accuracy": 0.25, "samples_per_s": 1000.0, "data_ms": 0.5, "compute_ms": 3.0})
+    reporter.report({"step": 2, "loss": 2.0, "accuracy": 0.5, "samples_per_s": 1100.0})
+    reporter.close()
+    shown = terminal.getvalue()
+    assert shown.startswith("\r\033[Kstep 1/40  loss 2.5000  acc 0.250  1000 samples/s  ms: data 0.5 compute 3.0 comm 0.0 optimizer 0.0")
+    assert shown.count("\r\033[K") == 2 and shown.endswith("\n") and shown.count("\n") == 1

@@ -1,0 +1,57 @@
+"""A rank stopped dead (SIGSTOP) inside training: the other ranks' watchdogs end the job within
+the timeout, naming the stopped rank; the run resumes from its last committed checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, run_dirs
+from tests.mpi.test_resume import logged_steps, resume_command
+from trainers.watchdog import heartbeat_file
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+WATCHDOG_S = 5
+JOB = ["resources.tasks_per_node=3", "model.hidden_sizes=[1024,1024]", "trainer.max_steps=120", "trainer.epochs=100",
+       f"trainer.watchdog_s={WATCHDOG_S}", "checkpoint.every_steps=5", "checkpoint.every_minutes=null"]
+
+
+def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path):
+    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 12:
+        assert launched.poll() is None and time.monotonic() < deadline, launched.stderr.read() if launched.poll() is not None else "slow start"
+        time.sleep(0.01)  # polling the step log: there is no event to wait on
+    (run_dir,) = run_dirs(tmp_path)
+    victim = json.loads(heartbeat_file(run_dir / "heartbeats", 2).read_text())["pid"]
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        code = launched.wait(timeout=90)  # without the watchdog: hangs until the test times out
+    finally:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(victim, sig)
+            except ProcessLookupError:
+                pass
+    ended_after = time.monotonic() - stopped_at
+    assert code != 0
+    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "watchdog: no step finished for" in log, log[-2000:]
+    assert f"rank 2 on {socket.gethostname()} (pid {victim}) silent for" in log
+    print(f"job ended {ended_after:.1f} s after rank 2 stopped (watchdog {WATCHDOG_S} s)")
+
+    command, env = resume_command(run_dir)
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["steps"] == 120 and result["resumed_from"] >= 10
