@@ -20,6 +20,7 @@ from hpc.config import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
 
+ARRAY_SCRIPT_GLOB = ".submission_file_*.sh"
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -98,6 +99,7 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
 
     executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
     executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))
+    array_scripts_before = set(folder.glob(ARRAY_SCRIPT_GLOB))
     try:
         with _quiet_stderr_fd():  # sbatch's own error lines would repeat the one we print
             if len(run_dirs) == 1:
@@ -107,7 +109,11 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
         lines = [line.removeprefix("sbatch: error: ") for line in str(err).splitlines() if line.strip()]
         raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
-    return [str(job.job_id) for job in submitted], submitted[0].paths.submission_file.read_text()
+    if len(run_dirs) == 1:
+        script = submitted[0].paths.submission_file
+    else:  # submitit keeps an array's script under a random name in the folder
+        (script,) = set(folder.glob(ARRAY_SCRIPT_GLOB)) - array_scripts_before
+    return [str(job.job_id) for job in submitted], script.read_text()
 
 
 @contextlib.contextmanager

@@ -84,7 +84,15 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     if on_slurm:
         code = freeze_code(sweep_dir / "code")
         for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
-            record["arrays"].append(_submit_group(group, sweep_dir, code, record["points"]))
+            try:
+                record["arrays"].append(_submit_group(group, sweep_dir, code, record["points"]))
+            except UserError as err:
+                if not record["arrays"]:
+                    raise
+                _write_record(sweep_dir, record)  # what did go out stays visible to hpc.status
+                submitted = ", ".join(a["job_id"] for a in record["arrays"])
+                raise UserError(f"{err}; arrays already submitted: {submitted} (listed in {sweep_dir / SWEEP_FILE})") from None
+            _write_record(sweep_dir, record)
             array = record["arrays"][-1]
             limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
             emit(f"submitted job array {array['job_id']}: {len(group)} tasks (points {_nums(group)}){limit}")

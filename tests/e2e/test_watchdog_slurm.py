@@ -1,0 +1,46 @@
+"""A rank stalled inside a collective on the real Slurm (SIGSTOP): the watchdog on the other
+ranks names it, requeues the job and ends the step; the job resumes from its last committed
+checkpoint and completes, instead of hanging until its time limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.e2e.test_preemption import poll, release_when_requeued, restarts
+from tests.mpi.test_resume import logged_steps
+from trainers.watchdog import heartbeat_file
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]", "trainer.epochs=3",
+       "trainer.watchdog_s=8", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+
+
+def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):
+    submitted = run_launch(*JOB, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 12, "step 12")
+    victim = json.loads(heartbeat_file(run_dir / "heartbeats", 3).read_text())
+    os.kill(victim["pid"], signal.SIGSTOP)  # rank 3 on the second node stops dead
+    try:
+        poll(lambda: restarts(job_id) >= 1, f"job {job_id} to be requeued by the watchdog", timeout_s=60)
+    finally:
+        try:
+            os.kill(victim["pid"], signal.SIGCONT)  # Slurm kills it; do not leave it stopped if not
+        except ProcessLookupError:
+            pass
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 10
+    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
+    assert "resumed from checkpoint step" in log
