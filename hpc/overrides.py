@@ -63,18 +63,27 @@ def explain_composition_error(err: Exception, overrides: list[str]) -> str:
 def compose_job(overrides: list[str]) -> JobConfig:
     """Compose the typed config with these overrides (Hydra's own `hydra.*` ones are left
     out); raise UserError with one line on failure."""
+    return compose_jobs([overrides])[0]
+
+
+def compose_jobs(points: list[list[str]]) -> list[JobConfig]:
+    """compose_job for many override lists, in one Hydra initialisation (a sweep's points)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_schemas()  # idempotent: the same node stored again
-    plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_job_config(compose("config", overrides=plain))  # type errors surface here too
-    except Exception as err:  # hydra and omegaconf raise many types; all become one line
-        raise UserError(explain_composition_error(err, plain)) from None
-    finally:
-        GlobalHydra.instance().clear()
+    jobs = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            for overrides in points:
+                plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+                try:
+                    jobs.append(to_job_config(compose("config", overrides=plain)))  # type errors surface here too
+                except Exception as err:  # hydra and omegaconf raise many types; all become one line
+                    raise UserError(explain_composition_error(err, plain)) from None
+        finally:
+            GlobalHydra.instance().clear()
+    return jobs
 
 
 def sweeper_params(overrides: list[str]) -> dict[str, str]:
@@ -109,8 +118,7 @@ def check_sweep(arguments: list[str]) -> int:
         raise UserError(" ".join(str(err).split())) from None
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     points = expand_sweep(arguments, sweeper_params(fixed))
-    for point in points:
-        compose_job(point)
+    compose_jobs(points)
     return len(points)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -59,9 +60,26 @@ def slurm_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
         shown = subprocess.run(["scontrol", "show", "job", "-o", base], capture_output=True, text=True, check=False)
         for line in shown.stdout.splitlines() if shown.returncode == 0 else []:
             fields = parse_job_fields(line)
-            key = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}" if fields.get("ArrayTaskId", "N/A") not in ("N/A", "") else fields.get("JobId", "")
-            records[key] = fields
+            tasks = fields.get("ArrayTaskId", "N/A")
+            if tasks in ("N/A", ""):
+                records[fields.get("JobId", "")] = fields
+            else:  # tasks not started yet share one record: "0-15%2", "3,5-7"; an array cancelled
+                # before any task started keeps a record for all (ArrayTaskId 4294967294)
+                ids = array_task_ids(tasks) if len(tasks) < 10 or "-" in tasks or "," in tasks else []
+                records.update((f"{fields['ArrayJobId']}_{task}", fields) for task in ids)
+                if not ids:
+                    records.setdefault(f"{fields['ArrayJobId']}_*", fields)
     return records
+
+
+def array_task_ids(spec: str) -> list[int]:
+    """Slurm's ArrayTaskId field ("0-15%2", "3,5-7", "4") as task numbers."""
+    ids: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            ids.extend(range(int(low), int(high or low) + 1))
+    return ids
 
 
 def accounting_states(job_ids: Sequence[str]) -> dict[str, str]:
@@ -107,7 +125,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     job = _read_json(run_dir.job)
     result = _read_json(run_dir.result)
     job_id = job.get("job_id")
-    fields = slurm.get(job_id, {}) if job_id else {}
+    fields = (slurm.get(job_id) or slurm.get(f"{job_id.split('_')[0]}_*", {})) if job_id else {}
     if job_id is None:
         state = _local_state(job, result)
     elif fields:
@@ -144,6 +162,7 @@ def main(argv: list[str]) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     print(HEADER)
     for status in found:
         print(status.line())

@@ -97,3 +97,12 @@ def test_a_directory_without_runs_is_one_line_and_exit_2(tmp_path, module):
     done = subprocess.run([sys.executable, "-m", module, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {tmp_path} holds no runs (no sweep.json, and no config.yaml in it or below it)"
+
+
+def test_array_task_ranges_of_pending_tasks_expand():
+    from hpc.status import array_task_ids
+
+    assert array_task_ids("0-3%2") == [0, 1, 2, 3]
+    assert array_task_ids("3,5-7") == [3, 5, 6, 7]
+    assert array_task_ids("4") == [4]
+    assert array_task_ids("N/A") == []
