@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config import register_schemas, to_job_config
+from hpc.config import RUN_ACCESS, apply_run_access, register_schemas, to_job_config
 from hpc.errors import UserError
 from hpc.launch import discard_run_dir, launch
 from hpc.overrides import check_overrides, check_sweep
@@ -52,9 +52,14 @@ def cli() -> None:
     if not HYDRA_INFO_FLAGS & set(args):
         overrides = [a for a in args if not a.startswith("-")]
         try:
-            check_sweep(overrides) if MULTIRUN_FLAGS & set(args) else check_overrides(overrides)
+            jobs = check_sweep(overrides) if MULTIRUN_FLAGS & set(args) else [check_overrides(overrides)]
+            access = {job.run_access for job in jobs}
+            if access - set(RUN_ACCESS):
+                raise UserError(f"run_access={min(access - set(RUN_ACCESS))!r} is not one of {', '.join(RUN_ACCESS)}")
         except UserError as err:
             fail(str(err), err.exit_code)
+        # Before Hydra creates the run (or sweep) dir: it and all in it get this access only.
+        apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
     main()
 
 

@@ -6,6 +6,7 @@ override of a key that no dataclass declares fails at compose time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from trainers.config import (
 )
 
 LAUNCHERS = ("local", "slurm")
+ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
+RUN_ACCESS = (*ACCESS_UMASKS, "umask")
 TRANSPORTS = ("ib", "tcp")
 
 
@@ -98,7 +101,17 @@ class JobConfig:
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing
     wait: bool = False  # slurm: block until the job ends, streaming rank 0's log
     hold: bool = False  # slurm: submit held (sbatch --hold); `scontrol release JOB` starts it
+    # Who may read run dirs and checkpoints: private (0700/0600), group (0750/0640), or umask
+    # (leave the caller's umask alone).
+    run_access: str = "private"
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig())
+
+
+def apply_run_access(run_access: str) -> None:
+    """Set this process's umask for run_access; everything it and its children create (run
+    dirs, configs, logs, checkpoints) gets no more access than that."""
+    if run_access in ACCESS_UMASKS:
+        os.umask(ACCESS_UMASKS[run_access])
 
 
 def register_schemas() -> None:

@@ -104,8 +104,8 @@ def sweeper_params(overrides: list[str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (OmegaConf.to_container(params) or {}).items()} if params else {}
 
 
-def check_sweep(arguments: list[str]) -> int:
-    """Expand a `-m` command line and compose every point; returns the number of points.
+def check_sweep(arguments: list[str]) -> list[JobConfig]:
+    """Expand a `-m` command line and compose every point; returns their configs.
     Raises UserError (one line, naming the point) for anything Hydra would refuse later."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -117,11 +117,9 @@ def check_sweep(arguments: list[str]) -> int:
     except HydraException as err:
         raise UserError(" ".join(str(err).split())) from None
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    points = expand_sweep(arguments, sweeper_params(fixed))
-    compose_jobs(points)
-    return len(points)
+    return compose_jobs(expand_sweep(arguments, sweeper_params(fixed)))
 
 
-def check_overrides(overrides: list[str]) -> None:
+def check_overrides(overrides: list[str]) -> JobConfig:
     """Compose the config with these overrides; raise UserError with one line on failure."""
-    compose_job(overrides)
+    return compose_job(overrides)

@@ -55,7 +55,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from collectives import init_collectives
-    from hpc.config import to_job_config
+    from hpc.config import apply_run_access, to_job_config
     from trainers.checkpoint import CheckpointError
     from trainers.fit import FitConfig, RunContext, fit
     from trainers.metrics import MetricsWriter
@@ -64,6 +64,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
 
     run_dir = RunDir(Path(run_dir_path))
     job = to_job_config(OmegaConf.load(run_dir.config))
+    apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
     rank = RankInfo.from_env(os.environ)
     init_rank_logging(run_dir, rank)
     log = logging.getLogger("hpc.rank")

@@ -36,7 +36,7 @@ def freeze_code(dest: Path, root: Path = PROJECT_ROOT) -> Path:
             if source.is_file() and source.suffix in SOURCE_SUFFIXES and "__pycache__" not in source.parts:
                 target = dest / source.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target)
+                shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
                 copied += 1
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES, "conf"], root) if commit else None

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
-from hpc.config import LAUNCHERS, JobConfig
+from hpc.config import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.errors import UserError
 from hpc.topology import check_topology
 from trainers.config import (
@@ -29,6 +29,8 @@ def check_resources(job: JobConfig) -> None:
     for key in ("nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(res, key) < 1:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
+    if job.run_access not in RUN_ACCESS:
+        raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
     if job.sweep.max_parallel is not None and job.sweep.max_parallel < 1:
         raise UserError(f"sweep.max_parallel={job.sweep.max_parallel} must be >= 1 (or null: no limit)")
     if res.gpus_per_task < 0:
