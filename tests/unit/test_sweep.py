@@ -50,7 +50,8 @@ def test_points_with_the_same_script_share_an_array_and_shapes_split():
 
 
 def test_scaling_preset_expands_to_three_node_counts():
-    assert check_sweep(["experiment=scaling", "cluster=simulated"]) == 3
+    jobs = check_sweep(["experiment=scaling", "cluster=simulated"])
+    assert [job.resources.nodes for job in jobs] == [1, 2, 4] and {job.name for job in jobs} == {"scaling"}
 
 
 @pytest.mark.parametrize(("args", "message"), [
