@@ -21,6 +21,7 @@ from hpc.errors import UserError
 from hpc.launch import discard_run_dir, launch
 from hpc.overrides import check_overrides, check_sweep
 from hpc.rundir import RunDir
+from hpc.spec import check_script_values
 
 HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
 MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -53,6 +54,8 @@ def cli() -> None:
         overrides = [a for a in args if not a.startswith("-")]
         try:
             jobs = check_sweep(overrides) if MULTIRUN_FLAGS & set(args) else [check_overrides(overrides)]
+            for job in jobs:
+                check_script_values(job)  # before Hydra makes a directory of the name
             access = {job.run_access for job in jobs}
             if access - set(RUN_ACCESS):
                 raise UserError(f"run_access={min(access - set(RUN_ACCESS))!r} is not one of {', '.join(RUN_ACCESS)}")

@@ -200,7 +200,22 @@ def check_launcher_tools(job: JobConfig) -> None:
         raise UserError(f"sbatch not found: cluster={job.cluster.name} needs a Slurm login node; use cluster=local to run here")
 
 
+def check_script_values(job: JobConfig) -> None:
+    """Values that become `#SBATCH --key='value'` lines (submitit quotes them) or path names.
+    A line break would end the quoted value and start a line the shell runs, so control
+    characters are refused; quotes, $(), backticks and semicolons pass through literally."""
+    cluster = job.cluster
+    values = {"name": job.name, "run_root": job.run_root, "cluster.partition": cluster.partition, "cluster.account": cluster.account,
+              "cluster.qos": cluster.qos, "cluster.constraint": cluster.constraint, "cluster.name": cluster.name}
+    for key, value in values.items():
+        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")
+    if not job.name.strip() or "/" in job.name:
+        raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
+
+
 def validate_job(job: JobConfig) -> DatasetInfo:
+    check_script_values(job)
     check_resources(job)
     check_topology(job.topology, job.resources.tasks_per_node)
     check_training(job)
