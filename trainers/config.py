@@ -68,6 +68,9 @@ class TrainerConfig:
     # No finished step for this long: name the stalled rank, requeue (Slurm) and end the job
     # instead of hanging to the time limit. Must exceed start-up, evaluation and a checkpoint.
     watchdog_s: float | None = 600.0
+    # Steps with non-finite gradients are skipped (and counted); after this many in a row, roll
+    # back to the last committed checkpoint and skip their data from then on. 0: never roll back.
+    max_bad_steps: int = 3
 
 
 @dataclass

@@ -29,6 +29,7 @@ from trainers.config import (
 from trainers.data import H5Split, Prefetcher
 from trainers.datasets import inspect_hdf5
 from trainers.gradsync import build_gradient_sync
+from trainers.guard import BadStepGuard, grads_finite, skip_past
 from trainers.metrics import MetricsWriter
 from trainers.models import build_model
 from trainers.preemption import StopFlag
@@ -171,11 +172,14 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
     watch = StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio)
+    guard = BadStepGuard(cfg.trainer.max_bad_steps)
     try:
         while progress.epoch <= cfg.trainer.epochs and not stopped_by and not (max_steps is not None and progress.step >= max_steps):
             epoch = progress.epoch
             started, waited, data_waited, step_loss, step_seen, step_correct = time.perf_counter(), 0.0, 0.0, 0.0, 0, 0
             optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
+            skip_past(progress)  # data of rolled-back steps is never trained on again
+            rollback_range: list[int] | None = None
             batches = Prefetcher(train, sampler.batches(epoch, start=progress.position), pin=device.type == "cuda")
             step_started, step_data_wait = time.perf_counter(), 0.0
             try:
@@ -199,16 +203,20 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                     waited += sync.comm_wait_s
                     optimizer_at = time.perf_counter()
                     scaler.unscale_(optimizer)
-                    if cfg.trainer.clip_grad_norm is not None:
+                    finite = scaler.is_enabled() or grads_finite(model)  # fp16: the scaler skips such steps itself
+                    if finite and cfg.trainer.clip_grad_norm is not None:
                         nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
-                    with sync.step_context():
-                        scaler.step(optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
+                    if finite:
+                        with sync.step_context():
+                            scaler.step(optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
                     scaler.update()
                     schedule.step()
                     optimizer.zero_grad()
                     progress.step += 1
                     progress.epoch_steps += 1
+                    position_before = progress.position
                     progress.position += accumulation * sampler.global_batch
+                    guard.record(finite, progress, position_before)
                     # The step's time split; data wait is what the prefetcher made this rank wait.
                     done_at, data_s = time.perf_counter(), batches.wait_s - step_data_wait
                     phases = [data_s, synced_at - step_started - data_s, optimizer_at - synced_at, done_at - optimizer_at]
@@ -216,12 +224,17 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                     written = coordinator.written_flag() if coordinator else 1.0
                     total_loss, total_seen, total_correct, stop_votes, ranks_written, *phase_sums = allreduce_sums(
                         comm, [step_loss, step_seen, step_correct, float(run.stop.raised), written, *phases])
-                    progress.epoch_loss_sum += total_loss  # global sums: the same on every rank, so
+                    progress.epoch_loss_sum += total_loss if finite else 0.0  # global sums: the same on every rank, so
                     progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
                     step_s = time.perf_counter() - step_started
                     record = {"step": progress.step, "epoch": epoch, "loss": total_loss / max(total_seen, 1), "accuracy": total_correct / max(total_seen, 1),
                               "samples_per_s": total_seen / step_s, "step_ms": 1000 * step_s,
+                              "bad_steps": progress.bad_steps, "rollbacks": progress.rollbacks,
                               **{f"{name}_ms": 1000 * value / comm.world_size for name, value in zip(PHASES, phase_sums, strict=True)}}
+                    if not finite:
+                        record["skipped"] = True
+                        log.warning("step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
+                                    progress.step, record["loss"], guard.in_a_row, progress.bad_steps)
                     straggler = watch.step(progress.step, step_s)
                     if straggler is not None:
                         log.warning("%s", straggler.line())
@@ -238,6 +251,11 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                         break
                     if max_steps is not None and progress.step >= max_steps:
                         break
+                    if guard.must_roll_back:
+                        rollback_range = guard.bad_range(progress)
+                        break
+                    if any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip):
+                        break  # a range to skip starts here: the outer loop restarts past it
                     if coordinator is not None and coordinator.due(progress.step):
                         save(synchronous=False)
             finally:
@@ -246,6 +264,12 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
             progress.epoch_seconds += time.perf_counter() - started
             if stopped_by:
                 break  # the partial epoch is evaluated after the restart
+            if rollback_range is not None:
+                progress = roll_back(comm, coordinator, model, optimizer, schedule, scaler, progress, rollback_range)
+                guard.reset()
+                continue
+            if any(e == progress.epoch and start <= progress.position < end for e, start, end in progress.skip):
+                continue  # the epoch goes on past the skipped range
             # Throughput is set by the slowest rank: every rank reports that one figure.
             slowest = torch.tensor([progress.epoch_seconds, waited, data_waited], dtype=torch.float64)
             comm.allreduce_(slowest, op="max")
@@ -300,6 +324,25 @@ class StragglerWatch:
         mean_ms = torch.tensor([1000 * self._seconds / self._steps], dtype=torch.float64)
         self._seconds, self._steps = 0.0, 0
         return find_straggler(self._comm.allgather(mean_ms).tolist(), self._hosts, self._ratio)
+
+
+def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]
+              scaler: torch.amp.GradScaler, progress: Progress, bad_range: list[int]) -> Progress:
+    """Back to the newest committed checkpoint after too many non-finite steps in a row; the
+    data of those steps is skipped from now on (the record travels in every later checkpoint)."""
+    restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
+    newest = torch.tensor([restored[0] if restored else -1, -(restored[0] if restored else -1)], dtype=torch.float64)
+    comm.allreduce_(newest, op="max")
+    if restored is None or newest[0] != -newest[1]:
+        raise CheckpointError(f"{progress.bad_steps} non-finite steps, {bad_range[2] - bad_range[1]} samples in a row, and no committed checkpoint "
+                              "every rank agrees on to roll back to; lower optim.lr, set trainer.clip_grad_norm, or check the data")
+    step, shared, _ = restored
+    back = restore(model, optimizer, schedule, step, shared, scaler)
+    back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]
+    optimizer.zero_grad()
+    log.warning("rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
+                progress.step, step, bad_range[1], bad_range[2], bad_range[0])
+    return back
 
 
 def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]

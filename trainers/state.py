@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,9 @@ class Progress:
     epoch_steps: int = 0
     epoch_seconds: float = 0.0
     train_seconds: float = 0.0
+    bad_steps: int = 0  # steps whose update was skipped for non-finite gradients (trainers.guard)
+    rollbacks: int = 0  # returns to the last committed checkpoint after too many in a row
+    skip: list[list[int]] = field(default_factory=list)  # [epoch, start, end) data never trained on again
 
     def next_epoch(self) -> None:
         self.epoch += 1

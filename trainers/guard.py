@@ -1,0 +1,60 @@
+"""Non-finite steps: skip the update, count it, and after too many in a row roll back.
+
+Gradients are checked after they are averaged, so every rank sees the same verdict without a
+collective of its own. A skipped step still advances the step counter, the LR schedule and the
+data position (as GradScaler's skipped fp16 steps do). After `max_bad` skipped steps in a row,
+the model goes back to the last committed checkpoint and the data of those steps, recorded in
+`Progress.skip` (kept in every later checkpoint), is never trained on again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainers.state import Progress
+
+
+def grads_finite(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)  # one fused pass; a NaN or Inf anywhere shows in its tensor's norm
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+def skip_past(progress: Progress) -> bool:
+    """Move the data position past a skipped range it stands in; True when it moved."""
+    for epoch, start, end in progress.skip:
+        if epoch == progress.epoch and start <= progress.position < end:
+            progress.position = end
+            return True
+    return False
+
+
+class BadStepGuard:
+    def __init__(self, max_bad: int) -> None:
+        self.max_bad = max_bad  # 0: never roll back, only skip
+        self.in_a_row = 0
+        self._first_position = 0
+
+    def record(self, finite: bool, progress: Progress, position_before: int) -> None:
+        """After a step's verdict (progress already counts the step)."""
+        if finite:
+            self.in_a_row = 0
+            return
+        if self.in_a_row == 0:
+            self._first_position = position_before
+        self.in_a_row += 1
+        progress.bad_steps += 1
+
+    @property
+    def must_roll_back(self) -> bool:
+        return self.max_bad > 0 and self.in_a_row >= self.max_bad
+
+    def bad_range(self, progress: Progress) -> list[int]:
+        """[epoch, start, end): the data of the bad steps in a row, to be skipped from now on."""
+        return [progress.epoch, self._first_position, progress.position]
+
+    def reset(self) -> None:
+        self.in_a_row = 0
