@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_dirs, run_launch
-from trainers.datasets import default_dataset_path, resolve_data_path
 from trainers.config import DataConfig
+from trainers.datasets import default_dataset_path, resolve_data_path
 from trainers.sampler import ShardSampler
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

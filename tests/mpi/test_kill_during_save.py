@@ -50,11 +50,14 @@ def test_sigkill_during_saves_never_leaves_the_job_without_a_checkpoint(tmp_path
     assert during_write >= 3, f"only {during_write} of {KILLS} kills hit a save in flight"
 
     # A corrupted newest checkpoint is skipped: the job resumes from the one before and finishes.
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    # (The newest step-* directory may be a save the last kill interrupted: corrupt the newest
+    # committed one, so the checksum is what must catch it.)
+    *_, before, newest_committed = Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).committed()
+    newest = newest_committed.path
     data = bytearray((newest / "shared.ckpt").read_bytes())
     data[len(data) // 3] ^= 0x5A
     (newest / "shared.ckpt").write_bytes(bytes(data))
-    previous = Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).committed()[-1].step
+    previous = before.step
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     summary = json.loads((run_dir / "result.json").read_text())

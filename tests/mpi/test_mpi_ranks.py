@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,7 +54,8 @@ def test_embedded_default_trains_on_two_ranks(tmp_path):
     result = run_launch(cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
-    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    # Not a terminal here: rank 0 prints plain timestamped lines ("2026-11-23 12:00:00,123 epoch 1/20 ...").
+    epoch_lines = [line for line in result.stdout.splitlines() if re.match(r"\d{4}-\d\d-\d\d \S+ epoch ", line)]
     assert len(epoch_lines) == 20  # rank 0 only: one line per epoch, not one per rank
     assert all("loss" in line and "test_acc" in line and "samples/s" in line for line in epoch_lines)
     assert result.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
