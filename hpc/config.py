@@ -43,6 +43,8 @@ class ClusterConfig:
     mpirun_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # exported on every rank
     requeue: bool = True  # sbatch --requeue: a preempted or stopped job goes back to the queue
+    # A job whose rank died (killed, OOM, a lost node) requeues itself at most this many times.
+    failure_requeues: int = 3
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun

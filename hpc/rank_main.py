@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -114,6 +115,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
                 log.error("error: %s; aborting all %d ranks", err, rank.world_size)
             else:
                 log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+            forbid_failure_requeue(log)
             logging.shutdown()
             comm.abort(1)  # type: ignore[attr-defined]
             raise
@@ -139,6 +141,17 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
                 log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
                 summary["exit_code"] = EXIT_RESUMABLE
     return summary
+
+
+def forbid_failure_requeue(log: logging.Logger) -> None:
+    """A Python error repeats after a restart: tell the sbatch script's EXIT trap (hpc.slurm.
+    failure_requeue_lines) not to requeue, by clearing the job's Requeue flag."""
+    job_id = slurm_job_id(os.environ)
+    if job_id is None or shutil.which("scontrol") is None:
+        return
+    done = subprocess.run(["scontrol", "update", f"jobid={job_id}", "requeue=0"], capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
 
 
 def start_watchdog(job: Any, run_dir: RunDir, rank: RankInfo) -> Any:

@@ -43,8 +43,30 @@ def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
     return [*setup_lines(env, code_root), "export PYTHONSAFEPATH=1", "export SLURM_EXPORT_ENV=ALL"]
 
 
+def failure_requeue_lines(max_requeues: int) -> list[str]:
+    """An EXIT trap: when srun failed because a rank died (killed, OOM, a lost node) while the
+    job still runs, requeue it so it resumes from its last committed checkpoint, at most
+    `max_requeues` times. Not after a cancel or time limit (the job is no longer RUNNING), not
+    when the ranks requeued it themselves (preemption, watchdog), and not after a Python error:
+    the failing rank sets Requeue=0 first, since it would fail the same way again."""
+    return [
+        "hpctk_requeue_failed() {",
+        "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+        "    id=${id:-$SLURM_JOB_ID}",
+        f"    if (( rc != 0 && ${{SLURM_RESTART_COUNT:-0}} < {int(max_requeues)} )) &&",
+        '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
+        '        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint" >&2',
+        '        scontrol requeue "$id"',
+        "    fi",
+        "}",
+        "trap hpctk_requeue_failed EXIT",
+    ]
+
+
 def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PROJECT_ROOT) -> dict[str, Any]:
     setup = job_setup_lines(env, code_root)
+    if job.cluster.requeue and job.cluster.failure_requeues > 0:
+        setup += failure_requeue_lines(job.cluster.failure_requeues)
     res, cluster = job.resources, job.cluster
     params: dict[str, Any] = {
         "job_name": job.name,

@@ -29,6 +29,8 @@ def check_resources(job: JobConfig) -> None:
     for key in ("nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(res, key) < 1:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
+    if cluster.failure_requeues < 0:
+        raise UserError(f"cluster.failure_requeues={cluster.failure_requeues} must be >= 0 (0: a failed job is not requeued)")
     if job.run_access not in RUN_ACCESS:
         raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
     if job.sweep.max_parallel is not None and job.sweep.max_parallel < 1:

@@ -1,6 +1,7 @@
 """SIGKILL one rank of a 2-node job on the real Slurm at random moments while it checkpoints
-every 2 steps: the step ends (srun --kill-on-bad-exit), and every next start finds a valid
-committed checkpoint and continues from it."""
+every 2 steps: the step ends (srun --kill-on-bad-exit), the job requeues itself (the sbatch
+script's EXIT trap), and every next start finds a valid committed checkpoint and continues from
+it. A Python error, which would repeat, is not requeued."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.slurm import TERMINAL_STATES, job_state
 from tests.conftest import run_dirs, run_launch, wait_until_done
-from tests.e2e.test_preemption import nodes_settled, poll
+from tests.e2e.test_preemption import poll, release_when_requeued, restarts
 from tests.mpi.test_resume import logged_steps
 from trainers.checkpoint import Checkpointer
 
@@ -33,11 +33,6 @@ def python_ranks(run_dir: Path) -> list[int]:
     return [int(pid) for pid in out if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python")]
 
 
-def start_again(job_id: str) -> None:
-    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
-    poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend")
-    poll(nodes_settled, "nodes to finish the killed run")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
 
 
 def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
@@ -50,11 +45,11 @@ def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
         target = logged_steps(run_dir) + rng.randint(3, 8)
         poll(lambda target=target: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")
         time.sleep(rng.uniform(0, 0.02))  # a random moment among the next steps and saves
+        before = restarts(job_id)
         os.kill(rng.choice(python_ranks(run_dir)), signal.SIGKILL)
-        poll(lambda: job_state(job_id) in TERMINAL_STATES, "the killed job to end", timeout_s=60)
+        release_when_requeued(job_id, before)  # it requeued itself; start it without Slurm's delay
         restored = Checkpointer(run_dir / "checkpoints", 0, 4, keep=3).load_latest()
         assert restored is not None and restored[2] is not None, "no loadable checkpoint after a SIGKILL"
-        start_again(job_id)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from"] > 0
@@ -64,3 +59,21 @@ def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
     # must be such a clean stop.
     clean_stops = (run_dir / "logs" / "rank-00000.log").read_text().count("checkpoint committed; external signal: requeueing job")
     assert result["restarts"] == KILLS + clean_stops, (result["restarts"], clean_stops)
+
+
+def test_a_python_error_is_not_requeued(tmp_path):
+    data = tmp_path / "digits.h5"
+    from trainers.config import DataConfig
+    from trainers.datasets import resolve_data_path
+
+    data.write_bytes(resolve_data_path(DataConfig()).read_bytes())
+    submitted = run_launch("cluster=simulated", "resources.tasks_per_node=2", f"data.path={data}", "hold=true", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    data.unlink()  # every rank fails the same way on every start
+    subprocess.run(["scontrol", "release", job_id], check=True)
+    assert wait_until_done(job_id) == "FAILED"
+    assert restarts(job_id) == 0
+    (run_dir,) = run_dirs(tmp_path)
+    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert f"job {job_id} will not be requeued" in log, log[-2000:]
