@@ -118,7 +118,11 @@ def trial_nan(work: Path, rng: random.Random, max_bad: int) -> dict:
         return {"outcome": f"ended with an error: {last[0][:120]}", "ok": False, "lost": lost_steps(run_dir)}
     result = json.loads((run_dir / "result.json").read_text())
     skipped = sum(1 for r in records if r.get("skipped"))
-    return {"outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final test accuracy {result['test_accuracy']:.3f}",
+    if "no committed checkpoint yet" in (run_dir / "logs" / "rank-00000.log").read_text():
+        skipped_note = "; hit before the first checkpoint: went on without a rollback"
+    else:
+        skipped_note = ""
+    return {"outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final test accuracy {result['test_accuracy']:.3f}{skipped_note}",
             "ok": True, "lost": lost_steps(run_dir)}
 
 

@@ -333,9 +333,13 @@ def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, model: nn.
     restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
     newest = torch.tensor([restored[0] if restored else -1, -(restored[0] if restored else -1)], dtype=torch.float64)
     comm.allreduce_(newest, op="max")
-    if restored is None or newest[0] != -newest[1]:
-        raise CheckpointError(f"{progress.bad_steps} non-finite steps, {bad_range[2] - bad_range[1]} samples in a row, and no committed checkpoint "
-                              "every rank agrees on to roll back to; lower optim.lr, set trainer.clip_grad_norm, or check the data")
+    if newest[0] != -newest[1]:
+        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-newest[1])}..{int(newest[0])}) to roll back to; check the shared file system")
+    if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
+        progress.skip = [*progress.skip, bad_range]
+        log.warning("non-finite steps in a row but no committed checkpoint yet: going on without a rollback; "
+                    "samples %d..%d of epoch %d are skipped from now on", bad_range[1], bad_range[2], bad_range[0])
+        return progress
     step, shared, _ = restored
     back = restore(model, optimizer, schedule, step, shared, scaler)
     back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]

@@ -59,3 +59,14 @@ def test_a_poisoned_sample_is_skipped_or_rolled_back_and_training_ends_finite(tm
         assert log.count("rolled back from step") == EPOCHS
         assert "rolled back from step 10 to checkpoint step 8" in log
     assert "non-finite gradients" in log
+
+
+def test_before_the_first_checkpoint_there_is_no_rollback_but_the_data_is_skipped(tmp_path):
+    data = poisoned_digits(tmp_path / "poisoned.h5", at_step=2)
+    done = run_launch(f"data.path={data}", "trainer.epochs=1", "trainer.max_bad_steps=1", "checkpoint.every_steps=8",
+                      "checkpoint.every_minutes=null", "checkpoint.async_save=false", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    records = steps(run_dir)
+    assert [r["step"] for r in records if r.get("skipped")] == [3] and records[-1]["rollbacks"] == 0
+    assert "no committed checkpoint yet: going on without a rollback" in (run_dir / "logs" / "rank-00000.log").read_text()
