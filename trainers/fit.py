@@ -235,7 +235,9 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                         record["skipped"] = True
                         log.warning("step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
                                     progress.step, record["loss"], guard.in_a_row, progress.bad_steps)
-                    straggler = watch.step(progress.step, step_s)
+                    # Compared: the time a rank was busy (not waiting for the others in a collective,
+                    # which every rank does until the slowest arrives, so step times come out equal).
+                    straggler = watch.step(progress.step, phases[0] + phases[1] + phases[3])
                     if straggler is not None:
                         log.warning("%s", straggler.line())
                         record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
@@ -302,9 +304,11 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
 
 
 class StragglerWatch:
-    """Every `every` steps, all ranks share their mean step time since the last check (one
-    allgather); the slowest is reported when above `ratio` x the median. The hosts are gathered
-    once, at the first check."""
+    """Every `every` steps, all ranks share their mean busy time per step since the last check
+    (one allgather): data wait, forward+backward and optimizer, without the gradient wait. The
+    slowest is reported when above `ratio` x the median. The hosts are gathered once, at the
+    first check. With DDP (gloo, nccl) the last gradient bucket's wait falls inside backward, so
+    there a straggler shows less clearly."""
 
     def __init__(self, comm: Collectives, host: str, every: int, ratio: float) -> None:
         self._comm, self._host, self._every, self._ratio = comm, host, every, ratio

@@ -1,7 +1,7 @@
 """Per-step reporting on rank 0: steps.jsonl, a progress bar or timestamped lines, a Prometheus
 text file, TensorBoard. Every figure it gets is already reduced over ranks by fit().
 
-Also the straggler check: from every rank's mean step time, the slowest vs the median.
+Also the straggler rule: from every rank's mean busy time per step, the slowest vs the median.
 """
 
 from __future__ import annotations
