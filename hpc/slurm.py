@@ -104,6 +104,14 @@ def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
     return _make_sbatch_string(command=submitit_command(folder), folder=folder, **sbatch_parameters(job, env, run_dir.code))
 
 
+def render_array_sbatch(params: dict[str, Any], folder: Path, tasks: int) -> str:
+    """The script of a job array as submitit writes it (`--array=0-N%parallelism`)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    task_folder = folder / "%j"
+    return _make_sbatch_string(command=submitit_command(task_folder), folder=task_folder, map_count=tasks, **params)
+
+
 def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
     """Submit `hpc.rank_main.run_rank(run_dir)` on every task; returns the Slurm job id."""
     job_ids, script = submit_array(sbatch_parameters(job, env, code_root), [run_dir], run_dir.submitit)

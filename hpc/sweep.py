@@ -73,6 +73,11 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
             prepared.append(SweepPoint(point.num, point.overrides, prepare(point.job)))
         except UserError as err:
             raise UserError(f"sweep point #{point.num} ({' '.join(point.overrides) or 'no overrides'}): {err}") from None
+    dry = {point.job.dry_run for point in prepared}
+    if dry == {True}:
+        return _print_dry_run(prepared, sweep_dir, emit)
+    if len(dry) > 1:
+        raise UserError("dry_run differs between sweep points; set it for the whole sweep, not as a sweep dimension")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for point in prepared:
         run_dir = RunDir(sweep_dir / str(point.num))
@@ -124,6 +129,25 @@ def _submit_group(group: list[SweepPoint], sweep_dir: Path, code: Path, points_o
     (sweep_dir / f"array-{array_id}.sbatch").write_text(script)
     return {"job_id": array_id, "tasks": len(group), "max_parallel": max_parallel, "nodes": first.resources.nodes,
             "tasks_per_node": first.resources.tasks_per_node, "points": [p.num for p in group]}
+
+
+def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None]) -> int:
+    """What `-m ... dry_run=true` would submit: the arrays and each one's sbatch script."""
+    code = sweep_dir / "code"
+    on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
+    for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+        first = group[0].job
+        limits = [p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None]
+        emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {min(limits) if limits else len(group)} at once")
+        for point in group:
+            emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
+        params = {**slurm.sbatch_parameters(first, rank_environment(first), code), "array_parallelism": min(limits) if limits else len(group)}
+        emit(slurm.render_array_sbatch(params, sweep_dir / "slurm", len(group)))
+    for point in points:
+        if point.job.cluster.launcher == "local":
+            emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")
+    emit(f"dry run: nothing submitted; the sweep directory would be {sweep_dir}")
+    return 0
 
 
 def _nums(group: Sequence[SweepPoint]) -> str:

@@ -49,10 +49,17 @@ class ArrayLauncher(Launcher):
         try:
             code = launch_sweep(points, sweep_dir)
         except UserError as err:
-            if {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:  # Hydra's; nothing was submitted
-                shutil.rmtree(sweep_dir, ignore_errors=True)
+            _discard_if_empty(sweep_dir)
             print(f"error: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
+        if all(point.job.dry_run for point in points):
+            _discard_if_empty(sweep_dir)
         if code:
             sys.exit(code)
         return [JobReturn(overrides=list(o), status=JobStatus.COMPLETED, _return_value=None) for o in job_overrides]
+
+
+def _discard_if_empty(sweep_dir: Path) -> None:
+    """Hydra's basic sweeper made the sweep dir and its multirun.yaml; with nothing submitted, go."""
+    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
