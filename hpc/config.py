@@ -22,6 +22,7 @@ from trainers.config import (
 LAUNCHERS = ("local", "slurm")
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")
+ARRAY_LAUNCHER = "hydra_plugins.hpc_array_launcher.array_launcher.ArrayLauncher"
 TRANSPORTS = ("ib", "tcp")
 
 
@@ -119,7 +120,11 @@ def apply_run_access(run_access: str) -> None:
 def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+    store = ConfigStore.instance()
+    store.store(name="job_schema", node=JobConfig)
+    # conf/config.yaml selects our launcher; registering its config here too keeps composition
+    # working in processes that cannot discover Hydra plugins (ranks, workers started elsewhere).
+    store.store(group="hydra/launcher", name="hpc_array", node={"_target_": ARRAY_LAUNCHER}, provider="hpc-toolkit")
 
 
 def to_job_config(cfg: Any) -> JobConfig:
