@@ -83,7 +83,7 @@ def trial_stall(work: Path, rng: random.Random) -> dict:
             except ProcessLookupError:
                 pass
     ended_s = time.monotonic() - stopped
-    named = "rank 1 on" in (run_dir / "logs" / "rank-00000.log").read_text()
+    named = any("behind: rank 1 on" in log.read_text() for log in (run_dir / "logs").glob("rank-*.log"))
     again = resume(run_dir)
     result = json.loads((run_dir / "result.json").read_text()) if again.returncode == 0 else {}
     ok = code != 0 and named and result.get("status") == "completed"

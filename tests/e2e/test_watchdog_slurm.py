@@ -41,6 +41,7 @@ def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 10
-    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    # Whichever rank's watchdog fires first logs the verdict; srun may end the others first.
+    log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
     assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
     assert "resumed from checkpoint step" in log

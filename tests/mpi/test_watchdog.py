@@ -45,7 +45,8 @@ def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path):
                 pass
     ended_after = time.monotonic() - stopped_at
     assert code != 0
-    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    # Whichever rank's watchdog fires first logs the verdict; the launcher may end the others first.
+    log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
     assert "watchdog: no step finished for" in log, log[-2000:]
     assert f"rank 2 on {socket.gethostname()} (pid {victim}) silent for" in log
     print(f"job ended {ended_after:.1f} s after rank 2 stopped (watchdog {WATCHDOG_S} s)")
