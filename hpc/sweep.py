@@ -115,8 +115,7 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
 
 def _submit_group(group: list[SweepPoint], sweep_dir: Path, code: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
     first = group[0].job
-    limits = [p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None]
-    max_parallel = min(limits) if limits else None
+    max_parallel = _max_parallel(group)
     params = slurm.sbatch_parameters(first, rank_environment(first), code)
     run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
     job_ids, script = slurm.submit_array(params, run_dirs, sweep_dir / "slurm", max_parallel)
@@ -137,11 +136,11 @@ def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable
     on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
     for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
         first = group[0].job
-        limits = [p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None]
-        emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {min(limits) if limits else len(group)} at once")
+        limit = _max_parallel(group) or len(group)
+        emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
         for point in group:
             emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
-        params = {**slurm.sbatch_parameters(first, rank_environment(first), code), "array_parallelism": min(limits) if limits else len(group)}
+        params = {**slurm.sbatch_parameters(first, rank_environment(first), code), "array_parallelism": limit}
         emit(slurm.render_array_sbatch(params, sweep_dir / "slurm", len(group)))
     for point in points:
         if point.job.cluster.launcher == "local":
@@ -154,7 +153,10 @@ def _nums(group: Sequence[SweepPoint]) -> str:
     return ", ".join(f"#{p.num}" for p in group)
 
 
+def _max_parallel(group: Sequence[SweepPoint]) -> int | None:
+    """The strictest sweep.max_parallel among an array's points; None: no limit."""
+    return min((p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None), default=None)
+
+
 def _write_record(sweep_dir: Path, record: dict[str, Any]) -> None:
-    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(sweep_dir / SWEEP_FILE)
+    RunDir(sweep_dir).write_json(sweep_dir / SWEEP_FILE, record)  # atomic: hpc.status may read it meanwhile

@@ -330,15 +330,21 @@ class StragglerWatch:
         return find_straggler(self._comm.allgather(mean_ms).tolist(), self._hosts, self._ratio)
 
 
+def agree_on_newest(comm: Collectives, step: int | None) -> None:
+    """Every rank must have found the same newest checkpoint (None: none); one max-allreduce of
+    (step, -step) shows the highest and the lowest."""
+    found = torch.tensor([step if step is not None else -1, -(step if step is not None else -1)], dtype=torch.float64)
+    comm.allreduce_(found, op="max")
+    if found[0] != -found[1]:
+        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-found[1])}..{int(found[0])}); check the shared file system")
+
+
 def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]
               scaler: torch.amp.GradScaler, progress: Progress, bad_range: list[int]) -> Progress:
     """Back to the newest committed checkpoint after too many non-finite steps in a row; the
     data of those steps is skipped from now on (the record travels in every later checkpoint)."""
     restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
-    newest = torch.tensor([restored[0] if restored else -1, -(restored[0] if restored else -1)], dtype=torch.float64)
-    comm.allreduce_(newest, op="max")
-    if newest[0] != -newest[1]:
-        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-newest[1])}..{int(newest[0])}) to roll back to; check the shared file system")
+    agree_on_newest(comm, restored[0] if restored else None)
     if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
         progress.skip = [*progress.skip, bad_range]
         log.warning("non-finite steps in a row but no committed checkpoint yet: going on without a rollback; "
@@ -360,10 +366,7 @@ def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: n
     checkpointer = Checkpointer(run.checkpoint_dir, comm.rank, comm.world_size, cfg.checkpoint.keep)
     coordinator = SaveCoordinator(checkpointer, comm, cfg.checkpoint)
     restored = checkpointer.load_latest() if cfg.checkpoint.resume else None
-    chosen = torch.tensor([restored[0] if restored else -1, -(restored[0] if restored else -1)], dtype=torch.float64)
-    comm.allreduce_(chosen, op="max")
-    if chosen[0] != -chosen[1]:
-        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-chosen[1])}..{int(chosen[0])}); check the shared file system")
+    agree_on_newest(comm, restored[0] if restored else None)
     if restored is None:
         return coordinator, Progress(), None
     step, shared, own = restored
