@@ -9,12 +9,16 @@
 - nan-roll:  the same with trainer.max_bad_steps=1: a rollback per hit, training completes.
 - disk-full: the run dir on a 4 MiB tmpfs (root only): the save that does not fit fails in one
              line, the previous checkpoint loads, and after growing the disk the run completes.
+- node-loss: on the simulated Slurm (scripts/slurm-sim.sh), everything on one node of a running
+             2-node job is SIGKILLed, alternately its batch host and the other node: Slurm must
+             requeue the job, which resumes on other nodes and completes; the node comes back.
 Lost work = steps trained twice after a restart (at most the checkpoint interval, 5 steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -145,7 +149,60 @@ def trial_disk_full(work: Path, rng: random.Random) -> dict:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-TRIALS = {"stall": trial_stall, "nan-skip": lambda w, r: trial_nan(w, r, 3), "nan-roll": lambda w, r: trial_nan(w, r, 1), "disk-full": trial_disk_full}
+BATCH_HOST_NEXT = itertools.cycle([True, False])  # node-loss trials alternate the node they lose
+
+
+def trial_node_loss(work: Path, rng: random.Random) -> dict:
+    from tests.e2e.node_loss import lose_a_node, newest_committed_step
+
+    run_root = work / "runs"
+    submitted = launch(run_root, "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
+                       "trainer.epochs=4", *CHECKPOINT)
+    if submitted.returncode != 0:
+        return {"outcome": f"not submitted: {submitted.stderr.strip()[-200:]}", "ok": False}
+    job_id = submitted.stdout.split("submitted job ")[1].split()[0]
+    target = rng.randint(8, 30)
+    deadline = time.monotonic() + 180
+    while not list(run_root.glob("*/*/steps.jsonl")) or len(step_log(the_run(run_root))) < target:
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], check=False)
+            return {"outcome": "did not reach the step to fail at", "ok": False}
+        time.sleep(0.05)
+    run_dir = the_run(run_root)
+    committed = newest_committed_step(run_dir)
+    loss = lose_a_node(job_id, batch_host=next(BATCH_HOST_NEXT))
+    deadline = time.monotonic() + 300
+    while not (run_dir / "result.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    ok = result.get("status") == "completed" and loss.lost not in loss.second_nodes and result.get("resumed_from", -1) >= committed
+    where = "batch host" if loss.was_batch_host else "other node"
+    return {"outcome": f"{where} {loss.lost} lost at step {target}: requeued after {loss.requeued_s:.0f} s, DOWN after {loss.down_s:.0f} s, "
+                       f"ran again on {','.join(loss.second_nodes)}, resumed from step {result.get('resumed_from')} "
+                       f"(newest committed before: {committed}), completed: {result.get('status') == 'completed'}",
+            "seconds": loss.requeued_s, "timing": "requeued after", "lost": lost_steps(run_dir), "ok": ok}
+
+
+TRIALS = {"stall": trial_stall, "nan-skip": lambda w, r: trial_nan(w, r, 3), "nan-roll": lambda w, r: trial_nan(w, r, 1), "disk-full": trial_disk_full,
+          "node-loss": trial_node_loss}
+
+
+def merged_table(path: Path, rows: list[str], trials: int) -> str:
+    """The trials file with this run's table rows in place of those of the same fault; the rest
+    of the file (notes, the per-trial lines pasted from stdout) is kept, so `--only` adds one kind."""
+    def fault(line: str) -> str:
+        return line.split("|")[1].strip() if line.startswith("| ") else ""
+
+    lines = path.read_text().splitlines() if path.exists() else []
+    if rows[0] not in lines:
+        return f"<!-- written by: python benchmarks/reliability.py --trials {trials} [--only NAME] -->\n" + "\n".join(rows) + "\n"
+    table_end = lines.index(rows[0]) + 2
+    while table_end < len(lines) and lines[table_end].startswith("| "):
+        table_end += 1
+    fresh = {fault(row): row for row in rows[2:]}
+    old = {fault(line): line for line in lines[lines.index(rows[0]) + 2:table_end]}
+    merged = [(old | fresh)[name] for name in TRIALS if name in old | fresh]
+    return "\n".join(lines[:lines.index(rows[0]) + 2] + merged + lines[table_end:]) + "\n"
 
 
 def main() -> int:
@@ -164,11 +221,10 @@ def main() -> int:
             print(f"{name} #{index + 1}: {outcome['outcome']} (lost steps: {outcome.get('lost', '-')})", flush=True)
             results.append(outcome)
         times = [r["seconds"] for r in results if "seconds" in r]
-        timing = f"; abort after {min(times):.1f}-{max(times):.1f} s" if times else ""
+        timing = f"; {results[0].get('timing', 'abort after')} {min(times):.1f}-{max(times):.1f} s" if times else ""
         rows.append(f"| {name} | {len(results)} | {sum(r['ok'] for r in results)} | {results[0]['outcome']}{timing} | {max(r.get('lost', 0) for r in results)} |")
-    table = "\n".join(rows)
-    print(table)
-    args.out.write_text(f"<!-- written by: python benchmarks/reliability.py --trials {args.trials} -->\n{table}\n")
+    print("\n".join(rows))
+    args.out.write_text(merged_table(args.out, rows, args.trials))
     return 0
 
 

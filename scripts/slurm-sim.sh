@@ -5,6 +5,8 @@
 # fake GPUs per node as GRES (plain files: Slurm schedules --gres=gpu:N, nothing runs on them).
 #
 #   scripts/slurm-sim.sh start | stop | status
+#   scripts/slurm-sim.sh kill-node NODE     # the node is lost: its slurmd, steps and ranks SIGKILLed
+#   scripts/slurm-sim.sh revive-node NODE   # the node comes back (slurmd restarts and registers)
 #
 # Needs root and Debian's slurmctld slurmd slurm-client munge (scripts/install.sh --cluster).
 set -euo pipefail
@@ -96,6 +98,41 @@ start_munge() {
     wait_for 20 "munged" sh -c 'munge -n | unmunge'
 }
 
+start_slurmd() {  # one simulated node: its own mount namespace, so its own /nodetmp
+    mkdir -p "${state_dir}/$1/spool" "${state_dir}/$1/tmp"
+    unshare --mount --propagation private sh -c \
+        'mount --bind "$1" /nodetmp && exec slurmd -N "$2"' _ "${state_dir}/$1/tmp" "$1"
+}
+
+known_node() {
+    [[ $1 =~ ^node[0-9]+$ && -d ${state_dir}/$1 ]] || die "unknown node '$1' (expected node1..node${num_nodes})"
+}
+
+kill_node() {  # everything in the node's mount namespace dies at once, as when it loses power
+    known_node "$1"
+    local pidfile="${state_dir}/$1/slurmd.pid" pid namespace proc killed=0
+    [[ -f $pidfile ]] && pid=$(cat "$pidfile") && namespace=$(readlink "/proc/${pid}/ns/mnt" 2>/dev/null) ||
+        die "$1 is not running"
+    [[ $namespace != "$(readlink /proc/self/ns/mnt)" ]] || die "$1 shares this shell's mount namespace; refusing"
+    for proc in /proc/[0-9]*; do
+        [[ $(readlink "${proc}/ns/mnt" 2>/dev/null) == "$namespace" ]] || continue
+        kill -KILL "${proc#/proc/}" 2>/dev/null && killed=$((killed + 1))
+    done
+    rm -f "$pidfile"
+    echo "slurm-sim: $1 lost (${killed} processes killed); slurmctld marks it DOWN after SlurmdTimeout"
+}
+
+node_state() { sinfo -h -N -n "$1" -p debug -o '%T' 2>/dev/null; }
+
+revive_node() {
+    known_node "$1"
+    local pidfile="${state_dir}/$1/slurmd.pid"
+    [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null && die "$1 is already running"
+    start_slurmd "$1"
+    wait_for 120 "$1 to return to service" sh -c "sinfo -h -N -n '$1' -p debug -o '%T' | grep -qxE 'idle|mixed|allocated'"
+    echo "slurm-sim: $1 back ($(node_state "$1"))"
+}
+
 all_nodes_idle() {
     local states
     states=$(sinfo -h -N -p debug -o '%T' 2>/dev/null) || return 1
@@ -120,12 +157,7 @@ start() {
     slurmctld -i
     wait_for 30 "slurmctld" scontrol ping
     local k
-    for ((k = 1; k <= num_nodes; k++)); do
-        local node="node${k}"
-        mkdir -p "${state_dir}/${node}/spool" "${state_dir}/${node}/tmp"
-        unshare --mount --propagation private sh -c \
-            'mount --bind "$1" /nodetmp && exec slurmd -N "$2"' _ "${state_dir}/${node}/tmp" "${node}"
-    done
+    for ((k = 1; k <= num_nodes; k++)); do start_slurmd "node${k}"; done
     wait_for 60 "${num_nodes} idle nodes" all_nodes_idle
     echo "slurm-sim: ${num_nodes} nodes x ${cpus_per_node} CPUs x ${gpus_per_node} fake GPUs up (partitions debug, high)"
 }
@@ -153,5 +185,7 @@ case "$command" in
 start) start ;;
 stop) stop ;;
 status) sinfo -N -l ;;
-*) die "usage: $0 start|stop|status" ;;
+kill-node) kill_node "${2:?usage: $0 kill-node NODE}" ;;
+revive-node) revive_node "${2:?usage: $0 revive-node NODE}" ;;
+*) die "usage: $0 start|stop|status|kill-node NODE|revive-node NODE" ;;
 esac

@@ -1,0 +1,45 @@
+"""Lose a node of a running 2-node job on the real Slurm: its slurmd, steps and ranks are SIGKILLed
+at once (scripts/slurm-sim.sh kill-node), as when a node loses power. Slurm must notice, end and
+requeue the job, which then resumes from its last committed checkpoint on the nodes that are left;
+the lost node returns to service afterwards."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.e2e.node_loss import lose_a_node, newest_committed_step, node_state
+from tests.e2e.test_preemption import poll
+from tests.mpi.test_resume import logged_steps
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
+       "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null")
+
+
+def test_a_lost_node_requeues_the_job_which_resumes_on_the_remaining_nodes(tmp_path):
+    submitted = run_launch(*JOB, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    (run_dir,) = run_dirs(tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a committed checkpoint")
+    committed_before = newest_committed_step(run_dir)
+
+    # Not the batch host: the batch script and rank 0 survive the node, so this is the case
+    # where the job's own failure requeue and Slurm's node-failure requeue meet.
+    loss = lose_a_node(job_id, batch_host=False)
+    assert loss.lost not in loss.second_nodes and len(loss.second_nodes) == 2, loss
+    assert node_state(loss.lost) in ("idle", "mixed", "allocated")  # returned to service
+
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] >= 1
+    # Nothing lost beyond the checkpoint interval: it resumed from the newest checkpoint
+    # committed before the node went, or a later one had a save been under way.
+    assert result["resumed_from"] >= committed_before, (result["resumed_from"], committed_before)
+    rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert f"resumed from checkpoint step {result['resumed_from']}" in rank0
