@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,11 @@ def last_record(path: Path) -> dict[str, Any] | None:
     return None
 
 
+def natural_key(path: Path) -> tuple[tuple[int, int | str], ...]:
+    """Sort key reading digit runs as numbers: point 2 before point 10 (sweep point dirs)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(path)) if part)
+
+
 def find_runs(path: Path) -> list[RunDir]:
     """The run directories at `path`: a sweep's points (sweep.json), one run (config.yaml), or
     every run below it (sorted). Raises UserError when there are none."""
@@ -118,7 +124,7 @@ def find_runs(path: Path) -> list[RunDir]:
         runs = [RunDir(path)]
     else:
         # Hydra's .hydra/ and a frozen code/ copy hold config.yaml files too; they are not runs.
-        runs = sorted((RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: r.path)
+        runs = sorted((RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: natural_key(r.path))
     if not runs:
         raise UserError(f"{path} holds no runs (no sweep.json, and no config.yaml in it or below it)")
     return runs

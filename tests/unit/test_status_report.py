@@ -85,6 +85,13 @@ def test_runs_are_found_below_a_root_but_not_in_hydra_or_code_dirs(tmp_path):
     assert [s.run_dir for s in statuses(tmp_path / "a")] == [tmp_path / "a"]
 
 
+def test_runs_are_listed_in_numeric_order(tmp_path):
+    for name in ("sweep/10", "sweep/2", "sweep/1", "other"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "config.yaml").write_text("x: 1\n")
+    assert [r.path.relative_to(tmp_path).as_posix() for r in find_runs(tmp_path)] == ["other", "sweep/1", "sweep/2", "sweep/10"]
+
+
 def test_last_record_skips_a_line_being_written(tmp_path):
     path = tmp_path / "steps.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
