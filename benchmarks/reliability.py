@@ -65,6 +65,8 @@ def lost_steps(run_dir: Path) -> int:
 
 
 def trial_stall(work: Path, rng: random.Random) -> dict:
+    from tests.conftest import end_process
+
     run_root = work / "runs"
     proc = launch(run_root, "resources.tasks_per_node=3", "model.hidden_sizes=[1024,1024]", "trainer.max_steps=80", "trainer.epochs=100",
                   "trainer.watchdog_s=5", *CHECKPOINT, wait=False)
@@ -81,11 +83,7 @@ def trial_stall(work: Path, rng: random.Random) -> dict:
     try:
         code = proc.wait(timeout=120)
     finally:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(victim, sig)
-            except ProcessLookupError:
-                pass
+        end_process(victim)
     ended_s = time.monotonic() - stopped
     named = any("behind: rank 1 on" in log.read_text() for log in (run_dir / "logs").glob("rank-*.log"))
     again = resume(run_dir)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +52,25 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
         [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
     )
+
+
+def submit_job(*overrides: str, cwd: Path) -> tuple[str, Path]:
+    """Submit one job through launch.py: its Slurm job id and its run dir."""
+    submitted = run_launch(*overrides, cwd=cwd)
+    assert submitted.returncode == 0, submitted.stderr
+    found = re.search(r"submitted job (\d+)", submitted.stdout)
+    assert found, submitted.stdout
+    (run_dir,) = run_dirs(cwd)
+    return found.group(1), run_dir
+
+
+def end_process(pid: int) -> None:
+    """SIGCONT (it may be stopped) then SIGKILL; gone already is fine."""
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def run_dirs(root: Path) -> list[Path]:

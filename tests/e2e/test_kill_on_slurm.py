@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.conftest import run_dirs, run_launch, submit_job, wait_until_done
 from tests.e2e.test_preemption import poll, release_when_requeued, restarts
 from tests.mpi.test_resume import logged_steps
 from trainers.checkpoint import Checkpointer
@@ -38,10 +38,7 @@ def python_ranks(run_dir: Path) -> list[int]:
 
 def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
     rng = random.Random(2026)
-    submitted = run_launch(*JOB, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path)
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     for _ in range(KILLS):
         target = logged_steps(run_dir) + rng.randint(3, 8)
         poll(lambda target=target: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")

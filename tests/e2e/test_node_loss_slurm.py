@@ -6,11 +6,10 @@ the lost node returns to service afterwards."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.conftest import submit_job, wait_until_done
 from tests.e2e.node_loss import lose_a_node, newest_committed_step, node_state
 from tests.e2e.test_preemption import poll
 from tests.mpi.test_resume import logged_steps
@@ -22,10 +21,7 @@ JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "
 
 
 def test_a_lost_node_requeues_the_job_which_resumes_on_the_remaining_nodes(tmp_path):
-    submitted = run_launch(*JOB, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path)
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a committed checkpoint")
     committed_before = newest_committed_step(run_dir)
 

@@ -4,7 +4,6 @@ in different ways, and compare it with an uninterrupted run: same per-step losse
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 
@@ -12,7 +11,7 @@ import pytest
 
 from hpc.requeue import job_fields
 from hpc.slurm import job_state
-from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.conftest import run_dirs, run_launch, submit_job, wait_until_done
 from tests.mpi.test_resume import logged_steps, state_hash, step_losses
 from trainers.checkpoint import Checkpointer
 
@@ -56,10 +55,7 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert reference.returncode == 0, reference.stdout + reference.stderr
     (ref_dir,) = run_dirs(tmp_path / "a")
 
-    submitted = run_launch(*JOB, cwd=tmp_path / "b")
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path / "b")
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path / "b")
 
     interruptions = [
         (9, ["scancel", "--signal=USR1", job_id]),  # what preempt_send_user_signal delivers
@@ -85,10 +81,7 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):
     """A job in 'high' needing every node preempts ours: USR1 reaches every rank
     (preempt_send_user_signal), they checkpoint, the job requeues, and later resumes."""
-    submitted = run_launch(*JOB, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path)
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8, "step 8")
     preemptor = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"],
                                capture_output=True, text=True, check=True).stdout.strip()
@@ -104,11 +97,8 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
 def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tmp_path):
     """A 1-minute job with --signal=USR1@50: Slurm signals it 10-40 s in (its time-limit check
     runs periodically); the ranks save, and from the job's EndTime the log says 'time limit'."""
-    submitted = run_launch("cluster=simulated", "resources.nodes=1", "resources.time_min=1", "cluster.signal_seconds=50",
-                           "trainer.epochs=1000", "checkpoint.every_steps=0", cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path)
+    job_id, run_dir = submit_job("cluster=simulated", "resources.nodes=1", "resources.time_min=1", "cluster.signal_seconds=50",
+                                 "trainer.epochs=1000", "checkpoint.every_steps=0", cwd=tmp_path)
     try:
         poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=75)
         log = (run_dir / "logs" / "rank-00000.log").read_text()

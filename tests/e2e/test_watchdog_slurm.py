@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.conftest import submit_job, wait_until_done
 from tests.e2e.test_preemption import poll, release_when_requeued, restarts
 from tests.mpi.test_resume import logged_steps
 from trainers.watchdog import heartbeat_file
@@ -23,10 +22,7 @@ JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "
 
 
 def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):
-    submitted = run_launch(*JOB, cwd=tmp_path)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-    (run_dir,) = run_dirs(tmp_path)
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 12, "step 12")
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 3).read_text())
     os.kill(victim["pid"], signal.SIGSTOP)  # rank 3 on the second node stops dead

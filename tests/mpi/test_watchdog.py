@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_dirs
+from tests.conftest import ROOT, end_process, run_dirs
 from tests.mpi.test_resume import logged_steps, resume_command
 from trainers.watchdog import heartbeat_file
 
@@ -38,11 +38,7 @@ def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path):
     try:
         code = launched.wait(timeout=90)  # without the watchdog: hangs until the test times out
     finally:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(victim, sig)
-            except ProcessLookupError:
-                pass
+        end_process(victim)
     ended_after = time.monotonic() - stopped_at
     assert code != 0
     # Whichever rank's watchdog fires first logs the verdict; the launcher may end the others first.
