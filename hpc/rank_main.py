@@ -175,7 +175,8 @@ def start_watchdog(job: Any, run_dir: RunDir, rank: RankInfo) -> Any:
         logging.shutdown()
         os._exit(EXIT_STALLED)
 
-    return Watchdog(job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall).start()
+    return Watchdog(job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall,
+                    startup_s=job.trainer.watchdog_startup_s).start()
 
 
 def main(argv: list[str]) -> int:

@@ -88,6 +88,8 @@ def check_reporting(job: JobConfig) -> None:
         raise UserError(f"trainer.straggler_ratio={trainer.straggler_ratio} must be > 1 (the slowest rank vs the median)")
     if trainer.watchdog_s is not None and trainer.watchdog_s <= 0:
         raise UserError(f"trainer.watchdog_s={trainer.watchdog_s} must be > 0 seconds, or null for no watchdog")
+    if trainer.watchdog_startup_s <= 0:
+        raise UserError(f"trainer.watchdog_startup_s={trainer.watchdog_startup_s} must be > 0 seconds")
     if trainer.max_bad_steps < 0:
         raise UserError(f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 0 (0: skip bad steps, never roll back)")
     if trainer.tensorboard and not installed("tensorboard"):

@@ -66,8 +66,11 @@ class TrainerConfig:
     prometheus_file: str | None = None  # rank 0 rewrites it (text format); relative: in the run dir
     tensorboard: bool = False  # event files in <run_dir>/tensorboard (needs the tensorboard package)
     # No finished step for this long: name the stalled rank, requeue (Slurm) and end the job
-    # instead of hanging to the time limit. Must exceed start-up, evaluation and a checkpoint.
+    # instead of hanging to the time limit. Must exceed evaluation and a synchronous checkpoint.
     watchdog_s: float | None = 600.0
+    # Until the first step finishes (start-up: MPI/NCCL init, data, model, checkpoint loading)
+    # the watchdog allows this long instead, if longer; a rank that never joins still ends the job.
+    watchdog_startup_s: float = 1800.0
     # Steps with non-finite gradients are skipped (and counted); after this many in a row, roll
     # back to the last committed checkpoint and skip their data from then on. 0: never roll back.
     max_bad_steps: int = 3

@@ -4,8 +4,9 @@ A rank that dies or stalls inside a collective leaves every other rank blocked i
 collective, where no exception ever comes. Each rank runs a thread that watches the time since
 its last finished step; past the timeout it names the rank that stalled and calls `on_stall`
 with a one-line message, which ends the job (see hpc.rank_main). The heartbeats live in the run dir,
-on the file system every rank shares. The timeout must exceed the longest stretch without a
-step: start-up to the first step, evaluation, a synchronous checkpoint.
+on the file system every rank shares. The timeout must exceed the longest stretch between steps:
+evaluation, a synchronous checkpoint. Start-up to the first step (imports, MPI or NCCL init,
+loading data, model and checkpoint) has its own, longer allowance, `startup_s`.
 
 Who stalled: every rank's watchdog thread rewrites a heartbeat file (step, host, pid, time) each
 poll, so a rank that is stopped, dead or stuck in the kernel goes silent while the ranks merely
@@ -78,13 +79,15 @@ def _ranks(ranks: list[int]) -> str:
 
 class Watchdog:
     def __init__(self, timeout_s: float, directory: Path | None, rank: int, world_size: int, host: str,
-                 on_stall: Callable[[str], None], poll_s: float | None = None) -> None:
+                 on_stall: Callable[[str], None], poll_s: float | None = None, startup_s: float = 0.0) -> None:
         self.timeout_s = timeout_s
+        self.startup_s = max(timeout_s, startup_s)
         self._directory, self._rank, self._world_size, self._host = directory, rank, world_size, host
         self._on_stall = on_stall
         self._poll_s = poll_s if poll_s is not None else min(5.0, timeout_s / 4)
         self._last_beat = time.monotonic()
         self._step = 0
+        self._stepped = False  # no step finished yet: the start-up allowance applies
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
         if directory is not None:
@@ -98,7 +101,7 @@ class Watchdog:
 
     def beat(self, step: int) -> None:
         """A step finished (called by fit at every step boundary)."""
-        self._last_beat, self._step = time.monotonic(), step
+        self._last_beat, self._step, self._stepped = time.monotonic(), step, True
 
     def close(self) -> None:
         self._stop.set()
@@ -121,8 +124,10 @@ class Watchdog:
         while not self._stop.wait(self._poll_s):
             self._write()
             silent = time.monotonic() - self._last_beat
-            if silent > self.timeout_s:
-                message = f"watchdog: no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}; behind: {self._verdict()}"
+            if silent > (self.timeout_s if self._stepped else self.startup_s):
+                waited = f"no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}" if self._stepped else \
+                    f"no first step after {silent:.0f} s of start-up (timeout {self.startup_s:g} s)"
+                message = f"watchdog: {waited}; behind: {self._verdict()}"
                 self._on_stall(message)
                 return
 

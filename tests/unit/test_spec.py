@@ -50,6 +50,8 @@ def test_local_cluster_is_one_node_but_may_oversubscribe_cores():
         (lambda j: replace(j, checkpoint=replace(j.checkpoint, keep=1)), "keep at least 2"),
         (lambda j: replace(j, optim=replace(j.optim, lr=0.0)), "optim.lr=0.0 must be > 0"),
         (lambda j: replace(j, trainer=replace(j.trainer, epochs=0)), "trainer.epochs=0"),
+        (lambda j: replace(j, trainer=replace(j.trainer, watchdog_s=0)), "trainer.watchdog_s=0 must be > 0 seconds, or null"),
+        (lambda j: replace(j, trainer=replace(j.trainer, watchdog_startup_s=-1)), "trainer.watchdog_startup_s=-1 must be > 0"),
     ],
 )
 def test_bad_training_settings_are_refused(change, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from trainers.watchdog import Heartbeat, Watchdog, describe_stall, read_heartbeats
 
@@ -34,3 +35,25 @@ def test_watchdog_fires_once_without_steps_and_not_while_steps_come(tmp_path):
     assert "never reported: ranks 1" in fired[0]  # rank 1 never wrote a heartbeat here
     (mine,) = read_heartbeats(tmp_path)
     assert (mine.rank, mine.step, mine.host) == (0, 10, "h")
+
+
+def test_start_up_has_its_own_allowance_then_the_step_timeout_applies(tmp_path):
+    fired: list[tuple[str, float]] = []
+    done = threading.Event()
+    started = time.monotonic()
+    watchdog = Watchdog(0.2, tmp_path, rank=0, world_size=1, host="h", poll_s=0.02, startup_s=0.8,
+                        on_stall=lambda m: (fired.append((m, time.monotonic() - started)), done.set())).start()
+    assert done.wait(5), "the start-up allowance never ran out"
+    watchdog.close()
+    ((message, after_s),) = fired
+    assert message.startswith("watchdog: no first step after") and "timeout 0.8 s" in message
+    assert after_s >= 0.8  # not the 0.2 s step timeout
+
+    fired.clear()
+    done.clear()
+    watchdog = Watchdog(0.2, tmp_path, rank=0, world_size=1, host="h", poll_s=0.02, startup_s=60,
+                        on_stall=lambda m: (fired.append((m, 0.0)), done.set())).start()
+    watchdog.beat(1)  # the first step finished: from here on 0.2 s is the limit
+    assert done.wait(5), "the step timeout did not apply after the first step"
+    watchdog.close()
+    assert fired[0][0].startswith("watchdog: no step finished for") and "after step 1" in fired[0][0]
