@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 scripts/install.sh --cluster
 scripts/slurm-sim.sh start
 # Under CI=true, tests that need Slurm or MPI fail instead of skipping (tests/conftest.py).
-exec python3 -m pytest -q -ra "$@"
+# --durations: the slowest tests end the log, to keep the suite well inside CI's limit.
+exec python3 -m pytest -q -ra --durations=15 "$@"
