@@ -39,15 +39,18 @@ class RunStatus:
     checkpoint_step: int | None
     samples_per_s: float | None
     log: Path
+    # Why a pending job waits (Slurm's Reason): "BeginTime" after a requeue, "Priority", "JobHeldUser"
+    reason: str = ""
 
     def line(self) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
         rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:.0f}"
-        return f"{self.job_id or 'local':<12} {self.state:<12} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
+        state = f"{self.state}({self.reason})" if self.reason else self.state
+        return f"{self.job_id or 'local':<12} {state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
 
 
-HEADER = f"{'job':<12} {'state':<12} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
+HEADER = f"{'job':<12} {'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
 
 
 def slurm_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -141,8 +144,9 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     rate = step.get("samples_per_s") if step else None
     if rate is None:
         rate = (last_record(run_dir.metrics) or {}).get("samples_per_s")
+    reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
     return RunStatus(run_dir.path, job_id, state, restarts, step.get("step") if step else None, newest_checkpoint(run_dir),
-                     float(rate) if rate is not None else None, run_dir.rank_log(0))
+                     float(rate) if rate is not None else None, run_dir.rank_log(0), reason)
 
 
 def statuses(path: Path) -> list[RunStatus]:

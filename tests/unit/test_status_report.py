@@ -66,6 +66,9 @@ def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     slurm = {"77_3": {"JobState": "RUNNING", "Restarts": "1"}}
     assert (run_status(run, slurm, {}).state, run_status(run, slurm, {}).restarts) == ("RUNNING", 1)
     assert run_status(run, {}, {"77_3": "TIMEOUT"}).state == "TIMEOUT"
+    requeued = run_status(run, {"77_3": {"JobState": "PENDING", "Restarts": "2", "Reason": "BeginTime"}}, {})
+    assert (requeued.reason, requeued.line().split()[1:3]) == ("BeginTime", ["PENDING(BeginTime)", "2"])
+    assert run_status(run, {"77_3": {"JobState": "PENDING", "Reason": "None"}}, {}).line().split()[1] == "PENDING"
     assert run_status(run, {}, {}).state == "STOPPED"  # Slurm forgot it: result.json tells
 
 
