@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.requeue import job_fields
+from hpc.rundir import RunDir
 from hpc.slurm import job_state
-from tests.e2e.test_preemption import poll, restarts
-from trainers.checkpoint import Checkpointer
+from hpc.status import newest_checkpoint
+from tests.e2e.test_preemption import nodes_settled, poll, restarts
 
 SIM = str(Path(__file__).resolve().parents[2] / "scripts" / "slurm-sim.sh")
 # slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (60 s); it
@@ -24,7 +25,6 @@ DETECTION_S = 150
 class NodeLoss:
     lost: str
     was_batch_host: bool
-    first_nodes: list[str]
     second_nodes: list[str]
     requeued_s: float  # from the kill until Slurm counted a restart
     down_s: float  # from the kill until the node was DOWN
@@ -38,16 +38,8 @@ def node_state(node: str) -> str:
     return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-p", "debug", "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
-def others_settled(lost: str) -> bool:
-    """Every node but the lost one is up again and no step of the ended run is left."""
-    lines = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"], capture_output=True, text=True).stdout.splitlines()
-    steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout.split()
-    others = [line.split()[1] for line in lines if line.split()[0] != lost]
-    return bool(others) and all(state in ("idle", "mixed", "allocated") for state in others) and not steps
-
-
 def newest_committed_step(run_dir: Path) -> int:
-    return max((c.step for c in Checkpointer(run_dir / "checkpoints", 0, 1, keep=3).committed()), default=0)
+    return newest_checkpoint(RunDir(run_dir)) or 0
 
 
 def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
@@ -55,8 +47,7 @@ def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
     Slurm has requeued the job and marked the node DOWN, start the job again at once (Slurm
     would hold it about 2 minutes), check where it runs, and bring the node back."""
     fields = job_fields(job_id)
-    first_nodes = hostnames(fields["NodeList"])
-    lost = fields["BatchHost"] if batch_host else next(n for n in first_nodes if n != fields["BatchHost"])
+    lost = fields["BatchHost"] if batch_host else next(n for n in hostnames(fields["NodeList"]) if n != fields["BatchHost"])
     killed_at = time.monotonic()
     subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     try:
@@ -65,10 +56,10 @@ def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
         poll(lambda: node_state(lost).startswith("down"), f"{lost} to be DOWN", DETECTION_S)
         down_s = time.monotonic() - killed_at
         poll(lambda: job_state(job_id) == "PENDING", "the job to pend again")
-        poll(lambda: others_settled(lost), "the other nodes to finish the ended run")
+        poll(lambda: nodes_settled(except_node=lost), "the other nodes to finish the ended run")
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
         poll(lambda: job_state(job_id) == "RUNNING", "the job to run again")
         second_nodes = hostnames(job_fields(job_id)["NodeList"])
     finally:
         subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
-    return NodeLoss(lost, batch_host, first_nodes, second_nodes, requeued_s, down_s)
+    return NodeLoss(lost, batch_host, second_nodes, requeued_s, down_s)

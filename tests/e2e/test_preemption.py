@@ -32,10 +32,12 @@ def restarts(job_id: str) -> int:
     return int(job_fields(job_id).get("Restarts", -1))
 
 
-def nodes_settled() -> bool:
-    out = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%T"], capture_output=True, text=True).stdout.split()
+def nodes_settled(except_node: str | None = None) -> bool:
+    """Every node (but `except_node`, a lost one) is up and no step of an ended run is left."""
+    lines = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"], capture_output=True, text=True).stdout.splitlines()
+    states = [state for node, state in (line.split() for line in lines) if node != except_node]
     steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout.split()
-    return bool(out) and all(state in ("idle", "mixed", "allocated") for state in out) and not steps
+    return bool(states) and all(state in ("idle", "mixed", "allocated") for state in states) and not steps
 
 
 def release_when_requeued(job_id: str, restarts_before: int) -> None:
