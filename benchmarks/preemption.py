@@ -11,7 +11,6 @@ moment Slurm counts the job as restarted. Cancels the job afterwards.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys
@@ -20,9 +19,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from hpc.requeue import job_fields
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.simcluster import parse_job_id, restarts  # noqa: E402  (after the path)
 DEFAULTS = ["cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
             "trainer.epochs=50", "checkpoint.every_minutes=null"]
 
@@ -35,10 +35,6 @@ def wait_for(condition, timeout_s: float = 120) -> None:  # type: ignore[no-unty
         time.sleep(0.02)  # polling files and scontrol: there is no event to wait on
 
 
-def restarts(job_id: str) -> int:
-    return int(job_fields(job_id).get("Restarts", 0))
-
-
 def log_time(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -47,7 +43,7 @@ def measure_once(overrides: list[str], workdir: Path) -> tuple[float, float]:
     run_root = workdir / f"r{time.monotonic_ns()}"
     out = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={run_root}"],
                          capture_output=True, text=True, check=True).stdout
-    job_id = re.search(r"submitted job (\d+)", out).group(1)
+    job_id = parse_job_id(out)
     (run_dir,) = [p.parent for p in run_root.glob("*/*/config.yaml")]
     steps = run_dir / "steps.jsonl"
     try:

@@ -65,7 +65,7 @@ def lost_steps(run_dir: Path) -> int:
 
 
 def trial_stall(work: Path, rng: random.Random) -> dict:
-    from tests.conftest import end_process
+    from benchmarks.simcluster import end_process
 
     run_root = work / "runs"
     proc = launch(run_root, "resources.tasks_per_node=3", "model.hidden_sizes=[1024,1024]", "trainer.max_steps=80", "trainer.epochs=100",
@@ -151,14 +151,14 @@ BATCH_HOST_NEXT = itertools.cycle([True, False])  # node-loss trials alternate t
 
 
 def trial_node_loss(work: Path, rng: random.Random) -> dict:
-    from tests.e2e.node_loss import lose_a_node, newest_committed_step
+    from benchmarks.simcluster import lose_a_node, newest_committed_step, parse_job_id
 
     run_root = work / "runs"
     submitted = launch(run_root, "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
                        "trainer.epochs=4", *CHECKPOINT)
     if submitted.returncode != 0:
         return {"outcome": f"not submitted: {submitted.stderr.strip()[-200:]}", "ok": False}
-    job_id = submitted.stdout.split("submitted job ")[1].split()[0]
+    job_id = parse_job_id(submitted.stdout)
     target = rng.randint(8, 30)
     deadline = time.monotonic() + 180
     while not list(run_root.glob("*/*/steps.jsonl")) or len(step_log(the_run(run_root))) < target:

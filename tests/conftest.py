@@ -1,21 +1,17 @@
-"""Shared test helpers. Under CI=true a missing MPI or Slurm is a failure, never a skip."""
+"""Fixtures. Under CI=true a missing MPI or Slurm is a failure, never a skip; a Slurm test's
+leftover jobs are cancelled so that they cannot hold nodes the next test needs."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from hpc.slurm import TERMINAL_STATES, job_state
 
-ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -34,6 +30,11 @@ def slurm_is_up() -> bool:
     return out.returncode == 0 and any(state in out.stdout for state in ("idle", "mixed", "allocated"))
 
 
+def queued_job_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True)
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
 @pytest.fixture
 def needs_mpi() -> None:
     from hpc.spec import find_mpirun
@@ -42,39 +43,18 @@ def needs_mpi() -> None:
 
 
 @pytest.fixture
-def needs_slurm() -> None:
+def needs_slurm():
+    """A running Slurm; every job the test leaves queued or running is cancelled after it."""
     require(slurm_is_up(), "a running Slurm cluster (scripts/slurm-sim.sh start)")
-
-
-def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`python launch.py OVERRIDES...` in a subprocess, run dirs under cwd."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
-    )
-
-
-def submit_job(*overrides: str, cwd: Path) -> tuple[str, Path]:
-    """Submit one job through launch.py: its Slurm job id and its run dir."""
-    submitted = run_launch(*overrides, cwd=cwd)
-    assert submitted.returncode == 0, submitted.stderr
-    found = re.search(r"submitted job (\d+)", submitted.stdout)
-    assert found, submitted.stdout
-    (run_dir,) = run_dirs(cwd)
-    return found.group(1), run_dir
-
-
-def end_process(pid: int) -> None:
-    """SIGCONT (it may be stopped) then SIGKILL; gone already is fine."""
-    for sig in (signal.SIGCONT, signal.SIGKILL):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def run_dirs(root: Path) -> list[Path]:
-    return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
+    before = queued_job_ids()
+    yield
+    leftover = sorted(queued_job_ids() - before)
+    if not leftover:
+        return
+    subprocess.run(["scancel", *leftover], capture_output=True)
+    deadline = time.monotonic() + 60
+    while queued_job_ids() & set(leftover) and time.monotonic() < deadline:
+        time.sleep(0.2)  # squeue offers no event for a job leaving the queue
 
 
 def wait_until_done(job_id: str, timeout_s: float = 240) -> str:

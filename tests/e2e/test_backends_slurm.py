@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tests.conftest import require, run_dirs, run_launch
+from tests.conftest import require
+from tests.support.runs import run_dirs, run_launch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from hpc.requeue import job_fields
-from tests.conftest import ROOT
+from tests.support.runs import ROOT
+from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -30,7 +31,7 @@ def test_job_names_reach_slurm_literally_and_never_run(tmp_path, name):
     done = subprocess.run([sys.executable, str(ROOT / "launch.py"), f"name={hydra_quoted(name)}", "cluster=simulated", "hold=true",
                            f"run_root={hydra_quoted(str(run_root))}"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    job_id = done.stdout.split("submitted job ", 1)[1].split()[0]
+    job_id = parse_job_id(done.stdout)
     try:
         # -o mode prints one line with space-separated fields; the name runs to " UserId=".
         line = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch, submit_job, wait_until_done
-from tests.e2e.test_preemption import poll, release_when_requeued, restarts
-from tests.mpi.test_resume import logged_steps
+from benchmarks.simcluster import poll, release_when_requeued, restarts
+from tests.conftest import wait_until_done
+from tests.support.runs import logged_steps, run_dirs, run_launch, submit_job
 from trainers.checkpoint import Checkpointer
+from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -72,7 +73,7 @@ def test_a_python_error_is_not_requeued(tmp_path):
     data.write_bytes(resolve_data_path(DataConfig()).read_bytes())
     submitted = run_launch("cluster=simulated", "resources.tasks_per_node=2", f"data.path={data}", "hold=true", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    job_id = parse_job_id(submitted.stdout)
     data.unlink()  # every rank fails the same way on every start
     subprocess.run(["scontrol", "release", job_id], check=True)
     assert wait_until_done(job_id) == "FAILED"

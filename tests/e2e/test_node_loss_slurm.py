@@ -9,10 +9,9 @@ import json
 
 import pytest
 
-from tests.conftest import submit_job, wait_until_done
-from tests.e2e.node_loss import lose_a_node, newest_committed_step, node_state
-from tests.e2e.test_preemption import poll
-from tests.mpi.test_resume import logged_steps
+from benchmarks.simcluster import lose_a_node, newest_committed_step, node_state, poll
+from tests.conftest import wait_until_done
+from tests.support.runs import logged_steps, submit_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

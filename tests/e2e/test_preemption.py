@@ -11,43 +11,14 @@ import pytest
 
 from hpc.requeue import job_fields
 from hpc.slurm import job_state
-from tests.conftest import run_dirs, run_launch, submit_job, wait_until_done
-from tests.mpi.test_resume import logged_steps, state_hash, step_losses
+from tests.conftest import wait_until_done
+from tests.support.runs import logged_steps, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
        "trainer.epochs=8", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
-
-
-def poll(condition, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)  # Slurm and the step log give no event to wait on
-
-
-def restarts(job_id: str) -> int:
-    return int(job_fields(job_id).get("Restarts", -1))
-
-
-def nodes_settled(except_node: str | None = None) -> bool:
-    """Every node (but `except_node`, a lost one) is up and no step of an ended run is left."""
-    lines = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"], capture_output=True, text=True).stdout.splitlines()
-    states = [state for node, state in (line.split() for line in lines) if node != except_node]
-    steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout.split()
-    return bool(states) and all(state in ("idle", "mixed", "allocated") for state in states) and not steps
-
-
-def release_when_requeued(job_id: str, restarts_before: int) -> None:
-    """Slurm holds a requeued job back (BeginTime about 2 minutes on): start it now."""
-    poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued")
-    poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
-    # Starting it before every node finished cleaning up the killed run makes slurmd refuse the
-    # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
-    poll(nodes_settled, "nodes to finish the killed run")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
 
 
 def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):

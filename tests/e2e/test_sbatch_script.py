@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, wait_until_done
+from tests.conftest import wait_until_done
+from tests.support.runs import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -43,8 +44,8 @@ def test_override_contradicting_the_allocation_is_refused(tmp_path):
 
 
 def test_plain_sbatch_job_resumes_in_the_same_run_dir_after_a_signal(tmp_path):
-    from tests.e2e.test_preemption import poll, release_when_requeued
-    from tests.mpi.test_resume import logged_steps
+    from benchmarks.simcluster import poll, release_when_requeued
+    from tests.support.runs import logged_steps
 
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/slurm-%j.out",

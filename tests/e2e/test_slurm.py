@@ -8,24 +8,20 @@ import re
 import pytest
 
 from hpc.slurm import TERMINAL_STATES, job_state
-from tests.conftest import run_dirs, run_launch, wait_until_done
+from tests.conftest import wait_until_done
+from tests.support.runs import run_dirs, run_launch
 from trainers.metrics import read_metrics
+from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 TWO_BY_TWO = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2")
 
 
-def submitted_job_id(stdout: str) -> str:
-    match = re.search(r"submitted job (\d+)", stdout)
-    assert match, stdout
-    return match.group(1)
-
-
 def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
     result = run_launch(*TWO_BY_TWO, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    job_id = submitted_job_id(result.stdout)
+    job_id = parse_job_id(result.stdout)
     assert job_state(job_id) not in TERMINAL_STATES  # launch.py returned at submission
     (run_dir,) = run_dirs(tmp_path)
     assert f"run directory: {run_dir}" in result.stdout

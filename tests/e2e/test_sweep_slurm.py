@@ -17,7 +17,9 @@ import pytest
 
 from hpc.requeue import job_fields
 from hpc.status import statuses
-from tests.conftest import ROOT, run_dirs, wait_until_done
+from tests.conftest import wait_until_done
+from tests.support.runs import ROOT, run_dirs
+from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -112,7 +114,7 @@ def test_a_job_runs_the_code_frozen_at_submission_even_under_export_none(tmp_pat
     done = subprocess.run([sys.executable, "launch.py", "cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1", "hold=true",
                            f"run_root={tmp_path / 'runs'}"], cwd=project, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    job_id = re.search(r"submitted job (\d+)", done.stdout).group(1)
+    job_id = parse_job_id(done.stdout)
     assert job_fields(job_id).get("Reason") == "JobHeldUser"
     # Edited after submission: a job that imported the checkout would die at once.
     (project / "trainers" / "fit.py").write_text("raise SystemExit('edited after submission')\n")
@@ -125,8 +127,8 @@ def test_a_job_runs_the_code_frozen_at_submission_even_under_export_none(tmp_pat
 
 
 def test_an_array_task_is_stopped_requeued_and_resumed_like_a_single_job(tmp_path):
-    from tests.e2e.test_preemption import poll, release_when_requeued
-    from tests.mpi.test_resume import logged_steps
+    from benchmarks.simcluster import poll, release_when_requeued
+    from tests.support.runs import logged_steps
 
     done = launch_sweep("optim.lr=0.05,0.1", "cluster=simulated", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
                         "trainer.epochs=6", "checkpoint.every_steps=5", "checkpoint.every_minutes=null", cwd=tmp_path)

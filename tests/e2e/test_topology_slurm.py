@@ -10,7 +10,8 @@ import pytest
 
 from hpc.overrides import compose_job
 from hpc.topology import map_ranks
-from tests.conftest import ROOT, wait_until_done
+from tests.conftest import wait_until_done
+from tests.support.runs import ROOT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -42,7 +43,7 @@ def test_every_rank_binds_to_its_gpu_and_rail_and_hierarchical_matches_mpi_allre
 
 
 def test_rings_follow_the_switch_tree_from_topology_conf(tmp_path):
-    from tests.conftest import run_dirs, run_launch
+    from tests.support.runs import run_dirs, run_launch
 
     conf = tmp_path / "topology.conf"  # node1 and node3 share a leaf, node2 and node4 the other
     conf.write_text("SwitchName=s1 Nodes=node[1,3]\nSwitchName=s2 Nodes=node[2,4]\nSwitchName=top Switches=s[1-2]\n")
@@ -57,7 +58,7 @@ def test_rings_follow_the_switch_tree_from_topology_conf(tmp_path):
 
 
 def test_a_missing_topology_conf_is_refused_before_submission(tmp_path):
-    from tests.conftest import run_launch
+    from tests.support.runs import run_launch
 
     done = run_launch("cluster=simulated", f"cluster.topology_conf={tmp_path / 'nope.conf'}", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == f"error: cluster.topology_conf={tmp_path / 'nope.conf'}: No such file or directory"

@@ -10,9 +10,9 @@ import signal
 
 import pytest
 
-from tests.conftest import submit_job, wait_until_done
-from tests.e2e.test_preemption import poll, release_when_requeued, restarts
-from tests.mpi.test_resume import logged_steps
+from benchmarks.simcluster import poll, release_when_requeued, restarts
+from tests.conftest import wait_until_done
+from tests.support.runs import logged_steps, submit_job
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]

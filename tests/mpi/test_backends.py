@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import IN_CI, require, run_dirs, run_launch
+from tests.conftest import IN_CI, require
+from tests.support.runs import run_dirs, run_launch
 from trainers.checkpoint import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import run_dirs, run_launch
+from tests.support.runs import run_dirs, run_launch
 from trainers.config import DataConfig
 from trainers.datasets import default_dataset_path, resolve_data_path
 from trainers.sampler import ShardSampler

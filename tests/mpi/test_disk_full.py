@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, require, run_dirs
-from tests.mpi.test_resume import resume_command
+from tests.conftest import require
+from tests.support.runs import resume_command, ROOT, run_dirs
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

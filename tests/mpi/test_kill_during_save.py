@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch
-from tests.mpi.test_resume import logged_steps, rank_pids, resume_command
+from tests.support.runs import logged_steps, rank_pids, resume_command, run_dirs, run_launch
 from trainers.checkpoint import Checkpointer, step_dir_name
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hpc.spec import find_mpirun
-from tests.conftest import ROOT, run_dirs, run_launch
+from tests.support.runs import ROOT, run_dirs, run_launch
 from trainers.metrics import read_metrics
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

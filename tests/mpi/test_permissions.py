@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from tests.conftest import run_dirs, run_launch
+from tests.support.runs import run_dirs, run_launch
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -15,57 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_dirs, run_launch
-from trainers.checkpoint import load_tensor_file
+from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, run_dirs, run_launch, run_until_signalled, state_hash, step_losses
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
 # Slow enough per step (wide MLP) that signals land mid-run; async saves every 7 steps.
 JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
-
-
-def state_hash(run_dir: Path) -> str:
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    state = load_tensor_file(newest / "shared.ckpt")
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state["model"].items()):
-        digest.update(name.encode() + tensor.numpy().tobytes())
-    return digest.hexdigest()
-
-
-def step_losses(run_dir: Path) -> dict[int, float]:
-    """Last logged loss per step (steps re-run after a restart log again)."""
-    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows}
-
-
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "steps.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def rank_pids(run_dir: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"hpc.rank_main {run_dir}"], capture_output=True, text=True)
-    return [int(pid) for pid in out.stdout.split()]
-
-
-def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    return shlex.split((run_dir / "command.txt").read_text()), env
-
-
-def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:
-    """Start the ranks, signal every rank once `after_steps` more steps are logged; exit code."""
-    start = logged_steps(run_dir)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while logged_steps(run_dir) < start + after_steps:
-        assert proc.poll() is None, f"job ended before the signal: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.01)  # polling the step log: there is no event to wait on
-    for pid in rank_pids(run_dir):
-        os.kill(pid, sig)  # Slurm signals every task, not mpirun
-    return proc.wait(timeout=120)
 
 
 def test_three_interruptions_resume_bit_exactly(tmp_path):

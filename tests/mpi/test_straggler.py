@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, run_dirs
-from tests.mpi.test_resume import logged_steps
+from tests.support.runs import logged_steps, ROOT, run_dirs
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

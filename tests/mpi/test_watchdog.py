@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, end_process, run_dirs
-from tests.mpi.test_resume import logged_steps, resume_command
+from benchmarks.simcluster import end_process
+from tests.support.runs import logged_steps, resume_command, ROOT, run_dirs
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

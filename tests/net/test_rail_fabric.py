@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, require
+from tests.conftest import require
+from tests.support.runs import ROOT
 
 FABRIC = ["bash", str(ROOT / "scripts" / "rail-fabric.sh")]
 pytestmark = [pytest.mark.net]

@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_dirs, run_launch
+from tests.support.runs import ROOT, run_dirs, run_launch
 
 
 def assert_one_line_error(result, *fragments):

@@ -13,7 +13,7 @@ import pytest
 from hpc.report import scaling_figures
 from hpc.rundir import RunDir, find_runs, last_record
 from hpc.status import run_status, statuses
-from tests.conftest import ROOT
+from tests.support.runs import ROOT
 
 
 def _jsonl(path, records):

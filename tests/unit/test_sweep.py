@@ -12,7 +12,7 @@ from hpc.config import JobConfig, ResourcesConfig
 from hpc.errors import UserError
 from hpc.overrides import check_sweep
 from hpc.sweep import SweepPoint, expand_sweep, sweep_groups
-from tests.conftest import ROOT
+from tests.support.runs import ROOT
 
 
 def test_grid_of_two_keys_gives_every_combination_in_order():

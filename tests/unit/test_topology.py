@@ -99,7 +99,7 @@ def test_show_prints_the_mapping_and_ring_order(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.runs import ROOT
 
     conf = tmp_path / "topology.conf"
     conf.write_text(TOPOLOGY_CONF)

@@ -1,0 +1,93 @@
+"""Start runs through launch.py and read what they leave in their run directories."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.simcluster import parse_job_id
+from trainers.checkpoint import load_tensor_file
+
+ROOT = Path(__file__).resolve().parents[2]
+# Launchers whose command line also names the rank entry point: never a rank themselves.
+LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "srun"}
+
+
+def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python launch.py OVERRIDES...` in a subprocess, run dirs under cwd."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
+
+
+def submit_job(*overrides: str, cwd: Path) -> tuple[str, Path]:
+    """Submit one job through launch.py: its Slurm job id and its run dir."""
+    submitted = run_launch(*overrides, cwd=cwd)
+    assert submitted.returncode == 0, submitted.stderr
+    (run_dir,) = run_dirs(cwd)
+    return parse_job_id(submitted.stdout), run_dir
+
+
+def state_hash(run_dir: Path) -> str:
+    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    state = load_tensor_file(newest / "shared.ckpt")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """Last logged loss per step (steps re-run after a restart log again)."""
+    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "steps.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    """The rank processes of a run (the Python interpreters), never the launcher that started them."""
+    out = subprocess.run(["pgrep", "-f", f"hpc.rank_main {run_dir}"], capture_output=True, text=True)
+    pids = []
+    for pid in map(int, out.stdout.split()):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue  # ended meanwhile
+        if name not in LAUNCHERS:
+            pids.append(pid)
+    return pids
+
+
+def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return shlex.split((run_dir / "command.txt").read_text()), env
+
+
+def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:
+    """Start the ranks, signal every rank once `after_steps` more steps are logged; exit code."""
+    start = logged_steps(run_dir)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while logged_steps(run_dir) < start + after_steps:
+        assert proc.poll() is None, f"job ended before the signal: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)  # polling the step log: there is no event to wait on
+    for pid in rank_pids(run_dir):
+        os.kill(pid, sig)  # Slurm signals every task, not mpirun
+    return proc.wait(timeout=120)
