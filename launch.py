@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,15 +18,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config import RUN_ACCESS, apply_run_access, register_schemas, to_job_config
+from hpc.config import RUN_ACCESS, JobConfig, apply_run_access, register_schemas, to_job_config
 from hpc.errors import UserError
 from hpc.launch import discard_run_dir, launch
-from hpc.overrides import check_overrides, check_sweep
+from hpc.overrides import CONF_DIR, ConfigSource, check_overrides, sweep_points
 from hpc.rundir import RunDir
-from hpc.spec import check_script_values
+from hpc.spec import validate_job
+from hpc.tidy import end_on_closed_stdout, note_run_root, prune_empty
 
-HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve", "-p", "--package"}
-MULTIRUN_FLAGS = {"-m", "--multirun"}
+HERE = Path(__file__).resolve().parent
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -38,32 +40,88 @@ def main(cfg: DictConfig) -> None:
     try:
         job = to_job_config(cfg)
         code = launch(job, run_dir)
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
     except UserError as err:
-        discard_run_dir(run_dir)
+        discard(run_dir)
         fail(str(err), err.exit_code)
+    except BrokenPipeError:  # `launch.py dry_run=true | head -1`
+        discard(run_dir)
+        end_on_closed_stdout()
     if job.dry_run:
-        discard_run_dir(run_dir)
+        discard(run_dir)
     if code:
         sys.exit(code)
 
 
+def discard(run_dir: RunDir) -> None:
+    """Remove the run dir if Hydra's files are all it holds, then the parents this command made."""
+    discard_run_dir(run_dir)
+    if not run_dir.path.exists():
+        prune_empty(run_dir.path)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Hydra's own command-line parser: `--config-dir DIR` and `--config-dir=DIR` alike."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+def config_source(args: argparse.Namespace) -> ConfigSource:
+    """The primary config as Hydra will load it (--config-path is relative to this file)."""
+    path = str(CONF_DIR)
+    if args.config_path is not None:
+        path = args.config_path if args.config_path.startswith("pkg://") else str((HERE / args.config_path).resolve())
+    extra = None
+    if args.config_dir is not None:
+        extra = os.path.abspath(args.config_dir)
+        if not os.path.isdir(extra):
+            raise UserError(f"--config-dir {args.config_dir}: no such directory")
+    return ConfigSource(path, args.config_name or "config", extra)
+
+
+def info_only(args: argparse.Namespace) -> bool:
+    """Hydra prints something (help, config, info) and runs nothing."""
+    return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun)
+
+
+def check_command(args: argparse.Namespace) -> list[JobConfig]:
+    """Every check a job gets, before Hydra makes a run (or sweep) dir: a refused command
+    leaves nothing. Raises UserError with one line."""
+    source = config_source(args)
+    if not args.multirun:
+        job = check_overrides(args.overrides, source)
+        validate_job(job)
+        return [job]
+    points = sweep_points(args.overrides, source)
+    for num, (overrides, job) in enumerate(points):
+        try:
+            validate_job(job)
+        except UserError as err:
+            raise UserError(f"sweep point #{num} ({' '.join(overrides) or 'no overrides'}): {err}") from None
+    return [job for _, job in points]
+
+
 def cli() -> None:
     register_schemas()
-    args = sys.argv[1:]
-    if not HYDRA_INFO_FLAGS & set(args):
-        overrides = [a for a in args if not a.startswith("-")]
+    args = parse_args(sys.argv[1:])
+    if not info_only(args):
         try:
-            jobs = check_sweep(overrides) if MULTIRUN_FLAGS & set(args) else [check_overrides(overrides)]
-            for job in jobs:
-                check_script_values(job)  # before Hydra makes a directory of the name
+            jobs = check_command(args)
             access = {job.run_access for job in jobs}
             if access - set(RUN_ACCESS):
                 raise UserError(f"run_access={min(access - set(RUN_ACCESS))!r} is not one of {', '.join(RUN_ACCESS)}")
         except UserError as err:
             fail(str(err), err.exit_code)
+        for job in jobs:
+            note_run_root(job.run_root)  # the folders a dry run may remove again stop here
         # Before Hydra creates the run (or sweep) dir: it and all in it get this access only.
         apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
-    main()
+    try:
+        main()
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
+    except BrokenPipeError:  # in Hydra's own printing (--help, --cfg); ours handle it in main()
+        end_on_closed_stdout()
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ class MpiCollectives:
         rail_comm = self._comm.Split(color=local_rank, key=node_rank if node_position is None else node_position)
         sizes = self._comm.allgather(node_comm.Get_size())
         if len(set(sizes)) != 1:  # a rail needs one rank per node on every node
-            log.warning("nodes have unequal rank counts %s: hierarchical allreduce falls back to ring", sorted(set(sizes)))
+            log.warning("nodes have unequal rank counts %s: hierarchical allreduce falls back to auto's choice", sorted(set(sizes)))
+            node_comm.Free()  # unused from here on: not freeing them leaked two communicators per engine
+            rail_comm.Free()
             return None, None
         return node_comm, rail_comm
 
@@ -112,15 +114,8 @@ class MpiCollectives:
     # --- on the comm thread -------------------------------------------------------------------
 
     def choose(self, nbytes: int, algorithm: str, dtype: torch.dtype = torch.float32) -> str:
-        if algorithm == "hierarchical" and self._node_comm is None:
-            algorithm = "auto"
-        if algorithm == "auto":
-            if nbytes < MPI_MAX_BYTES and dtype in MPI_DTYPES:
-                return "mpi"
-            if nbytes < RHD_MAX_BYTES:
-                return "rhd"
-            return "hierarchical" if self._node_comm is not None and self._rail_comm.Get_size() > 1 else "ring"
-        return algorithm
+        nodes = self._rail_comm.Get_size() if self._rail_comm is not None else 0
+        return choose_algorithm(nbytes, algorithm, dtype, nodes)
 
     def _allreduce_now(self, buf: torch.Tensor, op: ReduceOp, algorithm: str) -> None:
         if self.world_size == 1:
@@ -139,6 +134,20 @@ class MpiCollectives:
             algorithms.rhd_allreduce(self._ring_comm, buf, op)
         else:  # ring, and mpi for dtypes MPI has no reduction for (bfloat16)
             algorithms.ring_allreduce(self._ring_comm, buf, op)
+
+
+def choose_algorithm(nbytes: int, algorithm: str = "auto", dtype: torch.dtype = torch.float32, nodes: int = 0) -> str:
+    """The algorithm an allreduce of `nbytes` per rank runs. `nodes`: how many nodes the
+    hierarchy spans, 0 when there is none (no node layout, or nodes with unequal rank counts)."""
+    if algorithm == "hierarchical" and nodes == 0:
+        algorithm = "auto"
+    if algorithm == "auto":
+        if nbytes < MPI_MAX_BYTES and dtype in MPI_DTYPES:
+            return "mpi"
+        if nbytes < RHD_MAX_BYTES:
+            return "rhd"
+        return "hierarchical" if nodes > 1 else "ring"
+    return algorithm
 
 
 def _flat_view(buffer: torch.Tensor) -> torch.Tensor:

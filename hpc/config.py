@@ -6,7 +6,10 @@ override of a key that no dataclass declares fails at compose time.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,8 +120,18 @@ def apply_run_access(run_access: str) -> None:
         os.umask(ACCESS_UMASKS[run_access])
 
 
+def _config_groups_help() -> str:
+    from hpc.overrides import render_group_help, search_dirs
+
+    return render_group_help(search_dirs()).replace("$", "$$")  # Hydra then fills the template with string.Template
+
+
 def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    # ${hpc_config_groups:} in hydra.help.template (conf/config.yaml): each option, one line.
+    OmegaConf.register_new_resolver("hpc_config_groups", _config_groups_help, replace=True)
 
     store = ConfigStore.instance()
     store.store(name="job_schema", node=JobConfig)
@@ -127,10 +140,39 @@ def register_schemas() -> None:
     store.store(group="hydra/launcher", name="hpc_array", node={"_target_": ARRAY_LAUNCHER}, provider="hpc-toolkit")
 
 
+def unknown_key(cfg: Any, schema: type = JobConfig, prefix: str = "") -> tuple[str, str, list[str]] | None:
+    """The first key of `cfg` (a mapping) that `schema` does not declare, as (dotted key, dotted
+    parent, the parent's valid keys); None when all are declared. Hydra lets `+key=value` and
+    `++key=value` add keys to a typed node, and OmegaConf.to_object then drops them silently."""
+    if not dataclasses.is_dataclass(schema) or not isinstance(cfg, Mapping):
+        return None
+    names = [f.name for f in dataclasses.fields(schema)]
+    hints = typing.get_type_hints(schema)
+    for key in cfg.keys():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            return dotted, prefix.rstrip("."), names
+        found = unknown_key(cfg[key], hints[str(key)], f"{dotted}.")
+        if found is not None:
+            return found
+    return None
+
+
+def unknown_key_message(key: str, parent: str, names: list[str]) -> str:
+    where = f"'{parent}'" if parent else "the root config"
+    return f"unknown key '{key}'; valid keys in {where}: {', '.join(names)}"
+
+
 def to_job_config(cfg: Any) -> JobConfig:
-    """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf."""
+    """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf.
+    Raises UserError naming a key no schema declares."""
     from omegaconf import OmegaConf
 
+    from hpc.errors import UserError
+
+    found = unknown_key(cfg)
+    if found is not None:
+        raise UserError(unknown_key_message(*found))
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
     job = OmegaConf.to_object(merged)
     assert isinstance(job, JobConfig)

@@ -1,16 +1,27 @@
-"""The embedded default: the job's ranks as local MPI processes under mpirun."""
+"""The embedded default: the job's ranks as local MPI processes under mpirun.
+
+Like a Slurm job, a local run freezes its code into <run_dir>/code/ (hpc.snapshot), and the
+command it runs (kept in command.txt, to resume the run) pins that copy: `/usr/bin/env PYTHONPATH=<code>
+PYTHONSAFEPATH=1 ... mpirun ...`. Pasted tomorrow from any directory, with any PYTHONPATH, it
+resumes the code the run started with, not whatever checkout is importable there.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from hpc.config import JobConfig
 from hpc.errors import UserError
-from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.rundir import RunDir
+from hpc.snapshot import freeze_code
 from hpc.spec import find_mpirun
 
 
@@ -26,20 +37,67 @@ def mpirun_command(mpirun: str, job: JobConfig, run_dir: RunDir) -> list[str]:
     ]
 
 
-def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None) -> int:
+def pinned_command(command: list[str], env: dict[str, str], code: Path, inherited_pythonpath: str | None) -> list[str]:
+    """`command` under `env` with `code` first on PYTHONPATH, as one pasteable command line.
+    PYTHONSAFEPATH keeps `python -m` from importing a checkout in the working directory; the
+    PYTHONPATH of launch time (a user's own packages) follows the frozen copy, never before it."""
+    pythonpath = os.pathsep.join(filter(None, [str(code), inherited_pythonpath]))
+    pinned = {**env, "PYTHONPATH": pythonpath, "PYTHONSAFEPATH": "1"}
+    # /usr/bin/env by its path: a PATH without it (a venv's bin/ alone) must still run the job.
+    return ["/usr/bin/env", *(f"{key}={value}" for key, value in sorted(pinned.items())), *command]
+
+
+def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None) -> int:
     """Run in the foreground; rank 0 prints progress. Returns mpirun's exit code. job.json
-    names this process, so `python -m hpc.status` can tell a running run from a dead one."""
+    names this process, so `python -m hpc.status` can tell a running run from a dead one.
+    `code`: sources frozen already (a sweep's one copy); by default <run_dir>/code, made now."""
     mpirun = find_mpirun()
     if mpirun is None:
         raise UserError("mpirun not found: run scripts/install.sh")
+    if code is None:
+        code = run_dir.code if run_dir.code.is_dir() else freeze_code(run_dir.code)
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
-    command = mpirun_command(mpirun, job, run_dir)
-    (run_dir.path / "command.txt").write_text(" ".join(command) + "\n")
-    pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    command = pinned_command(mpirun_command(mpirun, job, run_dir), env, code, os.environ.get("PYTHONPATH"))
+    (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")
     # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     tty = {"HPCTK_TTY": "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
-    return subprocess.run(command, env={**os.environ, **rendezvous, **env, **tty, "PYTHONPATH": pythonpath}).returncode
+    return run_ranks(command, {**os.environ, **rendezvous, **tty})  # the very command.txt
+
+
+def run_ranks(command: list[str], env: dict[str, str]) -> int:
+    """Run mpirun in a session of its own and hand a Ctrl-C (SIGINT), SIGTERM or SIGHUP that
+    reaches us to the ranks themselves. mpirun would turn a Ctrl-C into SIGTERM, and SIGKILL
+    the ranks one second later, maybe in the middle of their checkpoint; this way they stop at a
+    step boundary, save, and log the signal that was sent."""
+    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        ranks = child_pids(proc.pid)
+        for pid in ranks:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass  # ended meanwhile
+        if not ranks:  # none seen (yet): mpirun passes the stop on as SIGTERM
+            proc.send_signal(signal.SIGTERM)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (mpirun's are the local ranks); [] when none or unknown."""
+    try:
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [int(word) for word in found.stdout.split() if word.isdigit()]
 
 
 def free_port() -> int:

@@ -8,13 +8,97 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.config import JobConfig, register_schemas, to_job_config
+from hpc.config import JobConfig, register_schemas, to_job_config, unknown_key_message
 from hpc.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where the primary config comes from: launch.py's defaults, or its Hydra flags
+    --config-path/-cp (a directory, or pkg://module), --config-name/-cn, --config-dir/-cd
+    (one more directory searched after the primary one)."""
+
+    config_path: str = str(CONF_DIR)
+    config_name: str = "config"
+    config_dir: str | None = None
+
+    def group_dirs(self, group: str) -> list[Path]:
+        roots = [Path(p) for p in (self.config_path, self.config_dir) if p and not p.startswith("pkg://")]
+        return [root / group for root in roots if (root / group).is_dir()]
+
+
+DEFAULT_SOURCE = ConfigSource()
+
+
+@contextmanager
+def initialized(source: ConfigSource) -> Iterator[None]:
+    """Hydra's compose API set up with the search path `launch.py` with these flags gets (as
+    hydra.initialize_config_dir does, plus --config-dir where Hydra's own parser puts it)."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    register_schemas()  # idempotent: the same node stored again
+    backup = get_gh_backup()
+    version.setbase("1.3")
+    search_path = create_config_search_path(search_path_dir=source.config_path)
+    if source.config_dir is not None:  # after the primary dir, before the structured schemas
+        search_path.prepend(provider="command-line", path=f"file://{source.config_dir}", anchor=SearchPathQuery(provider="schema"))
+    Hydra.create_main_hydra2(task_name="launch", config_search_path=search_path)
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
+HELP_MARK = "# help:"  # in an option's leading comments: its one-line description in --help
+
+
+def option_help(path: Path) -> str:
+    """The `# help: ...` line among a config file's leading comments; '' without one."""
+    for line in path.read_text().splitlines():
+        if line.startswith(HELP_MARK):
+            return line.removeprefix(HELP_MARK).strip()
+        if line.strip() and not line.startswith("#"):
+            break
+    return ""
+
+
+def search_dirs() -> list[Path]:
+    """The file-system config dirs Hydra searches now (the primary one and --config-dir), in
+    priority order; conf/ when Hydra is not initialised."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance()
+    if not hydra.is_initialized():
+        return [CONF_DIR]
+    paths = [e.path.removeprefix("file://") for e in hydra.config_loader().get_search_path().get_path() if e.path]
+    return [Path(p) for p in paths if "://" not in p]  # file dirs; not pkg:// nor structured://
+
+
+def render_group_help(dirs: list[Path]) -> str:
+    """Every config group, each option on its own line with its description (`# help:`)."""
+    groups: dict[str, dict[str, str]] = {}
+    for root in dirs:
+        for path in sorted(root.glob("*/*.yaml")):
+            if path.parent.name != "hydra":
+                groups.setdefault(path.parent.name, {}).setdefault(path.stem, option_help(path))
+    width = max((len(option) for options in groups.values() for option in options), default=0)
+    lines = []
+    for group, options in sorted(groups.items()):
+        lines.append(f"{group}:")
+        lines += [f"  {option:<{width}}  {text}".rstrip() for option, text in sorted(options.items())]
+    return "\n".join(lines)
 
 
 def schema_keys(dotted: str) -> tuple[str, list[str]] | None:
@@ -31,82 +115,77 @@ def schema_keys(dotted: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def group_options(group: str, source: ConfigSource = DEFAULT_SOURCE) -> list[str]:
+    return sorted({p.stem for d in source.group_dirs(group) for p in d.glob("*.yaml")})
 
 
 def _override_keys(overrides: list[str]) -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
 
 
-def explain_composition_error(err: Exception, overrides: list[str]) -> str:
+def explain_composition_error(err: Exception, overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> str:
     from hydra.errors import MissingConfigException
 
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
         group, _, option = str(err.missing_cfg_file).rpartition("/")
-        if group and (CONF_DIR / group).is_dir():
-            return f"unknown option {group}={option}; choose one of: {', '.join(group_options(group))}"
+        if group and source.group_dirs(group):
+            return f"unknown option {group}={option}; choose one of: {', '.join(group_options(group, source))}"
     text = " ".join(str(err).split())
     for key in _override_keys(overrides):
         if f"'{key}'" in text and ("not in" in text or "Could not override" in text or "Could not append" in text):
             found = schema_keys(key)
             if found is not None:
-                parent, names = found
-                where = f"'{parent}'" if parent else "the root config"
-                return f"unknown key '{key}'; valid keys in {where}: {', '.join(names)}"
+                return unknown_key_message(key, *found)
     cause = err.__cause__ or err
     detail = " ".join(str(cause).split("full_key:")[0].split()) or text
     full_key = getattr(cause, "full_key", None)
     return f"{full_key}: {detail}" if full_key else detail
 
 
-def compose_job(overrides: list[str]) -> JobConfig:
+def compose_job(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> JobConfig:
     """Compose the typed config with these overrides (Hydra's own `hydra.*` ones are left
     out); raise UserError with one line on failure."""
-    return compose_jobs([overrides])[0]
+    return compose_jobs([overrides], source)[0]
 
 
-def compose_jobs(points: list[list[str]]) -> list[JobConfig]:
+def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE) -> list[JobConfig]:
     """compose_job for many override lists, in one Hydra initialisation (a sweep's points)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose
+    from hydra.errors import MissingConfigException
 
-    register_schemas()  # idempotent: the same node stored again
     jobs = []
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
+    try:
+        with initialized(source):
             for overrides in points:
                 plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
                 try:
-                    jobs.append(to_job_config(compose("config", overrides=plain)))  # type errors surface here too
+                    jobs.append(to_job_config(compose(source.config_name, overrides=plain)))  # type errors surface here too
+                except UserError:
+                    raise  # already one line (a key `+key=value` added that no schema declares)
                 except Exception as err:  # hydra and omegaconf raise many types; all become one line
-                    raise UserError(explain_composition_error(err, plain)) from None
-        finally:
-            GlobalHydra.instance().clear()
+                    raise UserError(explain_composition_error(err, plain, source)) from None
+    except MissingConfigException as err:  # the primary config itself (--config-name, --config-path)
+        raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
     return jobs
 
 
-def sweeper_params(overrides: list[str]) -> dict[str, str]:
+def sweeper_params(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> dict[str, str]:
     """`hydra.sweeper.params` of the config these (non-sweep) overrides compose, e.g. from
     experiment=scaling; Hydra's basic sweeper adds them to the command line's sweep."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose
     from omegaconf import OmegaConf
 
-    register_schemas()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            params = compose("config", overrides=overrides, return_hydra_config=True).hydra.sweeper.get("params")
+        with initialized(source):
+            params = compose(source.config_name, overrides=overrides, return_hydra_config=True).hydra.sweeper.get("params")
     except Exception as err:  # as in compose_job: every failure is one line
-        raise UserError(explain_composition_error(err, overrides)) from None
-    finally:
-        GlobalHydra.instance().clear()
+        raise UserError(explain_composition_error(err, overrides, source)) from None
     return {str(k): str(v) for k, v in (OmegaConf.to_container(params) or {}).items()} if params else {}
 
 
-def check_sweep(arguments: list[str]) -> list[JobConfig]:
-    """Expand a `-m` command line and compose every point; returns their configs.
-    Raises UserError (one line, naming the point) for anything Hydra would refuse later."""
+def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[tuple[list[str], JobConfig]]:
+    """Expand a `-m` command line and compose every point: (the point's overrides, its config)
+    in Hydra's job order. Raises UserError (one line) for anything Hydra would refuse later."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -117,9 +196,15 @@ def check_sweep(arguments: list[str]) -> list[JobConfig]:
     except HydraException as err:
         raise UserError(" ".join(str(err).split())) from None
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    return compose_jobs(expand_sweep(arguments, sweeper_params(fixed)))
+    points = expand_sweep(arguments, sweeper_params(fixed, source))
+    return list(zip(points, compose_jobs(points, source), strict=True))
 
 
-def check_overrides(overrides: list[str]) -> JobConfig:
+def check_sweep(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[JobConfig]:
+    """The configs of a `-m` command line's points (see sweep_points)."""
+    return [job for _, job in sweep_points(arguments, source)]
+
+
+def check_overrides(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> JobConfig:
     """Compose the config with these overrides; raise UserError with one line on failure."""
-    return compose_job(overrides)
+    return compose_job(overrides, source)

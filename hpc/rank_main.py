@@ -4,6 +4,11 @@
 
 submitit calls `run_rank(RUN_DIR)` directly. Module import stays light (no torch) because
 the login node pickles `run_rank` by reference.
+
+A stop (a signal, preemption, the time limit) ends in one line on rank 0 saying what happened
+and what follows: `stopped by SIGUSR1 at step 40, checkpoint committed; preemption: requeueing
+job 12 once every rank has exited ...`, or `...; not a Slurm job: ... (exit code 75)`. A stopped
+rank never returns to submitit, which would log "Job completed successfully" after it.
 """
 
 from __future__ import annotations
@@ -11,20 +16,25 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from hpc.binding import apply_binding, binding_for
 from hpc.env import RankInfo
-from hpc.requeue import EXIT_RESUMABLE, plan_after_stop, requeue, slurm_job_id
+from hpc.requeue import EXIT_RESUMABLE, REQUEST_DIR_VARIABLE, plan_after_stop, request_requeue, requeue, slurm_job_id
 from hpc.rundir import RunDir
 
 TTY_VARIABLE = "HPCTK_TTY"
-EXIT_STALLED = 70  # the watchdog ended the job (EX_SOFTWARE)
+EXIT_STALLED = 71  # the watchdog ended the job (EX_SOFTWARE)
+# Every signal cluster.signal accepts (hpc.spec), plus Ctrl-C under mpirun: each one stops at a
+# step boundary with a checkpoint, never as a KeyboardInterrupt in the middle of a step.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 def attached_to_terminal() -> bool:
@@ -52,6 +62,16 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
 
 
 def run_rank(run_dir_path: str) -> dict[str, Any]:
+    """submitit's entry point. After a stop, exits (SystemExit, which submitit does not catch)
+    instead of returning: submitit would log "Job completed successfully" on every rank."""
+    summary = train_rank(run_dir_path)
+    if summary["status"] == "stopped":
+        logging.shutdown()
+        raise SystemExit(summary["exit_code"])
+    return summary
+
+
+def train_rank(run_dir_path: str) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
@@ -69,7 +89,7 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
     rank = RankInfo.from_env(os.environ)
     init_rank_logging(run_dir, rank)
     log = logging.getLogger("hpc.rank")
-    stop = StopFlag().install()  # before anything slow: a signal during start-up is not lost
+    stop = StopFlag().install(STOP_SIGNALS)  # before anything slow: a signal during start-up is not lost
     binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
     torch.set_num_threads(max(1, job.trainer.threads_per_rank))
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
@@ -127,25 +147,41 @@ def run_rank(run_dir_path: str) -> dict[str, Any]:
         stop.uninstall()
     status = "stopped" if result.stopped_by else "completed"
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": int(restarts)}
-    exit_code, requeue_id = (EXIT_RESUMABLE if result.stopped_by else 0), None
-    if result.stopped_by and rank.is_main:
-        received = datetime.fromtimestamp(stop.received_at or time.time())
-        what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
-        log.info("stopped by %s at step %d, checkpoint committed; %s", result.stopped_by, result.steps, what)
+    if not result.stopped_by:
+        summary["exit_code"] = 0
+        if rank.is_main:
+            run_dir.write_json(run_dir.result, summary)
+        return summary
+    if not rank.is_main:  # rank 0 decides what follows; a requeue by the batch script wants exit 0
+        summary["exit_code"] = 0 if trap_requeues(os.environ) else EXIT_RESUMABLE
+        log.info("stopped with every rank at step %d; rank 0 says what follows", result.steps)
+        return summary
+    received = datetime.fromtimestamp(stop.received_at or time.time())
+    what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
     summary["exit_code"] = exit_code
-    if rank.is_main:
-        run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm kills us next
-        if requeue_id is not None:
-            error = requeue(requeue_id)
-            if error:
-                log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
-                summary["exit_code"] = EXIT_RESUMABLE
+    run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
+    stopped = f"stopped by {result.stopped_by} at step {result.steps}, checkpoint committed"
+    if requeue_id is None:
+        log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
+    elif request_requeue(os.environ, requeue_id, stopped):
+        log.info("%s; %s once every rank has exited (the batch script does it)", stopped, what)
+    else:  # a hand-typed batch script without the trap: requeue from here
+        log.info("%s; %s", stopped, what)
+        error = requeue(requeue_id)
+        if error:
+            log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
+            summary["exit_code"] = EXIT_RESUMABLE
     return summary
+
+
+def trap_requeues(env: Mapping[str, str]) -> bool:
+    """Whether this Slurm job's batch script requeues it after srun (hpc.slurm.exit_trap_lines)."""
+    return bool(env.get(REQUEST_DIR_VARIABLE)) and slurm_job_id(env) is not None and shutil.which("scontrol") is not None
 
 
 def forbid_failure_requeue(log: logging.Logger) -> None:
     """A Python error repeats after a restart: tell the sbatch script's EXIT trap (hpc.slurm.
-    failure_requeue_lines) not to requeue, by clearing the job's Requeue flag."""
+    exit_trap_lines) not to requeue, by clearing the job's Requeue flag."""
     job_id = slurm_job_id(os.environ)
     if job_id is None or shutil.which("scontrol") is None:
         return
@@ -186,7 +222,7 @@ def main(argv: list[str]) -> int:
     if not RunDir(Path(argv[0])).config.is_file():
         print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    return int(run_rank(argv[0])["exit_code"])
+    return int(train_rank(argv[0])["exit_code"])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@ requeues the job? Decided from Slurm's own facts (`scontrol show job`), never fr
 - Anything else (`scancel --signal`, an operator's SIGTERM): we requeue, so the job continues.
 - A job Slurm is already requeueing (`scontrol requeue` by someone else): nothing to do.
 Without scontrol (containers) we say so, and the rank exits with EXIT_RESUMABLE for a wrapper.
+
+Who runs `scontrol requeue`: requeueing a job while its step runs makes Slurm kill the ranks
+still alive (srun then reports "tasks 0-3: Terminated" for a clean stop). So where the batch
+script offers it (REQUEST_DIR_VARIABLE, hpc.slurm.exit_trap_lines), rank 0 only leaves a request
+file, every rank exits 0, and the script's EXIT trap requeues once srun has returned. A hand-typed
+sbatch script without that trap gets the requeue from rank 0 itself, as before.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 
 EXIT_RESUMABLE = 75  # "stopped with a committed checkpoint; start the same run dir again"
+REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # exported by the sbatch script whose EXIT trap requeues
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:
@@ -70,7 +78,7 @@ def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_second
     """(what happens, the job id to requeue or None, exit code for the rank)."""
     job_id = slurm_job_id(env)
     if job_id is None:
-        return "not a Slurm job: start the same run dir again to resume", None, EXIT_RESUMABLE
+        return "not a Slurm job: run its command.txt (or start the same run dir again) to resume", None, EXIT_RESUMABLE
     if shutil.which("scontrol") is None:
         return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
     fields = job_fields(job_id)
@@ -84,3 +92,16 @@ def requeue(job_id: str) -> str | None:
     """`scontrol requeue`; returns the error text, or None on success."""
     done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     return None if done.returncode == 0 else done.stderr.strip() or f"exit code {done.returncode}"
+
+
+def request_requeue(env: Mapping[str, str], job_id: str, detail: str) -> Path | None:
+    """Ask the batch script to requeue `job_id` once srun returns: a file named after the job and
+    this start in the directory the script exported, holding `detail` (what stopped the ranks,
+    for the script's message); None when the script offers no such trap."""
+    folder = env.get(REQUEST_DIR_VARIABLE)
+    if not folder:
+        return None
+    request = Path(folder) / f"{job_id}.restart-{env.get('SLURM_RESTART_COUNT') or 0}"  # what the trap looks for
+    request.parent.mkdir(parents=True, exist_ok=True)
+    request.write_text(detail + "\n")
+    return request

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpc.config import JobConfig
 from hpc.errors import UserError
+from hpc.requeue import REQUEST_DIR_VARIABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
 
 ARRAY_SCRIPT_GLOB = ".submission_file_*.sh"
@@ -39,34 +40,48 @@ def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
     """What the sbatch script runs before srun. Two lines make the frozen code the code that runs:
     PYTHONSAFEPATH keeps `python -m` from importing the live checkout through the working
     directory, and SLURM_EXPORT_ENV=ALL makes srun hand these exports to the ranks even on
-    clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit)."""
-    return [*setup_lines(env, code_root), "export PYTHONSAFEPATH=1", "export SLURM_EXPORT_ENV=ALL"]
+    clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit). Rank 0
+    leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests."""
+    requests = code_root.parent / "slurm" / "requeue-requests"
+    return [*setup_lines(env, code_root), "export PYTHONSAFEPATH=1", "export SLURM_EXPORT_ENV=ALL",
+            f"export {REQUEST_DIR_VARIABLE}={shlex.quote(str(requests))}"]
 
 
-def failure_requeue_lines(max_requeues: int) -> list[str]:
-    """An EXIT trap: when srun failed because a rank died (killed, OOM, a lost node) while the
-    job still runs, requeue it so it resumes from its last committed checkpoint, at most
-    `max_requeues` times. Not after a cancel or time limit (the job is no longer RUNNING), not
-    when the ranks requeued it themselves (preemption, watchdog), and not after a Python error:
-    the failing rank sets Requeue=0 first, since it would fail the same way again."""
+def exit_trap_lines(max_failure_requeues: int) -> list[str]:
+    """The batch script's EXIT trap, run once srun has returned.
+
+    - The ranks stopped cleanly and rank 0 asked for a requeue (a file named after the job and
+      this start, SLURM_RESTART_COUNT, in $HPCTK_REQUEUE_DIR: a request left by an earlier start
+      that never reached its trap cannot requeue a later one): requeue now. From here, not from
+      a rank: requeueing a running step makes Slurm kill its tasks, and srun would report a
+      clean stop as "Terminated".
+    - srun failed because a rank died (killed, OOM, a lost node) while the job still runs:
+      requeue it so it resumes from its last committed checkpoint, at most
+      `max_failure_requeues` times (0: never). Not after a cancel or time limit (the job is no
+      longer RUNNING), not when the ranks requeued it themselves (watchdog), and not after a
+      Python error: the failing rank sets Requeue=0 first, since it would fail the same way again."""
     return [
-        "hpctk_requeue_failed() {",
+        "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "    id=${id:-$SLURM_JOB_ID}",
-        f"    if (( rc != 0 && ${{SLURM_RESTART_COUNT:-0}} < {int(max_requeues)} )) &&",
+        f'    local request="${REQUEST_DIR_VARIABLE}/$id.restart-${{SLURM_RESTART_COUNT:-0}}"',
+        '    if [[ -f "$request" ]]; then',
+        '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
+        '        rm -f "$request"',
+        '        scontrol requeue "$id"',
+        f"    elif (( rc != 0 && ${{SLURM_RESTART_COUNT:-0}} < {int(max_failure_requeues)} )) &&",
         '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
         '        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint" >&2',
         '        scontrol requeue "$id"',
         "    fi",
         "}",
-        "trap hpctk_requeue_failed EXIT",
+        "trap hpctk_on_exit EXIT",
     ]
 
 
 def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PROJECT_ROOT) -> dict[str, Any]:
     setup = job_setup_lines(env, code_root)
-    if job.cluster.requeue and job.cluster.failure_requeues > 0:
-        setup += failure_requeue_lines(job.cluster.failure_requeues)
+    setup += exit_trap_lines(job.cluster.failure_requeues if job.cluster.requeue else 0)
     res, cluster = job.resources, job.cluster
     params: dict[str, Any] = {
         "job_name": job.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -17,9 +18,10 @@ from trainers.config import (
     OPTIMIZERS,
     PRECISIONS,
     SCHEDULES,
+    DataConfig,
     accumulation_steps,
 )
-from trainers.datasets import DataError, DatasetInfo, inspect_hdf5, resolve_data_path
+from trainers.datasets import DataError, DatasetInfo, check_model_input, inspect_hdf5, resolve_data_path
 
 
 def check_resources(job: JobConfig) -> None:
@@ -45,7 +47,8 @@ def check_resources(job: JobConfig) -> None:
     if cluster.cpus_per_node is not None and cpus > cluster.cpus_per_node:
         raise UserError(
             f"{res.tasks_per_node} tasks x {res.cpus_per_task} CPUs per node = {cpus} > the {cluster.cpus_per_node} "
-            f"CPUs of a {cluster.name} node; lower resources.tasks_per_node or add nodes"
+            f"CPUs of a {cluster.name} node; lower resources.tasks_per_node or resources.cpus_per_task "
+            f"(to keep the rank count, raise resources.nodes as you lower tasks_per_node)"
         )
     gpus = res.tasks_per_node * res.gpus_per_task
     if gpus > cluster.gpus_per_node:
@@ -176,7 +179,9 @@ def check_backend(job: JobConfig) -> None:
 
 def check_data(job: JobConfig) -> DatasetInfo:
     try:
-        info = inspect_hdf5(resolve_data_path(job.data), job.data)
+        path = resolve_data_path(job.data)
+        info = _inspect_once(path, _file_version(path), job.data.train_x, job.data.train_y, job.data.test_x, job.data.test_y)
+        check_model_input(job.model.name, info, job.data.train_x)
     except DataError as err:
         raise UserError(str(err)) from None
     world = job.resources.nodes * job.resources.tasks_per_node
@@ -186,6 +191,21 @@ def check_data(job: JobConfig) -> DatasetInfo:
             f"{job.data.batch_size}; lower data.batch_size"
         )
     return info
+
+
+@functools.lru_cache(maxsize=8)
+def _inspect_once(path: Path, version: tuple[int, int] | None, *names: str) -> DatasetInfo:
+    """inspect_hdf5 once per file version: launch.py checks a job before Hydra makes its run dir
+    and again when it runs it, and a sweep's points share their data; every label is read."""
+    return inspect_hdf5(path, DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
+
+
+def _file_version(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def find_mpirun() -> str | None:

@@ -41,16 +41,61 @@ class RunStatus:
     log: Path
     # Why a pending job waits (Slurm's Reason): "BeginTime" after a requeue, "Priority", "JobHeldUser"
     reason: str = ""
+    swept: str = ""  # what sets this sweep point apart from the others: "optim.lr=0.1 model=cnn"
 
-    def line(self) -> str:
+    def line(self, swept_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
-        rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:.0f}"
+        # A job waiting to run (again) has no current rate; its last one would read as progress.
+        rate = "-" if self.samples_per_s is None or self.state in WAITING_STATES else f"{self.samples_per_s:.0f}"
         state = f"{self.state}({self.reason})" if self.reason else self.state
-        return f"{self.job_id or 'local':<12} {state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
+        swept = f"{self.swept or '-':<{swept_width}} " if swept_width else ""
+        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
 
 
-HEADER = f"{'job':<12} {'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
+# Slurm states of a job that is not running now but will (or may) run again.
+WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"}
+
+
+def header(swept_width: int = 0) -> str:
+    swept = f"{'swept':<{swept_width}} " if swept_width else ""
+    return f"{'job':<12} {swept}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
+
+
+HEADER = header()
+
+
+def point_overrides(run_dir: RunDir) -> list[str] | None:
+    """The overrides of a sweep point: its job.json (written at launch), else its sweep's
+    sweep.json; None for a run that is no sweep point."""
+    overrides = _read_json(run_dir.job).get("overrides")
+    if isinstance(overrides, list):
+        return [str(o) for o in overrides]
+    for point in _read_json(run_dir.path.parent / "sweep.json").get("points", []):
+        if isinstance(point, dict) and Path(str(point.get("run_dir"))) == run_dir.path and isinstance(point.get("overrides"), list):
+            return [str(o) for o in point["overrides"]]
+    return None
+
+
+def swept_values(runs: Sequence[RunDir]) -> dict[Path, dict[str, str]]:
+    """For each sweep point among `runs`: the overrides whose values differ between the points
+    of its sweep (those that name the point), in the order given. Other runs are left out."""
+    sweeps: dict[Path, list[tuple[RunDir, dict[str, str]]]] = {}
+    for run in runs:
+        overrides = point_overrides(run)
+        if overrides is not None:
+            parsed = dict(o.lstrip("+~").partition("=")[::2] for o in overrides)
+            sweeps.setdefault(run.path.parent, []).append((run, parsed))
+    swept: dict[Path, dict[str, str]] = {}
+    for points in sweeps.values():
+        keys = list(dict.fromkeys(key for _, parsed in points for key in parsed))
+        varying = [key for key in keys if len({parsed.get(key) for _, parsed in points}) > 1]
+        swept.update((run.path, {key: parsed.get(key, "-") for key in varying}) for run, parsed in points)
+    return swept
+
+
+def swept_label(values: dict[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
 
 
 def slurm_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -124,7 +169,7 @@ def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str]) -> RunStatus:
+def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "") -> RunStatus:
     job = _read_json(run_dir.job)
     result = _read_json(run_dir.result)
     job_id = job.get("job_id")
@@ -146,7 +191,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         rate = (last_record(run_dir.metrics) or {}).get("samples_per_s")
     reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
     return RunStatus(run_dir.path, job_id, state, restarts, step.get("step") if step else None, newest_checkpoint(run_dir),
-                     float(rate) if rate is not None else None, run_dir.rank_log(0), reason)
+                     float(rate) if rate is not None else None, run_dir.rank_log(0), reason, swept)
 
 
 def statuses(path: Path) -> list[RunStatus]:
@@ -154,7 +199,8 @@ def statuses(path: Path) -> list[RunStatus]:
     job_ids = [j for j in (_read_json(r.job).get("job_id") for r in runs) if isinstance(j, str)]
     slurm = slurm_records(job_ids)
     accounting = accounting_states([j for j in job_ids if j not in slurm])
-    return [run_status(run, slurm, accounting) for run in runs]
+    swept = swept_values(runs)
+    return [run_status(run, slurm, accounting, swept_label(swept.get(run.path, {}))) for run in runs]
 
 
 def main(argv: list[str]) -> int:
@@ -167,9 +213,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
-    print(HEADER)
+    width = max((len(status.swept) for status in found), default=0)
+    print(header(width))
     for status in found:
-        print(status.line())
+        print(status.line(width))
     return 0
 
 

@@ -13,7 +13,8 @@ and resumed like a single job. Points on cluster=local run one after another, he
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from hpc.launch import prepare, resolved_yaml
 from hpc.rundir import RunDir
 from hpc.snapshot import freeze_code
 from hpc.spec import rank_environment
+from hpc.tidy import prune_empty
 
 SWEEP_FILE = "sweep.json"
 
@@ -147,6 +149,18 @@ def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable
             emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")
     emit(f"dry run: nothing submitted; the sweep directory would be {sweep_dir}")
     return 0
+
+
+def discard_unsubmitted(sweep_dir: Path, nums: Iterable[int]) -> None:
+    """A sweep that sent nothing out (refused, dry run, sbatch said no to its first array)
+    leaves nothing: its point dirs, frozen code, submitit folder and Hydra's multirun.yaml go,
+    then the sweep dir and the parents this command made. Once sweep.json exists, all stays."""
+    if (sweep_dir / SWEEP_FILE).exists():
+        return
+    for name in [*map(str, nums), "code", "slurm"]:
+        shutil.rmtree(sweep_dir / name, ignore_errors=True)
+    (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+    prune_empty(sweep_dir)
 
 
 def _nums(group: Sequence[SweepPoint]) -> str:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +31,11 @@ def slurm_is_up() -> bool:
     return out.returncode == 0 and any(state in out.stdout for state in ("idle", "mixed", "allocated"))
 
 
-def queued_job_ids() -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True)
-    return set(out.stdout.split()) if out.returncode == 0 else set()
+def queued_jobs() -> dict[str, str]:
+    """Job id -> working directory of every job Slurm still knows."""
+    out = subprocess.run(["squeue", "-h", "-o", "%A %Z"], capture_output=True, text=True)
+    rows = (line.split(" ", 1) for line in out.stdout.splitlines()) if out.returncode == 0 else ()
+    return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
 
 
 @pytest.fixture
@@ -43,17 +46,19 @@ def needs_mpi() -> None:
 
 
 @pytest.fixture
-def needs_slurm():
-    """A running Slurm; every job the test leaves queued or running is cancelled after it."""
+def needs_slurm(tmp_path: Path):
+    """A running Slurm; the jobs a test leaves queued or running are cancelled after it (under CI,
+    where tests run one at a time, every new job; elsewhere those submitted from its tmp_path)."""
     require(slurm_is_up(), "a running Slurm cluster (scripts/slurm-sim.sh start)")
-    before = queued_job_ids()
+    before = set(queued_jobs())
     yield
-    leftover = sorted(queued_job_ids() - before)
+    leftover = sorted(job for job, workdir in queued_jobs().items()
+                      if job not in before and (IN_CI or workdir.startswith(str(tmp_path))))
     if not leftover:
         return
     subprocess.run(["scancel", *leftover], capture_output=True)
     deadline = time.monotonic() + 60
-    while queued_job_ids() & set(leftover) and time.monotonic() < deadline:
+    while set(queued_jobs()) & set(leftover) and time.monotonic() < deadline:
         time.sleep(0.2)  # squeue offers no event for a job leaving the queue
 
 

@@ -3,7 +3,8 @@ the login node can check a data set before it submits anything.
 
 Layout of a data set file: `train/x`, `train/y`, `test/x`, `test/y` (names configurable).
 x is N x C x H x W (or N x D); uint8 inputs are scaled by the dataset's `scale` attribute
-(default 1/255); y holds integer class labels. `num_classes` is a file attribute, or max(y)+1.
+(default 1/255); y holds integer class labels 0..num_classes-1. `num_classes` is a file
+attribute, or max(y)+1. Image models (cnn, resnet50) need N x C x H x W (check_model_input).
 """
 
 from __future__ import annotations
@@ -97,5 +98,48 @@ def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
             raise DataError(f"{path}: train inputs {train_x.shape[1:]} and test inputs {test_x.shape[1:]} differ in shape")
         if train_x.shape[0] == 0:
             raise DataError(f"{path}: {cfg.train_x} is empty")
-        num_classes = int(f.attrs.get("num_classes", 0)) or int(max(np.max(train_y[:]), np.max(test_y[:], initial=0))) + 1
+        ranges = {y.name.lstrip("/"): label_range(y) for y in (train_y, test_y) if y.shape[0]}
+        declared = int(f.attrs.get("num_classes", 0))
+        num_classes = declared or max(high for _, high in ranges.values()) + 1
+        for name, (low, high) in ranges.items():
+            if low < 0 or high >= num_classes:
+                where = "the file's num_classes attribute" if declared else "max label + 1"
+                raise DataError(
+                    f"{path}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
+                    f"({where}); store labels 0..num_classes-1"
+                )
         return DatasetInfo(str(path), train_x.shape[0], test_x.shape[0], tuple(train_x.shape[1:]), num_classes)
+
+
+def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
+    """(min, max) of a non-empty label array, read a slice at a time: labels may be large."""
+    low, high = None, None
+    for start in range(0, labels.shape[0], chunk):
+        part = labels[start:start + chunk]
+        low = int(part.min()) if low is None else min(low, int(part.min()))
+        high = int(part.max()) if high is None else max(high, int(part.max()))
+    assert low is not None and high is not None
+    return low, high
+
+
+# Models that read images N x C x H x W (trainers.models); mlp flattens any N x ... input.
+IMAGE_MODELS = ("cnn", "resnet50")
+CHANNEL_COUNTS = (1, 3, 4)  # grey, RGB, RGBA: a small last axis after a larger one is channels-last
+
+
+def check_model_input(model: str, info: DatasetInfo, x_name: str = "train/x") -> None:
+    """Inputs a model cannot read, refused before any rank starts (torch-free, from shapes)."""
+    if model not in IMAGE_MODELS:
+        return
+    shape = " x ".join(["N", *map(str, info.input_shape)])
+    if len(info.input_shape) != 3:
+        fix = "add a channel axis (x[:, None]) for one-channel images" if len(info.input_shape) == 2 else "use model=mlp for flat inputs"
+        raise DataError(f"{info.path}: model={model} needs images N x C x H x W, but {x_name} is {shape}; {fix}")
+    channels, height, width = info.input_shape
+    if width in CHANNEL_COUNTS and channels not in CHANNEL_COUNTS and channels > width:
+        raise DataError(
+            f"{info.path}: {x_name} is {shape}, which looks channels-last (N x H x W x C); model={model} expects "
+            f"N x C x H x W: store x.transpose(0, 3, 1, 2)"
+        )
+    if model == "cnn" and min(height, width) < 2:
+        raise DataError(f"{info.path}: model=cnn pools 2 x 2, but {x_name} images are {height} x {width}; use model=mlp")

@@ -222,8 +222,9 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                     phases = [data_s, synced_at - step_started - data_s, optimizer_at - synced_at, done_at - optimizer_at]
                     # One tiny collective per step: averaged loss, accuracy and phases, the stop vote, the save handshake.
                     written = coordinator.written_flag() if coordinator else 1.0
-                    total_loss, total_seen, total_correct, stop_votes, ranks_written, *phase_sums = allreduce_sums(
-                        comm, [step_loss, step_seen, step_correct, float(run.stop.raised), written, *phases])
+                    time_vote = coordinator.time_vote() if coordinator else 0.0
+                    total_loss, total_seen, total_correct, stop_votes, ranks_written, time_votes, *phase_sums = allreduce_sums(
+                        comm, [step_loss, step_seen, step_correct, float(run.stop.raised), written, time_vote, *phases])
                     progress.epoch_loss_sum += total_loss if finite else 0.0  # global sums: the same on every rank, so
                     progress.epoch_seen += int(total_seen)  # rank 0's checkpoint restores them all
                     step_s = time.perf_counter() - step_started
@@ -258,7 +259,7 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                         break
                     if any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip):
                         break  # a range to skip starts here: the outer loop restarts past it
-                    if coordinator is not None and coordinator.due(progress.step):
+                    if coordinator is not None and coordinator.due(progress.step, time_votes):
                         save(synchronous=False)
             finally:
                 batches.close()
@@ -290,6 +291,8 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
                 "epoch": epoch, "step": progress.step, "loss": loss, "test_accuracy": accuracy, "samples_per_s": samples_per_s,
                 "step_ms": step_ms, "comm_wait_ms": comm_wait_ms, "data_wait_ms": data_wait_ms, "world_size": comm.world_size,
             })
+            if progress.position + accumulation * sampler.global_batch <= sampler.steps_per_epoch * sampler.global_batch:
+                break  # max_steps ended the epoch midway: a later run with more steps goes on from here
             progress.next_epoch()
         save(synchronous=True)  # the last save before exit is synchronous
     finally:

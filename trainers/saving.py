@@ -23,10 +23,16 @@ class SaveCoordinator:
         self._last_save_time = time.monotonic()
         self.last_step: int | None = None  # the step of the newest save begun (pending or done)
 
-    def due(self, step: int) -> bool:
-        by_steps = self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
-        by_time = self.cfg.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.cfg.every_minutes
-        return by_steps or by_time
+    def time_vote(self) -> float:
+        """1 when this rank's clock says a timed save is due. Ranks leave a step's collective
+        at slightly different moments, so each rank's own answer differs near the boundary:
+        the votes ride on the step's allreduce and every rank saves when any voted (`due`)."""
+        late = self.cfg.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.cfg.every_minutes
+        return 1.0 if late else 0.0
+
+    def due(self, step: int, time_votes: float) -> bool:
+        """The same answer on every rank: the step count, and the summed `time_vote`s."""
+        return (self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0) or time_votes > 0
 
     def written_flag(self) -> float:
         """1 when this rank has nothing in flight, for the per-step sum over ranks."""

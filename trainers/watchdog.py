@@ -79,13 +79,16 @@ def _ranks(ranks: list[int]) -> str:
 
 class Watchdog:
     def __init__(self, timeout_s: float, directory: Path | None, rank: int, world_size: int, host: str,
-                 on_stall: Callable[[str], None], poll_s: float | None = None, startup_s: float = 0.0) -> None:
+                 on_stall: Callable[[str], None], poll_s: float | None = None, startup_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         self.startup_s = max(timeout_s, startup_s)
         self._directory, self._rank, self._world_size, self._host = directory, rank, world_size, host
         self._on_stall = on_stall
         self._poll_s = poll_s if poll_s is not None else min(5.0, timeout_s / 4)
-        self._last_beat = time.monotonic()
+        self._clock = clock  # injectable: tests decide what time it is, whatever the machine's load
+        self._last_beat = clock()
+        self._started_at = time.time()  # wall clock, as in verdict files written by other nodes
         self._step = 0
         self._stepped = False  # no step finished yet: the start-up allowance applies
         self._stop = threading.Event()
@@ -101,7 +104,7 @@ class Watchdog:
 
     def beat(self, step: int) -> None:
         """A step finished (called by fit at every step boundary)."""
-        self._last_beat, self._step, self._stepped = time.monotonic(), step, True
+        self._last_beat, self._step, self._stepped = self._clock(), step, True
 
     def close(self) -> None:
         self._stop.set()
@@ -122,14 +125,20 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
-            self._write()
-            silent = time.monotonic() - self._last_beat
-            if silent > (self.timeout_s if self._stepped else self.startup_s):
-                waited = f"no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}" if self._stepped else \
-                    f"no first step after {silent:.0f} s of start-up (timeout {self.startup_s:g} s)"
-                message = f"watchdog: {waited}; behind: {self._verdict()}"
+            message = self.check()
+            if message is not None:
                 self._on_stall(message)
                 return
+
+    def check(self) -> str | None:
+        """One poll: rewrite this rank's heartbeat; past the timeout, the stall message."""
+        self._write()
+        silent = self._clock() - self._last_beat
+        if silent <= (self.timeout_s if self._stepped else self.startup_s):
+            return None
+        waited = f"no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}" if self._stepped else \
+            f"no first step after {silent:.0f} s of start-up (timeout {self.startup_s:g} s)"
+        return f"watchdog: {waited}; behind: {self._verdict()}"
 
     def _verdict(self) -> str:
         if self._directory is None:

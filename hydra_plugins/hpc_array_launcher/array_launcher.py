@@ -3,7 +3,6 @@
 No `from __future__ import annotations` here: Hydra executes plugin modules without registering
 them in sys.modules, and dataclasses then cannot resolve string annotations."""
 
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,30 +35,30 @@ class ArrayLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hpc.config import to_job_config
         from hpc.errors import UserError
-        from hpc.sweep import SweepPoint, launch_sweep
+        from hpc.sweep import SweepPoint, discard_unsubmitted, launch_sweep
+        from hpc.tidy import end_on_closed_stdout
 
         assert self.config is not None and self.hydra_context is not None
-        points = []
-        for offset, overrides in enumerate(job_overrides):
-            composed = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(composed):
-                del composed["hydra"]
-            points.append(SweepPoint(initial_job_idx + offset, tuple(overrides), to_job_config(composed)))
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        nums = [initial_job_idx + offset for offset in range(len(job_overrides))]
         try:
+            points = [SweepPoint(num, tuple(overrides), to_job_config(self._compose(overrides))) for num, overrides in zip(nums, job_overrides, strict=True)]
             code = launch_sweep(points, sweep_dir)
+            sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
         except UserError as err:
-            _discard_if_empty(sweep_dir)
+            discard_unsubmitted(sweep_dir, nums)
             print(f"error: {err}", file=sys.stderr)
             sys.exit(err.exit_code)
-        if all(point.job.dry_run for point in points):
-            _discard_if_empty(sweep_dir)
+        except BrokenPipeError:  # `launch.py -m ... | head -1`
+            discard_unsubmitted(sweep_dir, nums)
+            end_on_closed_stdout()
+        discard_unsubmitted(sweep_dir, nums)  # a dry run: nothing went out
         if code:
             sys.exit(code)
         return [JobReturn(overrides=list(o), status=JobStatus.COMPLETED, _return_value=None) for o in job_overrides]
 
-
-def _discard_if_empty(sweep_dir: Path) -> None:
-    """Hydra's basic sweeper made the sweep dir and its multirun.yaml; with nothing submitted, go."""
-    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
-        shutil.rmtree(sweep_dir, ignore_errors=True)
+    def _compose(self, overrides: Sequence[str]) -> DictConfig:
+        composed = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(composed):
+            del composed["hydra"]
+        return composed

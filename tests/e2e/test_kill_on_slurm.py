@@ -1,26 +1,28 @@
-"""SIGKILL one rank of a 2-node job on the real Slurm at random moments while it checkpoints
-every 2 steps: the step ends (srun --kill-on-bad-exit), the job requeues itself (the sbatch
-script's EXIT trap), and every next start finds a valid committed checkpoint and continues from
-it. A Python error, which would repeat, is not requeued."""
+"""SIGKILL a rank of a job on the real Slurm: the step ends (srun --kill-on-bad-exit), the job
+requeues itself (the sbatch script's EXIT trap) at most `cluster.failure_requeues` times, and
+every next start resumes from the newest committed checkpoint. Kills land during a save and are
+checked to have: the save in flight is never committed and the job resumes from the one before.
+Not requeued: a Python error (it would repeat) and a job someone scancelled."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from benchmarks.simcluster import poll, release_when_requeued, restarts
+from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts
+from hpc.requeue import job_fields
+from hpc.slurm import TERMINAL_STATES, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, run_dirs, run_launch, submit_job
 from trainers.checkpoint import Checkpointer
-from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -28,6 +30,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
        "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null", "checkpoint.keep=3", "cluster.failure_requeues=6")
 KILLS = 3
+# One node, two ranks, long enough never to finish by itself within a test.
+ENDLESS = ("cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1000", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+RESUMED = "resumed from checkpoint step "
 
 
 def python_ranks(run_dir: Path) -> list[int]:
@@ -35,20 +40,94 @@ def python_ranks(run_dir: Path) -> list[int]:
     return [int(pid) for pid in out if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python")]
 
 
+def rank_of(pid: int) -> int | None:
+    """The Slurm task rank of a running rank process (its SLURM_PROCID), None once it is gone."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(entry.split(b"=", 1)[1]) for entry in environ if entry.startswith(b"SLURM_PROCID=")), None)
 
 
-def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
-    rng = random.Random(2026)
+def save_in_flight(run_dir: Path) -> int | None:
+    """The step of a save begun but not committed (its `.tmp-step-N` is newer than every commit)."""
+    committed = newest_committed_step(run_dir)
+    try:
+        names = os.listdir(run_dir / "checkpoints")
+    except FileNotFoundError:
+        return None
+    steps = [int(name.removeprefix(".tmp-step-")) for name in names if name.startswith(".tmp-step-")]
+    return next((step for step in sorted(steps, reverse=True) if step > committed), None)
+
+
+def is_committed(run_dir: Path, step: int) -> bool:
+    return (run_dir / "checkpoints" / f"step-{step:09d}" / "COMMITTED").is_file()
+
+
+def kill_rank0_during_a_save(run_dir: Path, deadline_s: float = 120) -> tuple[int, int]:
+    """SIGKILL rank 0 while a save is in flight: (the step being saved, the newest committed step).
+    Rank 0 alone publishes a checkpoint, so it is stopped first (SIGSTOP) and the save is checked
+    to be still uncommitted before the kill; a save that committed in that instant is let go and
+    the next one is tried."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        step = save_in_flight(run_dir)
+        rank0 = next((pid for pid in python_ranks(run_dir) if rank_of(pid) == 0), None) if step is not None else None
+        if step is None or rank0 is None:
+            time.sleep(0.002)  # a save lasts a few steps' worth of ms; no event announces it
+            continue
+        os.kill(rank0, signal.SIGSTOP)
+        if is_committed(run_dir, step) or save_in_flight(run_dir) != step:
+            os.kill(rank0, signal.SIGCONT)  # it committed just now: wait for the next save
+            continue
+        committed = newest_committed_step(run_dir)
+        os.kill(rank0, signal.SIGKILL)
+        return step, committed
+    raise TimeoutError("no save in flight to kill rank 0 in")
+
+
+def first_resume_after(log: Path, offset: int) -> int:
+    text = log.read_text()[offset:]
+    assert RESUMED in text, text[-2000:]
+    return int(text.split(RESUMED, 1)[1].split()[0])
+
+
+def trap_requeues(run_dir: Path) -> int:
+    return sum(err.read_text().count("hpc-toolkit: a rank died") for err in (run_dir / "slurm").glob("*/*_0_log.err"))
+
+
+def state_after_this_run(job_id: str) -> str:
+    """The job's state once its current run is over. Not wait_until_done: a requeued job would
+    pend and run again, and the test would only time out."""
+    poll(lambda: job_state(job_id) not in ("RUNNING", "COMPLETING"), f"job {job_id} to end", timeout_s=60)
+    return job_state(job_id)
+
+
+def holds_for(condition: Callable[[], bool], seconds: float) -> bool:
+    """True when `condition` stays true for `seconds`; False as soon as it does not."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not condition():
+            return False
+        time.sleep(0.2)  # Slurm gives no event for "nothing happened"
+    return condition()
+
+
+def test_sigkill_during_a_save_never_commits_it_and_resumes_from_the_one_before(tmp_path):
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
-    for _ in range(KILLS):
-        target = logged_steps(run_dir) + rng.randint(3, 8)
-        poll(lambda target=target: logged_steps(run_dir) >= target and len(python_ranks(run_dir)) == 4, f"step {target}")
-        time.sleep(rng.uniform(0, 0.02))  # a random moment among the next steps and saves
+    rank0_log = run_dir / "logs" / "rank-00000.log"
+    for kill in range(KILLS):
+        poll(lambda: logged_steps(run_dir) >= 6 * (kill + 1) and len(python_ranks(run_dir)) == 4, f"step {6 * (kill + 1)} on 4 ranks")
         before = restarts(job_id)
-        os.kill(rng.choice(python_ranks(run_dir)), signal.SIGKILL)
-        release_when_requeued(job_id, before)  # it requeued itself; start it without Slurm's delay
+        log_offset = len(rank0_log.read_text())
+        saving, committed = kill_rank0_during_a_save(run_dir)
+        poll(lambda: restarts(job_id) > before, f"job {job_id} to requeue itself")  # srun ended: every rank is gone
+        assert not is_committed(run_dir, saving) and newest_committed_step(run_dir) == committed, (saving, committed)
         restored = Checkpointer(run_dir / "checkpoints", 0, 4, keep=3).load_latest()
-        assert restored is not None and restored[2] is not None, "no loadable checkpoint after a SIGKILL"
+        assert restored is not None and restored[0] == committed, f"loads {restored and restored[0]}, not the newest committed step {committed}"
+        release_when_requeued(job_id, before)  # start it without Slurm's delay
+        poll(lambda: RESUMED in rank0_log.read_text()[log_offset:], "the restarted job to resume")
+        assert first_resume_after(rank0_log, log_offset) == committed
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from"] > 0
@@ -59,10 +138,51 @@ def test_sigkill_of_a_rank_always_leaves_a_committed_checkpoint(tmp_path):
     # Such a stale kill can also land just after the ranks finished (seen in CI: all ranks logged
     # "Job completed successfully", then "STEP CANCELLED"): srun fails and the EXIT trap requeues;
     # the next start finds training done. Every restart must be one of the two kinds.
-    clean_stops = (run_dir / "logs" / "rank-00000.log").read_text().count("checkpoint committed; external signal: requeueing job")
-    trap_requeues = sum(err.read_text().count("hpc-toolkit: a rank died") for err in (run_dir / "slurm").glob("*/*_0_log.err"))
-    assert trap_requeues >= KILLS
-    assert result["restarts"] == trap_requeues + clean_stops, (result["restarts"], trap_requeues, clean_stops)
+    clean_stops = rank0_log.read_text().count("checkpoint committed; external signal: requeueing job")
+    assert trap_requeues(run_dir) >= KILLS
+    assert result["restarts"] == trap_requeues(run_dir) + clean_stops, (result["restarts"], trap_requeues(run_dir), clean_stops)
+
+
+def test_a_rank_that_keeps_dying_requeues_the_job_at_most_failure_requeues_times(tmp_path):
+    job_id, run_dir = submit_job(*ENDLESS, "cluster.failure_requeues=1", cwd=tmp_path)
+    rank0_log = run_dir / "logs" / "rank-00000.log"
+    for kill in range(2):
+        poll(lambda: f"restart {kill}" in rank0_log.read_text() if rank0_log.exists() else False, f"start {kill}")
+        poll(lambda: logged_steps(run_dir) >= 5 * (kill + 1) and len(python_ranks(run_dir)) == 2, f"step {5 * (kill + 1)} on 2 ranks")
+        os.kill(next(pid for pid in python_ranks(run_dir) if rank_of(pid) == 1), signal.SIGKILL)
+        if kill == 0:
+            release_when_requeued(job_id, 0)
+    assert (state_after_this_run(job_id), restarts(job_id)) == ("FAILED", 1)
+    # Failed for good: no requeue comes later (the trap runs before the job ends).
+    assert holds_for(lambda: job_state(job_id) == "FAILED" and restarts(job_id) == 1, 3)
+    assert trap_requeues(run_dir) == 1
+    # The batch script exits with srun's status: a task killed by signal 9 (128 + 9).
+    assert job_fields(job_id)["ExitCode"] == "137:0"
+
+
+def cancel_for_good(job_id: str) -> None:
+    """scancel until it sticks: a job that requeues itself after scancel (the bug tested for)
+    would otherwise outlive the test's own cleanup. A pending job is cancelled at once."""
+    def cancelled() -> bool:
+        if job_state(job_id) in ("RUNNING", "PENDING"):
+            subprocess.run(["scancel", job_id], capture_output=True)
+        return job_state(job_id) in TERMINAL_STATES
+
+    poll(cancelled, f"job {job_id} to stay cancelled")
+
+
+def test_a_scancelled_job_is_not_requeued(tmp_path):
+    job_id, run_dir = submit_job(*ENDLESS, cwd=tmp_path)
+    try:
+        poll(lambda: logged_steps(run_dir) >= 5, "step 5")
+        subprocess.run(["scancel", job_id], check=True)
+        assert (state_after_this_run(job_id), restarts(job_id)) == ("CANCELLED", 0)
+        steps = logged_steps(run_dir)
+        assert holds_for(lambda: job_state(job_id) == "CANCELLED" and restarts(job_id) == 0 and logged_steps(run_dir) == steps, 3)
+        assert trap_requeues(run_dir) == 0
+        assert "requeueing job" not in (run_dir / "logs" / "rank-00000.log").read_text()
+    finally:
+        cancel_for_good(job_id)
 
 
 def test_a_python_error_is_not_requeued(tmp_path):

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from benchmarks.simcluster import lose_a_node, newest_committed_step, node_state, poll
+from hpc.requeue import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, submit_job
 
@@ -19,15 +20,19 @@ JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "
        "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null")
 
 
-def test_a_lost_node_requeues_the_job_which_resumes_on_the_remaining_nodes(tmp_path):
+# The other node: the batch script and rank 0 survive it, so this is the case where the job's own
+# failure requeue (the EXIT trap) and Slurm's node-failure requeue meet. The batch host: the
+# script, its trap and rank 0 go with the node, and only Slurm can requeue the job.
+@pytest.mark.parametrize("batch_host", [False, True], ids=["other-node", "batch-host"])
+def test_a_lost_node_requeues_the_job_which_resumes_on_the_remaining_nodes(tmp_path, batch_host):
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a committed checkpoint")
     committed_before = newest_committed_step(run_dir)
+    first_batch_host = job_fields(job_id)["BatchHost"]
 
-    # Not the batch host: the batch script and rank 0 survive the node, so this is the case
-    # where the job's own failure requeue and Slurm's node-failure requeue meet.
-    loss = lose_a_node(job_id, batch_host=False)
+    loss = lose_a_node(job_id, batch_host=batch_host)
     assert loss.lost not in loss.second_nodes and len(loss.second_nodes) == 2, loss
+    assert (loss.lost == first_batch_host) == batch_host
     assert node_state(loss.lost) in ("idle", "mixed", "allocated")  # returned to service
 
     assert wait_until_done(job_id) == "COMPLETED"

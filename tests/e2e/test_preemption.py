@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
 from hpc.requeue import job_fields
 from hpc.slurm import job_state
 from tests.conftest import wait_until_done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 
@@ -62,3 +63,28 @@ def test_sbatch_refusal_is_one_line_and_submits_nothing(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: sbatch refused the job") and "partition" in lines[0].lower()
     assert run_dirs(tmp_path) == []
+
+
+def test_a_clean_stop_says_what_happened_and_srun_reports_no_killed_tasks(tmp_path):
+    """After `scancel --signal=USR1` the ranks checkpoint and exit; the batch script requeues the
+    job once srun has returned. No task is reported Terminated, no rank logs submitit's "Job
+    completed successfully", and rank 0 says where it stopped and what follows."""
+    from benchmarks.simcluster import poll, restarts
+    from tests.support.runs import logged_steps, submit_job
+
+    job_id, run_dir = submit_job(*TWO_BY_TWO, "trainer.epochs=50", "checkpoint.every_minutes=null", cwd=tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 3, "step 3", timeout_s=300)  # the queue may be busy
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True)
+    # Requeued, and back in the queue: the stopped incarnation (srun included) has ended.
+    poll(lambda: restarts(job_id) >= 1 and job_state(job_id) == "PENDING", f"job {job_id} to be requeued")
+    subprocess.run(["scancel", job_id], check=True, capture_output=True)  # the rerun is not this test's business
+
+    steps = json.loads((run_dir / "result.json").read_text())["steps"]
+    rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert (f"stopped by SIGUSR1 at step {steps}, checkpoint committed; external signal: requeueing job {job_id} "
+            "once every rank has exited (the batch script does it)") in rank0
+    task_logs = {path.name: path.read_text() for path in (run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.*")}
+    assert len([name for name in task_logs if name.endswith(".out")]) == 4
+    assert not [name for name, text in task_logs.items() if "Job completed successfully" in text or "Terminated" in text]
+    assert (f"hpc-toolkit: the ranks stopped by SIGUSR1 at step {steps}, checkpoint committed and have exited: requeueing job {job_id}"
+            in task_logs[f"{job_id}_0_log.err"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -41,3 +42,7 @@ def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):
     log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
     assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
     assert "resumed from checkpoint step" in log
+    # The rank whose watchdog fired exits with 70 (EX_SOFTWARE), and srun says so in the batch
+    # script's stderr (kept across the requeue: Slurm appends for a requeued job).
+    batch_err = "".join(path.read_text() for path in (run_dir / "slurm").glob("*/*_0_log.err"))
+    assert re.search(r"srun: error: \S+: tasks? [0-9,-]+: Exited with exit code 70$", batch_err, re.M), batch_err[-3000:]

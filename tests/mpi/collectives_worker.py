@@ -1,19 +1,27 @@
 """Run under `mpirun -np N`: checks the mpi backend against values every rank can compute.
 
+    collectives_worker.py                       every algorithm x dtype x op x count, the other collectives
+    collectives_worker.py auto PER_NODE NODES   which algorithm `auto` runs at realistic sizes when ranks
+                                                are grouped PER_NODE to a node (0: the launcher's layout);
+                                                NODES: the hierarchy expected (0: none, unequal nodes)
+
 Exits non-zero (failing the pytest that launched it) on the first mismatch.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 
 import numpy as np
 import torch
 from torch import nn
 
-from collectives import init_collectives
+from collectives import algorithms, init_collectives
 from collectives.base import allreduce_sums, broadcast_module
 from collectives.config import ALGORITHMS, CommConfig
+from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 from hpc.env import RankInfo
 from trainers.sampler import ShardSampler
 
@@ -69,22 +77,101 @@ def check_other_collectives(comm) -> None:
         assert torch.equal(mine, full[count * rank // world : count * (rank + 1) // world]), ("reduce_scatter", count)
 
 
+def seeded_model(seed: int) -> nn.Module:
+    """A model whose parameters and BatchNorm statistics all depend on the seed."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Linear(7, 3))
+    model[1].running_mean.normal_()
+    model[1].running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def flat_state(model: nn.Module) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), model[1].running_mean, model[1].running_var]])
+
+
+def check_broadcast_module(comm, root: int) -> None:
+    """Different parameters and buffers on every rank; after the broadcast, root's everywhere."""
+    model = seeded_model(100 + comm.rank)
+    roots = flat_state(seeded_model(100 + root))  # what root started from, rebuilt locally
+    assert comm.rank == root or not torch.equal(flat_state(model), roots)  # the broadcast has work to do
+    broadcast_module(comm, model, root)
+    assert torch.equal(flat_state(model), roots), ("broadcast_module", comm.rank, root)
+
+
+# --- which algorithm auto runs ----------------------------------------------------------------
+
+
+def record_algorithms() -> list[str]:
+    """Wrap our allreduce algorithms so that each call is listed; an allreduce that calls none
+    of them went to MPI_Allreduce. hierarchical calls ring inside: the first entry is the choice."""
+    calls: list[str] = []
+    for name in ("ring_allreduce", "rhd_allreduce", "hierarchical_allreduce"):
+        def counted(*args, _run=getattr(algorithms, name), _name=name.removesuffix("_allreduce"), **kwargs):
+            calls.append(_name)
+            return _run(*args, **kwargs)
+
+        setattr(algorithms, name, counted)
+    return calls
+
+
+def large_values(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Small integers: sums are exact in any order, however long the buffer (below 2048 in float16)."""
+    period = 997 if dtype == torch.float32 else 16
+    return ((torch.arange(count) % period) * (rank + 1) + rank).to(dtype)
+
+
+AUTO_CASES = (  # (bytes per rank, dtype, auto's choice where there is no hierarchy)
+    (1 << 10, torch.float32, "mpi"),
+    (MPI_MAX_BYTES - 4, torch.float32, "mpi"),
+    (1 << 10, torch.float16, "rhd"),  # Open MPI has no float16 sum
+    (MPI_MAX_BYTES, torch.float32, "rhd"),
+    (2 << 20, torch.float32, "rhd"),
+    (RHD_MAX_BYTES, torch.float32, "ring"),  # 4 MiB: a realistic gradient bucket
+    ((6 << 20) + 4, torch.float32, "ring"),  # 1572865 elements: uneven chunks on 2, 3 or 6 ranks
+)
+
+
+def check_auto_choice(info: RankInfo, per_node: int, nodes: int) -> None:
+    calls = record_algorithms()
+    world = info.world_size
+    comm = init_collectives(CommConfig(algorithm="auto", ranks_per_node=per_node or None), info)
+    for nbytes, dtype, flat_choice in AUTO_CASES:
+        expected = "hierarchical" if flat_choice == "ring" and nodes > 1 else flat_choice
+        assert choose_algorithm(nbytes, "auto", dtype, nodes) == expected, ("choose_algorithm", nbytes, dtype, nodes)
+        count = nbytes // torch.tensor([], dtype=dtype).element_size()
+        buffer = large_values(comm.rank, count, dtype)
+        calls.clear()
+        comm.allreduce_(buffer, op="sum")
+        ran = calls[0] if calls else "mpi"
+        assert ran == expected, ("auto ran", ran, "expected", expected, nbytes, dtype, world, per_node)
+        want = sum(large_values(r, count, dtype).to(torch.float64) for r in range(world)).to(dtype)
+        assert torch.equal(buffer, want), ("auto result", nbytes, dtype)
+    # Asked for explicitly: hierarchical where nodes are equal, auto's choice where they are not.
+    for count, fallback in ((5, "mpi"), (1_100_003, "ring")):
+        buffer = large_values(comm.rank, count)
+        calls.clear()
+        comm.allreduce_async(buffer, op="avg", algorithm="hierarchical").wait()
+        assert (calls[0] if calls else "mpi") == ("hierarchical" if nodes else fallback), ("hierarchical asked", count, calls)
+        want = sum(large_values(r, count).to(torch.float64) for r in range(world)) / world
+        assert torch.allclose(buffer.to(torch.float64), want, rtol=1e-6, atol=0), ("hierarchical result", count)
+    comm.close()
+    if comm.rank == 0:
+        print(f"auto ok on {world} ranks, {per_node or 'launcher'} per node, {nodes} nodes")
+
+
 def main() -> None:
     info = RankInfo.from_env(os.environ)
+    if sys.argv[1:2] == ["auto"]:
+        check_auto_choice(info, int(sys.argv[2]), int(sys.argv[3]))
+        return
     check_algorithms(info)
     comm = init_collectives(CommConfig(), info)
     world = comm.world_size
     check_other_collectives(comm)
 
-    # Different seeds per rank, identical after the broadcast from rank 0.
-    torch.manual_seed(100 + comm.rank)
-    model = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Linear(7, 3))
-    broadcast_module(comm, model)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = torch.zeros(world * flat.numel(), dtype=flat.dtype)
-    gathered[comm.rank * flat.numel() : (comm.rank + 1) * flat.numel()] = flat
-    comm.allreduce_(gathered, op="sum")
-    assert all(torch.equal(chunk, flat) for chunk in gathered.view(world, -1))
+    for root in sorted({0, world - 1}):
+        check_broadcast_module(comm, root)
 
     # The shards each rank reads are disjoint across ranks.
     sampler = ShardSampler(100, 8, comm.rank, world, seed=3)
@@ -103,4 +190,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:  # one rank failing alone must not leave the others waiting until the timeout
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

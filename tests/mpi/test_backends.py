@@ -1,4 +1,5 @@
-"""One trainer, several backends: from the same seed and data, 20 steps on 2 ranks end with
+"""One trainer, several backends: from the same seed and data, 20 steps (at a constant lr, so the
+last step moves the parameters as much as the first) on 2 ranks end with
 the same parameters whichever backend reduced the gradients (float32 sums in a different order
 differ in the last bits: tolerance 1e-5 absolute), and 1 rank with the global batch equals
 2 ranks with half of it each."""
@@ -16,20 +17,30 @@ from tests.support.runs import run_dirs, run_launch
 from trainers.checkpoint import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
-STEPS = ["trainer.max_steps=20", "trainer.epochs=2", "optim.lr=0.2", "checkpoint.every_steps=0"]
+STEPS = ["trainer.max_steps=20", "trainer.epochs=2", "optim.lr=0.2", "optim.schedule=constant", "checkpoint.every_steps=19"]
 TOLERANCE = 1e-5
 
 
-def final_parameters(tmp_path: Path, name: str, *overrides: str) -> dict[str, torch.Tensor]:
+def checkpoints(tmp_path: Path, name: str, *overrides: str) -> dict[int, dict]:
+    """Train in tmp_path/name; every committed checkpoint's shared state by step."""
     where = tmp_path / name
     where.mkdir()
-    done = run_launch(*STEPS, *overrides, cwd=where)
+    done = run_launch(*overrides, cwd=where)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(where)
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    steps = next((int(o.split("=")[1]) for o in reversed(overrides) if o.startswith("trainer.max_steps=")), 20)
-    assert newest.name == f"step-{steps:09d}"
-    return load_tensor_file(newest / "shared.ckpt")["model"]
+    return {int(d.name.removeprefix("step-")): load_tensor_file(d / "shared.ckpt") for d in sorted((run_dir / "checkpoints").glob("step-*"))}
+
+
+def final_parameters(tmp_path: Path, name: str, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The parameters after 20 steps, and after 19 of the same run (the guard: equality within
+    TOLERANCE means something only where one step moves the parameters by far more)."""
+    saved = checkpoints(tmp_path, name, *STEPS, *overrides)
+    assert sorted(saved) == [19, 20]
+    return saved[20]["model"], saved[19]["model"]
+
+
+def assert_one_step_apart_is_noticed(last: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> None:
+    assert max_difference(last, before) > 100 * TOLERANCE
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -48,33 +59,49 @@ def backends() -> list[str]:
 def test_every_cpu_backend_trains_to_the_same_parameters_as_ours(tmp_path, backend):
     if backend == "horovod":
         require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
-    ours = final_parameters(tmp_path, "mpi", "comm=mpi")
-    theirs = final_parameters(tmp_path, backend, f"comm={backend}")
+    ours, ours_before = final_parameters(tmp_path, "mpi", "comm=mpi")
+    theirs, _ = final_parameters(tmp_path, backend, f"comm={backend}")
     assert max_difference(ours, theirs) < TOLERANCE
-    untrained_gap = max_difference(ours, final_parameters(tmp_path, "fewer", "comm=mpi", "trainer.max_steps=19"))
-    assert untrained_gap > 100 * TOLERANCE  # the comparison can tell one step apart
+    assert_one_step_apart_is_noticed(ours, ours_before)
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_one_rank_with_the_global_batch_equals_two_ranks_with_half(tmp_path, backend):
-    two = final_parameters(tmp_path, "two", f"comm={backend}", "resources.tasks_per_node=2", "data.batch_size=32")
-    one = final_parameters(tmp_path, "one", f"comm={backend}", "resources.tasks_per_node=1", "data.batch_size=64")
+    """With clipping tight enough to act on every step: it clips the gradient averaged over
+    ranks (the global batch's), never each rank's own before averaging."""
+    clip = "trainer.clip_grad_norm=0.05"
+    two, two_before = final_parameters(tmp_path, "two", f"comm={backend}", clip, "resources.tasks_per_node=2", "data.batch_size=32")
+    one, _ = final_parameters(tmp_path, "one", f"comm={backend}", clip, "resources.tasks_per_node=1", "data.batch_size=64")
     assert max_difference(one, two) < TOLERANCE
+    assert_one_step_apart_is_noticed(two, two_before)
 
 
 def test_a_global_batch_gives_the_same_training_on_one_or_two_ranks(tmp_path):
     """trainer.global_batch=64 with batch 32: 2 accumulation steps on 1 rank, 1 on 2 ranks."""
     common = ("comm=mpi", "trainer.global_batch=64", "data.batch_size=32")
-    one = final_parameters(tmp_path, "one", *common, "resources.tasks_per_node=1")
-    two = final_parameters(tmp_path, "two", *common, "resources.tasks_per_node=2")
+    one, one_before = final_parameters(tmp_path, "one", *common, "resources.tasks_per_node=1")
+    two, _ = final_parameters(tmp_path, "two", *common, "resources.tasks_per_node=2")
     assert max_difference(one, two) < TOLERANCE
+    assert_one_step_apart_is_noticed(one, one_before)
 
 
 def test_fp16_training_checkpoints_its_loss_scale(tmp_path):
-    where = tmp_path / "fp16"
-    where.mkdir()
-    done = run_launch("trainer.max_steps=5", "trainer.precision=fp16", "trainer.clip_grad_norm=1.0", cwd=where)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (run_dir,) = run_dirs(where)
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    assert load_tensor_file(newest / "shared.ckpt")["scaler"]["scale"] > 0
+    """A checkpoint every step: each step's scale follows GradScaler's rule from its default
+    2**16 (halve on a skipped step, whose parameters stay as they were; double after
+    growth_interval good steps in a row), and the growth tracker counts the good steps."""
+    steps = 5
+    saved = checkpoints(tmp_path, "fp16", f"trainer.max_steps={steps}", "trainer.precision=fp16", "trainer.clip_grad_norm=1.0",
+                        "checkpoint.every_steps=1", f"checkpoint.keep={steps + 1}")
+    assert sorted(saved) == list(range(1, steps + 1))
+    default = torch.amp.GradScaler("cpu")
+    scale, tracker, interval = default.get_scale(), 0, default.get_growth_interval()
+    for step in range(1, steps + 1):
+        state = saved[step]["scaler"]
+        if step == 1:
+            skipped = state["_growth_tracker"] == 0  # no checkpoint before the first step
+        else:
+            skipped = max_difference(saved[step]["model"], saved[step - 1]["model"]) == 0
+        scale, tracker = (scale * default.get_backoff_factor(), 0) if skipped else (scale, tracker + 1)
+        if tracker == interval:
+            scale, tracker = scale * default.get_growth_factor(), 0
+        assert (state["scale"], state["_growth_tracker"]) == (scale, tracker), (step, skipped)

@@ -3,18 +3,16 @@ run dir, and compare with an uninterrupted run: identical per-step losses and mo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from hpc.requeue import EXIT_RESUMABLE
 from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, run_dirs, run_launch, run_until_signalled, state_hash, step_losses
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -41,14 +39,16 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     (run_dir,) = run_dirs(tmp_path / "b")
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGUSR1)
-    assert first.wait(timeout=120) != 0
-    stops = [json.loads((run_dir / "result.json").read_text())["steps"]]
+    assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "stopped" and result["exit_code"] == EXIT_RESUMABLE
+    stops = [result["steps"]]
 
     command, env = resume_command(run_dir)
     for after, sig in ((23, signal.SIGTERM), (41, signal.SIGUSR1)):
-        assert run_until_signalled(command, env, run_dir, after, sig) != 0
+        assert run_until_signalled(command, env, run_dir, after, sig) == EXIT_RESUMABLE
         result = json.loads((run_dir / "result.json").read_text())
-        assert result["status"] == "stopped" and result["resumed_from"] == stops[-1]
+        assert result["status"] == "stopped" and result["resumed_from"] == stops[-1] and result["exit_code"] == EXIT_RESUMABLE
         stops.append(result["steps"])
     final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
@@ -72,7 +72,7 @@ def test_resuming_with_another_model_fails_in_one_clear_line(tmp_path):
     config.write_text(config.read_text().replace("- 256\n", "- 64\n").replace("epochs: 1", "epochs: 2"))
     command, env = resume_command(run_dir)
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode != 0
+    assert again.returncode == 1  # the failing rank's MPI_Abort(1), passed on by mpirun
     log = (run_dir / "logs" / "rank-00000.log").read_text()
     assert "error: checkpoint step 22 does not fit this model: 1.bias is (256,) there and (64,) here" in log
     assert "Traceback" not in log

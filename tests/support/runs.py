@@ -28,6 +28,15 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
     )
 
 
+def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
+    from hpc.spec import find_mpirun
+
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [find_mpirun() or "mpirun", "-n", str(ranks), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, *command]
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
 

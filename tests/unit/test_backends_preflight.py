@@ -37,12 +37,29 @@ def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
         check_backend(config)
 
 
-def test_nccl_on_a_machine_without_gpus_is_refused_locally():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    with pytest.raises(UserError, match="torch sees none on this machine; use comm=gloo or comm=mpi"):
+NO_GPU = "comm=nccl needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi"
+
+
+def test_nccl_run_locally_follows_what_torch_sees(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append("cuda") or False)
+    with pytest.raises(UserError, match=NO_GPU):
         check_backend(job("nccl", cluster=ClusterConfig()))
-    check_backend(job("nccl", gpus=1))  # on Slurm with GPUs requested it is the cluster's to say
+    assert asked == ["cuda"]  # torch's own answer decides, not a config value
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert check_backend(job("nccl", cluster=ClusterConfig())) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check_backend(job("nccl", gpus=1)) is None  # on Slurm with GPUs requested it is the cluster's to say
+
+
+def test_nccl_on_this_machine_is_refused_exactly_when_torch_sees_no_gpu():
+    """No skip either way: a CPU machine (CI) checks the refusal, a GPU machine the acceptance."""
+    local = job("nccl", cluster=ClusterConfig())
+    if torch.cuda.is_available():
+        assert check_backend(local) is None
+        return
+    with pytest.raises(UserError, match=NO_GPU):
+        check_backend(local)
 
 
 def test_missing_horovod_names_the_build_script(monkeypatch):

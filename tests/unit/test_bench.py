@@ -11,7 +11,7 @@ def test_sizes_parse_like_nccl_tests(text, size):
 
 
 def test_bad_size_is_an_argparse_error():
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"not a size: 'LOTS' \(e.g. 8, 64K, 16M\)"):
         parse_size("lots")
 
 
@@ -19,7 +19,7 @@ def test_size_sweep_and_bad_sweeps():
     assert sizes_between(8, 128, 2) == [8, 16, 32, 64, 128]
     assert sizes_between(1024, 1024, 4) == [1024]
     for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"need 1 <= -b <= -e and -f >= 2"):
             sizes_between(*bad)
 
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import venv
 from pathlib import Path
 
 import h5py
@@ -64,12 +65,47 @@ def test_bad_data_paths_are_refused(tmp_path):
     assert run_dirs(tmp_path) == []
 
 
+def interpreter_dir(root: Path, *tools: str) -> Path:
+    """A virtual environment whose bin/ holds this interpreter and the given fake tools: each
+    records its arguments in <tool>.args so the test sees which one launch.py started."""
+    venv.EnvBuilder(system_site_packages=True, symlinks=True).create(root)
+    for tool in tools:
+        record_tool(root / "bin" / tool)
+    return root / "bin"
+
+
+def record_tool(path: Path) -> None:
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{path}.args"\n')
+    path.chmod(0o755)
+
+
+def launch_with(python: Path, *overrides: str, cwd: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": str(path), "HOME": str(Path.home())}
+    command = [str(python), str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
 def test_missing_launch_tools_are_named(tmp_path):
-    if (Path(sys.executable).parent / "mpirun").exists():
-        pytest.skip("this python's own bin/ has an mpirun (pip-installed Open MPI)")
-    no_tools = {"PATH": str(tmp_path / "empty-bin"), "HOME": str(Path.home())}
-    assert_one_line_error(run_launch(cwd=tmp_path, env=no_tools), "mpirun not found")
-    assert_one_line_error(run_launch("cluster=simulated", cwd=tmp_path, env=no_tools), "sbatch not found")
+    """No mpirun next to the interpreter (a virtualenv) and none on PATH."""
+    bin_dir = interpreter_dir(tmp_path / "venv")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    assert_one_line_error(launch_with(bin_dir / "python", cwd=tmp_path, path=empty), "mpirun not found")
+    assert_one_line_error(launch_with(bin_dir / "python", "cluster=simulated", cwd=tmp_path, path=empty), "sbatch not found")
+    assert run_dirs(tmp_path) == []
+
+
+def test_the_mpirun_next_to_the_interpreter_wins_over_path(tmp_path):
+    """A pip-installed Open MPI (or Debian's /usr/bin) puts mpirun beside python: that one runs."""
+    bin_dir = interpreter_dir(tmp_path / "venv", "mpirun")
+    on_path = tmp_path / "path-bin"
+    on_path.mkdir()
+    record_tool(on_path / "mpirun")
+    result = launch_with(bin_dir / "python", cwd=tmp_path, path=on_path)
+    assert result.returncode == 0, result.stderr
+    assert not (on_path / "mpirun.args").exists()
+    args = (bin_dir / "mpirun.args").read_text().split()
+    assert args[:2] == ["-n", "2"] and str(bin_dir / "python") in args
 
 
 def test_dry_run_prints_config_and_exact_sbatch_and_leaves_nothing(tmp_path):

@@ -1,7 +1,9 @@
+import pytest
 import torch
 from torch import nn
 
 from collectives.base import FakeCollectives, _flat, _unflatten_into, broadcast_module
+from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 
 
 def test_flatten_roundtrip_preserves_shapes_and_values():
@@ -16,3 +18,30 @@ def test_single_rank_broadcast_is_identity():
     before = [p.clone() for p in model.parameters()]
     broadcast_module(FakeCollectives(), model)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("nodes", [0, 1, 3])
+def test_auto_goes_mpi_then_rhd_then_ring_or_hierarchical_at_the_measured_crossovers(nodes):
+    big = "hierarchical" if nodes > 1 else "ring"  # across nodes only where there are several
+    assert choose_algorithm(0, "auto", torch.float32, nodes) == "mpi"
+    assert choose_algorithm(MPI_MAX_BYTES - 1, "auto", torch.float32, nodes) == "mpi"
+    assert choose_algorithm(MPI_MAX_BYTES, "auto", torch.float32, nodes) == "rhd"
+    assert choose_algorithm(RHD_MAX_BYTES - 1, "auto", torch.float64, nodes) == "rhd"
+    assert choose_algorithm(RHD_MAX_BYTES, "auto", torch.float32, nodes) == big
+    assert choose_algorithm(64 << 20, "auto", torch.bfloat16, nodes) == big
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_auto_never_sends_half_types_to_mpi_which_cannot_sum_them(dtype):
+    assert choose_algorithm(8, "auto", dtype) == "rhd"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd", "mpi"])
+def test_an_explicit_algorithm_is_kept_at_every_size(algorithm):
+    assert {choose_algorithm(n, algorithm, torch.float32, 2) for n in (8, 2 << 20, 64 << 20)} == {algorithm}
+
+
+def test_hierarchical_without_a_hierarchy_falls_back_to_autos_choice():
+    assert choose_algorithm(8 << 20, "hierarchical", torch.float32, 0) == "ring"
+    assert choose_algorithm(8, "hierarchical", torch.float32, 0) == "mpi"
+    assert choose_algorithm(8, "hierarchical", torch.float32, 1) == "hierarchical"

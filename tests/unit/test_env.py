@@ -53,13 +53,14 @@ def test_pmix_and_single_process():
 
 
 @pytest.mark.parametrize(
-    "env",
+    ("env", "message"),
     [
-        {"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"},
-        {"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "4"},
-        {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "3", "SLURM_STEP_NUM_NODES": "2"},
+        ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"}, "rank 4 outside world of size 4"),
+        ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "4"}, "OMPI_COMM_WORLD_RANK='x' is not an integer"),
+        ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "3", "SLURM_STEP_NUM_NODES": "2"},
+         "node_rank 3 outside 2 nodes"),
     ],
 )
-def test_impossible_layouts_are_refused(env):
-    with pytest.raises(RankEnvError):
+def test_impossible_layouts_are_refused(env, message):
+    with pytest.raises(RankEnvError, match=message):
         RankInfo.from_env(env, hostname="h")

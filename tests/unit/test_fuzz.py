@@ -95,7 +95,11 @@ def test_resource_numbers_are_accepted_or_refused_in_one_line(nodes, tasks, cpus
     assert 1 <= nodes <= 4 and tasks * cpus <= 4 and gpus >= 0
 
 
-@pytest.mark.parametrize("name", ["", "  ", "a/b", "a\nb", "tab\there"])
-def test_bad_job_names_are_refused(name):
-    with pytest.raises(UserError):
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("", "must be non-empty and contain no '/'"), ("  ", "must be non-empty"), ("a/b", "contain no '/'"),
+     ("a\nb", "contains a control character"), ("tab\there", "contains a control character")],
+)
+def test_bad_job_names_are_refused(name, message):
+    with pytest.raises(UserError, match=message):
         check_script_values(JobConfig(cluster=CLUSTER, name=name))

@@ -8,11 +8,12 @@ register_schemas()
 
 
 def test_valid_overrides_compose():
-    check_overrides(["optim.lr=0.1", "model=cnn", "resources.nodes=2", "cluster=simulated"])
+    job = check_overrides(["optim.lr=0.1", "model=cnn", "resources.nodes=2", "cluster=simulated"])
+    assert (job.optim.lr, job.model.name, job.resources.nodes, job.cluster.name) == (0.1, "cnn", 2, "simulated")
 
 
 def test_unknown_key_names_the_valid_keys():
-    with pytest.raises(UserError) as err:
+    with pytest.raises(UserError, match=r"^unknown key 'optim\.lrr'; valid keys in 'optim': ") as err:
         check_overrides(["optim.lrr=0.1"])
     message = str(err.value)
     assert "unknown key 'optim.lrr'" in message and "lr, momentum, weight_decay" in message
@@ -30,7 +31,7 @@ def test_unknown_group_option_lists_options():
 
 
 def test_wrong_type_is_one_line():
-    with pytest.raises(UserError) as err:
+    with pytest.raises(UserError, match="resources.nodes") as err:
         check_overrides(["resources.nodes=two"])
     assert "two" in str(err.value) and "\n" not in str(err.value)
 

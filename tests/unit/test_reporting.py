@@ -26,14 +26,17 @@ def test_prometheus_text_has_gauges_and_phases():
     assert "# TYPE hpctk_loss gauge" in text and "hpctk_accuracy" not in text
 
 
-def test_rank0_writes_steps_and_prometheus_every_log_interval(tmp_path):
+def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_end(tmp_path):
     prom = tmp_path / "metrics.prom"
     reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=5, log_every=2, prometheus_file=prom, run_name="r")
-    for step in range(1, 4):
+    exported = []
+    for step in range(1, 6):
         reporter.report({"step": step, "loss": 1.0, "samples_per_s": 10.0 * step})
+        exported.append(next(line for line in prom.read_text().splitlines() if line.startswith("hpctk_step{")) if prom.exists() else None)
     reporter.close()
-    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3]
-    assert 'hpctk_step{run="r"} 2' in prom.read_text()  # written at step 2, not yet at 3
+    assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    # Rewritten at steps 2 and 4 (every log_every) and at the last step, 5; unchanged in between.
+    assert exported == [None, 'hpctk_step{run="r"} 2', 'hpctk_step{run="r"} 2', 'hpctk_step{run="r"} 4', 'hpctk_step{run="r"} 5']
 
 
 def test_other_ranks_write_nothing(tmp_path):

@@ -49,7 +49,10 @@ def test_env_names_must_be_shell_identifiers():
 
 
 def test_script_is_valid_bash():
-    subprocess.run(["bash", "-n"], input=render(nodes=2), text=True, check=True)
+    checked = subprocess.run(["bash", "-n"], input=render(nodes=2), capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stderr == "", checked.stderr
+    broken = subprocess.run(["bash", "-n"], input=render(nodes=2) + "\nif then\n", capture_output=True, text=True)
+    assert broken.returncode == 2 and "syntax error" in broken.stderr  # `bash -n` does refuse a bad script
 
 
 def test_switches_become_an_sbatch_flag_and_are_checked():

@@ -14,7 +14,7 @@ def job(cluster=SIMULATED, **resources):
 
 
 def test_a_request_that_fits_passes():
-    check_resources(job(nodes=4, tasks_per_node=2, cpus_per_task=2))
+    assert check_resources(job(nodes=4, tasks_per_node=2, cpus_per_task=2)) is None  # no UserError
 
 
 @pytest.mark.parametrize(

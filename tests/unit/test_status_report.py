@@ -30,25 +30,74 @@ def _run(root, name, ranks, rates, accuracy=0.9):
     return run
 
 
+def _sweep(sweep, points):
+    """A sweep dir whose points carry their overrides, as launch.py -m writes them."""
+    record = {"points": [{"num": i, "run_dir": str(run.path), "overrides": overrides} for i, (run, overrides) in enumerate(points)]}
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "sweep.json").write_text(json.dumps(record))
+
+
 def test_speedup_and_efficiency_from_crafted_metrics(tmp_path):
-    # The first epoch is left out (start-up): steady rates 100, 180 and 320 samples/s.
-    runs = [_run(tmp_path, "0", 2, [50, 100, 100]), _run(tmp_path, "1", 4, [10, 170, 190]), _run(tmp_path, "2", 8, [1, 320])]
+    # Steady rates (first epoch left out): 2 ranks 100 and 140 (base = their mean, 120),
+    # 4 ranks 180, 8 ranks 300. Worked by hand: speedups 100/120, 140/120, 180/120 = 1.5,
+    # 300/120 = 2.5; efficiencies = speedup / (ranks / 2): 1.5 / 2 = 0.75, 2.5 / 4 = 0.625.
+    runs = [_run(tmp_path, "0", 2, [50, 100, 100]), _run(tmp_path, "1", 2, [7, 130, 150]),
+            _run(tmp_path, "2", 4, [10, 170, 190]), _run(tmp_path, "3", 8, [1, 300])]
     figures = {f.run: f for f in scaling_figures(runs)}
-    assert figures["0"].samples_per_s == pytest.approx(100) and figures["0"].efficiency == pytest.approx(1.0)
-    assert figures["1"].speedup == pytest.approx(1.8) and figures["1"].efficiency == pytest.approx(0.9)
-    assert figures["2"].speedup == pytest.approx(3.2) and figures["2"].efficiency == pytest.approx(0.8)
+    assert figures["0"].samples_per_s == pytest.approx(100) and figures["1"].samples_per_s == pytest.approx(140)
+    assert (figures["0"].speedup, figures["0"].efficiency) == (pytest.approx(5 / 6), pytest.approx(5 / 6))
+    assert (figures["1"].speedup, figures["1"].efficiency) == (pytest.approx(7 / 6), pytest.approx(7 / 6))
+    assert (figures["2"].speedup, figures["2"].efficiency) == (pytest.approx(1.5), pytest.approx(0.75))
+    assert (figures["3"].speedup, figures["3"].efficiency) == (pytest.approx(2.5), pytest.approx(0.625))
 
 
 def test_report_command_writes_table_and_plots(tmp_path):
     sweep = tmp_path / "sweep"
     runs = [_run(sweep, "0", 1, [100, 100]), _run(sweep, "1", 2, [100, 150])]
-    (sweep / "sweep.json").write_text(json.dumps({"points": [{"num": i, "run_dir": str(r.path)} for i, r in enumerate(runs)]}))
+    _sweep(sweep, [(runs[0], ["resources.tasks_per_node=1", "trainer.epochs=2"]), (runs[1], ["resources.tasks_per_node=2", "trainer.epochs=2"])])
     done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "| 1 | 2 | - | 150.0 | 1.50 | 0.75 | 0.9000 | 0.5000 |" in done.stdout
+    # 150 samples/s on 2 ranks against 100 on 1: speedup 1.5, efficiency 1.5 / 2 = 0.75.
+    assert "| run | ranks | nodes | resources.tasks_per_node | samples/s | speedup | efficiency | test accuracy | loss |" in done.stdout
+    assert "| 1 | 2 | - | 2 | 150.0 | 1.50 | 0.75 | 0.9000 | 0.5000 |" in done.stdout
     for name in ("report.md", "report.json", "scaling.png", "loss.png"):
         assert (sweep / name).stat().st_size > 0
-    assert json.loads((sweep / "report.json").read_text())[1]["efficiency"] == pytest.approx(0.75)
+    written = json.loads((sweep / "report.json").read_text())[1]
+    assert (written["efficiency"], written["label"]) == (pytest.approx(0.75), "resources.tasks_per_node=2")
+
+
+def test_a_sweep_on_equal_ranks_is_labelled_by_its_values_and_has_no_scaling_figures(tmp_path):
+    sweep = tmp_path / "sweep"
+    lrs = ["0.01", "0.05", "0.1", "0.5"]
+    runs = [_run(sweep, str(i), 2, [100, 90 + i], accuracy=0.5 + i / 10) for i in range(4)]
+    _sweep(sweep, [(run, [f"optim.lr={lr}", "cluster=local"]) for run, lr in zip(runs, lrs, strict=True)])
+    (sweep / "scaling.png").write_text("from an earlier report")
+    done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert table[0] == "| run | ranks | nodes | optim.lr | samples/s | test accuracy | loss |"
+    assert table[2:] == [f"| {i} | 2 | - | {lr} | {90 + i:.1f} | {0.5 + i / 10:.4f} | 0.5000 |" for i, lr in enumerate(lrs)]
+    assert "every run has 2 ranks: no speedup, efficiency or scaling plot" in done.stdout
+    assert not (sweep / "scaling.png").exists() and (sweep / "loss.png").stat().st_size > 0
+    written = json.loads((sweep / "report.json").read_text())
+    assert [(f["label"], f["speedup"], f["efficiency"]) for f in written] == [(f"optim.lr={lr}", None, None) for lr in lrs]
+
+
+def test_status_of_a_sweep_shows_its_swept_values_and_no_rate_while_pending(tmp_path):
+    sweep = tmp_path / "sweep"
+    runs = [_run(sweep, str(i), 2, [100, 250]) for i in range(2)]
+    _sweep(sweep, [(run, [f"optim.lr={lr}", "model=mlp"]) for run, lr in zip(runs, ["0.1", "0.2"], strict=True)])
+    for i, run in enumerate(runs):
+        run.write_json(run.job, {"job_id": f"5_{i}"})
+    found = statuses(sweep)
+    assert [s.swept for s in found] == ["optim.lr=0.1", "optim.lr=0.2"]
+    slurm = {"5_0": {"JobState": "RUNNING"}, "5_1": {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}}
+    running, pending = (run_status(run, slurm, {}, s.swept) for run, s in zip(runs, found, strict=True))
+    assert running.line(12).split()[:7] == ["5_0", "optim.lr=0.1", "RUNNING", "0", "10", "-", "250"]
+    assert pending.line(12).split()[:7] == ["5_1", "optim.lr=0.2", "PENDING(BeginTime)", "1", "10", "-", "-"]
+    listing = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[:2] for line in listing.stdout.splitlines()] == [["job", "swept"], ["5_0", "optim.lr=0.1"], ["5_1", "optim.lr=0.2"]]
 
 
 def test_status_of_a_local_run_reads_the_run_dir(tmp_path):

@@ -17,10 +17,13 @@ from tests.support.runs import ROOT
 
 def test_grid_of_two_keys_gives_every_combination_in_order():
     points = expand_sweep(["optim.lr=0.1,0.2", "model=mlp,cnn", "trainer.epochs=1"])
-    assert len(points) == 4
-    assert {tuple(sorted(p)) for p in points} == {
-        tuple(sorted([f"optim.lr={lr}", f"model={m}", "trainer.epochs=1"])) for lr in ("0.1", "0.2") for m in ("mlp", "cnn")
-    }
+    # The first key varies slowest, as in Hydra's BasicSweeper: job numbers follow this order.
+    assert points == [
+        ["optim.lr=0.1", "model=mlp", "trainer.epochs=1"],
+        ["optim.lr=0.1", "model=cnn", "trainer.epochs=1"],
+        ["optim.lr=0.2", "model=mlp", "trainer.epochs=1"],
+        ["optim.lr=0.2", "model=cnn", "trainer.epochs=1"],
+    ]
 
 
 def test_sweeper_params_from_config_join_the_command_line():
@@ -35,7 +38,7 @@ def test_empty_sweep_is_refused_naming_the_override():
 
 
 def test_bad_syntax_is_one_line():
-    with pytest.raises(UserError) as err:
+    with pytest.raises(UserError, match=r"no viable alternative at input '\[0\.1'") as err:
         expand_sweep(["optim.lr=[0.1"])
     assert "\n" not in str(err.value)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from trainers.watchdog import Heartbeat, Watchdog, describe_stall, read_heartbeats
 
@@ -22,38 +21,62 @@ def test_without_silent_ranks_the_lowest_step_is_named_and_missing_ranks_listed(
     assert describe_stall(beats, 4, now=1000.0, silent_after_s=5) == "rank 1 on node0 (pid 101) at step 11; never reported: ranks 2"
 
 
-def test_watchdog_fires_once_without_steps_and_not_while_steps_come(tmp_path):
-    fired: list[str] = []
-    done = threading.Event()
-    watchdog = Watchdog(0.4, tmp_path, rank=0, world_size=2, host="h", on_stall=lambda m: (fired.append(m), done.set()), poll_s=0.05).start()
-    for step in range(1, 11):  # steps every 0.1 s: no stall
+class FakeClock:
+    """The watchdog's monotonic clock, moved by the test: no outcome depends on the machine's load.
+    Steps are binary fractions, so "exactly the timeout" is exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_watchdog_stays_quiet_while_steps_come_and_fires_past_the_timeout(tmp_path):
+    clock = FakeClock()
+    watchdog = Watchdog(0.5, tmp_path, rank=0, world_size=2, host="h", on_stall=lambda m: None, poll_s=0.05, clock=clock)
+    for step in range(1, 11):  # a step every 0.375 s: never 0.5 s without one
+        clock.now += 0.375
+        assert watchdog.check() is None
         watchdog.beat(step)
-        assert not done.wait(0.1)
-    assert done.wait(5), "the watchdog did not fire"
-    watchdog.close()
-    assert len(fired) == 1 and fired[0].startswith("watchdog: no step finished for") and "after step 10" in fired[0]
-    assert "never reported: ranks 1" in fired[0]  # rank 1 never wrote a heartbeat here
+    clock.now += 0.5  # exactly the timeout: not yet
+    assert watchdog.check() is None
+    clock.now += 0.125
+    message = watchdog.check()
+    assert message is not None and message.startswith("watchdog: no step finished for 1 s (timeout 0.5 s) after step 10; behind: ")
+    assert "never reported: ranks 1" in message  # rank 1 never wrote a heartbeat here
     (mine,) = read_heartbeats(tmp_path)
     assert (mine.rank, mine.step, mine.host) == (0, 10, "h")
 
 
-def test_start_up_has_its_own_allowance_then_the_step_timeout_applies(tmp_path):
-    fired: list[tuple[str, float]] = []
+def test_the_watchdog_thread_reports_a_stall_once_and_stops(tmp_path):
+    clock = FakeClock()
+    fired: list[str] = []
     done = threading.Event()
-    started = time.monotonic()
-    watchdog = Watchdog(0.2, tmp_path, rank=0, world_size=1, host="h", poll_s=0.02, startup_s=0.8,
-                        on_stall=lambda m: (fired.append((m, time.monotonic() - started)), done.set())).start()
-    assert done.wait(5), "the start-up allowance never ran out"
+    watchdog = Watchdog(0.5, tmp_path, rank=0, world_size=1, host="h", on_stall=lambda m: (fired.append(m), done.set()), poll_s=0.01, clock=clock)
+    watchdog.beat(3)
+    clock.now += 5.0  # long past the timeout before the thread's first poll
+    watchdog.start()
+    assert done.wait(60), "the watchdog thread did not fire"  # a hang guard, not a timing
+    watchdog._thread.join(10)
+    assert not watchdog._thread.is_alive(), "the thread polls on after firing"
     watchdog.close()
-    ((message, after_s),) = fired
-    assert message.startswith("watchdog: no first step after") and "timeout 0.8 s" in message
-    assert after_s >= 0.8  # not the 0.2 s step timeout
+    assert len(fired) == 1 and fired[0].startswith("watchdog: no step finished for 5 s (timeout 0.5 s) after step 3")
 
-    fired.clear()
-    done.clear()
-    watchdog = Watchdog(0.2, tmp_path, rank=0, world_size=1, host="h", poll_s=0.02, startup_s=60,
-                        on_stall=lambda m: (fired.append((m, 0.0)), done.set())).start()
-    watchdog.beat(1)  # the first step finished: from here on 0.2 s is the limit
-    assert done.wait(5), "the step timeout did not apply after the first step"
-    watchdog.close()
-    assert fired[0][0].startswith("watchdog: no step finished for") and "after step 1" in fired[0][0]
+
+def test_start_up_has_its_own_allowance_then_the_step_timeout_applies(tmp_path):
+    clock = FakeClock()
+    watchdog = Watchdog(0.25, tmp_path, rank=0, world_size=1, host="h", on_stall=lambda m: None, poll_s=0.02, startup_s=1.0, clock=clock)
+    clock.now += 1.0  # four step timeouts, exactly the start-up allowance: not yet
+    assert watchdog.check() is None
+    clock.now += 0.125
+    message = watchdog.check()
+    assert message is not None and message.startswith("watchdog: no first step after 1 s of start-up (timeout 1 s)")
+
+    watchdog = Watchdog(0.25, tmp_path, rank=0, world_size=1, host="h", on_stall=lambda m: None, poll_s=0.02, startup_s=60, clock=clock)
+    watchdog.beat(1)  # the first step finished: from here on 0.25 s is the limit
+    clock.now += 0.25
+    assert watchdog.check() is None
+    clock.now += 0.125
+    message = watchdog.check()
+    assert message is not None and message.startswith("watchdog: no step finished for 0 s (timeout 0.25 s) after step 1")

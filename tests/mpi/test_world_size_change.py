@@ -1,0 +1,122 @@
+"""Resuming with another world size: 2 ranks train until a signal stops them, 3 ranks resume
+until the next signal, then 2 ranks again, all inside epoch 1. The checkpoint's rank files do
+not match the new world size, so every rank starts with a fresh RNG (the saved-state-is-None
+path), and the data position continues exactly: the first step after each resume trains on the
+very next global batch of the epoch's order (checked by recomputing its loss from the
+checkpoint's weights), and the saved positions advance by whole global batches of the new size."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hpc.requeue import EXIT_RESUMABLE
+from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, run_dirs, run_until_signalled
+from trainers.checkpoint import SHARED, load_tensor_file, step_dir_name
+from trainers.config import DataConfig, ModelConfig
+from trainers.data import H5Split
+from trainers.datasets import inspect_hdf5, resolve_data_path
+from trainers.models import build_model
+from trainers.sampler import ShardSampler
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+# Small batches: epoch 1 has 89 steps on 2 ranks and 59 on 3, room for three stops inside it
+# however late the signals land. (Stops by signal: a max_steps stop ends the epoch early.)
+BATCH, SEED = 8, 0
+JOB = [f"data.batch_size={BATCH}", "model.hidden_sizes=[512,512]", "trainer.epochs=2", "trainer.watchdog_s=null",
+       "checkpoint.every_steps=0", "checkpoint.every_minutes=null", "checkpoint.keep=2"]
+
+
+def progress_at(run_dir: Path, step: int) -> dict:
+    return load_tensor_file(run_dir / "checkpoints" / step_dir_name(step) / SHARED)["progress"]
+
+
+def loss_on_window(run_dir: Path, step: int, start: int, size: int) -> float:
+    """Mean loss of checkpoint `step`'s weights on positions [start, start + size) of epoch 1's
+    order: the loss the next step must log if it trained on exactly those samples."""
+    data = resolve_data_path(DataConfig())
+    info = inspect_hdf5(data, DataConfig())
+    model = build_model(ModelConfig(hidden_sizes=[512, 512]), info.input_shape, info.num_classes)
+    model.load_state_dict(load_tensor_file(run_dir / "checkpoints" / step_dir_name(step) / SHARED)["model"])
+    order = ShardSampler(info.num_train, BATCH, 0, 1, SEED).epoch_order(1)
+    train = H5Split(data, "train/x", "train/y")
+    try:
+        x, y = train.read(order[start : start + size])
+    finally:
+        train.close()
+    with torch.no_grad():
+        return float(nn.CrossEntropyLoss()(model(x), y))
+
+
+def logged_loss(run_dir: Path, step: int) -> float:
+    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    (loss,) = [row["loss"] for row in rows if row["step"] == step]
+    return loss
+
+
+def first_stop(tmp_path: Path) -> Path:
+    """Start the run on 2 ranks through launch.py and stop it with SIGTERM after a few steps."""
+    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 3:
+        assert launched.poll() is None, launched.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "no steps within 120 s"
+        time.sleep(0.01)  # polling the step log: there is no event to wait on
+    (run_dir,) = run_dirs(tmp_path)
+    for pid in rank_pids(run_dir):
+        os.kill(pid, signal.SIGTERM)
+    assert launched.wait(timeout=120) == EXIT_RESUMABLE
+    return run_dir
+
+
+def resume_with(run_dir: Path, ranks: int) -> tuple[int, int]:
+    """Resume on `ranks` ranks, stop with SIGTERM after a few steps: (resumed from, stopped at)."""
+    command, env = resume_command(run_dir)
+    command[command.index("-n") + 1] = str(ranks)
+    assert run_until_signalled(command, env, run_dir, 3, signal.SIGTERM) == EXIT_RESUMABLE
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["world_size"] == ranks and result["status"] == "stopped"
+    return result["resumed_from"], result["steps"]
+
+
+def check_continues(run_dir: Path, resumed: int, ranks: int, stopped: int) -> None:
+    """The run resumed at checkpoint `resumed` with `ranks` ranks and stopped at `stopped`."""
+    position = progress_at(run_dir, resumed)["position"]
+    line = f"resumed from checkpoint step {resumed} (epoch 1, sample {position}); world size changed: data re-sharded by global sample index, fresh RNG"
+    for rank in range(ranks):
+        assert line in (run_dir / "logs" / f"rank-{rank:05d}.log").read_text(), f"rank {rank}"
+    global_batch = ranks * BATCH
+    expected = loss_on_window(run_dir, resumed, position, global_batch)
+    assert logged_loss(run_dir, resumed + 1) == pytest.approx(expected, rel=1e-5)
+    # The check can tell: the batch half a rank's share later gives another loss.
+    assert loss_on_window(run_dir, resumed, position + BATCH // 2, global_batch) != pytest.approx(expected, rel=1e-5)
+    after = progress_at(run_dir, stopped)
+    assert (after["epoch"], after["position"]) == (1, position + (stopped - resumed) * global_batch)
+
+
+def test_a_run_resumes_on_more_and_on_fewer_ranks_at_the_exact_data_position(tmp_path):
+    run_dir = first_stop(tmp_path)  # 2 ranks
+    stopped = json.loads((run_dir / "result.json").read_text())["steps"]
+    assert progress_at(run_dir, stopped)["position"] == stopped * 2 * BATCH
+
+    resumed, stopped_again = resume_with(run_dir, ranks=3)
+    assert resumed == stopped
+    check_continues(run_dir, resumed=resumed, ranks=3, stopped=stopped_again)
+
+    resumed, last = resume_with(run_dir, ranks=2)
+    assert resumed == stopped_again
+    check_continues(run_dir, resumed=resumed, ranks=2, stopped=last)
+
+    steps = [json.loads(line)["step"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, last + 1))  # every step once: none repeated, none lost
