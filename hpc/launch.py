@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +39,8 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
             print(slurm.render_sbatch(job, env, run_dir))
         else:
             print("# command (cluster=local runs mpirun, no sbatch)")
-            print(" ".join(local.mpirun_command("mpirun", job, run_dir)))
+            command = local.mpirun_command(local.find_mpirun() or "mpirun", job, run_dir)
+            print(shlex.join(local.pinned_command(command, env, run_dir.code, os.environ.get("PYTHONPATH"))))
         return 0
     run_dir.config.write_text(resolved_yaml(job))
     if job.cluster.launcher == "local":

@@ -31,7 +31,7 @@ from hpc.requeue import EXIT_RESUMABLE, REQUEST_DIR_VARIABLE, plan_after_stop, r
 from hpc.rundir import RunDir
 
 TTY_VARIABLE = "HPCTK_TTY"
-EXIT_STALLED = 71  # the watchdog ended the job (EX_SOFTWARE)
+EXIT_STALLED = 70  # the watchdog ended the job (EX_SOFTWARE)
 # Every signal cluster.signal accepts (hpc.spec), plus Ctrl-C under mpirun: each one stops at a
 # step boundary with a checkpoint, never as a KeyboardInterrupt in the middle of a step.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)

@@ -75,7 +75,7 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     assert most_at_once([active_interval(run) for run in runs]) <= 2
     final = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     for line in final.stdout.splitlines()[1:]:
-        assert re.match(rf"{array_id}_\d\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+\S+rank-00000.log$", line), line
+        assert re.match(rf"{array_id}_\d\s+optim\.lr=0\.(05|1)\s+model=(mlp|cnn)\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+\S+rank-00000.log$", line), line
 
     # Slurm's stdout log of a task: plain timestamped progress lines, no progress bar.
     stdout = next((sweep_dir / "slurm").glob(f"{array_id}_0/*_0_log.out")).read_text()
@@ -83,8 +83,11 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
 
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    assert len([line for line in report.stdout.splitlines() if re.match(r"\| \d \| 2 \| 1 \|", line)]) == 4
-    assert (sweep_dir / "scaling.png").stat().st_size > 0
+    # Runs named by their swept values; no speedup or scaling plot when the rank count never varies.
+    rows = [line for line in report.stdout.splitlines() if re.match(r"\| \d \| 2 \| 1 \| (0\.05|0\.1) \| (mlp|cnn) \|", line)]
+    assert len(rows) == 4, report.stdout
+    assert not (sweep_dir / "scaling.png").exists() and (sweep_dir / "loss.png").stat().st_size > 0
+    assert all(f["speedup"] is None and f["efficiency"] is None for f in json.loads((sweep_dir / "report.json").read_text()))
 
 
 def test_scaling_preset_submits_one_array_per_shape_and_reports_efficiency(tmp_path):
@@ -97,9 +100,9 @@ def test_scaling_preset_submits_one_array_per_shape_and_reports_efficiency(tmp_p
     assert report.returncode == 0, report.stderr
     figures = json.loads((sweep_dir / "report.json").read_text())
     assert [(f["ranks"], f["nodes"]) for f in figures] == [(1, 1), (2, 2), (4, 4)]
-    assert figures[0]["efficiency"] == pytest.approx(1.0)
-    for f in figures[1:]:
-        assert f["efficiency"] == pytest.approx(f["samples_per_s"] / figures[0]["samples_per_s"] / f["ranks"])
+    # The arithmetic is the unit test's (hand-worked figures); here: it is there for varying ranks.
+    assert figures[0]["efficiency"] == pytest.approx(1.0) and all(f["efficiency"] > 0 and f["speedup"] > 0 for f in figures[1:])
+    assert (sweep_dir / "scaling.png").stat().st_size > 0
 
 
 def test_a_job_runs_the_code_frozen_at_submission_even_under_export_none(tmp_path):

@@ -117,7 +117,7 @@ def test_a_crafted_checkpoint_with_a_valid_marker_is_still_not_executed(tmp_path
         {"nested": [(1, "a", torch.ones(2)), {"x": None, "y": 1.5}], "strided": torch.randn(4, 6)[:, ::2], "text": "cfg: 1"},
     ],
 )
-def test_tensor_files_round_trip_every_dtype_shape_and_container(tmp_path, state):
+def test_tensor_files_round_trip_common_dtypes_shapes_and_containers(tmp_path, state):
     path = tmp_path / "state.ckpt"
     nbytes, digest = tensorfile.write_tensor_file(path, state)
     assert nbytes == path.stat().st_size and digest == sha256_of(path)
@@ -180,16 +180,7 @@ def test_keep_one_and_unwritable_dirs_are_refused(tmp_path):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(CheckpointError, match="cannot be created"):
         Checkpointer(tmp_path / "a-file" / "checkpoints", 0, 1, keep=2)  # fails for root too
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as root: permission bits do not stop us")
-        with pytest.raises(CheckpointError, match="not writable"):
-            Checkpointer(locked, 0, 1, keep=2)
-    finally:
-        locked.chmod(0o700)
+    # An unwritable directory (root included): tests/unit/test_unwritable.py.
 
 
 def test_commit_refuses_when_a_rank_did_not_write(tmp_path):
