@@ -45,6 +45,25 @@ def init_collectives(cfg: CommConfig, rank_info: RankInfo, node_position: int | 
     return comm
 
 
+def describe(comm: Collectives) -> str:
+    """What actually carries the collectives, asked of the library itself (not the config)."""
+    kind = type(comm).__name__
+    if kind == "TorchDistCollectives":
+        import torch.distributed as dist
+
+        return f"torch.distributed {dist.get_backend()} (DistributedDataParallel)"
+    if kind == "HorovodCollectives":
+        import horovod
+        import horovod.torch as hvd
+
+        return f"horovod {horovod.__version__} over {'MPI' if hvd.mpi_enabled() else 'Gloo'}"
+    if kind == "MpiCollectives":
+        from mpi4py import MPI
+
+        return f"mpi4py {MPI.Get_library_version().split(',')[0].strip()} (the toolkit's engine)"
+    return kind
+
+
 def node_layout(cfg: CommConfig, rank_info: RankInfo) -> tuple[int, int]:
     """(node_rank, local_rank) for the hierarchical communicators; by hand with ranks_per_node."""
     if cfg.ranks_per_node:

@@ -75,7 +75,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf
 
-    from collectives import init_collectives
+    from collectives import describe, init_collectives
     from hpc.config import apply_run_access, to_job_config
     from trainers.checkpoint import CheckpointError
     from trainers.fit import FitConfig, RunContext, fit
@@ -109,6 +109,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             log.warning("rings keep the allocation's node order: cluster.topology_conf=%s unusable (%s)", job.cluster.topology_conf, err)
     watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
     comm = init_collectives(job.comm, rank, node_position)
+    log.info("collectives: %s", describe(comm))
     try:
         fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
         context = RunContext(

@@ -35,6 +35,9 @@ def rank_stderr(run_dir: Path, rank: int) -> str:
     return "".join(path.read_text() for path in sorted((run_dir / "slurm").glob(f"*/*_{rank}_log.err")))
 
 
+EVIDENCE = {"gloo": "collectives: torch.distributed gloo (DistributedDataParallel)", "horovod": "collectives: horovod 0.28.1 over MPI"}
+
+
 @pytest.mark.parametrize("backend", ["gloo", "horovod"])
 def test_backend_trains_on_two_nodes_under_srun(tmp_path, backend):
     if backend == "horovod":
@@ -49,4 +52,7 @@ def test_backend_trains_on_two_nodes_under_srun(tmp_path, backend):
     for rank in range(4):
         stderr = rank_stderr(run_dir, rank)
         assert bool(c10d_connected(job_id).search(stderr)) == (backend == "gloo"), f"rank {rank}, {backend}: {stderr[-1500:]}"
-        assert f"comm {backend} (" in (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
+        log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
+        assert f"comm {backend} (" in log
+        # What the library itself reports it started (collectives.describe), not the config.
+        assert EVIDENCE[backend] in log, log[-1500:]
