@@ -62,11 +62,18 @@ def _time(value: str | None) -> datetime | None:
         return None
 
 
-def stop_reason(fields: Mapping[str, str], received_at: datetime, signal_seconds: int) -> str:
+def stop_reason(fields: Mapping[str, str], received_at: datetime, signal_seconds: int, restart_count: int = 0) -> str:
+    """`restart_count`: this start's SLURM_RESTART_COUNT. A job ending (COMPLETING) is being
+    requeued when Slurm already counts a restart beyond ours (`scontrol requeue` counts at once,
+    seen on Slurm 22.05) or it was preempted; otherwise it was cancelled."""
     state = fields.get("JobState", "")
-    if "REQUEUE" in state or state in ("COMPLETING", "PENDING"):
+    preempted = _time(fields.get("PreemptTime")) is not None
+    if "REQUEUE" in state or state == "PENDING":
         return "requeue in progress"
-    if _time(fields.get("PreemptTime")) is not None:
+    if state in ("COMPLETING", "CANCELLED"):
+        requeued = int(fields.get("Restarts", "0") or 0) > restart_count or preempted
+        return "requeue in progress" if requeued else "cancelled"
+    if preempted:
         return "preemption"
     end = _time(fields.get("EndTime"))
     if end is not None and (end - received_at).total_seconds() <= signal_seconds + 30:
@@ -82,9 +89,12 @@ def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_second
     if shutil.which("scontrol") is None:
         return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
     fields = job_fields(job_id)
-    reason = stop_reason(fields, received_at, signal_seconds) if fields else "external signal"
+    restart_count = int(env.get("SLURM_RESTART_COUNT") or 0)
+    reason = stop_reason(fields, received_at, signal_seconds, restart_count) if fields else "external signal"
     if reason == "requeue in progress":
         return f"{reason}: Slurm requeues job {job_id} itself", None, 0
+    if reason == "cancelled":
+        return f"job {job_id} was cancelled: not requeueing it", None, 0
     return f"{reason}: requeueing job {job_id}", job_id, 0
 
 

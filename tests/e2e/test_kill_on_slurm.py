@@ -180,7 +180,9 @@ def test_a_scancelled_job_is_not_requeued(tmp_path):
         steps = logged_steps(run_dir)
         assert holds_for(lambda: job_state(job_id) == "CANCELLED" and restarts(job_id) == 0 and logged_steps(run_dir) == steps, 3)
         assert trap_requeues(run_dir) == 0
-        assert "requeueing job" not in (run_dir / "logs" / "rank-00000.log").read_text()
+        rank0 = run_dir / "logs" / "rank-00000.log"
+        poll(lambda: "was cancelled: not requeueing it" in rank0.read_text(), "rank 0 to say the job was cancelled", 30)
+        assert "requeueing job" not in rank0.read_text() and "requeue in progress" not in rank0.read_text()
     finally:
         cancel_for_good(job_id)
 

@@ -26,11 +26,18 @@ def test_scontrol_one_line_output_parses():
         (fields(EndTime="2026-11-23T12:05:00"), "external signal"),
         (fields(EndTime="Unknown"), "external signal"),
         (fields(JobState="REQUEUE_FED"), "requeue in progress"),
-        (fields(JobState="COMPLETING"), "requeue in progress"),
+        (fields(JobState="COMPLETING", Restarts="1"), "requeue in progress"),  # scontrol requeue counts at once
+        (fields(JobState="COMPLETING", Restarts="0"), "cancelled"),  # scancel: no restart counted
+        (fields(JobState="COMPLETING", Restarts="0", PreemptTime="2026-11-23T11:59:50"), "requeue in progress"),
     ],
 )
 def test_stop_reason_comes_from_slurm_facts(job, reason):
     assert stop_reason(job, NOW, signal_seconds=60) == reason
+
+
+def test_a_job_ending_is_told_requeued_or_cancelled_against_this_starts_restart_count():
+    assert stop_reason(fields(JobState="COMPLETING", Restarts="2"), NOW, 60, restart_count=2) == "cancelled"
+    assert stop_reason(fields(JobState="COMPLETING", Restarts="3"), NOW, 60, restart_count=2) == "requeue in progress"
 
 
 def test_array_tasks_requeue_by_array_id():
