@@ -149,10 +149,11 @@ def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m hpc.report SWEEP_DIR", file=sys.stderr)
-        return 2
-    out = Path(argv[0])
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.report", __doc__ or "")
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help="the sweep (or run) dir to report on; the files are written into it")
+    out: Path = parser.parse_args(argv).sweep_dir
     try:
         runs = find_runs(out)
         figures = scaling_figures(runs)

@@ -204,11 +204,14 @@ def statuses(path: Path) -> list[RunStatus]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1 or any(a.startswith("-") for a in argv):
-        print("usage: python -m hpc.status [RUN_OR_SWEEP_DIR]   (default: runs)", file=sys.stderr)
-        return 2
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.status", __doc__ or "")
+    parser.add_argument("path", nargs="?", default="runs", metavar="RUN_OR_SWEEP_DIR",
+                        help="a run dir, a sweep dir or any dir holding them (default: runs)")
+    args = parser.parse_args(argv)
     try:
-        found = statuses(Path(argv[0] if argv else "runs"))
+        found = statuses(Path(args.path))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -12,6 +12,7 @@ traffic off the spine; `ring_hops` counts the neighbour pairs whose path crosses
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -237,35 +238,50 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def main(argv: list[str]) -> int:
-    """show [--hosts HOSTLIST] [--topology-conf FILE] [hydra overrides: topology=, resources.*]
-    place --topology-conf FILE [--hosts AVAILABLE] [overrides]
-    detect [--name NAME] [--write FILE]"""
-    import argparse
-    import sys
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """`python -m hpc.topology {show,place,detect} ...`: one sub-parser per command, each with its own --help."""
     from pathlib import Path
+
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.topology", "show: the rank mapping and ring order of a job; place: the fewest leaf switches for it "
+                    "(sbatch --switches); detect: this node's topology as a conf/topology preset.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{show,place,detect}", parser_class=Parser)
+    show = commands.add_parser("show", help="the rank -> node/GPU/NIC/rail/NUMA/CPU mapping of a job, in ring order",
+                               description="The rank mapping of the job the overrides compose, and its ring order over the switches.")
+    place = commands.add_parser("place", help="the fewest leaf switches that hold the job (for cluster.switches)",
+                                description="The fewest leaf switches of topology.conf that hold resources.nodes nodes, and the ring order over them.")
+    detect = commands.add_parser("detect", help="this node's GPUs, NICs and NUMA as a conf/topology preset",
+                                 description="This node's topology (nvidia-smi topo -m, sysfs) as a conf/topology preset, printed or written.")
+    show.add_argument("--hosts", help="the job's nodes, a Slurm hostlist (default: node[1-N])")
+    show.add_argument("--topology-conf", type=Path, help="Slurm topology.conf to order the ring by")
+    place.add_argument("--topology-conf", type=Path, required=True, help="Slurm topology.conf (required)")
+    place.add_argument("--hosts", help="the nodes available, a Slurm hostlist (default: all in topology.conf)")
+    for sub in (show, place):
+        sub.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. topology=dgx_h100 resources.nodes=4")
+    detect.add_argument("--name", default="detected", help="the preset's name (default: detected)")
+    detect.add_argument("--write", type=Path, help="write the preset to this YAML file (e.g. conf/topology/NAME.yaml)")
+    return parser, dict(commands.choices)
+
+
+def main(argv: list[str]) -> int:
+    import sys
 
     from hpc.overrides import compose_job
 
-    parser = argparse.ArgumentParser(
-        prog="python -m hpc.topology",
-        description="show: the rank mapping and ring order of a job; place: the fewest leaf switches for it (sbatch --switches); "
-        "detect: this node's topology as a conf/topology preset.",
-    )
-    parser.add_argument("command", choices=["show", "place", "detect"])
-    parser.add_argument("--hosts", help="show: the job's nodes (default: node[1-N]); place: the nodes available (default: all)")
-    parser.add_argument("--topology-conf", type=Path, help="Slurm topology.conf to order the ring by")
-    parser.add_argument("--name", default="detected", help="detect: the preset's name")
-    parser.add_argument("--write", type=Path, help="detect: write the preset to this YAML file (e.g. conf/topology/NAME.yaml)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. topology=dgx_h100 resources.nodes=4")
-    args = parser.parse_intermixed_args(argv)
+    parser, commands = _parser()
+    if argv and argv[0] in commands:
+        # Overrides and options mix in any order, which argparse allows only for a parser
+        # without sub-parsers: parse the words after the command with its own parser
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+    else:
+        args = parser.parse_args(argv)  # --help, or one line on what is wrong
     try:
         if args.command == "detect":
             return _detect(args.name, args.write)
         job = compose_job(args.overrides)
         if args.command == "place":
-            if not args.topology_conf:
-                raise UserError("place needs --topology-conf FILE (Slurm's topology.conf)")
             tree = parse_topology_conf(args.topology_conf.read_text())
             available = hostlist.expand_hostlist(args.hosts) if args.hosts else None
             plan = plan_placement(tree, job.resources.nodes, available)

@@ -174,13 +174,24 @@ def _summary(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def main(argv: list[str]) -> int:
+    """`python -m trainers.tensorfile FILE`: what a checkpoint file holds, one line per entry."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m trainers.tensorfile", description=main.__doc__)
+    parser.add_argument("path", type=Path, metavar="CHECKPOINT_FILE", help="a file written by the checkpointer (state.ckpt in a checkpoint dir)")
+    path: Path = parser.parse_args(argv).path
+    try:
+        for line in describe(read_tensor_file(path)):
+            print(line)
+    except Exception as err:  # one line, whatever is wrong with the file
+        print(f"{path}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m trainers.tensorfile CHECKPOINT_FILE")
-    try:
-        for line in describe(read_tensor_file(Path(sys.argv[1]))):
-            print(line)
-    except Exception as err:  # one line, whatever is wrong with the file
-        sys.exit(f"{sys.argv[1]}: {err}")
+    sys.exit(main(sys.argv[1:]))
