@@ -29,6 +29,7 @@ class HorovodCollectives:
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.device = torch.device("cpu")  # as the trainer has always run it with Horovod
         self._count = 0
 
     @classmethod

@@ -39,6 +39,7 @@ class MpiCollectives:
         self._comm = comm
         self.rank: int = comm.Get_rank()
         self.world_size: int = comm.Get_size()
+        self.device = torch.device("cpu")  # the engine reduces CPU tensors; the model stays with them
         self.algorithm = algorithm
         # Our ring algorithms run on a copy of the world ordered by switch position, so ring
         # neighbours share a leaf switch; ranks, roots and everything else keep the world's order.

@@ -138,7 +138,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
                 log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
             forbid_failure_requeue(log)
             logging.shutdown()
-            comm.abort(1)  # type: ignore[attr-defined]
+            comm.abort(1)
             raise
         comm.barrier()
     finally:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from collectives.base import Collectives
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
 
@@ -41,7 +42,7 @@ class GradientSync(Protocol):
 
 
 class MpiSync:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig, accumulation: int) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> None:
         self.module = model
         self.optimizer = apply_distributed_optimizer(optimizer, model, comm, cfg, accumulation)
 
@@ -63,11 +64,11 @@ class MpiSync:
 
 
 class DdpSync:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
-        device = getattr(comm, "device", torch.device("cpu"))
+        device = comm.device
         # broadcast_buffers=False: BatchNorm statistics stay per rank and are averaged before
         # evaluation, as with the other backends (parity), instead of rank 0's every forward.
         options = {"device_ids": [device.index] if device.type == "cuda" else None, "bucket_cap_mb": cfg.bucket_mb if cfg.bucket_mb > 0 else 25.0}
@@ -102,7 +103,7 @@ class DdpSync:
         pass
 
 
-def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Any, cfg: CommConfig, accumulation: int) -> GradientSync:
+def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> GradientSync:
     if cfg.backend in ("gloo", "nccl"):
         return DdpSync(model, optimizer, comm, cfg)
     if cfg.backend == "horovod":

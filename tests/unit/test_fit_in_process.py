@@ -1,24 +1,29 @@
-"""fit() in-process on a one-rank FakeCollectives: the loop's bookkeeping without mpirun."""
+"""fit() in-process, without mpirun: on a one-rank FakeCollectives (the loop's bookkeeping) and
+on two thread ranks of a ThreadWorld (what the ranks share after every step)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from collectives.base import FakeCollectives
+import pytest
+
+from collectives.base import FakeCollectives, ThreadCollectives, ThreadWorld
 from collectives.config import CommConfig
+from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.datasets import resolve_data_path
 from trainers.fit import FitConfig, RunContext, fit
 from trainers.metrics import MetricsWriter, read_metrics
+from trainers.reporting import StepReporter
 
 
-def fit_config(max_steps: int | None) -> FitConfig:
+def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: float | None = None) -> FitConfig:
     return FitConfig(
-        model=ModelConfig(hidden_sizes=[16]),
-        data=DataConfig(batch_size=256),
+        model=ModelConfig(hidden_sizes=[16]),  # no dropout: thread ranks share torch's global RNG
+        data=DataConfig(batch_size=batch_size),
         optim=OptimConfig(),
-        trainer=dataclasses.replace(TrainerConfig(), epochs=1, max_steps=max_steps, watchdog_s=None),
+        trainer=dataclasses.replace(TrainerConfig(), epochs=1, max_steps=max_steps, watchdog_s=None, clip_grad_norm=clip_grad_norm),
         comm=CommConfig(),
         checkpoint=CheckpointConfig(every_steps=0, every_minutes=None),
     )
@@ -41,3 +46,30 @@ def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp
     # The longer run trains the rest of epoch 1, not a fresh epoch 2 (the data after step 2 is not skipped).
     assert (resumed.steps, resumed.epochs) == (steps_per_epoch, 1)
     assert [m["epoch"] for m in read_metrics(tmp_path / "cut" / "metrics.jsonl")] == [1, 1]
+
+
+def run_ranks(run_dir: Path, ranks: int, batch_size: int, max_steps: int):  # type: ignore[no-untyped-def]
+    """fit() on `ranks` thread ranks sharing one run dir; rank 0 writes steps.jsonl and metrics."""
+    # Tight enough to act on every step: clipping must see the gradient averaged over ranks.
+    cfg = fit_config(max_steps, batch_size, clip_grad_norm=0.05)
+
+    def rank_fit(comm: ThreadCollectives):  # type: ignore[no-untyped-def]
+        main = comm.rank == 0
+        run = RunContext(checkpoint_dir=run_dir / "checkpoints", steps=StepReporter(run_dir / "steps.jsonl" if main else None))
+        return fit(cfg, comm, resolve_data_path(cfg.data), MetricsWriter(run_dir / "metrics.jsonl" if main else None), run)
+
+    return ThreadWorld(ranks).run(rank_fit)
+
+
+def test_two_ranks_with_half_the_batch_train_as_one_rank_with_all_of_it(tmp_path):
+    steps = 4
+    one = run_ranks(tmp_path / "one", 1, 256, steps)
+    two = run_ranks(tmp_path / "two", 2, 128, steps)
+    assert [r.steps for r in two] == [steps, steps]
+    assert two[0] == dataclasses.replace(two[1], samples_per_s=two[0].samples_per_s, train_seconds=two[0].train_seconds,
+                                         step_ms=two[0].step_ms, comm_wait_ms=two[0].comm_wait_ms)  # reduced figures agree on every rank
+    losses_one, losses_two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert sorted(losses_two) == list(range(1, steps + 1))
+    assert losses_two == pytest.approx(losses_one, abs=1e-5)
+    assert two[0].test_accuracy == pytest.approx(one[0].test_accuracy, abs=1e-6)
+    assert len({round(loss, 3) for loss in losses_two.values()}) == steps  # training moves: the comparison is not vacuous
