@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Compose a job from Hydra configs, validate it, and run it locally or submit it to Slurm.
 
-    python launch.py                                   # embedded default: 2 local MPI ranks
-    python launch.py cluster=simulated resources.nodes=2 resources.tasks_per_node=2
-    python launch.py dry_run=true cluster=simulated    # print config + sbatch, submit nothing
-    python launch.py -m optim.lr=0.1,0.2 cluster=simulated sweep.max_parallel=1   # one job array
+python launch.py                                   # embedded default: 2 local MPI ranks
+python launch.py cluster=simulated resources.nodes=2 resources.tasks_per_node=2
+python launch.py dry_run=true cluster=simulated    # print config + sbatch, submit nothing
+python launch.py -m optim.lr=0.1,0.2 cluster=simulated sweep.max_parallel=1   # one job array
 """
 
 from __future__ import annotations

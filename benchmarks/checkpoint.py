@@ -76,7 +76,10 @@ def main() -> None:
             async_blocked.append(blocked)
             async_total.append(total)
         med = statistics.median
-        gbps = lambda seconds: nbytes / seconds / 1e9
+
+        def gbps(seconds: float) -> float:
+            return nbytes / seconds / 1e9
+
         print(f"state {nbytes / 2**20:.0f} MiB, {args.repeats} repeats, dir {base}")
         print("| figure | value |")
         print("| --- | --- |")

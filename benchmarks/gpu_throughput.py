@@ -73,9 +73,18 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
 def trainer(data: Path, model_name: str, batch: int, device: torch.device, workdir: Path) -> dict[str, float]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     overrides = [
-        f"comm={backend}", f"model={model_name}", f"data.path={data}", f"data.batch_size={batch}", "data.eval_batch_size=256",
-        "trainer.precision=bf16", "trainer.channels_last=true", "trainer.epochs=2", "checkpoint.enabled=false",
-        "resources.tasks_per_node=1", "optim.schedule=constant", f"run_root={workdir / 'runs'}",
+        f"comm={backend}",
+        f"model={model_name}",
+        f"data.path={data}",
+        f"data.batch_size={batch}",
+        "data.eval_batch_size=256",
+        "trainer.precision=bf16",
+        "trainer.channels_last=true",
+        "trainer.epochs=2",
+        "checkpoint.enabled=false",
+        "resources.tasks_per_node=1",
+        "optim.schedule=constant",
+        f"run_root={workdir / 'runs'}",
         f"trainer.threads_per_rank={torch.get_num_threads()}",  # as many threads as the raw loop
     ]
     if device.type == "cuda":

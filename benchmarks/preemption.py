@@ -23,8 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import parse_job_id, restarts  # noqa: E402  (after the path)
-DEFAULTS = ["cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
-            "trainer.epochs=50", "checkpoint.every_minutes=null"]
+
+DEFAULTS = [
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.epochs=50",
+    "checkpoint.every_minutes=null",
+]
 
 
 def wait_for(condition, timeout_s: float = 120) -> None:  # type: ignore[no-untyped-def]
@@ -41,8 +48,7 @@ def log_time(line: str) -> float:
 
 def measure_once(overrides: list[str], workdir: Path) -> tuple[float, float]:
     run_root = workdir / f"r{time.monotonic_ns()}"
-    out = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={run_root}"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={run_root}"], capture_output=True, text=True, check=True).stdout
     job_id = parse_job_id(out)
     (run_dir,) = [p.parent for p in run_root.glob("*/*/config.yaml")]
     steps = run_dir / "steps.jsonl"

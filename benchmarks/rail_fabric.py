@@ -96,15 +96,49 @@ def run_in_fabric(nodes: int, rails: int, sizes: list[int], rounds: int, timeout
     hosts = ",".join(f"rn{k}:{rails}" for k in range(nodes))
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
     command = [
-        "ip", "netns", "exec", "hpcrail-fabric", "mpirun", "--allow-run-as-root", "-n", str(nodes * rails), "--host", hosts,
-        "--map-by", "slot", "--bind-to", "none",
-        "--mca", "plm_rsh_agent", f"bash {FABRIC} agent", "--mca", "oob_tcp_if_include", "br-mgmt,mgmt",
+        "ip",
+        "netns",
+        "exec",
+        "hpcrail-fabric",
+        "mpirun",
+        "--allow-run-as-root",
+        "-n",
+        str(nodes * rails),
+        "--host",
+        hosts,
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "none",
+        "--mca",
+        "plm_rsh_agent",
+        f"bash {FABRIC} agent",
+        "--mca",
+        "oob_tcp_if_include",
+        "br-mgmt,mgmt",
         # Open MPI 4.1's TCP transport halves its rate when both directions of a link carry a
         # large message at once with its emulated-RDMA (PUT) protocol: measured 12.1 vs 24.1 MB/s
         # at 200 Mbit with 2 ranks per core; plain send/receive fragments run at the line rate.
-        "--mca", "btl", "tcp,vader,self", "--mca", "btl_tcp_flags", "send", "-x", "PYTHONPATH", "-x", "OMPI_MCA_mpi_yield_when_idle",
-        sys.executable, "-u", str(Path(__file__).resolve()), "--worker", "--rails", str(rails),
-        "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds),
+        "--mca",
+        "btl",
+        "tcp,vader,self",
+        "--mca",
+        "btl_tcp_flags",
+        "send",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMPI_MCA_mpi_yield_when_idle",
+        sys.executable,
+        "-u",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--rails",
+        str(rails),
+        "--sizes",
+        ",".join(map(str, sizes)),
+        "--rounds",
+        str(rounds),
     ]
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
@@ -146,7 +180,10 @@ def main() -> None:
         print(line)
     g, n = args.rails, args.nodes
     print(f"\n{n} nodes x {g} rails, tbf {args.rate} per rail link ({rail_bw / 1e6:.0f} MB/s), {args.rounds} interleaved rounds, medians")
-    print("| size | flat ring busbw MB/s | hierarchical busbw MB/s | hier / (G x flat) | model hier busbw MB/s | measured / model | model flat busbw MB/s | max error |")
+    print(
+        "| size | flat ring busbw MB/s | hierarchical busbw MB/s | hier / (G x flat) | model hier busbw MB/s "
+        "| measured / model | model flat busbw MB/s | max error |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in measured["results"]:
         nbytes = row["mib"] << 20
@@ -158,8 +195,10 @@ def main() -> None:
         flat_bus, hier_bus = bus_bandwidth(shape, nbytes, row["flat"]), bus_bandwidth(shape, nbytes, row["hierarchical"])
         model_hier = bus_bandwidth(shape, nbytes, hierarchical_seconds(model, nbytes))
         model_flat = bus_bandwidth(shape, nbytes, flat_ring_seconds(model, nbytes))
-        print(f"| {row['mib']} MiB | {flat_bus / 1e6:.1f} | {hier_bus / 1e6:.1f} | {hier_bus / (g * flat_bus):.2f} | "
-              f"{model_hier / 1e6:.1f} | {hier_bus / model_hier:.2f} | {model_flat / 1e6:.1f} | {row['max_error']:.1e} |")
+        print(
+            f"| {row['mib']} MiB | {flat_bus / 1e6:.1f} | {hier_bus / 1e6:.1f} | {hier_bus / (g * flat_bus):.2f} | "
+            f"{model_hier / 1e6:.1f} | {hier_bus / model_hier:.2f} | {model_flat / 1e6:.1f} | {row['max_error']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

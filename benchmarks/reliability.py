@@ -68,8 +68,16 @@ def trial_stall(work: Path, rng: random.Random) -> dict:
     from benchmarks.simcluster import end_process
 
     run_root = work / "runs"
-    proc = launch(run_root, "resources.tasks_per_node=3", "model.hidden_sizes=[1024,1024]", "trainer.max_steps=80", "trainer.epochs=100",
-                  "trainer.watchdog_s=5", *CHECKPOINT, wait=False)
+    proc = launch(
+        run_root,
+        "resources.tasks_per_node=3",
+        "model.hidden_sizes=[1024,1024]",
+        "trainer.max_steps=80",
+        "trainer.epochs=100",
+        "trainer.watchdog_s=5",
+        *CHECKPOINT,
+        wait=False,
+    )
     target = rng.randint(8, 40)
     deadline = time.monotonic() + 120
     while not list(run_root.glob("*/*/steps.jsonl")) or len(step_log(the_run(run_root))) < target:
@@ -89,8 +97,12 @@ def trial_stall(work: Path, rng: random.Random) -> dict:
     again = resume(run_dir)
     result = json.loads((run_dir / "result.json").read_text()) if again.returncode == 0 else {}
     ok = code != 0 and named and result.get("status") == "completed"
-    return {"outcome": f"aborted after {ended_s:.1f} s, stalled rank named: {named}, resumed and completed: {result.get('status') == 'completed'}",
-            "seconds": ended_s, "lost": lost_steps(run_dir), "ok": ok}
+    return {
+        "outcome": f"aborted after {ended_s:.1f} s, stalled rank named: {named}, resumed and completed: {result.get('status') == 'completed'}",
+        "seconds": ended_s,
+        "lost": lost_steps(run_dir),
+        "ok": ok,
+    }
 
 
 def poisoned_data(path: Path, rng: random.Random) -> Path:
@@ -124,8 +136,11 @@ def trial_nan(work: Path, rng: random.Random, max_bad: int) -> dict:
         skipped_note = "; hit before the first checkpoint: went on without a rollback"
     else:
         skipped_note = ""
-    return {"outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final test accuracy {result['test_accuracy']:.3f}{skipped_note}",
-            "ok": True, "lost": lost_steps(run_dir)}
+    return {
+        "outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final test accuracy {result['test_accuracy']:.3f}{skipped_note}",
+        "ok": True,
+        "lost": lost_steps(run_dir),
+    }
 
 
 def trial_disk_full(work: Path, rng: random.Random) -> dict:
@@ -141,8 +156,11 @@ def trial_disk_full(work: Path, rng: random.Random) -> dict:
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         again = resume(run_dir)
         result = json.loads((run_dir / "result.json").read_text()) if again.returncode == 0 else {}
-        return {"outcome": f"one-line error: {clean}; resumed from step {result.get('resumed_from')} and completed: {result.get('status') == 'completed'}",
-                "ok": clean and result.get("status") == "completed", "lost": lost_steps(run_dir)}
+        return {
+            "outcome": f"one-line error: {clean}; resumed from step {result.get('resumed_from')} and completed: {result.get('status') == 'completed'}",
+            "ok": clean and result.get("status") == "completed",
+            "lost": lost_steps(run_dir),
+        }
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
@@ -154,8 +172,9 @@ def trial_node_loss(work: Path, rng: random.Random) -> dict:
     from benchmarks.simcluster import lose_a_node, newest_committed_step, parse_job_id
 
     run_root = work / "runs"
-    submitted = launch(run_root, "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
-                       "trainer.epochs=4", *CHECKPOINT)
+    submitted = launch(
+        run_root, "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]", "trainer.epochs=4", *CHECKPOINT
+    )
     if submitted.returncode != 0:
         return {"outcome": f"not submitted: {submitted.stderr.strip()[-200:]}", "ok": False}
     job_id = parse_job_id(submitted.stdout)
@@ -175,19 +194,30 @@ def trial_node_loss(work: Path, rng: random.Random) -> dict:
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
     ok = result.get("status") == "completed" and loss.lost not in loss.second_nodes and result.get("resumed_from", -1) >= committed
     where = "batch host" if loss.was_batch_host else "other node"
-    return {"outcome": f"{where} {loss.lost} lost at step {target}: requeued after {loss.requeued_s:.0f} s, DOWN after {loss.down_s:.0f} s, "
-                       f"ran again on {','.join(loss.second_nodes)}, resumed from step {result.get('resumed_from')} "
-                       f"(newest committed before: {committed}), completed: {result.get('status') == 'completed'}",
-            "seconds": loss.requeued_s, "timing": "requeued after", "lost": lost_steps(run_dir), "ok": ok}
+    return {
+        "outcome": f"{where} {loss.lost} lost at step {target}: requeued after {loss.requeued_s:.0f} s, DOWN after {loss.down_s:.0f} s, "
+        f"ran again on {','.join(loss.second_nodes)}, resumed from step {result.get('resumed_from')} "
+        f"(newest committed before: {committed}), completed: {result.get('status') == 'completed'}",
+        "seconds": loss.requeued_s,
+        "timing": "requeued after",
+        "lost": lost_steps(run_dir),
+        "ok": ok,
+    }
 
 
-TRIALS = {"stall": trial_stall, "nan-skip": lambda w, r: trial_nan(w, r, 3), "nan-roll": lambda w, r: trial_nan(w, r, 1), "disk-full": trial_disk_full,
-          "node-loss": trial_node_loss}
+TRIALS = {
+    "stall": trial_stall,
+    "nan-skip": lambda w, r: trial_nan(w, r, 3),
+    "nan-roll": lambda w, r: trial_nan(w, r, 1),
+    "disk-full": trial_disk_full,
+    "node-loss": trial_node_loss,
+}
 
 
 def merged_table(path: Path, rows: list[str], trials: int) -> str:
     """The trials file with this run's table rows in place of those of the same fault; the rest
     of the file (notes, the per-trial lines pasted from stdout) is kept, so `--only` adds one kind."""
+
     def fault(line: str) -> str:
         return line.split("|")[1].strip() if line.startswith("| ") else ""
 
@@ -198,9 +228,9 @@ def merged_table(path: Path, rows: list[str], trials: int) -> str:
     while table_end < len(lines) and lines[table_end].startswith("| "):
         table_end += 1
     fresh = {fault(row): row for row in rows[2:]}
-    old = {fault(line): line for line in lines[lines.index(rows[0]) + 2:table_end]}
+    old = {fault(line): line for line in lines[lines.index(rows[0]) + 2 : table_end]}
     merged = [(old | fresh)[name] for name in TRIALS if name in old | fresh]
-    return "\n".join(lines[:lines.index(rows[0]) + 2] + merged + lines[table_end:]) + "\n"
+    return "\n".join(lines[: lines.index(rows[0]) + 2] + merged + lines[table_end:]) + "\n"
 
 
 def main() -> int:
@@ -220,7 +250,9 @@ def main() -> int:
             results.append(outcome)
         times = [r["seconds"] for r in results if "seconds" in r]
         timing = f"; {results[0].get('timing', 'abort after')} {min(times):.1f}-{max(times):.1f} s" if times else ""
-        rows.append(f"| {name} | {len(results)} | {sum(r['ok'] for r in results)} | {results[0]['outcome']}{timing} | {max(r.get('lost', 0) for r in results)} |")
+        rows.append(
+            f"| {name} | {len(results)} | {sum(r['ok'] for r in results)} | {results[0]['outcome']}{timing} | {max(r.get('lost', 0) for r in results)} |"
+        )
     print("\n".join(rows))
     args.out.write_text(merged_table(args.out, rows, args.trials))
     return 0

@@ -64,8 +64,7 @@ def backend_names() -> list[str]:
 
 def scaling_suite(max_ranks: int) -> dict[str, list[str]]:
     counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_ranks]
-    return {f"{backend}, {n} ranks": [f"comm={backend}", f"resources.tasks_per_node={n}", "trainer.epochs=4"]
-            for backend in backend_names() for n in counts}
+    return {f"{backend}, {n} ranks": [f"comm={backend}", f"resources.tasks_per_node={n}", "trainer.epochs=4"] for backend in backend_names() for n in counts}
 
 
 def efficiency_table(results: dict[str, list[dict[str, float]]]) -> str:

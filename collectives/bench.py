@@ -13,6 +13,7 @@ torch.distributed Gloo, and Horovod when it imports. Writes bench.json, bench.md
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -75,7 +76,7 @@ def make_implementations(names: list[str], ranks_per_node: int | None) -> dict[s
             if name == "hierarchical" and not ranks_per_node:
                 continue
             engine = MpiCollectives(comm, name, node_rank, local_rank)
-            impls[name] = lambda buf, engine=engine: engine.allreduce_(buf, "sum")
+            impls[name] = functools.partial(engine.allreduce_, op="sum")
         elif name == "gloo":
             impls[name] = _gloo(comm)
         elif name == "horovod":
@@ -152,7 +153,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for name, impl in impls.items():
             seconds, error = measure(comm, impl, nbytes, args.warmup, args.iters)
             algbw, busbw = bus_bandwidth(max(nbytes // 4, 1) * 4, seconds, world)
-            results.append({"impl": name, "bytes": max(nbytes // 4, 1) * 4, "time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw, "max_error": error})
+            results.append(
+                {"impl": name, "bytes": max(nbytes // 4, 1) * 4, "time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": busbw, "max_error": error}
+            )
             if comm.Get_rank() == 0:
                 print(f"{nbytes:>12d} B  {name:<13s} {seconds * 1e6:>11.1f} us  algbw {algbw:7.3f}  busbw {busbw:7.3f} GB/s  err {error:.1e}", flush=True)
     return results
@@ -288,9 +291,13 @@ def main(argv: list[str]) -> int:
     hosts = sorted(set(all_hosts or []))
     run_names = {r["impl"] for r in results}
     meta = {
-        "world_size": comm.Get_size(), "hosts": ", ".join(hosts), "date": date.today().isoformat(),
-        "command": "python -m collectives.bench " + " ".join(argv), "cpu_count": os.cpu_count(),
-        "mpi": MPI.Get_library_version().split(",")[0].strip(), "torch": torch.__version__,
+        "world_size": comm.Get_size(),
+        "hosts": ", ".join(hosts),
+        "date": date.today().isoformat(),
+        "command": "python -m collectives.bench " + " ".join(argv),
+        "cpu_count": os.cpu_count(),
+        "mpi": MPI.Get_library_version().split(",")[0].strip(),
+        "torch": torch.__version__,
         "not_run": [n for n in args.algos if n not in run_names],
         "ring_beats_rhd_from_bytes": crossover(results),
     }

@@ -81,8 +81,11 @@ class HorovodSync:
         compression = hvd.Compression.fp16 if cfg.compression == "fp16" else hvd.Compression.none
         self.module = model
         self.optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), compression=compression,
-            backward_passes_per_step=accumulation, op=hvd.Average,
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            backward_passes_per_step=accumulation,
+            op=hvd.Average,
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)

@@ -32,8 +32,9 @@ MPI_DTYPES = {torch.float32, torch.float64, torch.int32, torch.int64}
 
 
 class MpiCollectives:
-    def __init__(self, comm: Any, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None,
-                 node_position: int | None = None) -> None:
+    def __init__(
+        self, comm: Any, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None, node_position: int | None = None
+    ) -> None:
         if algorithm not in ALGORITHMS:
             raise CollectivesError(f"comm.algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         self._comm = comm
@@ -50,8 +51,9 @@ class MpiCollectives:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpi-comm")
 
     @classmethod
-    def from_world(cls, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None,
-                   node_position: int | None = None) -> MpiCollectives:
+    def from_world(
+        cls, algorithm: str = "auto", node_rank: int | None = None, local_rank: int | None = None, node_position: int | None = None
+    ) -> MpiCollectives:
         try:
             from mpi4py import MPI
         except ImportError as err:  # mpi4py present but libmpi missing, or not installed

@@ -207,7 +207,9 @@ def _split_by_dtype(params: list[nn.Parameter]) -> Iterable[list[nn.Parameter]]:
     return groups.values()
 
 
-def apply_distributed_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, comm: Any, cfg: CommConfig, backward_passes_per_step: int = 1) -> torch.optim.Optimizer:
+def apply_distributed_optimizer(
+    optimizer: torch.optim.Optimizer, model: nn.Module, comm: Any, cfg: CommConfig, backward_passes_per_step: int = 1
+) -> torch.optim.Optimizer:
     """Return `optimizer` turned into a distributed one of a subclass of its own type."""
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (_DistributedOptimizer, base), {})

@@ -47,7 +47,10 @@ class TorchDistCollectives:
         self.backend = backend
         self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         dist.init_process_group(
-            backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size,
+            backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=rank,
+            world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -76,7 +79,11 @@ class TorchDistCollectives:
             if work is not buffer:
                 buffer.copy_(work)
 
-        return Deferred(lambda: (handle.wait(), finish())[1])
+        def wait_then_finish() -> None:
+            handle.wait()
+            finish()
+
+        return Deferred(wait_then_finish)
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         return self.allgather_async(mine).wait()
@@ -103,5 +110,3 @@ class TorchDistCollectives:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-

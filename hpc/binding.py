@@ -37,7 +37,12 @@ def apply_binding(binding: RankBinding, topo: TopologyConfig, environ: MutableMa
     pinned = sorted(set(binding.cpus) & available)
     if pinned:
         os.sched_setaffinity(0, pinned)
-    cpus = f"{len(pinned)} CPUs {pinned[0]}-{pinned[-1]}" if pinned else "CPUs unchanged" + (
-        f" (declared {binding.cpus[0]}-{binding.cpus[-1]} not on this machine)" if binding.cpus else "")
-    return (f"binding: gpu {binding.gpu if binding.gpu is not None else '-'}, nic {binding.nic or '-'}"
-            f" (rail {binding.rail if binding.rail is not None else '-'}), numa {binding.numa}, {cpus}")
+    cpus = (
+        f"{len(pinned)} CPUs {pinned[0]}-{pinned[-1]}"
+        if pinned
+        else "CPUs unchanged" + (f" (declared {binding.cpus[0]}-{binding.cpus[-1]} not on this machine)" if binding.cpus else "")
+    )
+    return (
+        f"binding: gpu {binding.gpu if binding.gpu is not None else '-'}, nic {binding.nic or '-'}"
+        f" (rail {binding.rail if binding.rail is not None else '-'}), numa {binding.numa}, {cpus}"
+    )

@@ -73,9 +73,7 @@ def rails_from_matrix(matrix: GpuNicMatrix) -> tuple[list[str], list[int]]:
     ties go to a NIC no GPU has taken yet, so GPU i -> NIC i on rail-optimized nodes."""
     chosen: list[str] = []
     for gpu in matrix.gpus:
-        ranked = sorted(
-            (LINK_RANK.get(matrix.links.get((gpu, nic), "SYS"), 9), nic in chosen, _natural(nic), nic) for nic in matrix.nics
-        )
+        ranked = sorted((LINK_RANK.get(matrix.links.get((gpu, nic), "SYS"), 9), nic in chosen, _natural(nic), nic) for nic in matrix.nics)
         if not ranked or ranked[0][0] >= LINK_RANK["SYS"] + 1:
             raise UserError(f"nvidia-smi topo -m: {gpu} reaches no NIC")
         chosen.append(ranked[0][3])
@@ -118,8 +116,9 @@ def detect_topology(name: str = "detected", sys_root: Path = Path("/sys"), topo_
             numa_of_nic.append(hcas[nic])
         else:  # not in sysfs under that name: the NUMA node of the first GPU on this rail
             numa_of_nic.append(matrix.gpu_numa.get(matrix.gpus[rail_of_gpu.index(rail)], 0))
-    return TopologyConfig(name=name, gpus_per_node=len(matrix.gpus), nics=nics, rail_of_gpu=rail_of_gpu,
-                          numa_of_nic=_clamp(numa_of_nic, numa_cpus), numa_cpus=numa_cpus)
+    return TopologyConfig(
+        name=name, gpus_per_node=len(matrix.gpus), nics=nics, rail_of_gpu=rail_of_gpu, numa_of_nic=_clamp(numa_of_nic, numa_cpus), numa_cpus=numa_cpus
+    )
 
 
 def _clamp(numa_of_nic: list[int], numa_cpus: list[str]) -> list[int]:
@@ -132,14 +131,16 @@ def to_yaml(topo: TopologyConfig, where: str | None = None) -> str:
         return "[" + ", ".join(f'"{item}"' if isinstance(item, str) else str(item) for item in items) + "]"
 
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        f"# Detected on {where or socket.gethostname()} at {stamp} by `python -m hpc.topology detect`.",
-        f"name: {topo.name}",
-        f"gpus_per_node: {topo.gpus_per_node}",
-        f"nics: {flow(list(topo.nics))}",
-        f"rail_of_gpu: {flow(list(topo.rail_of_gpu))}",
-        f"numa_of_nic: {flow(list(topo.numa_of_nic))}",
-        f"numa_cpus: {flow(list(topo.numa_cpus))}",
-        f"transport: {topo.transport}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Detected on {where or socket.gethostname()} at {stamp} by `python -m hpc.topology detect`.",
+            f"name: {topo.name}",
+            f"gpus_per_node: {topo.gpus_per_node}",
+            f"nics: {flow(list(topo.nics))}",
+            f"rail_of_gpu: {flow(list(topo.rail_of_gpu))}",
+            f"numa_of_nic: {flow(list(topo.numa_of_nic))}",
+            f"numa_cpus: {flow(list(topo.numa_cpus))}",
+            f"transport: {topo.transport}",
+            "",
+        ]
+    )

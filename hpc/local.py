@@ -29,11 +29,17 @@ def mpirun_command(mpirun: str, job: JobConfig, run_dir: RunDir) -> list[str]:
     ranks = job.resources.nodes * job.resources.tasks_per_node
     return [
         mpirun,
-        "-n", str(ranks),
-        "--map-by", ":OVERSUBSCRIBE",  # more ranks than cores is fine for a laptop run
-        "--bind-to", "none",  # let the OS spread ranks; binding is the topology issue's job
+        "-n",
+        str(ranks),
+        "--map-by",
+        ":OVERSUBSCRIBE",  # more ranks than cores is fine for a laptop run
+        "--bind-to",
+        "none",  # let the OS spread ranks; binding is the topology issue's job
         *job.cluster.mpirun_args,
-        sys.executable, "-m", "hpc.rank_main", str(run_dir.path),
+        sys.executable,
+        "-m",
+        "hpc.rank_main",
+        str(run_dir.path),
     ]
 
 

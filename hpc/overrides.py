@@ -180,7 +180,8 @@ def sweeper_params(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) 
             params = compose(source.config_name, overrides=overrides, return_hydra_config=True).hydra.sweeper.get("params")
     except Exception as err:  # as in compose_job: every failure is one line
         raise UserError(explain_composition_error(err, overrides, source)) from None
-    return {str(k): str(v) for k, v in (OmegaConf.to_container(params) or {}).items()} if params else {}
+    container = OmegaConf.to_container(params) if params else None
+    return {str(k): str(v) for k, v in container.items()} if isinstance(container, dict) else {}
 
 
 def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[tuple[list[str], JobConfig]]:
@@ -195,7 +196,7 @@ def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) ->
         parsed = OverridesParser.create().parse_overrides(arguments)
     except HydraException as err:
         raise UserError(" ".join(str(err).split())) from None
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
     points = expand_sweep(arguments, sweeper_params(fixed, source))
     return list(zip(points, compose_jobs(points, source), strict=True))
 

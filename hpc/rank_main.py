@@ -93,7 +93,16 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
     binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
     torch.set_num_threads(max(1, job.trainer.threads_per_rank))
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
-    log.info("rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)", rank.rank, rank.local_rank, rank.node_rank, rank.num_nodes, rank.host, rank.launcher, restarts)
+    log.info(
+        "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %s)",
+        rank.rank,
+        rank.local_rank,
+        rank.node_rank,
+        rank.num_nodes,
+        rank.host,
+        rank.launcher,
+        restarts,
+    )
     log.info("%s", binding_line)
     log.info("code: %s", Path(__file__).resolve().parent.parent)  # the frozen copy on Slurm (hpc.snapshot)
     node_position = None
@@ -207,13 +216,18 @@ def start_watchdog(job: Any, run_dir: RunDir, rank: RankInfo) -> Any:
         if job_id is not None and job.cluster.requeue and shutil.which("scontrol"):
             error = requeue(job_id)
             # Several ranks notice the stall; the first requeue wins, later ones find it pending.
-            log.error("requeued job %s: it resumes from the last committed checkpoint" if error is None else
-                      f"scontrol requeue %s: {error} (another rank may have requeued it first)", job_id)
+            log.error(
+                "requeued job %s: it resumes from the last committed checkpoint"
+                if error is None
+                else f"scontrol requeue %s: {error} (another rank may have requeued it first)",
+                job_id,
+            )
         logging.shutdown()
         os._exit(EXIT_STALLED)
 
-    return Watchdog(job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall,
-                    startup_s=job.trainer.watchdog_startup_s).start()
+    return Watchdog(
+        job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=job.trainer.watchdog_startup_s
+    ).start()
 
 
 def main(argv: list[str]) -> int:

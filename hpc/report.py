@@ -138,10 +138,20 @@ def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
     fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
     ranks = [f.ranks for f in figures]
     ax_rate.plot(ranks, [f.samples_per_s for f in figures], "o-")
-    ax_rate.set(xlabel="ranks", ylabel="samples/s", title="throughput", xscale="log", xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))])
+    ax_rate.set(
+        xlabel="ranks", ylabel="samples/s", title="throughput", xscale="log", xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))]
+    )
     ax_eff.plot(ranks, [f.efficiency for f in figures], "o-")
     ax_eff.axhline(1.0, color="grey", linewidth=0.5)
-    ax_eff.set(xlabel="ranks", ylabel="speedup / rank ratio", title="scaling efficiency", xscale="log", ylim=(0, 1.2), xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))])
+    ax_eff.set(
+        xlabel="ranks",
+        ylabel="speedup / rank ratio",
+        title="scaling efficiency",
+        xscale="log",
+        ylim=(0, 1.2),
+        xticks=sorted(set(ranks)),
+        xticklabels=[str(r) for r in sorted(set(ranks))],
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,16 +1,16 @@
 """The run directory: one folder per job holding everything about it.
 
-    <run_dir>/config.yaml      resolved config the ranks read (data.path made absolute)
-    <run_dir>/job.sbatch       the sbatch script as submitted (slurm)
-    <run_dir>/job.json         job id, cluster, submission time
-    <run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
-    <run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
-    <run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
-    <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint)
-    <run_dir>/result.json      final metrics, written by rank 0 when training ends
-    <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
-    <run_dir>/code/            the sources the job runs, frozen at submission (hpc.snapshot)
-    <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
+<run_dir>/config.yaml      resolved config the ranks read (data.path made absolute)
+<run_dir>/job.sbatch       the sbatch script as submitted (slurm)
+<run_dir>/job.json         job id, cluster, submission time
+<run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
+<run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
+<run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
+<run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint)
+<run_dir>/result.json      final metrics, written by rank 0 when training ends
+<run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
+<run_dir>/code/            the sources the job runs, frozen at submission (hpc.snapshot)
+<run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
 """
 
 from __future__ import annotations
@@ -124,7 +124,9 @@ def find_runs(path: Path) -> list[RunDir]:
         runs = [RunDir(path)]
     else:
         # Hydra's .hydra/ and a frozen code/ copy hold config.yaml files too; they are not runs.
-        runs = sorted((RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: natural_key(r.path))
+        runs = sorted(
+            (RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: natural_key(r.path)
+        )
     if not runs:
         raise UserError(f"{path} holds no runs (no sweep.json, and no config.yaml in it or below it)")
     return runs

@@ -43,8 +43,12 @@ def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
     clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit). Rank 0
     leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests."""
     requests = code_root.parent / "slurm" / "requeue-requests"
-    return [*setup_lines(env, code_root), "export PYTHONSAFEPATH=1", "export SLURM_EXPORT_ENV=ALL",
-            f"export {REQUEST_DIR_VARIABLE}={shlex.quote(str(requests))}"]
+    return [
+        *setup_lines(env, code_root),
+        "export PYTHONSAFEPATH=1",
+        "export SLURM_EXPORT_ENV=ALL",
+        f"export {REQUEST_DIR_VARIABLE}={shlex.quote(str(requests))}",
+    ]
 
 
 def exit_trap_lines(max_failure_requeues: int) -> list[str]:

@@ -109,15 +109,15 @@ def check_training(job: JobConfig) -> None:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    positive = {
+    positive: dict[str, int] = {
         "trainer.epochs": job.trainer.epochs,
         "data.batch_size": job.data.batch_size,
         "data.eval_batch_size": job.data.eval_batch_size,
         "trainer.threads_per_rank": job.trainer.threads_per_rank,
     }
-    for key, value in positive.items():
-        if value < 1:
-            raise UserError(f"{key}={value} must be >= 1")
+    for name, number in positive.items():
+        if number < 1:
+            raise UserError(f"{name}={number} must be >= 1")
     comm = job.comm
     for key, value, allowed in (("comm.algorithm", comm.algorithm, ALGORITHMS), ("comm.compression", comm.compression, COMPRESSIONS)):
         if value not in allowed:
@@ -161,7 +161,10 @@ def check_backend(job: JobConfig) -> None:
     if comm.backend != "mpi" and comm.compression == "topk":
         raise UserError(f"comm.compression=topk works with comm=mpi only; comm={comm.backend} offers none, fp16, bf16")
     if job.trainer.sync_batchnorm and comm.backend != "nccl":
-        raise UserError(f"trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); comm={comm.backend} averages BatchNorm statistics before evaluation instead")
+        raise UserError(
+            "trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); "
+            f"comm={comm.backend} averages BatchNorm statistics before evaluation instead"
+        )
     if comm.backend == "horovod":
         if comm.compression == "bf16":
             raise UserError("comm.compression=bf16 is not offered by Horovod; use none or fp16 with comm=horovod")
@@ -186,10 +189,7 @@ def check_data(job: JobConfig) -> DatasetInfo:
         raise UserError(str(err)) from None
     world = job.resources.nodes * job.resources.tasks_per_node
     if info.num_train < world * job.data.batch_size:
-        raise UserError(
-            f"{info.num_train} training samples cannot fill one global batch of {world} ranks x "
-            f"{job.data.batch_size}; lower data.batch_size"
-        )
+        raise UserError(f"{info.num_train} training samples cannot fill one global batch of {world} ranks x {job.data.batch_size}; lower data.batch_size")
     return info
 
 
@@ -231,8 +231,15 @@ def check_script_values(job: JobConfig) -> None:
     A line break would end the quoted value and start a line the shell runs, so control
     characters are refused; quotes, $(), backticks and semicolons pass through literally."""
     cluster = job.cluster
-    values = {"name": job.name, "run_root": job.run_root, "cluster.partition": cluster.partition, "cluster.account": cluster.account,
-              "cluster.qos": cluster.qos, "cluster.constraint": cluster.constraint, "cluster.name": cluster.name}
+    values = {
+        "name": job.name,
+        "run_root": job.run_root,
+        "cluster.partition": cluster.partition,
+        "cluster.account": cluster.account,
+        "cluster.qos": cluster.qos,
+        "cluster.constraint": cluster.constraint,
+        "cluster.name": cluster.name,
+    }
     for key, value in values.items():
         if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
             raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")

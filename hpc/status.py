@@ -190,8 +190,18 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     if rate is None:
         rate = (last_record(run_dir.metrics) or {}).get("samples_per_s")
     reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
-    return RunStatus(run_dir.path, job_id, state, restarts, step.get("step") if step else None, newest_checkpoint(run_dir),
-                     float(rate) if rate is not None else None, run_dir.rank_log(0), reason, swept)
+    return RunStatus(
+        run_dir.path,
+        job_id,
+        state,
+        restarts,
+        step.get("step") if step else None,
+        newest_checkpoint(run_dir),
+        float(rate) if rate is not None else None,
+        run_dir.rank_log(0),
+        reason,
+        swept,
+    )
 
 
 def statuses(path: Path) -> list[RunStatus]:
@@ -207,8 +217,7 @@ def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
     parser = Parser("python -m hpc.status", __doc__ or "")
-    parser.add_argument("path", nargs="?", default="runs", metavar="RUN_OR_SWEEP_DIR",
-                        help="a run dir, a sweep dir or any dir holding them (default: runs)")
+    parser.add_argument("path", nargs="?", default="runs", metavar="RUN_OR_SWEEP_DIR", help="a run dir, a sweep dir or any dir holding them (default: runs)")
     args = parser.parse_args(argv)
     try:
         found = statuses(Path(args.path))

@@ -53,7 +53,7 @@ def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None
         raise UserError(" ".join(str(err).split())) from None
     points = [list(point) for batch in batches for point in batch]
     if not points:
-        empty = [o.input_line for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+        empty = [str(o.input_line) for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
         raise UserError(f"empty sweep: {', '.join(empty) or 'the sweep'} expands to no values")
     return points
 
@@ -128,8 +128,14 @@ def _submit_group(group: list[SweepPoint], sweep_dir: Path, code: Path, points_o
         run_dir.write_json(run_dir.job, info)
         points_out.append({"num": point.num, "overrides": list(point.overrides), "run_dir": str(run_dir.path), "job_id": job_id})
     (sweep_dir / f"array-{array_id}.sbatch").write_text(script)
-    return {"job_id": array_id, "tasks": len(group), "max_parallel": max_parallel, "nodes": first.resources.nodes,
-            "tasks_per_node": first.resources.tasks_per_node, "points": [p.num for p in group]}
+    return {
+        "job_id": array_id,
+        "tasks": len(group),
+        "max_parallel": max_parallel,
+        "nodes": first.resources.nodes,
+        "tasks_per_node": first.resources.tasks_per_node,
+        "points": [p.num for p in group],
+    }
 
 
 def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None]) -> int:

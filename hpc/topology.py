@@ -214,7 +214,8 @@ def plan_placement(tree: SwitchTree, nodes: int, available: Sequence[str] | None
     first = max(by_leaf, key=lambda leaf: (len(by_leaf[leaf]), leaf))
     parent = tree.parent_of.get(first)
     order = sorted(by_leaf, key=lambda leaf: (-len(by_leaf[leaf]), tree.parent_of.get(leaf) != parent, leaf))
-    leaves, chosen = [], []
+    leaves: list[str] = []
+    chosen: list[str] = []
     for leaf in order:
         if len(chosen) >= nodes:
             break
@@ -230,7 +231,9 @@ def render_mapping(bindings: Sequence[RankBinding]) -> str:
     rows = ["rank  node  local  host            gpu  nic       rail  numa  cpus"]
     for b in bindings:
         cpus = f"{b.cpus[0]}-{b.cpus[-1]}" if b.cpus and b.cpus == tuple(range(b.cpus[0], b.cpus[-1] + 1)) else ",".join(map(str, b.cpus)) or "-"
-        rows.append(f"{b.rank:<5d} {b.node_rank:<5d} {b.local_rank:<6d} {b.host:<15s} {_dash(b.gpu):<4s} {_dash(b.nic):<9s} {_dash(b.rail):<5s} {b.numa:<5d} {cpus}")
+        rows.append(
+            f"{b.rank:<5d} {b.node_rank:<5d} {b.local_rank:<6d} {b.host:<15s} {_dash(b.gpu):<4s} {_dash(b.nic):<9s} {_dash(b.rail):<5s} {b.numa:<5d} {cpus}"
+        )
     return "\n".join(rows)
 
 
@@ -244,15 +247,27 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
     from hpc.cli import Parser
 
-    parser = Parser("python -m hpc.topology", "show: the rank mapping and ring order of a job; place: the fewest leaf switches for it "
-                    "(sbatch --switches); detect: this node's topology as a conf/topology preset.")
+    parser = Parser(
+        "python -m hpc.topology",
+        "show: the rank mapping and ring order of a job; place: the fewest leaf switches for it "
+        "(sbatch --switches); detect: this node's topology as a conf/topology preset.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{show,place,detect}", parser_class=Parser)
-    show = commands.add_parser("show", help="the rank -> node/GPU/NIC/rail/NUMA/CPU mapping of a job, in ring order",
-                               description="The rank mapping of the job the overrides compose, and its ring order over the switches.")
-    place = commands.add_parser("place", help="the fewest leaf switches that hold the job (for cluster.switches)",
-                                description="The fewest leaf switches of topology.conf that hold resources.nodes nodes, and the ring order over them.")
-    detect = commands.add_parser("detect", help="this node's GPUs, NICs and NUMA as a conf/topology preset",
-                                 description="This node's topology (nvidia-smi topo -m, sysfs) as a conf/topology preset, printed or written.")
+    show = commands.add_parser(
+        "show",
+        help="the rank -> node/GPU/NIC/rail/NUMA/CPU mapping of a job, in ring order",
+        description="The rank mapping of the job the overrides compose, and its ring order over the switches.",
+    )
+    place = commands.add_parser(
+        "place",
+        help="the fewest leaf switches that hold the job (for cluster.switches)",
+        description="The fewest leaf switches of topology.conf that hold resources.nodes nodes, and the ring order over them.",
+    )
+    detect = commands.add_parser(
+        "detect",
+        help="this node's GPUs, NICs and NUMA as a conf/topology preset",
+        description="This node's topology (nvidia-smi topo -m, sysfs) as a conf/topology preset, printed or written.",
+    )
     show.add_argument("--hosts", help="the job's nodes, a Slurm hostlist (default: node[1-N])")
     show.add_argument("--topology-conf", type=Path, help="Slurm topology.conf to order the ring by")
     place.add_argument("--topology-conf", type=Path, required=True, help="Slurm topology.conf (required)")

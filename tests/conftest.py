@@ -52,8 +52,7 @@ def needs_slurm(tmp_path: Path):
     require(slurm_is_up(), "a running Slurm cluster (scripts/slurm-sim.sh start)")
     before = set(queued_jobs())
     yield
-    leftover = sorted(job for job, workdir in queued_jobs().items()
-                      if job not in before and (IN_CI or workdir.startswith(str(tmp_path))))
+    leftover = sorted(job for job, workdir in queued_jobs().items() if job not in before and (IN_CI or workdir.startswith(str(tmp_path))))
     if not leftover:
         return
     subprocess.run(["scancel", *leftover], capture_output=True)

@@ -256,7 +256,12 @@ class Checkpointer:
         doomed += [stale for stale in self.root.glob(".tmp-step-*") if int(stale.name.removeprefix(".tmp-step-")) < committed_step]
         doomed += [leftover for leftover in self.root.glob(".old-step-*") if leftover not in doomed]
         if doomed:
-            self._deleter = threading.Thread(target=lambda: [shutil.rmtree(path, ignore_errors=True) for path in doomed], name="checkpoint-prune", daemon=True)
+
+            def delete() -> None:
+                for path in doomed:
+                    shutil.rmtree(path, ignore_errors=True)
+
+            self._deleter = threading.Thread(target=delete, name="checkpoint-prune", daemon=True)
             self._deleter.start()
 
     def wait_pruned(self) -> None:

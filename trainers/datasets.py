@@ -115,7 +115,7 @@ def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
     """(min, max) of a non-empty label array, read a slice at a time: labels may be large."""
     low, high = None, None
     for start in range(0, labels.shape[0], chunk):
-        part = labels[start:start + chunk]
+        part = labels[start : start + chunk]
         low = int(part.min()) if low is None else min(low, int(part.min()))
         high = int(part.max()) if high is None else max(high, int(part.max()))
     assert low is not None and high is not None
@@ -138,8 +138,7 @@ def check_model_input(model: str, info: DatasetInfo, x_name: str = "train/x") ->
     channels, height, width = info.input_shape
     if width in CHANNEL_COUNTS and channels not in CHANNEL_COUNTS and channels > width:
         raise DataError(
-            f"{info.path}: {x_name} is {shape}, which looks channels-last (N x H x W x C); model={model} expects "
-            f"N x C x H x W: store x.transpose(0, 3, 1, 2)"
+            f"{info.path}: {x_name} is {shape}, which looks channels-last (N x H x W x C); model={model} expects N x C x H x W: store x.transpose(0, 3, 1, 2)"
         )
     if model == "cnn" and min(height, width) < 2:
         raise DataError(f"{info.path}: model=cnn pools 2 x 2, but {x_name} images are {height} x {width}; use model=mlp")

@@ -7,6 +7,7 @@ import logging
 import math
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class FitResult:
     resumed_from: int | None = None  # the checkpoint step this process started from
 
 
-def build_optimizer(cfg: OptimConfig, params, lr: float | None = None) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
     lr = cfg.lr if lr is None else lr
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
@@ -146,8 +147,18 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
     finally:
         loop.close()
     progress = loop.progress
-    return FitResult(progress.epoch - 1, progress.step, epoch_end.loss, epoch_end.accuracy, epoch_end.samples_per_s,
-                     progress.train_seconds, epoch_end.step_ms, epoch_end.comm_wait_ms, stopped_by, loop.resumed_from)
+    return FitResult(
+        progress.epoch - 1,
+        progress.step,
+        epoch_end.loss,
+        epoch_end.accuracy,
+        epoch_end.samples_per_s,
+        progress.train_seconds,
+        epoch_end.step_ms,
+        epoch_end.comm_wait_ms,
+        stopped_by,
+        loop.resumed_from,
+    )
 
 
 @dataclass
@@ -167,8 +178,8 @@ class StepSums:
         scalars = [self.loss, self.seen, self.correct, self.stop_votes, self.ranks_written, self.time_votes]
         buffer = torch.tensor([*scalars, *self.phases], dtype=torch.float64)
         comm.allreduce_(buffer, op="sum")
-        summed = buffer.tolist()
-        return StepSums(*summed[: len(scalars)], phases=tuple(summed[len(scalars) :]))
+        loss, seen, correct, stop_votes, ranks_written, time_votes, *phases = buffer.tolist()
+        return StepSums(loss, seen, correct, stop_votes, ranks_written, time_votes, tuple(phases))
 
 
 @dataclass
@@ -292,9 +303,15 @@ class Loop:
         done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
         phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
         coordinator = self.coordinator
-        sums = StepSums(step.loss, step.seen, step.correct, float(self.run.stop.raised),
-                        ranks_written=coordinator.written_flag() if coordinator else 1.0,
-                        time_votes=coordinator.time_vote() if coordinator else 0.0, phases=phases).allreduce(self.comm)
+        sums = StepSums(
+            step.loss,
+            step.seen,
+            step.correct,
+            float(self.run.stop.raised),
+            ranks_written=coordinator.written_flag() if coordinator else 1.0,
+            time_votes=coordinator.time_vote() if coordinator else 0.0,
+            phases=phases,
+        ).allreduce(self.comm)
         progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
         progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
         self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])
@@ -319,14 +336,25 @@ class Loop:
         progress, seen = self.progress, max(sums.seen, 1)
         step_s = time.perf_counter() - started
         record: dict[str, Any] = {
-            "step": progress.step, "epoch": progress.epoch, "loss": sums.loss / seen, "accuracy": sums.correct / seen,
-            "samples_per_s": sums.seen / step_s, "step_ms": 1000 * step_s, "bad_steps": progress.bad_steps, "rollbacks": progress.rollbacks,
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": sums.loss / seen,
+            "accuracy": sums.correct / seen,
+            "samples_per_s": sums.seen / step_s,
+            "step_ms": 1000 * step_s,
+            "bad_steps": progress.bad_steps,
+            "rollbacks": progress.rollbacks,
             **{f"{name}_ms": 1000 * value / self.comm.world_size for name, value in zip(PHASES, sums.phases, strict=True)},
         }
         if not finite:
             record["skipped"] = True
-            log.warning("step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
-                        progress.step, record["loss"], self.guard.in_a_row, progress.bad_steps)
+            log.warning(
+                "step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
+                progress.step,
+                record["loss"],
+                self.guard.in_a_row,
+                progress.bad_steps,
+            )
         # Compared: the time a rank was busy (not waiting for the others in a collective,
         # which every rank does until the slowest arrives, so step times come out equal).
         straggler = self.watch.step(progress.step, busy_s)
@@ -386,14 +414,28 @@ class Loop:
             step_ms=1000 * epoch_seconds / steps,
             comm_wait_ms=1000 * waited / steps,
         )
-        log.info("epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f", progress.epoch, self.cfg.trainer.epochs, figures.loss,
-                 figures.accuracy, figures.samples_per_s)
+        log.info(
+            "epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f",
+            progress.epoch,
+            self.cfg.trainer.epochs,
+            figures.loss,
+            figures.accuracy,
+            figures.samples_per_s,
+        )
         self.run.steps.scalar("test/accuracy", figures.accuracy, progress.step)
-        metrics.write({
-            "epoch": progress.epoch, "step": progress.step, "loss": figures.loss, "test_accuracy": figures.accuracy,
-            "samples_per_s": figures.samples_per_s, "step_ms": figures.step_ms, "comm_wait_ms": figures.comm_wait_ms,
-            "data_wait_ms": 1000 * data_waited / steps, "world_size": comm.world_size,
-        })
+        metrics.write(
+            {
+                "epoch": progress.epoch,
+                "step": progress.step,
+                "loss": figures.loss,
+                "test_accuracy": figures.accuracy,
+                "samples_per_s": figures.samples_per_s,
+                "step_ms": figures.step_ms,
+                "comm_wait_ms": figures.comm_wait_ms,
+                "data_wait_ms": 1000 * data_waited / steps,
+                "world_size": comm.world_size,
+            }
+        )
         return figures
 
     def test_accuracy(self) -> float:
@@ -427,7 +469,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunConte
     model = build_model(cfg.model, info.input_shape, info.num_classes)
     if cfg.trainer.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device, memory_format=memory_format)
+    model = model.to(device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
     global_batch = accumulation * cfg.data.batch_size * comm.world_size
@@ -444,17 +486,43 @@ def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunConte
     log.info(
         "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
-        cfg.model.name, data_path.name, info.num_train, info.num_test, comm.world_size, cfg.data.batch_size, accumulation,
-        steps_per_epoch, cfg.comm.backend, cfg.comm.algorithm, cfg.comm.bucket_mb, cfg.comm.overlap, cfg.comm.compression,
-        global_batch, optimizer.param_groups[0]["initial_lr"], precision,
+        cfg.model.name,
+        data_path.name,
+        info.num_train,
+        info.num_test,
+        comm.world_size,
+        cfg.data.batch_size,
+        accumulation,
+        steps_per_epoch,
+        cfg.comm.backend,
+        cfg.comm.algorithm,
+        cfg.comm.bucket_mb,
+        cfg.comm.overlap,
+        cfg.comm.compression,
+        global_batch,
+        optimizer.param_groups[0]["initial_lr"],
+        precision,
     )
     train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
     test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
     return Loop(
-        cfg, comm, run, model, sync, optimizer, schedule, scaler, sampler, accumulation, train, test,
+        cfg,
+        comm,
+        run,
+        model,
+        sync,
+        optimizer,
+        schedule,
+        scaler,
+        sampler,
+        accumulation,
+        train,
+        test,
         model_config={"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes},
-        coordinator=coordinator, progress=progress, resumed_from=resumed_from,
+        coordinator=coordinator,
+        progress=progress,
+        resumed_from=resumed_from,
         guard=BadStepGuard(cfg.trainer.max_bad_steps),
         watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
         memory_format=memory_format,
@@ -498,28 +566,53 @@ def agree_on_newest(comm: Collectives, step: int | None) -> None:
         raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-found[1])}..{int(found[0])}); check the shared file system")
 
 
-def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]
-              scaler: torch.amp.GradScaler, progress: Progress, bad_range: list[int]) -> Progress:
+def roll_back(
+    comm: Collectives,
+    coordinator: SaveCoordinator | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+    bad_range: list[int],
+) -> Progress:
     """Back to the newest committed checkpoint after too many non-finite steps in a row; the
     data of those steps is skipped from now on (the record travels in every later checkpoint)."""
     restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
     agree_on_newest(comm, restored[0] if restored else None)
     if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
         progress.skip = [*progress.skip, bad_range]
-        log.warning("non-finite steps in a row but no committed checkpoint yet: going on without a rollback; "
-                    "samples %d..%d of epoch %d are skipped from now on", bad_range[1], bad_range[2], bad_range[0])
+        log.warning(
+            "non-finite steps in a row but no committed checkpoint yet: going on without a rollback; samples %d..%d of epoch %d are skipped from now on",
+            bad_range[1],
+            bad_range[2],
+            bad_range[0],
+        )
         return progress
     step, shared, _ = restored
     back = restore(model, optimizer, schedule, step, shared, scaler)
     back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]
     optimizer.zero_grad()
-    log.warning("rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
-                progress.step, step, bad_range[1], bad_range[2], bad_range[0])
+    log.warning(
+        "rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
+        progress.step,
+        step,
+        bad_range[1],
+        bad_range[2],
+        bad_range[0],
+    )
     return back
 
 
-def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: nn.Module, optimizer: torch.optim.Optimizer, schedule,  # type: ignore[no-untyped-def]
-                    scaler: torch.amp.GradScaler | None = None) -> tuple[SaveCoordinator | None, Progress, int | None]:
+def resume_or_start(
+    cfg: FitConfig,
+    comm: Collectives,
+    run: RunContext,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None = None,
+) -> tuple[SaveCoordinator | None, Progress, int | None]:
     if not cfg.checkpoint.enabled or run.checkpoint_dir is None:
         return None, Progress(), None
     checkpointer = Checkpointer(run.checkpoint_dir, comm.rank, comm.world_size, cfg.checkpoint.keep)
@@ -532,6 +625,11 @@ def resume_or_start(cfg: FitConfig, comm: Collectives, run: RunContext, model: n
     progress = restore(model, optimizer, schedule, step, shared, scaler)
     if own is not None:
         restore_rng(own["rng"])
-    log.info("resumed from checkpoint step %d (epoch %d, sample %d)%s", step, progress.epoch, progress.position,
-             "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG")
+    log.info(
+        "resumed from checkpoint step %d (epoch %d, sample %d)%s",
+        step,
+        progress.epoch,
+        progress.position,
+        "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG",
+    )
     return coordinator, progress, step

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -23,7 +23,10 @@ from collectives.optimizer import apply_distributed_optimizer
 
 
 class GradientSync(Protocol):
-    module: nn.Module  # call this for forward (the model itself, or its DDP wrapper)
+    @property
+    def module(self) -> nn.Module:
+        """Call this for forward (the model itself, or its DDP wrapper)."""
+
     optimizer: torch.optim.Optimizer
 
     @property
@@ -71,7 +74,10 @@ class DdpSync:
         device = comm.device
         # broadcast_buffers=False: BatchNorm statistics stay per rank and are averaged before
         # evaluation, as with the other backends (parity), instead of rank 0's every forward.
-        options = {"device_ids": [device.index] if device.type == "cuda" else None, "bucket_cap_mb": cfg.bucket_mb if cfg.bucket_mb > 0 else 25.0}
+        options: dict[str, Any] = {
+            "device_ids": [device.index] if device.type == "cuda" else None,
+            "bucket_cap_mb": cfg.bucket_mb if cfg.bucket_mb > 0 else 25.0,
+        }
         try:  # newer torch renamed the option (buffers are already equal at start: broadcast_module)
             self.module = DistributedDataParallel(model, forward_sync_buffers=False, **options)
         except TypeError:
@@ -90,7 +96,7 @@ class DdpSync:
         if last:
             yield
         else:
-            with self.module.no_sync():  # type: ignore[operator]
+            with self.module.no_sync():
                 yield
 
     def synchronize(self) -> None:

@@ -47,8 +47,12 @@ def render_prometheus(record: dict[str, Any], run: str) -> str:
     """Prometheus text exposition format (for node_exporter's textfile collector)."""
     label = run.replace("\\", "\\\\").replace('"', '\\"')
     lines = []
-    gauges = [("hpctk_step", "step", "optimizer steps done"), ("hpctk_samples_per_second", "samples_per_s", "training throughput, all ranks"),
-              ("hpctk_loss", "loss", "training loss, mean over ranks"), ("hpctk_accuracy", "accuracy", "training accuracy, mean over ranks")]
+    gauges = [
+        ("hpctk_step", "step", "optimizer steps done"),
+        ("hpctk_samples_per_second", "samples_per_s", "training throughput, all ranks"),
+        ("hpctk_loss", "loss", "training loss, mean over ranks"),
+        ("hpctk_accuracy", "accuracy", "training accuracy, mean over ranks"),
+    ]
     for name, key, help_text in gauges:
         if key in record:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f'{name}{{run="{label}"}} {float(record[key]):.6g}']
@@ -60,8 +64,16 @@ def render_prometheus(record: dict[str, Any], run: str) -> str:
 class StepReporter:
     """Rank 0 reports; on other ranks (`steps_file=None`) every method does nothing."""
 
-    def __init__(self, steps_file: Path | None, total_steps: int | None = None, log_every: int = 10, prometheus_file: Path | None = None,
-                 tensorboard_dir: Path | None = None, run_name: str = "", terminal: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        steps_file: Path | None,
+        total_steps: int | None = None,
+        log_every: int = 10,
+        prometheus_file: Path | None = None,
+        tensorboard_dir: Path | None = None,
+        run_name: str = "",
+        terminal: TextIO | None = None,
+    ) -> None:
         self._writer = MetricsWriter(steps_file)
         self.enabled = steps_file is not None
         self.total_steps = total_steps
@@ -99,8 +111,10 @@ class StepReporter:
     def _progress_text(self, record: dict[str, Any]) -> str:
         of = f"/{self.total_steps}" if self.total_steps else ""
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
-        return (f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  acc {record.get('accuracy', 0.0):.3f}  "
-                f"{record.get('samples_per_s', 0.0):.0f} samples/s  ms: {split}")
+        return (
+            f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  acc {record.get('accuracy', 0.0):.3f}  "
+            f"{record.get('samples_per_s', 0.0):.0f} samples/s  ms: {split}"
+        )
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Per-epoch figures (test accuracy) for TensorBoard too."""

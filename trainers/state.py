@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ class Progress:
 
 
 def rng_state() -> dict[str, Any]:
-    numpy_state = np.random.get_state()
+    numpy_state = cast(tuple[Any, ...], np.random.get_state())  # the legacy tuple form
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
@@ -55,8 +55,15 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def shared_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, progress: Progress, model_config: dict[str, Any],
-                 config_text: str = "", scaler: Any = None) -> dict[str, Any]:
+def shared_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: Any,
+    progress: Progress,
+    model_config: dict[str, Any],
+    config_text: str = "",
+    scaler: Any = None,
+) -> dict[str, Any]:
     return {
         "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else {},
         "config": config_text,
@@ -74,7 +81,9 @@ def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int
     for name in sorted(set(current) | set(saved)):
         if name not in saved or name not in current:
             where = "the checkpoint" if name not in saved else "this model"
-            raise CheckpointError(f"checkpoint step {step} does not fit this model: {name!r} is missing from {where}; use a new run dir or the old model config")
+            raise CheckpointError(
+                f"checkpoint step {step} does not fit this model: {name!r} is missing from {where}; use a new run dir or the old model config"
+            )
         if tuple(saved[name].shape) != tuple(current[name].shape):
             raise CheckpointError(
                 f"checkpoint step {step} does not fit this model: {name} is {tuple(saved[name].shape)} there and "

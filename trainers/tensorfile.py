@@ -58,7 +58,7 @@ def _join(obj: Any, tensors: list[torch.Tensor]) -> Any:
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     if tensor.numel() == 0:
         return memoryview(b"")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _chunks(view: memoryview) -> Iterator[memoryview]:
@@ -68,7 +68,8 @@ def _chunks(view: memoryview) -> Iterator[memoryview]:
 
 def _layout(skeleton: Any, tensors: list[torch.Tensor]) -> tuple[bytes, list[int]]:
     """(everything before the first tensor byte, each tensor's offset from the data start)."""
-    table, offset = [], 0
+    table: list[dict[str, Any]] = []
+    offset = 0
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
         table.append({"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape), "offset": offset, "bytes": nbytes})

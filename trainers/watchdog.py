@@ -78,9 +78,18 @@ def _ranks(ranks: list[int]) -> str:
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, directory: Path | None, rank: int, world_size: int, host: str,
-                 on_stall: Callable[[str], None], poll_s: float | None = None, startup_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        directory: Path | None,
+        rank: int,
+        world_size: int,
+        host: str,
+        on_stall: Callable[[str], None],
+        poll_s: float | None = None,
+        startup_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.timeout_s = timeout_s
         self.startup_s = max(timeout_s, startup_s)
         self._directory, self._rank, self._world_size, self._host = directory, rank, world_size, host
@@ -136,8 +145,11 @@ class Watchdog:
         silent = self._clock() - self._last_beat
         if silent <= (self.timeout_s if self._stepped else self.startup_s):
             return None
-        waited = f"no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}" if self._stepped else \
-            f"no first step after {silent:.0f} s of start-up (timeout {self.startup_s:g} s)"
+        waited = (
+            f"no step finished for {silent:.0f} s (timeout {self.timeout_s:g} s) after step {self._step}"
+            if self._stepped
+            else f"no first step after {silent:.0f} s of start-up (timeout {self.startup_s:g} s)"
+        )
         return f"watchdog: {waited}; behind: {self._verdict()}"
 
     def _verdict(self) -> str:

@@ -33,14 +33,28 @@ def main() -> None:
     comm.Allreduce(MPI.IN_PLACE, reference, op=MPI.SUM)
     node_size, rail_size = engine._node_comm.Get_size(), engine._rail_comm.Get_size()
     rail_members = engine._rail_comm.allgather(binding.rail)
-    print(json.dumps({
-        "rank": rank.rank, "node": os.environ.get("SLURMD_NODENAME"), "node_rank": rank.node_rank, "local_rank": rank.local_rank,
-        "gpu": binding.gpu, "nic": binding.nic, "rail": binding.rail, "line": line,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "nccl_ib_hca": os.environ.get("NCCL_IB_HCA"),
-        "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE"),
-        "node_comm": node_size, "rail_comm": rail_size, "rail_members": rail_members,
-        "equal": bool(torch.equal(ours, torch.from_numpy(reference))),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rank.rank,
+                "node": os.environ.get("SLURMD_NODENAME"),
+                "node_rank": rank.node_rank,
+                "local_rank": rank.local_rank,
+                "gpu": binding.gpu,
+                "nic": binding.nic,
+                "rail": binding.rail,
+                "line": line,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "nccl_ib_hca": os.environ.get("NCCL_IB_HCA"),
+                "slurm_gpus": os.environ.get("SLURM_GPUS_ON_NODE"),
+                "node_comm": node_size,
+                "rail_comm": rail_size,
+                "rail_members": rail_members,
+                "equal": bool(torch.equal(ours, torch.from_numpy(reference))),
+            }
+        ),
+        flush=True,
+    )
     engine.close()
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.simcluster import parse_job_id
 from hpc.requeue import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT
-from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -24,7 +24,7 @@ NASTY = ["it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "a;touch PWNED;b
 # Every kind at once, for the run that really runs: each canary names the syntax that would
 # have created it, so a failure says which quoting broke.
 CANARIES = ("PWNED_SUBST", "PWNED_BACKTICK", "PWNED_SEMICOLON", "PWNED_AND", "PWNED_DQUOTE")
-ALL_AT_ONCE = "it's $(touch PWNED_SUBST) `touch PWNED_BACKTICK` a;touch PWNED_SEMICOLON;b && touch PWNED_AND \"$(touch PWNED_DQUOTE)\" *?[a] #x"
+ALL_AT_ONCE = 'it\'s $(touch PWNED_SUBST) `touch PWNED_BACKTICK` a;touch PWNED_SEMICOLON;b && touch PWNED_AND "$(touch PWNED_DQUOTE)" *?[a] #x'
 
 
 def hydra_quoted(value: str) -> str:
@@ -33,8 +33,13 @@ def hydra_quoted(value: str) -> str:
 
 
 def launch(name: str, run_root: Path, cwd: Path, *overrides: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), f"name={hydra_quoted(name)}", "cluster=simulated", *overrides,
-                           f"run_root={hydra_quoted(str(run_root))}"], cwd=cwd, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), f"name={hydra_quoted(name)}", "cluster=simulated", *overrides, f"run_root={hydra_quoted(str(run_root))}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return parse_job_id(done.stdout)
 

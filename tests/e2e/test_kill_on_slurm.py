@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import time
@@ -27,8 +26,17 @@ from trainers.checkpoint import Checkpointer
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 # failure_requeues=6: room for the 3 kills and for stale step kills (below) on top.
-JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
-       "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null", "checkpoint.keep=3", "cluster.failure_requeues=6")
+JOB = (
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.epochs=4",
+    "checkpoint.every_steps=2",
+    "checkpoint.every_minutes=null",
+    "checkpoint.keep=3",
+    "cluster.failure_requeues=6",
+)
 KILLS = 3
 # One node, two ranks, long enough never to finish by itself within a test.
 ENDLESS = ("cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1000", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
@@ -163,6 +171,7 @@ def test_a_rank_that_keeps_dying_requeues_the_job_at_most_failure_requeues_times
 def cancel_for_good(job_id: str) -> None:
     """scancel until it sticks: a job that requeues itself after scancel (the bug tested for)
     would otherwise outlive the test's own cleanup. A pending job is cancelled at once."""
+
     def cancelled() -> bool:
         if job_state(job_id) in ("RUNNING", "PENDING"):
             subprocess.run(["scancel", job_id], capture_output=True)

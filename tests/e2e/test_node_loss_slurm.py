@@ -16,8 +16,15 @@ from tests.support.runs import logged_steps, submit_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
-JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]",
-       "trainer.epochs=4", "checkpoint.every_steps=2", "checkpoint.every_minutes=null")
+JOB = (
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.epochs=4",
+    "checkpoint.every_steps=2",
+    "checkpoint.every_minutes=null",
+)
 
 
 # The other node: the batch script and rank 0 survive it, so this is the case where the job's own

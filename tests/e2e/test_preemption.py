@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
-from hpc.requeue import job_fields
-from hpc.slurm import job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
-JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
-       "trainer.epochs=8", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+JOB = (
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[512,512]",
+    "trainer.epochs=8",
+    "checkpoint.every_steps=5",
+    "checkpoint.every_minutes=null",
+)
 
 
 def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
@@ -57,8 +61,9 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
     (preempt_send_user_signal), they checkpoint, the job requeues, and later resumes."""
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8, "step 8")
-    preemptor = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+    preemptor = subprocess.run(
+        ["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     poll(lambda: restarts(job_id) >= 1, f"job {job_id} to be requeued by its ranks")
     assert wait_until_done(preemptor) == "COMPLETED"  # the preemptor got the nodes
     release_when_requeued(job_id, 0)
@@ -71,8 +76,15 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
 def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tmp_path):
     """A 1-minute job with --signal=USR1@50: Slurm signals it 10-40 s in (its time-limit check
     runs periodically); the ranks save, and from the job's EndTime the log says 'time limit'."""
-    job_id, run_dir = submit_job("cluster=simulated", "resources.nodes=1", "resources.time_min=1", "cluster.signal_seconds=50",
-                                 "trainer.epochs=1000", "checkpoint.every_steps=0", cwd=tmp_path)
+    job_id, run_dir = submit_job(
+        "cluster=simulated",
+        "resources.nodes=1",
+        "resources.time_min=1",
+        "cluster.signal_seconds=50",
+        "trainer.epochs=1000",
+        "checkpoint.every_steps=0",
+        cwd=tmp_path,
+    )
     try:
         poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=75)
         log = (run_dir / "logs" / "rank-00000.log").read_text()

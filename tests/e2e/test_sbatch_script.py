@@ -18,14 +18,25 @@ def sbatch_wait(tmp_path, *args) -> str:
     """Submit with plain sbatch, poll until the job ends; returns its final state."""
     submitted = subprocess.run(
         ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return wait_until_done(submitted.stdout.strip().split(";")[0])
 
 
 def test_plain_sbatch_trains_on_two_nodes_with_overrides(tmp_path):
-    state = sbatch_wait(tmp_path, "--nodes=2", "--ntasks-per-node=2", str(ROOT / "sbatch" / "train.sbatch"),
-                         "cluster=simulated", "trainer.epochs=4", f"run_root={tmp_path / 'runs'}")
+    state = sbatch_wait(
+        tmp_path,
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        str(ROOT / "sbatch" / "train.sbatch"),
+        "cluster=simulated",
+        "trainer.epochs=4",
+        f"run_root={tmp_path / 'runs'}",
+    )
     (output,) = tmp_path.glob("slurm-*.out")
     assert state == "COMPLETED", output.read_text()
     run_dir = re.search(r"run directory: (\S+)", output.read_text()).group(1)
@@ -35,8 +46,15 @@ def test_plain_sbatch_trains_on_two_nodes_with_overrides(tmp_path):
 
 
 def test_override_contradicting_the_allocation_is_refused(tmp_path):
-    state = sbatch_wait(tmp_path, "--nodes=1", "--ntasks-per-node=2", str(ROOT / "sbatch" / "train.sbatch"),
-                         "cluster=simulated", "resources.nodes=3", f"run_root={tmp_path / 'runs'}")
+    state = sbatch_wait(
+        tmp_path,
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        str(ROOT / "sbatch" / "train.sbatch"),
+        "cluster=simulated",
+        "resources.nodes=3",
+        f"run_root={tmp_path / 'runs'}",
+    )
     (output,) = tmp_path.glob("slurm-*.out")
     assert state == "FAILED"
     assert "error: resources.nodes=3 but sbatch granted 1" in output.read_text()
@@ -48,10 +66,24 @@ def test_plain_sbatch_job_resumes_in_the_same_run_dir_after_a_signal(tmp_path):
     from tests.support.runs import logged_steps
 
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/slurm-%j.out",
-         str(ROOT / "sbatch" / "train.sbatch"), "cluster=simulated", "model.hidden_sizes=[512,512]", "trainer.epochs=4",
-         "checkpoint.every_steps=5", f"run_root={tmp_path / 'runs'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            f"--output={tmp_path}/slurm-%j.out",
+            str(ROOT / "sbatch" / "train.sbatch"),
+            "cluster=simulated",
+            "model.hidden_sizes=[512,512]",
+            "trainer.epochs=4",
+            "checkpoint.every_steps=5",
+            f"run_root={tmp_path / 'runs'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     job_id = submitted.stdout.strip()
     run_dir = tmp_path / "runs" / "jobs" / f"{job_id}_train"

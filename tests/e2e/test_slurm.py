@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
+from benchmarks.simcluster import parse_job_id
 from hpc.slurm import TERMINAL_STATES, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import run_dirs, run_launch
 from trainers.metrics import read_metrics
-from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -81,10 +81,14 @@ def test_a_clean_stop_says_what_happened_and_srun_reports_no_killed_tasks(tmp_pa
 
     steps = json.loads((run_dir / "result.json").read_text())["steps"]
     rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
-    assert (f"stopped by SIGUSR1 at step {steps}, checkpoint committed; external signal: requeueing job {job_id} "
-            "once every rank has exited (the batch script does it)") in rank0
+    assert (
+        f"stopped by SIGUSR1 at step {steps}, checkpoint committed; external signal: requeueing job {job_id} "
+        "once every rank has exited (the batch script does it)"
+    ) in rank0
     task_logs = {path.name: path.read_text() for path in (run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.*")}
     assert len([name for name in task_logs if name.endswith(".out")]) == 4
     assert not [name for name, text in task_logs.items() if "Job completed successfully" in text or "Terminated" in text]
-    assert (f"hpc-toolkit: the ranks stopped by SIGUSR1 at step {steps}, checkpoint committed and have exited: requeueing job {job_id}"
-            in task_logs[f"{job_id}_0_log.err"])
+    assert (
+        f"hpc-toolkit: the ranks stopped by SIGUSR1 at step {steps}, checkpoint committed and have exited: requeueing job {job_id}"
+        in task_logs[f"{job_id}_0_log.err"]
+    )

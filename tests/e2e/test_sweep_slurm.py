@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.simcluster import parse_job_id
 from hpc.requeue import job_fields
 from hpc.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT, run_dirs
-from benchmarks.simcluster import parse_job_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -27,8 +27,9 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
 
 
 def launch_sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), "-m", *args, f"run_root={cwd / 'runs'}"],
-                          cwd=cwd, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "-m", *args, f"run_root={cwd / 'runs'}"], cwd=cwd, capture_output=True, text=True, timeout=180
+    )
 
 
 def wait_for_sweep(sweep_dir: Path, timeout_s: float = 400) -> list[str]:
@@ -52,8 +53,9 @@ def most_at_once(intervals: list[tuple[datetime, datetime]]) -> int:
 
 
 def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_it(tmp_path):
-    done = launch_sweep("optim.lr=0.05,0.1", "model=mlp,cnn", "sweep.max_parallel=2", "cluster=simulated", "resources.tasks_per_node=2",
-                        "trainer.epochs=2", cwd=tmp_path)
+    done = launch_sweep(
+        "optim.lr=0.05,0.1", "model=mlp,cnn", "sweep.max_parallel=2", "cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=2", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     (array_id,) = re.findall(r"submitted job array (\d+): 4 tasks \(points #0, #1, #2, #3\), at most 2 at once", done.stdout)
     sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))
@@ -70,7 +72,11 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     runs = [sweep_dir / str(i) for i in range(4)]
     configs = [(run / "config.yaml").read_text() for run in runs]
     assert sorted((re.search(r"lr: (\S+)", c).group(1), re.search(r"model:\n  name: (\S+)", c).group(1)) for c in configs) == [
-        ("0.05", "cnn"), ("0.05", "mlp"), ("0.1", "cnn"), ("0.1", "mlp")]
+        ("0.05", "cnn"),
+        ("0.05", "mlp"),
+        ("0.1", "cnn"),
+        ("0.1", "mlp"),
+    ]
     # Four 1-node tasks fit the 4-node cluster at once; the limit let at most 2 run together.
     assert most_at_once([active_interval(run) for run in runs]) <= 2
     final = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -114,8 +120,14 @@ def test_a_job_runs_the_code_frozen_at_submission_even_under_export_none(tmp_pat
             shutil.copy2(ROOT / name, project / name)
     # A site that defaults sbatch to --export=NONE: srun then passes no environment to ranks.
     env = {**os.environ, "SBATCH_EXPORT": "NONE"}
-    done = subprocess.run([sys.executable, "launch.py", "cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1", "hold=true",
-                           f"run_root={tmp_path / 'runs'}"], cwd=project, env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "launch.py", "cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1", "hold=true", f"run_root={tmp_path / 'runs'}"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     job_id = parse_job_id(done.stdout)
     assert job_fields(job_id).get("Reason") == "JobHeldUser"
@@ -133,8 +145,16 @@ def test_an_array_task_is_stopped_requeued_and_resumed_like_a_single_job(tmp_pat
     from benchmarks.simcluster import poll, release_when_requeued
     from tests.support.runs import logged_steps
 
-    done = launch_sweep("optim.lr=0.05,0.1", "cluster=simulated", "resources.tasks_per_node=2", "model.hidden_sizes=[512,512]",
-                        "trainer.epochs=6", "checkpoint.every_steps=5", "checkpoint.every_minutes=null", cwd=tmp_path)
+    done = launch_sweep(
+        "optim.lr=0.05,0.1",
+        "cluster=simulated",
+        "resources.tasks_per_node=2",
+        "model.hidden_sizes=[512,512]",
+        "trainer.epochs=6",
+        "checkpoint.every_steps=5",
+        "checkpoint.every_minutes=null",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     array_id = re.search(r"submitted job array (\d+): 2 tasks", done.stdout).group(1)
     sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))

@@ -20,9 +20,22 @@ def test_every_rank_binds_to_its_gpu_and_rail_and_hierarchical_matches_mpi_allre
     out = tmp_path / "ranks.out"
     command = f"srun --mpi=pmix {sys.executable} -u tests/e2e/binding_worker.py gpu4_nic2"
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=4", "--ntasks-per-node=2", "--gres=gpu:2", f"--output={out}",
-         "--export=ALL,OMPI_MCA_btl_vader_backing_directory=/nodetmp", "--wrap", command],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=4",
+            "--ntasks-per-node=2",
+            "--gres=gpu:2",
+            f"--output={out}",
+            "--export=ALL,OMPI_MCA_btl_vader_backing_directory=/nodetmp",
+            "--wrap",
+            command,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     state = wait_until_done(submitted.stdout.strip())
     text = out.read_text()
@@ -47,8 +60,9 @@ def test_rings_follow_the_switch_tree_from_topology_conf(tmp_path):
 
     conf = tmp_path / "topology.conf"  # node1 and node3 share a leaf, node2 and node4 the other
     conf.write_text("SwitchName=s1 Nodes=node[1,3]\nSwitchName=s2 Nodes=node[2,4]\nSwitchName=top Switches=s[1-2]\n")
-    done = run_launch("cluster=simulated", "resources.nodes=4", "resources.tasks_per_node=1", f"cluster.topology_conf={conf}",
-                      "trainer.epochs=1", "wait=true", cwd=tmp_path)
+    done = run_launch(
+        "cluster=simulated", "resources.nodes=4", "resources.tasks_per_node=1", f"cluster.topology_conf={conf}", "trainer.epochs=1", "wait=true", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     logs = {path.name: path.read_text() for path in (run_dir / "logs").glob("rank-*.log")}

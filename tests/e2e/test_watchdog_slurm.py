@@ -18,8 +18,16 @@ from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
-JOB = ("cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=2", "model.hidden_sizes=[1024,1024]", "trainer.epochs=3",
-       "trainer.watchdog_s=8", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+JOB = (
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.epochs=3",
+    "trainer.watchdog_s=8",
+    "checkpoint.every_steps=5",
+    "checkpoint.every_minutes=null",
+)
 
 
 def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):

@@ -51,12 +51,16 @@ def check_algorithms(info: RankInfo) -> None:
                         continue
                     buffer = rank_values(comm.rank, count, dtype)
                     comm.allreduce_(buffer, op=op)
-                    want = {
-                        "sum": expected,
-                        "avg": expected / world,
-                        "max": rank_values(world - 1, count, torch.float64),
-                        "min": rank_values(0, count, torch.float64),
-                    }[op].to(dtype).to(torch.float64)
+                    want = (
+                        {
+                            "sum": expected,
+                            "avg": expected / world,
+                            "max": rank_values(world - 1, count, torch.float64),
+                            "min": rank_values(0, count, torch.float64),
+                        }[op]
+                        .to(dtype)
+                        .to(torch.float64)
+                    )
                     got = buffer.to(torch.float64)
                     rtol = 0.0 if exact and op != "avg" else 1e-6 if dtype in (torch.float32, torch.float64) else 2e-2
                     assert got.shape == want.shape and torch.allclose(got, want, rtol=rtol, atol=rtol), (algorithm, dtype, count, op)
@@ -107,6 +111,7 @@ def record_algorithms() -> list[str]:
     of them went to MPI_Allreduce. hierarchical calls ring inside: the first entry is the choice."""
     calls: list[str] = []
     for name in ("ring_allreduce", "rhd_allreduce", "hierarchical_allreduce"):
+
         def counted(*args, _run=getattr(algorithms, name), _name=name.removesuffix("_allreduce"), **kwargs):
             calls.append(_name)
             return _run(*args, **kwargs)

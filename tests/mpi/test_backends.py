@@ -90,8 +90,15 @@ def test_fp16_training_checkpoints_its_loss_scale(tmp_path):
     2**16 (halve on a skipped step, whose parameters stay as they were; double after
     growth_interval good steps in a row), and the growth tracker counts the good steps."""
     steps = 5
-    saved = checkpoints(tmp_path, "fp16", f"trainer.max_steps={steps}", "trainer.precision=fp16", "trainer.clip_grad_norm=1.0",
-                        "checkpoint.every_steps=1", f"checkpoint.keep={steps + 1}")
+    saved = checkpoints(
+        tmp_path,
+        "fp16",
+        f"trainer.max_steps={steps}",
+        "trainer.precision=fp16",
+        "trainer.clip_grad_norm=1.0",
+        "checkpoint.every_steps=1",
+        f"checkpoint.keep={steps + 1}",
+    )
     assert sorted(saved) == list(range(1, steps + 1))
     default = torch.amp.GradScaler("cpu")
     scale, tracker, interval = default.get_scale(), 0, default.get_growth_interval()

@@ -42,8 +42,15 @@ def steps(run_dir):
 @pytest.mark.parametrize("max_bad", [3, 1])
 def test_a_poisoned_sample_is_skipped_or_rolled_back_and_training_ends_finite(tmp_path, max_bad):
     data = poisoned_digits(tmp_path / "poisoned.h5", at_step=9)
-    done = run_launch(f"data.path={data}", f"trainer.epochs={EPOCHS}", f"trainer.max_bad_steps={max_bad}",
-                      "checkpoint.every_steps=4", "checkpoint.every_minutes=null", "checkpoint.async_save=false", cwd=tmp_path)
+    done = run_launch(
+        f"data.path={data}",
+        f"trainer.epochs={EPOCHS}",
+        f"trainer.max_bad_steps={max_bad}",
+        "checkpoint.every_steps=4",
+        "checkpoint.every_minutes=null",
+        "checkpoint.async_save=false",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     records = steps(run_dir)
@@ -63,8 +70,15 @@ def test_a_poisoned_sample_is_skipped_or_rolled_back_and_training_ends_finite(tm
 
 def test_before_the_first_checkpoint_there_is_no_rollback_but_the_data_is_skipped(tmp_path):
     data = poisoned_digits(tmp_path / "poisoned.h5", at_step=2)
-    done = run_launch(f"data.path={data}", "trainer.epochs=1", "trainer.max_bad_steps=1", "checkpoint.every_steps=8",
-                      "checkpoint.every_minutes=null", "checkpoint.async_save=false", cwd=tmp_path)
+    done = run_launch(
+        f"data.path={data}",
+        "trainer.epochs=1",
+        "trainer.max_bad_steps=1",
+        "checkpoint.every_steps=8",
+        "checkpoint.every_minutes=null",
+        "checkpoint.async_save=false",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     records = steps(run_dir)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import require
-from tests.support.runs import resume_command, ROOT, run_dirs
+from tests.support.runs import ROOT, resume_command, run_dirs
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -32,8 +32,9 @@ def small_disk(tmp_path):
 
 
 def test_a_save_on_a_full_disk_fails_cleanly_and_the_previous_checkpoint_resumes(small_disk):
-    first = subprocess.run([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={small_disk / 'runs'}"],
-                           cwd=small_disk.parent, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={small_disk / 'runs'}"], cwd=small_disk.parent, capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 1, first.stderr[-2000:]  # the failing rank's MPI_Abort(1), passed on by mpirun
     (run_dir,) = run_dirs(small_disk)
     log = (run_dir / "logs" / "rank-00000.log").read_text()

@@ -22,8 +22,13 @@ CODE_LINE = re.compile(r"\] INFO hpc\.rank: code: (\S+)$", re.M)
 
 def test_ctrl_c_stops_cleanly_and_command_txt_resumes_the_frozen_code_from_anywhere(tmp_path):
     # Ctrl-C in a terminal: SIGINT to launch.py (mpirun has a session of its own).
-    launch = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "trainer.epochs=100", "checkpoint.every_minutes=null",
-                               f"run_root={tmp_path / 'runs'}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launch = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "trainer.epochs=100", "checkpoint.every_minutes=null", f"run_root={tmp_path / 'runs'}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 90
     while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 3:
         assert launch.poll() is None and time.monotonic() < deadline, launch.communicate()[1][-2000:] if launch.poll() is not None else "slow start"
@@ -33,8 +38,10 @@ def test_ctrl_c_stops_cleanly_and_command_txt_resumes_the_frozen_code_from_anywh
     (run_dir,) = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["status"], result["exit_code"]) == ("stopped", 75), stderr[-2000:]
-    stopped = (f"stopped by SIGINT at step {result['steps']}, checkpoint committed; "
-               "not a Slurm job: run its command.txt (or start the same run dir again) to resume (exit code 75)")
+    stopped = (
+        f"stopped by SIGINT at step {result['steps']}, checkpoint committed; "
+        "not a Slurm job: run its command.txt (or start the same run dir again) to resume (exit code 75)"
+    )
     assert stopped in stdout
     log = run_dir / "logs" / "rank-00000.log"
     frozen = run_dir / "code"

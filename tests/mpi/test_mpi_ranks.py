@@ -78,7 +78,9 @@ def test_three_ranks_agree_on_metrics(tmp_path):
     result = run_launch("resources.tasks_per_node=3", "trainer.epochs=8", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
-    finals = {[line for line in (run_dir / "logs" / f"rank-{r:05d}.log").read_text().splitlines() if "epoch 8/8" in line][-1].split(": ", 1)[1] for r in range(3)}
+    finals = {
+        [line for line in (run_dir / "logs" / f"rank-{r:05d}.log").read_text().splitlines() if "epoch 8/8" in line][-1].split(": ", 1)[1] for r in range(3)
+    }
     assert len(finals) == 1 and "epoch 8/8" in finals.pop()
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["world_size"] == 3 and summary["test_accuracy"] >= 0.9

@@ -35,8 +35,9 @@ def break_rank_file(checkpoint: Path, rank: int) -> None:
 
 
 def test_one_ranks_python_error_ends_all_ranks_at_once_with_the_error_in_its_log(tmp_path):
-    first = run_launch(f"resources.tasks_per_node={RANKS}", f"trainer.max_steps={STEPS}", "trainer.watchdog_s=null",
-                       "checkpoint.every_minutes=null", cwd=tmp_path)
+    first = run_launch(
+        f"resources.tasks_per_node={RANKS}", f"trainer.max_steps={STEPS}", "trainer.watchdog_s=null", "checkpoint.every_minutes=null", cwd=tmp_path
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     break_rank_file(run_dir / "checkpoints" / step_dir_name(STEPS), BAD_RANK)

@@ -30,8 +30,9 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     (tmp_path / "b").mkdir()
     # Prepare the run dir through launch.py, then interrupt its ranks: start it with a signal
     # arriving after a few steps, resume from command.txt, three times, then let it finish.
-    first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'b' / 'runs'}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'b' / 'runs'}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 60
     while not run_dirs(tmp_path / "b") or logged_steps(run_dirs(tmp_path / "b")[0]) < 5:
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() is not None else "slow start"
@@ -60,7 +61,10 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     assert state_hash(run_dir) == state_hash(ref_dir)
     ref_metrics = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    strip = lambda rows: [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]
+
+    def strip(rows: list[dict]) -> list[tuple]:
+        return [(m["epoch"], m["step"], m["loss"], m["test_accuracy"]) for m in rows]
+
     assert strip(metrics) == strip(ref_metrics)
 
 

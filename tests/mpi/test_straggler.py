@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.support.runs import logged_steps, ROOT, run_dirs
+from tests.support.runs import ROOT, logged_steps, run_dirs
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -35,9 +35,22 @@ def slow_down(pid: int, done: threading.Event) -> None:
 
 
 def test_a_rank_that_runs_half_the_time_is_reported_as_the_straggler(tmp_path):
-    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "model.hidden_sizes=[512,512]", "trainer.max_steps=150", "trainer.epochs=100",
-                                 "trainer.straggler_every=10", "trainer.straggler_ratio=1.3", f"run_root={tmp_path / 'runs'}"],
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launched = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            "model.hidden_sizes=[512,512]",
+            "trainer.max_steps=150",
+            "trainer.epochs=100",
+            "trainer.straggler_every=10",
+            "trainer.straggler_ratio=1.3",
+            f"run_root={tmp_path / 'runs'}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 90
     while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 2:
         assert launched.poll() is None and time.monotonic() < deadline, launched.stderr.read() if launched.poll() is not None else "slow start"

@@ -28,8 +28,13 @@ def committed_steps(run_dir) -> list[int]:
 
 
 def test_every_minutes_alone_saves_by_time_while_training(tmp_path):
-    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launched = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not run_dirs(tmp_path) or len(committed_steps(run_dirs(tmp_path)[0])) < 2:

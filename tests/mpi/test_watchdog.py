@@ -15,20 +15,32 @@ import pytest
 
 from benchmarks.simcluster import end_process
 from hpc.rank_main import EXIT_STALLED
-from tests.support.runs import logged_steps, resume_command, ROOT, run_dirs
+from tests.support.runs import ROOT, logged_steps, resume_command, run_dirs
 from trainers.checkpoint import Checkpointer
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
 WATCHDOG_S = 5
-JOB = ["resources.tasks_per_node=3", "model.hidden_sizes=[1024,1024]", "trainer.max_steps=120", "trainer.epochs=100",
-       f"trainer.watchdog_s={WATCHDOG_S}", "checkpoint.every_steps=5", "checkpoint.every_minutes=null"]
+JOB = [
+    "resources.tasks_per_node=3",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.max_steps=120",
+    "trainer.epochs=100",
+    f"trainer.watchdog_s={WATCHDOG_S}",
+    "checkpoint.every_steps=5",
+    "checkpoint.every_minutes=null",
+]
 
 
 def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path):
-    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launched = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 90
     while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 12:
         assert launched.poll() is None and time.monotonic() < deadline, launched.stderr.read() if launched.poll() is not None else "slow start"

@@ -33,8 +33,15 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 # Small batches: epoch 1 has 89 steps on 2 ranks and 59 on 3, room for three stops inside it
 # however late the signals land. (Stops by signal: a max_steps stop ends the epoch early.)
 BATCH, SEED = 8, 0
-JOB = [f"data.batch_size={BATCH}", "model.hidden_sizes=[512,512]", "trainer.epochs=2", "trainer.watchdog_s=null",
-       "checkpoint.every_steps=0", "checkpoint.every_minutes=null", "checkpoint.keep=2"]
+JOB = [
+    f"data.batch_size={BATCH}",
+    "model.hidden_sizes=[512,512]",
+    "trainer.epochs=2",
+    "trainer.watchdog_s=null",
+    "checkpoint.every_steps=0",
+    "checkpoint.every_minutes=null",
+    "checkpoint.keep=2",
+]
 
 
 def progress_at(run_dir: Path, step: int) -> dict:
@@ -66,8 +73,13 @@ def logged_loss(run_dir: Path, step: int) -> float:
 
 def first_stop(tmp_path: Path) -> Path:
     """Start the run on 2 ranks through launch.py and stop it with SIGTERM after a few steps."""
-    launched = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launched = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 3:
         assert launched.poll() is None, launched.stderr.read()[-2000:]

@@ -53,8 +53,7 @@ SENDER = "import socket, sys\nc = socket.create_connection((sys.argv[1], int(sys
 def transfer_rate(address: str, nbytes: int) -> float:
     """Bytes/s of one TCP stream from rn0 to rn1's `address`, timed inside the receiver from its
     first byte to the last: interpreter start-up and connecting are outside the measurement."""
-    receiver = subprocess.Popen([*FABRIC, "exec", "rn1", sys.executable, "-c", RECEIVER, address, "5009"],
-                                stdout=subprocess.PIPE, text=True)
+    receiver = subprocess.Popen([*FABRIC, "exec", "rn1", sys.executable, "-c", RECEIVER, address, "5009"], stdout=subprocess.PIPE, text=True)
     try:
         assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
         in_node("rn0", sys.executable, "-c", SENDER, address, "5009", str(nbytes), check=True)
@@ -87,8 +86,12 @@ def test_nodes_get_one_shaped_interface_per_rail_and_their_own_hostname(fabric):
 
 
 def test_bad_arguments_are_refused_with_one_line(fabric):
-    for args, message in [(("up", "1", "2", "200mbit"), "NODES must be 2..32"), (("up", "2", "0", "1gbit"), "RAILS must be 1..8"),
-                          (("up", "2", "2", "fast"), "RATE must look like"), (("exec", "rn7", "true"), "node 'rn7' is not up")]:
+    for args, message in [
+        (("up", "1", "2", "200mbit"), "NODES must be 2..32"),
+        (("up", "2", "0", "1gbit"), "RAILS must be 1..8"),
+        (("up", "2", "2", "fast"), "RATE must look like"),
+        (("exec", "rn7", "true"), "node 'rn7' is not up"),
+    ]:
         done = fabric(*args)
         assert done.returncode == 2 and done.stderr.strip().startswith("rail-fabric: ") and message in done.stderr, (args, done.stderr)
 
@@ -97,8 +100,13 @@ def test_ranks_in_the_fabric_bind_to_their_rail_and_reduce_correctly(fabric):
     from hpc.spec import find_mpirun
 
     require(find_mpirun() is not None, "mpirun")
-    done = subprocess.run([sys.executable, "benchmarks/rail_fabric.py", "--nodes", "2", "--rails", "2", "--rate", "1gbit",
-                           "--sizes", "1", "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/rail_fabric.py", "--nodes", "2", "--rails", "2", "--rate", "1gbit", "--sizes", "1", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     for rank, (node, rail) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         assert f"rank {rank} on rn{node}: binding: gpu -, nic rail{rail} (rail {rail})" in done.stdout

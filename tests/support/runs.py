@@ -24,7 +24,11 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
     """`python launch.py OVERRIDES...` in a subprocess, run dirs under cwd."""
     return subprocess.run(
         [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 

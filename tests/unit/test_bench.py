@@ -34,7 +34,16 @@ def row(impl, size, time_us):
 
 
 def test_crossover_is_the_size_from_which_ring_always_wins():
-    results = [row("ring", 1, 9), row("rhd", 1, 5), row("ring", 2, 4), row("rhd", 2, 5), row("ring", 4, 7), row("rhd", 4, 6), row("ring", 8, 1), row("rhd", 8, 9)]
+    results = [
+        row("ring", 1, 9),
+        row("rhd", 1, 5),
+        row("ring", 2, 4),
+        row("rhd", 2, 5),
+        row("ring", 4, 7),
+        row("rhd", 4, 6),
+        row("ring", 8, 1),
+        row("rhd", 8, 9),
+    ]
     assert crossover(results) == 8
     assert crossover([row("ring", 1, 9), row("rhd", 1, 5)]) is None
 

@@ -8,8 +8,14 @@ from hpc.config import TopologyConfig
 from hpc.env import RankInfo
 from hpc.errors import UserError
 
-DGX = TopologyConfig(name="dgx", gpus_per_node=8, nics=[f"mlx5_{i}" for i in range(8)], rail_of_gpu=list(range(8)),
-                     numa_of_nic=[0, 0, 0, 0, 1, 1, 1, 1], numa_cpus=["0-55", "56-111"])
+DGX = TopologyConfig(
+    name="dgx",
+    gpus_per_node=8,
+    nics=[f"mlx5_{i}" for i in range(8)],
+    rail_of_gpu=list(range(8)),
+    numa_of_nic=[0, 0, 0, 0, 1, 1, 1, 1],
+    numa_cpus=["0-55", "56-111"],
+)
 
 
 def rank(local_rank: int, local_world: int = 8) -> RankInfo:

@@ -140,6 +140,7 @@ def test_placement_respects_available_hosts_and_refuses_too_many():
 def test_place_cli_prints_the_switches_override(tmp_path):
     conf = tmp_path / "topology.conf"
     conf.write_text(TREE)
-    done = subprocess.run([sys.executable, "-m", "hpc.topology", "place", "--topology-conf", str(conf), "resources.nodes=8"],
-                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc.topology", "place", "--topology-conf", str(conf), "resources.nodes=8"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert "8 nodes on 2 leaf switches: s3, s1" in done and "cluster.switches=2 (sbatch --switches=2@10)" in done

@@ -40,12 +40,16 @@ def assert_refused(result: subprocess.CompletedProcess[str], fragment: str, cwd:
 
 # 1. `+key=value` and `++key=value` meet the schema like `key=value` does.
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("+optim.lrr=0.5", f"unknown key 'optim.lrr'; {OPTIM_KEYS}"),
-    ("++optim.lrr=0.5", f"unknown key 'optim.lrr'; {OPTIM_KEYS}"),
-    ("+model._target_=my.Model", "unknown key 'model._target_'; valid keys in 'model': name, hidden_sizes"),
-    ("+epochs=3", "unknown key 'epochs'; valid keys in the root config: cluster, resources"),
-])
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+optim.lrr=0.5", f"unknown key 'optim.lrr'; {OPTIM_KEYS}"),
+        ("++optim.lrr=0.5", f"unknown key 'optim.lrr'; {OPTIM_KEYS}"),
+        ("+model._target_=my.Model", "unknown key 'model._target_'; valid keys in 'model': name, hidden_sizes"),
+        ("+epochs=3", "unknown key 'epochs'; valid keys in the root config: cluster, resources"),
+    ],
+)
 def test_added_keys_the_schema_lacks_are_refused(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
         check_overrides([override])
@@ -71,6 +75,7 @@ def test_launch_refuses_an_added_unknown_key_in_one_line(tmp_path):
 
 # 2. Data that does not fit the model, refused on the login node.
 
+
 def write_h5(path: Path, train_x, train_y, test_x=None, test_y=None, num_classes: int | None = None) -> Path:
     with h5py.File(path, "w") as f:
         f["train/x"], f["train/y"] = train_x, train_y
@@ -82,16 +87,31 @@ def write_h5(path: Path, train_x, train_y, test_x=None, test_y=None, num_classes
 
 
 BAD_DATA = {
-    "nhw": (dict(train_x=np.zeros((64, 8, 8), np.uint8), train_y=np.zeros(64, np.int64)),
-            "model=cnn", "model=cnn needs images N x C x H x W, but train/x is N x 8 x 8"),
-    "nhwc": (dict(train_x=np.zeros((64, 8, 8, 3), np.uint8), train_y=np.zeros(64, np.int64)),
-             "model=cnn", "train/x is N x 8 x 8 x 3, which looks channels-last (N x H x W x C); model=cnn expects N x C x H x W"),
-    "labels": (dict(train_x=np.zeros((64, 1, 8, 8), np.uint8), train_y=np.arange(64) % 4 + 1, num_classes=4),
-               "model=mlp", "labels in train/y run 1..4, outside 0..3 for num_classes=4"),
-    "test_labels": (dict(train_x=np.zeros((64, 4)), train_y=np.arange(64) % 3, test_x=np.zeros((8, 4)), test_y=np.full(8, -1)),
-                    "model=mlp", "labels in test/y run -1..-1, outside 0..2"),
-    "features": (dict(train_x=np.zeros((64, 64)), train_y=np.zeros(64, np.int64), test_x=np.zeros((8, 32)), test_y=np.zeros(8, np.int64)),
-                 "model=mlp", "train inputs (64,) and test inputs (32,) differ in shape"),
+    "nhw": (
+        dict(train_x=np.zeros((64, 8, 8), np.uint8), train_y=np.zeros(64, np.int64)),
+        "model=cnn",
+        "model=cnn needs images N x C x H x W, but train/x is N x 8 x 8",
+    ),
+    "nhwc": (
+        dict(train_x=np.zeros((64, 8, 8, 3), np.uint8), train_y=np.zeros(64, np.int64)),
+        "model=cnn",
+        "train/x is N x 8 x 8 x 3, which looks channels-last (N x H x W x C); model=cnn expects N x C x H x W",
+    ),
+    "labels": (
+        dict(train_x=np.zeros((64, 1, 8, 8), np.uint8), train_y=np.arange(64) % 4 + 1, num_classes=4),
+        "model=mlp",
+        "labels in train/y run 1..4, outside 0..3 for num_classes=4",
+    ),
+    "test_labels": (
+        dict(train_x=np.zeros((64, 4)), train_y=np.arange(64) % 3, test_x=np.zeros((8, 4)), test_y=np.full(8, -1)),
+        "model=mlp",
+        "labels in test/y run -1..-1, outside 0..2",
+    ),
+    "features": (
+        dict(train_x=np.zeros((64, 64)), train_y=np.zeros(64, np.int64), test_x=np.zeros((8, 32)), test_y=np.zeros(8, np.int64)),
+        "model=mlp",
+        "train inputs (64,) and test inputs (32,) differ in shape",
+    ),
 }
 
 
@@ -127,8 +147,10 @@ def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
     """run_root is a file here: Hydra could not make a run dir, so the refusal must come first."""
     path = write_h5(tmp_path / "nhw.h5", **BAD_DATA["nhw"][0])
     (tmp_path / "runs").write_text("not a folder")
-    for args, message in ((["model=cnn"], "model=cnn needs images N x C x H x W"),
-                          (["-m", "optim.lr=0.1,0.2", "model=cnn"], "sweep point #0 (optim.lr=0.1 model=cnn")):
+    for args, message in (
+        (["model=cnn"], "model=cnn needs images N x C x H x W"),
+        (["-m", "optim.lr=0.1,0.2", "model=cnn"], "sweep point #0 (optim.lr=0.1 model=cnn"),
+    ):
         done = launch(*args, f"data.path={path}", cwd=tmp_path)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
@@ -136,14 +158,17 @@ def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
 
 def test_the_data_checks_stay_torch_free(tmp_path):
     path = write_h5(tmp_path / "nhwc.h5", **BAD_DATA["nhwc"][0])
-    probe = ("import sys\nfrom hpc.overrides import check_overrides\nfrom hpc.spec import check_data\n"
-             f"try:\n    check_data(check_overrides(['model=cnn', 'data.path={path}']))\nexcept Exception as err:\n    print(err)\n"
-             "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')\n")
+    probe = (
+        "import sys\nfrom hpc.overrides import check_overrides\nfrom hpc.spec import check_data\n"
+        f"try:\n    check_data(check_overrides(['model=cnn', 'data.path={path}']))\nexcept Exception as err:\n    print(err)\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "channels-last" in done.stdout and done.stdout.strip().endswith("NO_TORCH"), done.stdout + done.stderr
 
 
 # 3. Hydra's flags with a value, in both forms.
+
 
 @pytest.fixture
 def user_conf(tmp_path):
@@ -184,12 +209,16 @@ def test_a_missing_config_dir_is_one_line(tmp_path):
 
 # 4. Nothing left behind; a closed stdout ends quietly.
 
-@pytest.mark.parametrize(("args", "stdout"), [
-    (["dry_run=true"], "pipe"),
-    (["cluster=simulated", "dry_run=true"], "closed"),
-    (["-m", "optim.lr=0.1,0.2", "dry_run=true"], "pipe"),
-    (["-m", "optim.lr=0.1,0.2", "cluster=simulated", "dry_run=true"], "closed"),
-])
+
+@pytest.mark.parametrize(
+    ("args", "stdout"),
+    [
+        (["dry_run=true"], "pipe"),
+        (["cluster=simulated", "dry_run=true"], "closed"),
+        (["-m", "optim.lr=0.1,0.2", "dry_run=true"], "pipe"),
+        (["-m", "optim.lr=0.1,0.2", "cluster=simulated", "dry_run=true"], "closed"),
+    ],
+)
 def test_dry_runs_leave_no_folder_and_a_closed_stdout_ends_quietly(tmp_path, args, stdout):
     (tmp_path / "runs").mkdir()  # an existing run root stays, and stays empty
     command = [sys.executable, str(ROOT / "launch.py"), *args, f"run_root={tmp_path / 'runs'}"]
@@ -237,6 +266,7 @@ def test_a_sweep_that_submitted_nothing_is_removed_but_a_submitted_one_stays(tmp
 
 # 5. Advice that works.
 
+
 def test_too_many_cpus_per_node_names_fixes_that_lower_them():
     job = check_overrides(["cluster=simulated", "resources.tasks_per_node=5"])
     with pytest.raises(UserError, match=r"lower resources\.tasks_per_node or resources\.cpus_per_task") as err:
@@ -256,6 +286,7 @@ def test_the_readme_error_examples_are_what_launch_prints():
 
 
 # 6. Help and the README's table name every option.
+
 
 def test_help_gives_every_group_option_a_line_of_its_own(tmp_path):
     done = launch("--help", cwd=tmp_path)

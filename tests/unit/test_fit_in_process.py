@@ -31,8 +31,9 @@ def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: flo
 
 def run_fit(run_dir: Path, max_steps: int | None):  # type: ignore[no-untyped-def]
     cfg = fit_config(max_steps)
-    return fit(cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(run_dir / "metrics.jsonl"),
-               RunContext(checkpoint_dir=run_dir / "checkpoints"))
+    return fit(
+        cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints")
+    )
 
 
 def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp_path):
@@ -66,8 +67,9 @@ def test_two_ranks_with_half_the_batch_train_as_one_rank_with_all_of_it(tmp_path
     one = run_ranks(tmp_path / "one", 1, 256, steps)
     two = run_ranks(tmp_path / "two", 2, 128, steps)
     assert [r.steps for r in two] == [steps, steps]
-    assert two[0] == dataclasses.replace(two[1], samples_per_s=two[0].samples_per_s, train_seconds=two[0].train_seconds,
-                                         step_ms=two[0].step_ms, comm_wait_ms=two[0].comm_wait_ms)  # reduced figures agree on every rank
+    assert two[0] == dataclasses.replace(
+        two[1], samples_per_s=two[0].samples_per_s, train_seconds=two[0].train_seconds, step_ms=two[0].step_ms, comm_wait_ms=two[0].comm_wait_ms
+    )  # reduced figures agree on every rank
     losses_one, losses_two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert sorted(losses_two) == list(range(1, steps + 1))
     assert losses_two == pytest.approx(losses_one, abs=1e-5)

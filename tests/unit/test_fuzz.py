@@ -30,7 +30,7 @@ def directive_values(script: str) -> dict[str, str]:
     values = {}
     for line in script.splitlines():
         if line.startswith("#SBATCH --"):
-            key, _, value = shlex.split(line[len("#SBATCH "):])[0].partition("=")
+            key, _, value = shlex.split(line[len("#SBATCH ") :])[0].partition("=")
             values[key.removeprefix("--")] = value
     return values
 
@@ -65,10 +65,30 @@ def test_env_values_reach_the_shell_literally(tmp_path_factory, value):
     assert out.stdout == payload.encode() and not marker.exists()
 
 
-KEYS = ["optim.lr", "resources.nodes", "resources.tasks_per_node", "trainer.epochs", "data.batch_size", "name", "model", "comm",
-        "cluster", "trainer.precision", "checkpoint.keep", "sweep.max_parallel", "run_access", "optim.lrr", "nope", "model.hidden_sizes"]
-override_value = st.one_of(nasty_text, st.integers(-10**20, 10**20).map(str), st.floats(allow_nan=True).map(str),
-                           st.sampled_from(["null", "[1,2]", "{a: 1}", "true", "mlp", "simulated", "''", "${oops}"]))
+KEYS = [
+    "optim.lr",
+    "resources.nodes",
+    "resources.tasks_per_node",
+    "trainer.epochs",
+    "data.batch_size",
+    "name",
+    "model",
+    "comm",
+    "cluster",
+    "trainer.precision",
+    "checkpoint.keep",
+    "sweep.max_parallel",
+    "run_access",
+    "optim.lrr",
+    "nope",
+    "model.hidden_sizes",
+]
+override_value = st.one_of(
+    nasty_text,
+    st.integers(-(10**20), 10**20).map(str),
+    st.floats(allow_nan=True).map(str),
+    st.sampled_from(["null", "[1,2]", "{a: 1}", "true", "mlp", "simulated", "''", "${oops}"]),
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,8 +102,14 @@ def test_any_override_either_composes_and_validates_or_fails_in_one_line(overrid
 
 
 @settings(max_examples=300, deadline=None)
-@given(nodes=st.integers(-5, 10**12), tasks=st.integers(-5, 10**12), cpus=st.integers(-5, 10**12), gpus=st.integers(-5, 10**6),
-       time_min=st.one_of(st.none(), st.integers(-5, 10**9)), max_parallel=st.one_of(st.none(), st.integers(-5, 10**6)))
+@given(
+    nodes=st.integers(-5, 10**12),
+    tasks=st.integers(-5, 10**12),
+    cpus=st.integers(-5, 10**12),
+    gpus=st.integers(-5, 10**6),
+    time_min=st.one_of(st.none(), st.integers(-5, 10**9)),
+    max_parallel=st.one_of(st.none(), st.integers(-5, 10**6)),
+)
 def test_resource_numbers_are_accepted_or_refused_in_one_line(nodes, tasks, cpus, gpus, time_min, max_parallel):
     job = JobConfig(cluster=CLUSTER, resources=ResourcesConfig(nodes=nodes, tasks_per_node=tasks, cpus_per_task=cpus, gpus_per_task=gpus, time_min=time_min))
     job.sweep.max_parallel = max_parallel
@@ -97,8 +123,13 @@ def test_resource_numbers_are_accepted_or_refused_in_one_line(nodes, tasks, cpus
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("", "must be non-empty and contain no '/'"), ("  ", "must be non-empty"), ("a/b", "contain no '/'"),
-     ("a\nb", "contains a control character"), ("tab\there", "contains a control character")],
+    [
+        ("", "must be non-empty and contain no '/'"),
+        ("  ", "must be non-empty"),
+        ("a/b", "contain no '/'"),
+        ("a\nb", "contains a control character"),
+        ("tab\there", "contains a control character"),
+    ],
 )
 def test_bad_job_names_are_refused(name, message):
     with pytest.raises(UserError, match=message):

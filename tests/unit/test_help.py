@@ -19,9 +19,19 @@ DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
 RETIRED = {"benchmarks/default_job.py"}
 # What the extraction must find, so that a change in the docs' wording cannot empty the list unseen
 EXPECTED = {
-    "-m hpc.status", "-m hpc.report", "-m hpc.costmodel", "-m collectives.bench", "-m trainers.tensorfile",
-    "-m hpc.topology detect", "-m hpc.topology show", "-m hpc.topology place", "launch.py",
-    "benchmarks/training.py overlap", "benchmarks/checkpoint.py", "benchmarks/rail_fabric.py", "benchmarks/reliability.py",
+    "-m hpc.status",
+    "-m hpc.report",
+    "-m hpc.costmodel",
+    "-m collectives.bench",
+    "-m trainers.tensorfile",
+    "-m hpc.topology detect",
+    "-m hpc.topology show",
+    "-m hpc.topology place",
+    "launch.py",
+    "benchmarks/training.py overlap",
+    "benchmarks/checkpoint.py",
+    "benchmarks/rail_fabric.py",
+    "benchmarks/reliability.py",
 }
 # `python -m pkg.mod [subcommand]` or `python script.py [subcommand]`; a subcommand is a bare
 # lower-case word (not an override `a=b`, a path, an option or the end of a code span)
@@ -62,7 +72,7 @@ def test_every_documented_command_answers_help(command):
     # Hydra's launch.py has its own flags, so both are run there
     flags = ("--help", "-h") if command == "launch.py" else ("--help",)
     started = [_run(*command.split(), flag) for flag in flags]
-    for flag, proc in zip(flags, started):
+    for flag, proc in zip(flags, started, strict=True):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"{command} {flag}: exit {proc.returncode}\n{err[-2000:]}"
         if command == "launch.py":  # Hydra's help, by the README: the config groups, an option a line
@@ -77,15 +87,18 @@ def test_every_documented_command_answers_help(command):
         assert "-h, --help" in out, out
 
 
-@pytest.mark.parametrize("args", [
-    ["-m", "hpc.status", "runs", "more"],
-    ["-m", "hpc.status", "--all"],
-    ["-m", "hpc.report"],
-    ["-m", "hpc.costmodel", "extra"],
-    ["-m", "hpc.topology"],
-    ["-m", "hpc.topology", "bogus"],
-    ["-m", "hpc.topology", "place", "resources.nodes=2"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", "hpc.status", "runs", "more"],
+        ["-m", "hpc.status", "--all"],
+        ["-m", "hpc.report"],
+        ["-m", "hpc.costmodel", "extra"],
+        ["-m", "hpc.topology"],
+        ["-m", "hpc.topology", "bogus"],
+        ["-m", "hpc.topology", "place", "resources.nodes=2"],
+    ],
+)
 def test_a_wrong_command_line_is_one_line_and_exit_2(args):
     proc = _run(*args)
     out, err = proc.communicate(timeout=60)

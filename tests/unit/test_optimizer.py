@@ -100,11 +100,14 @@ def test_topk_error_feedback_conserves_the_gradient():
     assert torch.allclose(sent + bucket.residual, produced, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind, ratio, message", [
-    ("gzip", 0.1, "comm.compression='gzip' is not one of none, fp16, bf16, topk"),
-    ("topk", 0.0, "comm.topk_ratio=0.0 must be in (0, 1]"),
-    ("topk", 1.5, "comm.topk_ratio=1.5 must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "kind, ratio, message",
+    [
+        ("gzip", 0.1, "comm.compression='gzip' is not one of none, fp16, bf16, topk"),
+        ("topk", 0.0, "comm.topk_ratio=0.0 must be in (0, 1]"),
+        ("topk", 1.5, "comm.topk_ratio=1.5 must be in (0, 1]"),
+    ],
+)
 def test_bad_compression_settings_are_refused(kind, ratio, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Compressor(kind, ratio, 2)

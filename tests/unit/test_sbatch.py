@@ -35,7 +35,7 @@ def test_ranks_start_with_srun_pmix_and_the_run_dir_is_quoted():
 
 def test_env_values_are_passed_literally_never_executed(tmp_path):
     marker = tmp_path / "pwned"
-    nasty = f"a'b \"c\" $(touch {marker}) `touch {marker}`; touch {marker}\nnext"
+    nasty = f'a\'b "c" $(touch {marker}) `touch {marker}`; touch {marker}\nnext'
     text = render(env={"NASTY": nasty})
     setup = text[text.index("# setup") : text.index("# command")]
     script = setup + 'printf %s "$NASTY"'

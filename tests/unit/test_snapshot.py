@@ -9,8 +9,15 @@ from hpc.snapshot import freeze_code
 
 
 def _project(root):
-    for name, text in {"hpc/__init__.py": "", "hpc/a.py": "A = 1\n", "trainers/b.py": "B = 2\n", "collectives/c.py": "", "conf/x/y.yaml": "k: 1\n",
-                       "hpc/__pycache__/a.cpython-311.pyc": "junk", "hpc/notes.txt": "not code"}.items():
+    for name, text in {
+        "hpc/__init__.py": "",
+        "hpc/a.py": "A = 1\n",
+        "trainers/b.py": "B = 2\n",
+        "collectives/c.py": "",
+        "conf/x/y.yaml": "k: 1\n",
+        "hpc/__pycache__/a.cpython-311.pyc": "junk",
+        "hpc/notes.txt": "not code",
+    }.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
 

@@ -41,8 +41,12 @@ def test_speedup_and_efficiency_from_crafted_metrics(tmp_path):
     # Steady rates (first epoch left out): 2 ranks 100 and 140 (base = their mean, 120),
     # 4 ranks 180, 8 ranks 300. Worked by hand: speedups 100/120, 140/120, 180/120 = 1.5,
     # 300/120 = 2.5; efficiencies = speedup / (ranks / 2): 1.5 / 2 = 0.75, 2.5 / 4 = 0.625.
-    runs = [_run(tmp_path, "0", 2, [50, 100, 100]), _run(tmp_path, "1", 2, [7, 130, 150]),
-            _run(tmp_path, "2", 4, [10, 170, 190]), _run(tmp_path, "3", 8, [1, 300])]
+    runs = [
+        _run(tmp_path, "0", 2, [50, 100, 100]),
+        _run(tmp_path, "1", 2, [7, 130, 150]),
+        _run(tmp_path, "2", 4, [10, 170, 190]),
+        _run(tmp_path, "3", 8, [1, 300]),
+    ]
     figures = {f.run: f for f in scaling_figures(runs)}
     assert figures["0"].samples_per_s == pytest.approx(100) and figures["1"].samples_per_s == pytest.approx(140)
     assert (figures["0"].speedup, figures["0"].efficiency) == (pytest.approx(5 / 6), pytest.approx(5 / 6))

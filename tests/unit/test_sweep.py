@@ -57,23 +57,46 @@ def test_scaling_preset_expands_to_three_node_counts():
     assert [job.resources.nodes for job in jobs] == [1, 2, 4] and {job.name for job in jobs} == {"scaling"}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["optim.lrr=0.1,0.2"], "unknown key 'optim.lrr'"),
-    (["optim.lr=range(1,1)"], "empty sweep"),
-    (["optim.lr=0.1,0.2", "sweep.max_parallel=0"], "sweep.max_parallel=0 must be >= 1"),
-    (["model=mlp,transformer"], "unknown option model=transformer"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["optim.lrr=0.1,0.2"], "unknown key 'optim.lrr'"),
+        (["optim.lr=range(1,1)"], "empty sweep"),
+        (["optim.lr=0.1,0.2", "sweep.max_parallel=0"], "sweep.max_parallel=0 must be >= 1"),
+        (["model=mlp,transformer"], "unknown option model=transformer"),
+    ],
+)
 def test_launch_refuses_a_bad_sweep_with_one_line_and_submits_nothing(tmp_path, args, message):
-    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-m", *args, "cluster=simulated", f"run_root={tmp_path / 'runs'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "-m", *args, "cluster=simulated", f"run_root={tmp_path / 'runs'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not list((tmp_path / "runs").rglob("sweep.json")) and not list((tmp_path / "runs").rglob("config.yaml"))
 
 
 def test_a_dry_run_sweep_prints_the_arrays_and_submits_nothing(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-m", "optim.lr=0.1,0.2", "resources.nodes=1,2", "cluster=simulated",
-                           "sweep.max_parallel=1", "dry_run=true", f"run_root={tmp_path / 'runs'}"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            "-m",
+            "optim.lr=0.1,0.2",
+            "resources.nodes=1,2",
+            "cluster=simulated",
+            "sweep.max_parallel=1",
+            "dry_run=true",
+            f"run_root={tmp_path / 'runs'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("# job array of 2 tasks") == 2 and done.stdout.count("#SBATCH --array=0-1%1") == 2
     assert "#   point #1: optim.lr=0.1 resources.nodes=2" in done.stdout and "dry run: nothing submitted" in done.stdout

@@ -86,16 +86,21 @@ def exit_code_asserted(function: ast.AST, name: str) -> bool:
     for node in ast.walk(function):
         if isinstance(node, ast.Assert):
             for sub in ast.walk(node.test):
-                if (isinstance(sub, ast.Attribute) and sub.attr == "code" and isinstance(sub.value, ast.Attribute)
-                        and sub.value.attr == "value" and isinstance(sub.value.value, ast.Name) and sub.value.value.id == name):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and sub.attr == "code"
+                    and isinstance(sub.value, ast.Attribute)
+                    and sub.value.attr == "value"
+                    and isinstance(sub.value.value, ast.Name)
+                    and sub.value.value.id == name
+                ):
                     return True
     return False
 
 
 def raises_without_match(path: Path) -> list[str]:
     tree = parse(path)
-    raises_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "pytest"
-                    for a in n.names if a.name == "raises"}
+    raises_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "pytest" for a in n.names if a.name == "raises"}
     allowed: set[int] = set()  # ids of SystemExit calls whose exit code is asserted
     for function in ast.walk(tree):
         if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -103,14 +108,20 @@ def raises_without_match(path: Path) -> list[str]:
         for with_node in (n for n in ast.walk(function) if isinstance(n, ast.With | ast.AsyncWith)):
             for item in with_node.items:
                 call, var = item.context_expr, item.optional_vars
-                if (isinstance(call, ast.Call) and is_pytest_raises(call, raises_names) and call.args
-                        and isinstance(call.args[0], ast.Name) and call.args[0].id == "SystemExit"
-                        and isinstance(var, ast.Name) and exit_code_asserted(function, var.id)):
+                if (
+                    isinstance(call, ast.Call)
+                    and is_pytest_raises(call, raises_names)
+                    and call.args
+                    and isinstance(call.args[0], ast.Name)
+                    and call.args[0].id == "SystemExit"
+                    and isinstance(var, ast.Name)
+                    and exit_code_asserted(function, var.id)
+                ):
                     allowed.add(id(call))
     return [
-        where(path, node) for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and is_pytest_raises(node, raises_names) and id(node) not in allowed
-        and not any(k.arg == "match" for k in node.keywords)
+        where(path, node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and is_pytest_raises(node, raises_names) and id(node) not in allowed and not any(k.arg == "match" for k in node.keywords)
     ]
 
 
@@ -151,8 +162,14 @@ def test_every_pytest_raises_names_its_message():
 
 
 def test_no_module_imports_a_test_module():
-    offenders = sorted({f"{where(path, node)} imports {module}" for path in python_files(ROOT)
-                        for node, module in imported_modules(parse(path), path) if is_test_module(module)})
+    offenders = sorted(
+        {
+            f"{where(path, node)} imports {module}"
+            for path in python_files(ROOT)
+            for node, module in imported_modules(parse(path), path)
+            if is_test_module(module)
+        }
+    )
     assert offenders == [], "test modules are imported (move shared code to tests/support or conftest.py):\n" + "\n".join(offenders)
 
 
@@ -169,7 +186,7 @@ def test_nothing_outside_tests_imports_tests():
 # --- the scanner itself: each rule catches what it is meant to -----------------------------------
 
 
-SAMPLE = '''
+SAMPLE = """
 import pytest
 from pytest import raises
 from hpc.spec import check_resources
@@ -209,7 +226,7 @@ def test_exit_code_dropped():
 
 def test_nothing():
     int("1")
-'''
+"""
 
 
 @pytest.fixture

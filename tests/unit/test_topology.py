@@ -103,7 +103,19 @@ def test_show_prints_the_mapping_and_ring_order(tmp_path):
 
     conf = tmp_path / "topology.conf"
     conf.write_text(TOPOLOGY_CONF)
-    args = [sys.executable, "-m", "hpc.topology", "show", "--hosts", "n[1-2],n[5-6]", "--topology-conf", str(conf), "topology=dgx_h100", "resources.nodes=4", "resources.tasks_per_node=8"]
+    args = [
+        sys.executable,
+        "-m",
+        "hpc.topology",
+        "show",
+        "--hosts",
+        "n[1-2],n[5-6]",
+        "--topology-conf",
+        str(conf),
+        "topology=dgx_h100",
+        "resources.nodes=4",
+        "resources.tasks_per_node=8",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "4 inter-switch hops as given, 4 after ordering" in out.stdout
