@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from collectives.base import allreduce_sums, broadcast_module
 from collectives.config import ALGORITHMS, CommConfig
 from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 from hpc.env import RankInfo
+from tests.support.worker import run_worker
 from trainers.sampler import ShardSampler
 
 
@@ -195,9 +195,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # one rank failing alone must not leave the others waiting until the timeout
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    run_worker(main)

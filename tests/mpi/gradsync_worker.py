@@ -18,7 +18,6 @@ import copy
 import os
 import socket
 import sys
-import traceback
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from torch import nn
 from collectives import init_collectives
 from collectives.config import CommConfig
 from hpc.env import RankInfo
+from tests.support.worker import run_worker
 from trainers.gradsync import build_gradient_sync
 
 ACCUMULATION, BATCH, LR = 3, 5, 0.1
@@ -198,9 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # one rank failing alone must not leave the others waiting until the timeout
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    run_worker(main)

@@ -7,13 +7,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
 from hpc.requeue import EXIT_RESUMABLE
-from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, run_dirs, run_launch, run_until_signalled, state_hash, step_losses
+from tests.support.runs import (
+    logged_steps,
+    rank_pids,
+    resume_command,
+    run_dirs,
+    run_launch,
+    run_until_signalled,
+    start_launch,
+    state_hash,
+    step_losses,
+    wait_for_run,
+)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -30,14 +39,8 @@ def test_three_interruptions_resume_bit_exactly(tmp_path):
     (tmp_path / "b").mkdir()
     # Prepare the run dir through launch.py, then interrupt its ranks: start it with a signal
     # arriving after a few steps, resume from command.txt, three times, then let it finish.
-    first = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'b' / 'runs'}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not run_dirs(tmp_path / "b") or logged_steps(run_dirs(tmp_path / "b")[0]) < 5:
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() is not None else "slow start"
-        time.sleep(0.01)
-    (run_dir,) = run_dirs(tmp_path / "b")
+    first = start_launch(*JOB, cwd=tmp_path / "b")
+    run_dir = wait_for_run(first, tmp_path / "b", lambda run: logged_steps(run) >= 5, "5 steps", timeout_s=60)
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGUSR1)
     assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again

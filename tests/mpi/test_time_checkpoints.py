@@ -7,15 +7,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from benchmarks.simcluster import end_process
 from hpc.requeue import EXIT_RESUMABLE
-from tests.support.runs import ROOT, rank_pids, run_dirs
+from tests.support.runs import rank_pids, run_dirs, start_launch, wait_for_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -28,20 +25,9 @@ def committed_steps(run_dir) -> list[int]:
 
 
 def test_every_minutes_alone_saves_by_time_while_training(tmp_path):
-    launched = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launched = start_launch(*JOB, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not run_dirs(tmp_path) or len(committed_steps(run_dirs(tmp_path)[0])) < 2:
-            assert launched.poll() is None, f"the run ended before two checkpoints by time: {launched.stderr.read()[-2000:]}"
-            assert time.monotonic() < deadline, "no two checkpoints by time within 120 s (every 0.6 s asked)"
-            time.sleep(0.05)  # polling the rank log: there is no event to wait on
-        (run_dir,) = run_dirs(tmp_path)
+        run_dir = wait_for_run(launched, tmp_path, lambda run: len(committed_steps(run)) >= 2, "two checkpoints by time (every 0.6 s asked)")
         periodic = committed_steps(run_dir)
         for pid in rank_pids(run_dir):
             os.kill(pid, signal.SIGTERM)  # as Slurm signals every task

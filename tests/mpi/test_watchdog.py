@@ -8,14 +8,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from benchmarks.simcluster import end_process
 from hpc.rank_main import EXIT_STALLED
-from tests.support.runs import ROOT, logged_steps, resume_command, run_dirs
+from tests.support.runs import logged_steps, resume_command, start_launch, wait_for_run
 from trainers.checkpoint import Checkpointer
 from trainers.watchdog import heartbeat_file
 
@@ -34,18 +33,8 @@ JOB = [
 
 
 def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path):
-    launched = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 90
-    while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 12:
-        assert launched.poll() is None and time.monotonic() < deadline, launched.stderr.read() if launched.poll() is not None else "slow start"
-        time.sleep(0.01)  # polling the step log: there is no event to wait on
-    (run_dir,) = run_dirs(tmp_path)
+    launched = start_launch(*JOB, cwd=tmp_path)
+    run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 12, "12 steps", timeout_s=90)
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 2).read_text())["pid"]
     os.kill(victim, signal.SIGSTOP)
     stopped_at = time.monotonic()

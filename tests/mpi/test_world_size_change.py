@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ import torch
 from torch import nn
 
 from hpc.requeue import EXIT_RESUMABLE
-from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, run_dirs, run_until_signalled
+from tests.support.runs import logged_steps, rank_pids, resume_command, run_until_signalled, start_launch, wait_for_run
 from trainers.checkpoint import SHARED, load_tensor_file, step_dir_name
 from trainers.config import DataConfig, ModelConfig
 from trainers.data import H5Split
@@ -89,19 +86,8 @@ def logged_loss(run_dir: Path, step: int) -> float:
 
 def first_stop(tmp_path: Path) -> Path:
     """Start the run on 2 ranks through launch.py and stop it with SIGTERM after a few steps."""
-    launched = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *JOB, f"run_root={tmp_path / 'runs'}"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not run_dirs(tmp_path) or logged_steps(run_dirs(tmp_path)[0]) < 3:
-        assert launched.poll() is None, launched.stderr.read()[-2000:]
-        assert time.monotonic() < deadline, "no steps within 120 s"
-        time.sleep(0.01)  # polling the step log: there is no event to wait on
-    (run_dir,) = run_dirs(tmp_path)
+    launched = start_launch(*JOB, cwd=tmp_path)
+    run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 3, "3 steps")
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGTERM)
     assert launched.wait(timeout=120) == EXIT_RESUMABLE

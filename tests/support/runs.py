@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.simcluster import parse_job_id
@@ -43,6 +44,24 @@ def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
 
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
+
+
+def start_launch(*overrides: str, cwd: Path) -> subprocess.Popen[str]:
+    """`python launch.py OVERRIDES...` in the background (run dirs under cwd), stderr kept."""
+    command = [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_run(launched: subprocess.Popen[str], cwd: Path, ready: Callable[[Path], bool], what: str, timeout_s: float = 120) -> Path:
+    """Poll until the run dir of `launched` exists and `ready(run_dir)`; fails at once if the
+    launch ended first (with its stderr), or after `timeout_s`. Returns the run dir."""
+    deadline = time.monotonic() + timeout_s
+    while not run_dirs(cwd) or not ready(run_dirs(cwd)[0]):
+        assert launched.poll() is None, f"the run ended before {what}: {launched.stderr.read()[-2000:] if launched.stderr else ''}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.01)  # polling the run dir: there is no event to wait on
+    (run_dir,) = run_dirs(cwd)
+    return run_dir
 
 
 def submit_job(*overrides: str, cwd: Path) -> tuple[str, Path]:
