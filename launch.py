@@ -18,13 +18,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config import RUN_ACCESS, JobConfig, apply_run_access, register_schemas, to_job_config
+from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, register_schemas, sweep_points
+from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
+from hpc.config.validate import validate_job
 from hpc.errors import UserError
-from hpc.launch import discard_run_dir, launch
-from hpc.overrides import CONF_DIR, ConfigSource, check_overrides, sweep_points
 from hpc.rundir import RunDir
-from hpc.spec import validate_job
-from hpc.tidy import end_on_closed_stdout, note_run_root, prune_empty
+from hpc.submit.launch import discard_run_dir, launch
+from hpc.submit.tidy import end_on_closed_stdout, note_run_root, prune_empty
 
 HERE = Path(__file__).resolve().parent
 
@@ -90,7 +90,7 @@ def check_command(args: argparse.Namespace) -> list[JobConfig]:
     leaves nothing. Raises UserError with one line."""
     source = config_source(args)
     if not args.multirun:
-        job = check_overrides(args.overrides, source)
+        job = compose_job(args.overrides, source)
         validate_job(job)
         return [job]
     points = sweep_points(args.overrides, source)

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import parse_job_id, restarts  # noqa: E402  (after the path)
+from hpc import slurmctl  # noqa: E402
 
 DEFAULTS = [
     "cluster=simulated",
@@ -55,14 +56,16 @@ def measure_once(overrides: list[str], workdir: Path) -> tuple[float, float]:
     try:
         wait_for(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 10)
         signalled = time.time()
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        error = slurmctl.cancel(job_id, signal="USR1")
+        if error:
+            raise RuntimeError(f"scancel --signal=USR1 {job_id}: {error}")
         wait_for(lambda: restarts(job_id) >= 1)
         requeued = time.time()
         log = (run_dir / "logs" / "rank-00000.log").read_text().splitlines()
         committed = [log_time(line) for line in log if "committed" in line and log_time(line) >= signalled - 1]
         return committed[0] - signalled, requeued - signalled
     finally:
-        subprocess.run(["scancel", job_id], capture_output=True)
+        slurmctl.cancel(job_id)
 
 
 def main() -> None:

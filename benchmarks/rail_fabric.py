@@ -40,9 +40,9 @@ def rate_bytes_per_s(rate: str) -> float:
 
 
 def worker(rails: int, sizes_mib: list[int], rounds: int) -> None:
-    from hpc.binding import apply_binding, binding_for
-    from hpc.config import TopologyConfig
     from hpc.env import RankInfo
+    from hpc.fabric.topology import TopologyConfig
+    from hpc.rank.binding import apply_binding, binding_for
 
     topo = TopologyConfig(name="emulated_rails", nics=[f"rail{r}" for r in range(rails)], transport="tcp")
     rank = RankInfo.from_env(os.environ)
@@ -163,7 +163,7 @@ def main() -> None:
         worker(args.rails, sizes, args.rounds)
         return
 
-    from hpc.costmodel import (
+    from hpc.fabric.costmodel import (
         Fabric,
         bus_bandwidth,
         flat_ring_seconds,

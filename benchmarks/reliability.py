@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from hpc import slurmctl  # noqa: E402  (after the path)
+
 CHECKPOINT = ["checkpoint.every_steps=5", "checkpoint.every_minutes=null", "checkpoint.async_save=false"]
 
 
@@ -182,7 +184,7 @@ def trial_node_loss(work: Path, rng: random.Random) -> dict:
     deadline = time.monotonic() + 180
     while not list(run_root.glob("*/*/steps.jsonl")) or len(step_log(the_run(run_root))) < target:
         if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], check=False)
+            slurmctl.cancel(job_id)
             return {"outcome": "did not reach the step to fail at", "ok": False}
         time.sleep(0.05)
     run_dir = the_run(run_root)

@@ -14,10 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.requeue import job_fields
-from hpc.rundir import RunDir
-from hpc.slurm import job_state
-from hpc.status import newest_checkpoint
+from hpc.slurmctl import hostnames, job_fields, job_state, node_states, start_now
+from trainers.layout import committed_steps
 
 SIM = str(Path(__file__).resolve().parents[1] / "scripts" / "slurm-sim.sh")
 # slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (60 s); it
@@ -47,8 +45,7 @@ def restarts(job_id: str) -> int:
 
 def nodes_settled(except_node: str | None = None) -> bool:
     """Every node (but `except_node`, a lost one) is up and no step of an ended run is left."""
-    lines = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"], capture_output=True, text=True).stdout.splitlines()
-    states = [state for node, state in (line.split() for line in lines) if node != except_node]
+    states = [state for node, state in node_states("debug").items() if node != except_node]
     steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True).stdout.split()
     return bool(states) and all(state in ("idle", "mixed", "allocated") for state in states) and not steps
 
@@ -60,7 +57,7 @@ def release_when_requeued(job_id: str, restarts_before: int) -> None:
     # Starting it before every node finished cleaning up the killed run makes slurmd refuse the
     # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
     poll(nodes_settled, "nodes to finish the killed run")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
+    start_job_now(job_id)
 
 
 def end_process(pid: int) -> None:
@@ -81,16 +78,18 @@ class NodeLoss:
     down_s: float  # from the kill until the node was DOWN
 
 
-def hostnames(node_list: str) -> list[str]:
-    return subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True, check=True).stdout.split()
+def start_job_now(job_id: str) -> None:
+    error = start_now(job_id)
+    if error:
+        raise RuntimeError(f"scontrol update jobid={job_id} starttime=now: {error}")
 
 
 def node_state(node: str) -> str:
-    return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-p", "debug", "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    return node_states("debug", node).get(node, "")
 
 
 def newest_committed_step(run_dir: Path) -> int:
-    return newest_checkpoint(RunDir(run_dir)) or 0
+    return max(committed_steps(run_dir / "checkpoints"), default=0)
 
 
 def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
@@ -108,7 +107,7 @@ def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
         down_s = time.monotonic() - killed_at
         poll(lambda: job_state(job_id) == "PENDING", "the job to pend again")
         poll(lambda: nodes_settled(except_node=lost), "the other nodes to finish the ended run")
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", "starttime=now"], check=True, capture_output=True)
+        start_job_now(job_id)
         poll(lambda: job_state(job_id) == "RUNNING", "the job to run again")
         second_nodes = hostnames(job_fields(job_id)["NodeList"])
     finally:

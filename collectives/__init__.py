@@ -1,45 +1,62 @@
 """Communication for data-parallel training behind one small interface (`Collectives`).
 
-`init_collectives(cfg, rank_info)` is the one place a process group starts; backends are
+`init_collectives(cfg, place)` is the one place a process group starts; backends are
 imported lazily so that importing this package has no side effects and needs no MPI.
+This package reads no launcher environment and imports neither hpc/ nor trainers/: the rank
+tells it where it sits (`Place`, which hpc.env.RankInfo satisfies) and where to meet.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # importing this package must not import torch (login nodes read its config)
     from collectives.base import Collectives
     from collectives.config import CommConfig
-    from hpc.env import RankInfo
 
-__all__ = ["init_collectives"]
+__all__ = ["Place", "init_collectives"]
 
 
-def init_collectives(cfg: CommConfig, rank_info: RankInfo, node_position: int | None = None) -> Collectives:
-    """`node_position`: this node's place in the switch-ordered ring (None: node order)."""
+class Place(Protocol):
+    """Where this process sits in the job, as its launcher says."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def node_rank(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+
+
+def init_collectives(cfg: CommConfig, place: Place, node_position: int | None = None, rendezvous: tuple[str, int] | None = None) -> Collectives:
+    """`node_position`: this node's place in the switch-ordered ring (None: node order).
+    `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl."""
     from collectives.base import CollectivesError
 
     if cfg.backend == "mpi":
         from collectives.mpi import MpiCollectives
 
-        node_rank, local_rank = node_layout(cfg, rank_info)
+        node_rank, local_rank = node_layout(cfg, place)
         comm: Collectives = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank, node_position)
     elif cfg.backend in ("gloo", "nccl"):
         from collectives.torchdist import TorchDistCollectives
 
-        comm = TorchDistCollectives.from_env(cfg.backend, rank_info.rank, rank_info.world_size)
+        if rendezvous is None:
+            raise CollectivesError("no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set (launch with python launch.py)")
+        comm = TorchDistCollectives(cfg.backend, place.rank, place.world_size, *rendezvous)
     elif cfg.backend == "horovod":
         from collectives.horovod import HorovodCollectives
 
         comm = HorovodCollectives.start(cfg.bucket_mb)
     else:
         raise CollectivesError(f"comm.backend={cfg.backend!r} is not one of mpi, gloo, nccl, horovod")
-    if (comm.rank, comm.world_size) != (rank_info.rank, rank_info.world_size):
+    if (comm.rank, comm.world_size) != (place.rank, place.world_size):
         comm.close()
         raise CollectivesError(
             f"{cfg.backend} sees rank {comm.rank} of {comm.world_size} but the launcher "
-            f"({rank_info.launcher}) says rank {rank_info.rank} of {rank_info.world_size}: "
+            f"says rank {place.rank} of {place.world_size}: "
             "launch with srun --mpi=pmix or mpirun, not a plain python per task"
         )
     return comm
@@ -64,8 +81,8 @@ def describe(comm: Collectives) -> str:
     return kind
 
 
-def node_layout(cfg: CommConfig, rank_info: RankInfo) -> tuple[int, int]:
+def node_layout(cfg: CommConfig, place: Place) -> tuple[int, int]:
     """(node_rank, local_rank) for the hierarchical communicators; by hand with ranks_per_node."""
     if cfg.ranks_per_node:
-        return rank_info.rank // cfg.ranks_per_node, rank_info.rank % cfg.ranks_per_node
-    return rank_info.node_rank, rank_info.local_rank
+        return place.rank // cfg.ranks_per_node, place.rank % cfg.ranks_per_node
+    return place.node_rank, place.local_rank

@@ -21,14 +21,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpc.env import RankInfo
+from collectives.mpirun import find_mpirun, mpirun_command, root_environment
 
 IMPLEMENTATIONS = ("ring", "rhd", "auto", "hierarchical", "mpi", "gloo", "horovod")
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -226,16 +226,17 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> boo
     return True
 
 
-def relaunch_under_mpirun(np_: int, argv: list[str]) -> int:
-    from hpc.spec import find_mpirun
+def under_mpi_launcher(env: Mapping[str, str]) -> bool:
+    """Started as one of several MPI ranks (mpirun, or srun --mpi=pmix), not by hand."""
+    return any(key in env for key in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"))
 
+
+def relaunch_under_mpirun(np_: int, argv: list[str]) -> int:
     mpirun = find_mpirun()
     if mpirun is None:
         print("error: mpirun not found (scripts/install.sh)", file=sys.stderr)
         return 2
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **root_environment()}
     args, skip = [], False
     for a in argv:  # drop "--np N" / "--np=N": the ranks started must not start ranks again
         if skip or a.startswith("--np="):
@@ -244,7 +245,7 @@ def relaunch_under_mpirun(np_: int, argv: list[str]) -> int:
         skip = a == "--np"
         if not skip:
             args.append(a)
-    command = [mpirun, "-n", str(np_), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, "-m", "collectives.bench", *args]
+    command = mpirun_command(np_, [sys.executable, "-m", "collectives.bench", *args], mpirun=mpirun)
     return subprocess.run(command, env=env).returncode
 
 
@@ -274,7 +275,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.np_ and args.np_ > 1 and RankInfo.from_env(os.environ).world_size == 1:
+    if args.np_ and args.np_ > 1 and not under_mpi_launcher(os.environ):
         # Decided before MPI starts: a singleton MPI process would spin beside the ranks.
         return relaunch_under_mpirun(args.np_, argv)
     from mpi4py import MPI

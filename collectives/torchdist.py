@@ -1,8 +1,8 @@
 """Collectives on torch.distributed (Gloo on CPU, NCCL on GPU), for comm=gloo and comm=nccl.
 
-The rendezvous comes from the launcher, never from the user: under Slurm the first host of
-the job's node list and a port derived from the job id (two jobs on one node do not collide);
-under the local launcher, MASTER_ADDR/MASTER_PORT exported by it. Gradients themselves go
+The rendezvous comes from the launcher, never from the user (hpc.env.rendezvous: under Slurm
+the first host of the job's node list and a port derived from the job id; under the local
+launcher, MASTER_ADDR/MASTER_PORT exported by it). Gradients themselves go
 through DistributedDataParallel (trainers/gradsync.py); this class carries what the trainer
 reduces besides them (losses, counts, the stop vote, BatchNorm statistics) and broadcasts.
 """
@@ -11,29 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Mapping
 
-import hostlist
 import torch
 import torch.distributed as dist
 
 from collectives.base import CollectivesError, Deferred, ReduceOp
-
-PORT_BASE, PORT_SPAN = 20000, 20000
-
-
-def rendezvous(env: Mapping[str, str]) -> tuple[str, int]:
-    """(address, port) of rank 0's store: MASTER_ADDR/PORT if set, else from Slurm."""
-    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
-        return env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    job_id = env.get("SLURM_JOB_ID")
-    if not nodes or not job_id:
-        raise CollectivesError("no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set (launch with python launch.py)")
-    first = hostlist.expand_hostlist(nodes)[0]
-    # A requeued job keeps its id but gets a new port range slot via the restart count.
-    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
-    return first, PORT_BASE + (int(job_id) * 7 + restarts) % PORT_SPAN
 
 
 class TorchDistCollectives:
@@ -54,11 +36,6 @@ class TorchDistCollectives:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-
-    @classmethod
-    def from_env(cls, backend: str, rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> TorchDistCollectives:
-        address, port = rendezvous(env)
-        return cls(backend, rank, world_size, address, port)
 
     # --- the Collectives interface (CPU tensors in, CPU tensors out) -------------------------
 

@@ -1,1 +1,17 @@
-"""Login-node and rank-environment side. The submit path never imports torch."""
+"""Everything between `python launch.py` and a training rank, by where it runs.
+
+    config/   login node: schemas, Hydra composition (sweep expansion too), one validate()
+    submit/   login node and the batch script's host: local mpirun runs, Slurm through
+              submitit, job arrays, frozen code, the hand-typed sbatch path (prepare)
+    rank/     every rank: the entry point, binding, stop and requeue, the watchdog hookup
+    fabric/   pure library: node topology, rail-aware mapping, switch trees, the cost model
+    tools/    what users run beside their jobs: status, report, topology; nothing imports them
+
+Leaves imported by all of these and importing none of them: errors, rundir (the run-dir
+layout), env (the one reader of SLURM_*/OMPI_*/PMIX_*/torchrun variables), slurmctl (every
+scontrol/squeue/sacct call), cli (the argument parser of our commands). status, report,
+topology and costmodel here are the public command names (`python -m hpc.status`).
+
+Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> collectives ->
+trainers; tests/unit/test_import_rules.py checks it. The submit path never imports torch.
+"""

@@ -1,4 +1,8 @@
-"""One reader of the rank environment: where am I in the job?
+"""The one reader of the launcher environment: where am I in the job, which Slurm job is it?
+
+Every SLURM_*, OMPI_*, PMIX_* and torchrun variable the toolkit reads is read here, and the
+names of the variables the toolkit itself exports to its ranks are declared here. Standard
+library and python-hostlist only: the login node, the batch script and every rank import it.
 
 Launchers describe a rank in different variables. In order of precedence (the innermost
 launcher wins: mpirun inside an sbatch allocation is described by OMPI_*, not SLURM_PROCID):
@@ -13,6 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import hostlist
+
+# Exported by the toolkit to its ranks (hpc.submit), read on the rank (hpc.rank).
+TTY_VARIABLE = "HPCTK_TTY"  # "1": launch.py runs in a terminal (rank 0 draws a progress bar)
+REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # where rank 0 asks the batch script's EXIT trap to requeue
+RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
+PORT_BASE, PORT_SPAN = 20000, 20000  # torch.distributed store ports derived from a Slurm job id
 
 
 class RankEnvError(ValueError):
@@ -80,13 +90,16 @@ def slurm_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(hostlist.expand_hostlist(nodelist)) if nodelist else ()
 
 
-def _tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
-    """SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1': expand and pick this node's count."""
+def _tasks_per_node(text: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE looks like '2(x3),1': the count of every node, in node order."""
     expanded: list[int] = []
-    for part in tasks_per_node.split(","):
-        count, _, repeat = part.partition("(x")
-        expanded += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
-    return expanded[node_rank]
+    try:
+        for part in text.split(","):
+            count, _, repeat = part.partition("(x")
+            expanded += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    except ValueError:
+        raise RankEnvError(f"tasks per node {text!r} is not Slurm's N(xM),... form") from None
+    return expanded
 
 
 def _from_slurm(env: Mapping[str, str]) -> RankInfo:
@@ -94,7 +107,7 @@ def _from_slurm(env: Mapping[str, str]) -> RankInfo:
     hosts = slurm_hosts(env)
     num_nodes = _int(env, "SLURM_STEP_NUM_NODES", _int(env, "SLURM_NNODES", max(len(hosts), 1)))
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    local_world = _tasks_on_node(per_node, node_rank) if per_node else 1
+    local_world = _tasks_per_node(per_node)[node_rank] if per_node else 1
     world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
     hosts = hosts or (env.get("SLURMD_NODENAME", "localhost"),)
     return RankInfo(
@@ -156,3 +169,44 @@ def _from_pmix(env: Mapping[str, str], hostname: str) -> RankInfo:
         hosts=(hostname,),
         launcher="pmix",
     )
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """The id `scontrol` knows this job by: <array job id>_<task id> for array tasks."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How often Slurm has restarted (requeued) this job; 0 outside Slurm."""
+    return _int(env, "SLURM_RESTART_COUNT", 0)
+
+
+def allocation_shape(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(nodes, tasks per node) of the batch job, from sbatch's environment; None outside an
+    allocation. Raises RankEnvError when the nodes hold different numbers of tasks."""
+    if "SLURM_JOB_NUM_NODES" not in env:
+        return None
+    nodes = _int(env, "SLURM_JOB_NUM_NODES")
+    per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not per_node:
+        raise RankEnvError("SLURM_TASKS_PER_NODE is not set")
+    counts = set(_tasks_per_node(per_node))
+    if len(counts) != 1:
+        raise RankEnvError(f"sbatch granted different task counts per node ({per_node}); ask for --ntasks-per-node")
+    return nodes, counts.pop()
+
+
+def rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """(address, port) of torch.distributed's store: MASTER_ADDR/PORT where the launcher set
+    them, else the first node of the Slurm job and a port derived from its id and restart count
+    (two jobs on one node, or two starts of one job, do not collide); None without either."""
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return env["MASTER_ADDR"], _int(env, "MASTER_PORT")
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    job_id = env.get("SLURM_JOB_ID")
+    if not nodes or not job_id or not job_id.isdigit():
+        return None
+    first = hostlist.expand_hostlist(nodes)[0]
+    return first, PORT_BASE + (int(job_id) * 7 + restart_count(env)) % PORT_SPAN

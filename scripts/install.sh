@@ -53,7 +53,7 @@ if ((with_cluster)); then
     PYTHON="$python" scripts/build-horovod.sh
 fi
 "$python" - <<'PY'
-from hpc.spec import find_mpirun
+from collectives.mpirun import find_mpirun
 import mpi4py, torch, h5py, submitit, hydra
 mpirun = find_mpirun()
 assert mpirun, "install: no mpirun after installation"

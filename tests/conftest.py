@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.slurm import TERMINAL_STATES, job_state
+from hpc.slurmctl import TERMINAL_STATES, job_state
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -40,7 +40,7 @@ def queued_jobs() -> dict[str, str]:
 
 @pytest.fixture
 def needs_mpi() -> None:
-    from hpc.spec import find_mpirun
+    from collectives.mpirun import find_mpirun
 
     require(find_mpirun() is not None, "mpirun")
 

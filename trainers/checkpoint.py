@@ -1,12 +1,7 @@
 """Atomic, verifiable checkpoints shared by all ranks of a job.
 
-Layout under <run_dir>/checkpoints/:
-
-    step-000123/shared.ckpt        model, optimizer, schedule, progress (rank 0 writes)
-    step-000123/rank-00000.ckpt    that rank's RNG states (every rank writes its own)
-    step-000123/COMMITTED          JSON: step, world size, sha256 and size of every file
-
-A save writes into `.tmp-step-000123/`, fsyncs every file, renames the directory, fsyncs the
+The layout under <run_dir>/checkpoints/ is trainers.layout's (step-NNNNNNNNN/ with shared.ckpt,
+one rank-NNNNN.ckpt per rank, and the COMMITTED marker). A save writes into `.tmp-step-.../`, fsyncs every file, renames the directory, fsyncs the
 parent, then writes COMMITTED (itself via a temporary file, fsync and rename). Only directories
 whose COMMITTED marker matches their files are ever loaded; anything else is reported and
 skipped in favour of the previous one. Files are in the pickle-free format of
@@ -31,23 +26,14 @@ from typing import Any
 
 import torch
 
+from trainers.layout import MARKER, SHARED, STEP_PREFIX, rank_file, step_dir_name
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
-MARKER = "COMMITTED"
-SHARED = "shared.ckpt"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or used; the message names the cause."""
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.ckpt"
 
 
 def sha256_of(path: Path) -> str:
@@ -253,8 +239,8 @@ class Checkpointer:
             doomed.append(trash)
         # Leftovers of interrupted saves are older than what was just committed; a newer
         # temporary dir belongs to a save other ranks have already begun: never touch it.
-        doomed += [stale for stale in self.root.glob(".tmp-step-*") if int(stale.name.removeprefix(".tmp-step-")) < committed_step]
-        doomed += [leftover for leftover in self.root.glob(".old-step-*") if leftover not in doomed]
+        doomed += [stale for stale in self.root.glob(f".tmp-{STEP_PREFIX}*") if int(stale.name.removeprefix(f".tmp-{STEP_PREFIX}")) < committed_step]
+        doomed += [leftover for leftover in self.root.glob(f".old-{STEP_PREFIX}*") if leftover not in doomed]
         if doomed:
 
             def delete() -> None:
@@ -280,7 +266,7 @@ class Checkpointer:
     def _checked_newest_first(self, check: Callable[[Path], Committed] = verify) -> Iterator[Committed]:
         """Valid checkpoints, newest first, each verified only when reached; invalid ones are
         reported and skipped. Step directories sort by name (zero-padded step numbers)."""
-        for directory in sorted(self.root.glob("step-*"), reverse=True):
+        for directory in sorted(self.root.glob(f"{STEP_PREFIX}*"), reverse=True):
             try:
                 yield check(directory)
             except CheckpointError as err:

@@ -1,4 +1,4 @@
-"""The Hydra side of hpc.sweep: compose every point, hand them over, report job ids back.
+"""The Hydra side of hpc.submit.sweep: compose every point, hand them over, report job ids back.
 
 No `from __future__ import annotations` here: Hydra executes plugin modules without registering
 them in sys.modules, and dataclasses then cannot resolve string annotations."""
@@ -33,10 +33,10 @@ class ArrayLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hpc.config import to_job_config
+        from hpc.config.schema import to_job_config
         from hpc.errors import UserError
-        from hpc.sweep import SweepPoint, discard_unsubmitted, launch_sweep
-        from hpc.tidy import end_on_closed_stdout
+        from hpc.submit.sweep import SweepPoint, discard_unsubmitted, launch_sweep
+        from hpc.submit.tidy import end_on_closed_stdout
 
         assert self.config is not None and self.hydra_context is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()

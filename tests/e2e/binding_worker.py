@@ -8,9 +8,9 @@ import json
 import os
 import sys
 
-from hpc.binding import apply_binding, binding_for
+from hpc.config.compose import compose_job
 from hpc.env import RankInfo
-from hpc.overrides import compose_job
+from hpc.rank.binding import apply_binding, binding_for
 
 
 def main() -> None:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts
-from hpc.requeue import job_fields
-from hpc.slurm import TERMINAL_STATES, job_state
+from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, run_dirs, run_launch, submit_job
 from trainers.checkpoint import Checkpointer

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from benchmarks.simcluster import parse_job_id
-from hpc.slurm import TERMINAL_STATES, job_state
+from hpc.slurmctl import TERMINAL_STATES, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import run_dirs, run_launch
 from trainers.metrics import read_metrics

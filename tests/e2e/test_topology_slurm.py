@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from hpc.overrides import compose_job
-from hpc.topology import map_ranks
+from hpc.config.compose import compose_job
+from hpc.fabric.topology import map_ranks
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hpc.snapshot import freeze_code
+from hpc.submit.snapshot import freeze_code
 from tests.support.runs import ROOT, logged_steps, resume_command, run_dirs
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -45,7 +45,7 @@ def test_ctrl_c_stops_cleanly_and_command_txt_resumes_the_frozen_code_from_anywh
     assert stopped in stdout
     log = run_dir / "logs" / "rank-00000.log"
     frozen = run_dir / "code"
-    assert (frozen / "hpc" / "rank_main.py").is_file() and (frozen / "SOURCE.json").is_file()
+    assert (frozen / "hpc" / "rank" / "main.py").is_file() and (frozen / "SOURCE.json").is_file()
     assert CODE_LINE.findall(log.read_text()) == [str(frozen)]
 
     # Resume for two more steps with a second checkout first on PYTHONPATH and the live one as

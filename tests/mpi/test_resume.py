@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from hpc.requeue import EXIT_RESUMABLE
+from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import (
     logged_steps,
     rank_pids,

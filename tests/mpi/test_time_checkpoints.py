@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from benchmarks.simcluster import end_process
-from hpc.requeue import EXIT_RESUMABLE
+from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import rank_pids, run_dirs, start_launch, wait_for_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from benchmarks.simcluster import end_process
-from hpc.rank_main import EXIT_STALLED
+from hpc.rank.lifecycle import EXIT_STALLED
 from tests.support.runs import logged_steps, resume_command, start_launch, wait_for_run
 from trainers.checkpoint import Checkpointer
 from trainers.watchdog import heartbeat_file

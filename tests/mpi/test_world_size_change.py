@@ -16,12 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from hpc.requeue import EXIT_RESUMABLE
+from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import logged_steps, rank_pids, resume_command, run_until_signalled, start_launch, wait_for_run
-from trainers.checkpoint import SHARED, load_tensor_file, step_dir_name
+from trainers.checkpoint import load_tensor_file
 from trainers.config import DataConfig, ModelConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5, resolve_data_path
+from trainers.layout import SHARED, step_dir_name
 from trainers.models import build_model
 from trainers.sampler import ShardSampler
 

@@ -97,7 +97,7 @@ def test_bad_arguments_are_refused_with_one_line(fabric):
 
 
 def test_ranks_in_the_fabric_bind_to_their_rail_and_reduce_correctly(fabric):
-    from hpc.spec import find_mpirun
+    from collectives.mpirun import find_mpirun
 
     require(find_mpirun() is not None, "mpirun")
     done = subprocess.run(

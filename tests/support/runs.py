@@ -35,7 +35,7 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
 
 def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
-    from hpc.spec import find_mpirun
+    from collectives.mpirun import find_mpirun
 
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     args = [find_mpirun() or "mpirun", "-n", str(ranks), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, *command]
@@ -94,7 +94,7 @@ def logged_steps(run_dir: Path) -> int:
 
 def rank_pids(run_dir: Path) -> list[int]:
     """The rank processes of a run (the Python interpreters), never the launcher that started them."""
-    out = subprocess.run(["pgrep", "-f", f"hpc.rank_main {run_dir}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", f"hpc.rank.main {run_dir}"], capture_output=True, text=True)
     pids = []
     for pid in map(int, out.stdout.split()):
         try:

@@ -8,12 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from collectives import init_collectives
 from collectives.base import CollectivesError
 from collectives.config import CommConfig
-from collectives.torchdist import PORT_BASE, PORT_SPAN, rendezvous
-from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.config.validate import check_backend
+from hpc.env import PORT_BASE, PORT_SPAN, RankInfo, rendezvous
 from hpc.errors import UserError
-from hpc.spec import check_backend
 from trainers.config import TrainerConfig
 
 SLURM = ClusterConfig(name="sim", launcher="slurm", partition="debug")
@@ -71,9 +72,16 @@ def test_missing_horovod_names_the_build_script(monkeypatch):
 
 def test_rendezvous_comes_from_slurm_or_the_launcher():
     env = {"SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_JOB_ID": "4242"}
-    address, port = rendezvous(env)
+    found = rendezvous(env)
+    assert found is not None
+    address, port = found
     assert address == "gpu07" and PORT_BASE <= port < PORT_BASE + PORT_SPAN
-    assert rendezvous({**env, "SLURM_RESTART_COUNT": "1"})[1] != port  # a requeued run gets a fresh port
+    assert rendezvous({**env, "SLURM_RESTART_COUNT": "1"}) != found  # a requeued run gets a fresh port
     assert rendezvous({**env, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == ("10.0.0.1", 29500)
-    with pytest.raises(CollectivesError, match="no rendezvous"):
-        rendezvous({})
+    assert rendezvous({}) is None
+
+
+def test_gloo_without_a_rendezvous_is_refused_in_one_line():
+    single = RankInfo.from_env({}, hostname="laptop")
+    with pytest.raises(CollectivesError, match="no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set"):
+        init_collectives(CommConfig(backend="gloo"), single, rendezvous=None)

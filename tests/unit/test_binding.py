@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import pytest
 
-from hpc.binding import apply_binding, binding_environment, binding_for
-from hpc.config import TopologyConfig
 from hpc.env import RankInfo
 from hpc.errors import UserError
+from hpc.fabric.topology import TopologyConfig
+from hpc.rank.binding import apply_binding, binding_environment, binding_for
 
 DGX = TopologyConfig(
     name="dgx",

@@ -9,14 +9,8 @@ import pytest
 import torch
 
 from trainers import tensorfile
-from trainers.checkpoint import (
-    MARKER,
-    Checkpointer,
-    CheckpointError,
-    load_tensor_file,
-    sha256_of,
-    step_dir_name,
-)
+from trainers.checkpoint import Checkpointer, CheckpointError, load_tensor_file, sha256_of
+from trainers.layout import MARKER, step_dir_name
 
 
 def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False) -> None:

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from hpc.costmodel import Fabric, bus_bandwidth, flat_ring_seconds, hierarchical_seconds, render_table
+from hpc.fabric.costmodel import Fabric, bus_bandwidth, flat_ring_seconds, hierarchical_seconds, render_table
 
 # 4 nodes x 2 GPUs (P = 8), rail 10 B/s, intra-node 100 B/s, alpha 1 s between nodes, 0.5 s inside.
 SMALL = Fabric(nodes=4, gpus_per_node=2, rail_gbps=10.0, intra_gbps=100.0, alpha_inter_s=1.0, alpha_intra_s=0.5)

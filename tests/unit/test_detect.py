@@ -10,22 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from hpc.config import TopologyConfig
-from hpc.detect import (
-    detect_topology,
-    parse_nvidia_smi_topo,
-    rails_from_matrix,
-    to_yaml,
-)
 from hpc.errors import UserError
-from hpc.topology import (
-    check_topology,
-    map_ranks,
-    parse_cpu_list,
-    parse_topology_conf,
-    plan_placement,
-    ring_hops,
-)
+from hpc.fabric.detect import detect_topology, parse_nvidia_smi_topo, rails_from_matrix, to_yaml
+from hpc.fabric.topology import TopologyConfig, check_topology, map_ranks, parse_cpu_list, parse_topology_conf, plan_placement, ring_hops
 
 ROOT = Path(__file__).resolve().parents[2]
 

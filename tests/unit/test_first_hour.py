@@ -15,12 +15,12 @@ import h5py
 import numpy as np
 import pytest
 
-from hpc.config import to_job_config
+from hpc.config.compose import CONF_DIR, compose_job, option_help, sweep_points
+from hpc.config.schema import to_job_config
+from hpc.config.validate import check_resources, validate_job
 from hpc.errors import UserError
-from hpc.overrides import CONF_DIR, check_overrides, check_sweep, option_help
-from hpc.spec import check_resources, validate_job
-from hpc.sweep import discard_unsubmitted
-from hpc.tidy import note_run_root, prune_empty
+from hpc.submit.sweep import discard_unsubmitted
+from hpc.submit.tidy import note_run_root, prune_empty
 from tests.support.runs import ROOT, run_launch
 
 OPTIM_KEYS = "valid keys in 'optim': name, lr, momentum"
@@ -52,13 +52,13 @@ def assert_refused(result: subprocess.CompletedProcess[str], fragment: str, cwd:
 )
 def test_added_keys_the_schema_lacks_are_refused(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
-        check_overrides([override])
+        compose_job([override])
     with pytest.raises(UserError, match=re.escape(message)):
-        check_sweep([override, "optim.lr=0.1,0.2"])
+        sweep_points([override, "optim.lr=0.1,0.2"])
 
 
 def test_adding_to_a_free_form_mapping_and_forcing_a_declared_key_still_work():
-    job = check_overrides(["+cluster.env.MY_VAR=1", "++optim.lr=0.5"])
+    job = compose_job(["+cluster.env.MY_VAR=1", "++optim.lr=0.5"])
     assert job.cluster.env == {"MY_VAR": "1"} and job.optim.lr == 0.5
 
 
@@ -119,7 +119,7 @@ BAD_DATA = {
 def test_data_that_does_not_fit_the_model_is_refused_before_anything_is_made(tmp_path, case):
     arrays, model, message = BAD_DATA[case]
     path = write_h5(tmp_path / f"{case}.h5", **arrays)
-    job = check_overrides([f"data.path={path}", model, "data.batch_size=4"])
+    job = compose_job([f"data.path={path}", model, "data.batch_size=4"])
     with pytest.raises(UserError, match=re.escape(message)):
         validate_job(job)
 
@@ -127,7 +127,7 @@ def test_data_that_does_not_fit_the_model_is_refused_before_anything_is_made(tmp
 def test_images_in_the_right_layout_pass_for_every_model(tmp_path):
     path = write_h5(tmp_path / "ok.h5", np.zeros((64, 3, 8, 8), np.uint8), np.arange(64) % 4, num_classes=4)
     for model in ("mlp", "cnn"):
-        assert validate_job(check_overrides([f"data.path={path}", f"model={model}", "data.batch_size=4"])).num_classes == 4
+        assert validate_job(compose_job([f"data.path={path}", f"model={model}", "data.batch_size=4"])).num_classes == 4
 
 
 def test_labels_are_checked_chunk_by_chunk(tmp_path):
@@ -140,7 +140,7 @@ def test_labels_are_checked_chunk_by_chunk(tmp_path):
     with h5py.File(path) as f:
         assert label_range(f["train/y"], chunk=64) == (-2, 7)
     with pytest.raises(DataError, match=re.escape("labels in train/y run -2..7, outside 0..7")):
-        inspect_hdf5(path, check_overrides([]).data)
+        inspect_hdf5(path, compose_job([]).data)
 
 
 def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
@@ -159,8 +159,8 @@ def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
 def test_the_data_checks_stay_torch_free(tmp_path):
     path = write_h5(tmp_path / "nhwc.h5", **BAD_DATA["nhwc"][0])
     probe = (
-        "import sys\nfrom hpc.overrides import check_overrides\nfrom hpc.spec import check_data\n"
-        f"try:\n    check_data(check_overrides(['model=cnn', 'data.path={path}']))\nexcept Exception as err:\n    print(err)\n"
+        "import sys\nfrom hpc.config.compose import compose_job\nfrom hpc.config.validate import check_data\n"
+        f"try:\n    check_data(compose_job(['model=cnn', 'data.path={path}']))\nexcept Exception as err:\n    print(err)\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -237,7 +237,7 @@ def test_dry_runs_leave_no_folder_and_a_closed_stdout_ends_quietly(tmp_path, arg
 
 
 def test_prune_stops_at_what_existed_and_at_anything_not_empty(tmp_path, monkeypatch):
-    monkeypatch.setattr("hpc.tidy._EXISTING", set())
+    monkeypatch.setattr("hpc.submit.tidy._EXISTING", set())
     root = tmp_path / "scratch" / "runs"
     note_run_root(root)  # only tmp_path exists yet
     made = root / "2026-01-01" / "12-00-00_train"
@@ -251,7 +251,7 @@ def test_prune_stops_at_what_existed_and_at_anything_not_empty(tmp_path, monkeyp
 
 
 def test_a_sweep_that_submitted_nothing_is_removed_but_a_submitted_one_stays(tmp_path, monkeypatch):
-    monkeypatch.setattr("hpc.tidy._EXISTING", {tmp_path})
+    monkeypatch.setattr("hpc.submit.tidy._EXISTING", {tmp_path})
     sweep = tmp_path / "sweeps" / "day" / "time_train"
     for name in ("0/config.yaml", "1/config.yaml", "code/launch.py", "multirun.yaml"):
         (sweep / name).parent.mkdir(parents=True, exist_ok=True)
@@ -268,7 +268,7 @@ def test_a_sweep_that_submitted_nothing_is_removed_but_a_submitted_one_stays(tmp
 
 
 def test_too_many_cpus_per_node_names_fixes_that_lower_them():
-    job = check_overrides(["cluster=simulated", "resources.tasks_per_node=5"])
+    job = compose_job(["cluster=simulated", "resources.tasks_per_node=5"])
     with pytest.raises(UserError, match=r"lower resources\.tasks_per_node or resources\.cpus_per_task") as err:
         check_resources(job)
     assert "add nodes" not in str(err.value)
@@ -281,7 +281,7 @@ def test_the_readme_error_examples_are_what_launch_prints():
     assert len(examples) >= 2
     for overrides, printed in examples:
         with pytest.raises(UserError, match=re.escape(printed.removeprefix("error: "))) as err:
-            validate_job(check_overrides(overrides.split()))
+            validate_job(compose_job(overrides.split()))
         assert f"error: {err.value}" == printed
 
 

@@ -1,20 +1,19 @@
 import pytest
 
-from hpc.config import register_schemas
+from hpc.config.compose import compose_job, register_schemas, schema_keys
 from hpc.errors import UserError
-from hpc.overrides import check_overrides, schema_keys
 
 register_schemas()
 
 
 def test_valid_overrides_compose():
-    job = check_overrides(["optim.lr=0.1", "model=cnn", "resources.nodes=2", "cluster=simulated"])
+    job = compose_job(["optim.lr=0.1", "model=cnn", "resources.nodes=2", "cluster=simulated"])
     assert (job.optim.lr, job.model.name, job.resources.nodes, job.cluster.name) == (0.1, "cnn", 2, "simulated")
 
 
 def test_unknown_key_names_the_valid_keys():
     with pytest.raises(UserError, match=r"^unknown key 'optim\.lrr'; valid keys in 'optim': ") as err:
-        check_overrides(["optim.lrr=0.1"])
+        compose_job(["optim.lrr=0.1"])
     message = str(err.value)
     assert "unknown key 'optim.lrr'" in message and "lr, momentum, weight_decay" in message
     assert "\n" not in message
@@ -22,17 +21,17 @@ def test_unknown_key_names_the_valid_keys():
 
 def test_unknown_top_level_key_lists_root_keys():
     with pytest.raises(UserError, match="valid keys in the root config: cluster, resources"):
-        check_overrides(["dryrun=true"])
+        compose_job(["dryrun=true"])
 
 
 def test_unknown_group_option_lists_options():
     with pytest.raises(UserError, match="unknown option model=resnet9000; choose one of: cnn, mlp"):
-        check_overrides(["model=resnet9000"])
+        compose_job(["model=resnet9000"])
 
 
 def test_wrong_type_is_one_line():
     with pytest.raises(UserError, match="resources.nodes") as err:
-        check_overrides(["resources.nodes=two"])
+        compose_job(["resources.nodes=two"])
     assert "two" in str(err.value) and "\n" not in str(err.value)
 
 

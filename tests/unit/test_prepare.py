@@ -1,8 +1,9 @@
 import pytest
 
-from hpc.config import JobConfig
+from hpc.config.schema import JobConfig
+from hpc.env import allocation_shape
 from hpc.errors import UserError
-from hpc.prepare import allocation_shape, fit_to_allocation
+from hpc.submit.prepare import fit_to_allocation, granted_shape
 
 
 @pytest.mark.parametrize(
@@ -18,8 +19,14 @@ def test_allocation_shape_from_sbatch_env(env, shape):
 
 
 def test_outside_an_allocation_is_a_clear_error():
+    assert allocation_shape({}) is None
     with pytest.raises(UserError, match="inside an sbatch allocation"):
-        allocation_shape({})
+        granted_shape({})
+
+
+def test_uneven_tasks_per_node_are_refused_in_one_line():
+    with pytest.raises(UserError, match=r"different task counts per node \(2\(x2\),1\); ask for --ntasks-per-node"):
+        granted_shape({"SLURM_JOB_NUM_NODES": "3", "SLURM_TASKS_PER_NODE": "2(x2),1"})
 
 
 def test_allocation_wins_and_contradictions_are_refused():

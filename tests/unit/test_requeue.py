@@ -2,7 +2,9 @@ from datetime import datetime
 
 import pytest
 
-from hpc.requeue import EXIT_RESUMABLE, parse_job_fields, plan_after_stop, slurm_job_id, stop_reason
+from hpc.env import slurm_job_id
+from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop, stop_reason
+from hpc.slurmctl import parse_job_fields
 
 NOW = datetime(2026, 11, 23, 12, 0, 0)
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc.config import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.slurm import render_sbatch, sbatch_parameters
+from hpc.submit.slurm import render_sbatch, sbatch_parameters
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20, account="proj1")
 
@@ -56,7 +56,7 @@ def test_script_is_valid_bash():
 
 
 def test_switches_become_an_sbatch_flag_and_are_checked():
-    from hpc.spec import validate_job
+    from hpc.config.validate import validate_job
 
     job = JobConfig(cluster=replace(CLUSTER, switches=2, switches_wait_min=15), resources=replace(ResourcesConfig(), nodes=4), name="train")
     assert "#SBATCH --switches=2@15" in sbatch_lines(render_sbatch(job, {}, RunDir(Path("/runs/x"))))

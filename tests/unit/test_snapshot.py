@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from hpc.snapshot import freeze_code
+from hpc.submit.snapshot import freeze_code
 
 
 def _project(root):

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc import rank_main
-from hpc.config import JobConfig
+from hpc.config.schema import JobConfig
+from hpc.config.validate import check_resources
+from hpc.env import REQUEST_DIR_VARIABLE
 from hpc.errors import UserError
-from hpc.requeue import REQUEST_DIR_VARIABLE, request_requeue
-from hpc.slurm import exit_trap_lines, job_setup_lines
-from hpc.spec import check_resources
+from hpc.rank import main as rank_main
+from hpc.rank.lifecycle import request_requeue
+from hpc.submit.slurm import exit_trap_lines, job_setup_lines
 
 
 def accepted_signals() -> list[str]:

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from hpc.config import JobConfig, ResourcesConfig
+from hpc.config.compose import expand_sweep, sweep_points
+from hpc.config.schema import JobConfig, ResourcesConfig
 from hpc.errors import UserError
-from hpc.overrides import check_sweep
-from hpc.sweep import SweepPoint, expand_sweep, sweep_groups
+from hpc.submit.sweep import SweepPoint, sweep_groups
 from tests.support.runs import ROOT
 
 
@@ -49,11 +49,12 @@ def test_points_with_the_same_script_share_an_array_and_shapes_split():
 
     points = [point(0, 1), point(1, 2), point(2, 1), point(3, 4), point(4, 2)]
     groups = sweep_groups(points, lambda job: {"nodes": job.resources.nodes, "tasks": job.resources.tasks_per_node})
-    assert [[p.num for p in g] for g in groups] == [[0, 2], [1, 4], [3]]
+    assert [[p.num for p in g] for _, g in groups] == [[0, 2], [1, 4], [3]]
+    assert [params["nodes"] for params, _ in groups] == [1, 2, 4]
 
 
 def test_scaling_preset_expands_to_three_node_counts():
-    jobs = check_sweep(["experiment=scaling", "cluster=simulated"])
+    jobs = [job for _, job in sweep_points(["experiment=scaling", "cluster=simulated"])]
     assert [job.resources.nodes for job in jobs] == [1, 2, 4] and {job.name for job in jobs} == {"scaling"}
 
 

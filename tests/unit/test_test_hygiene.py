@@ -58,7 +58,7 @@ def find_test_functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.Asyn
 
 def own_helpers(tree: ast.Module) -> set[str]:
     """check_*/assert_* helpers the tests wrote themselves: defined in the module or imported
-    from tests.*. A product function called check_* (hpc.spec.check_resources) is not one."""
+    from tests.*. A product function called check_* (hpc.config.validate.check_resources) is not one."""
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests":
@@ -189,7 +189,7 @@ def test_nothing_outside_tests_imports_tests():
 SAMPLE = """
 import pytest
 from pytest import raises
-from hpc.spec import check_resources
+from hpc.config.validate import check_resources
 from tests.support.runs import assert_done
 
 def check_local(x):

@@ -3,10 +3,9 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
-from hpc.config import TopologyConfig
+from hpc.config.compose import CONF_DIR
 from hpc.errors import UserError
-from hpc.overrides import CONF_DIR
-from hpc.topology import map_ranks, order_for_ring, parse_cpu_list, parse_topology_conf, ring_hops
+from hpc.fabric.topology import TopologyConfig, map_ranks, order_for_ring, parse_cpu_list, parse_topology_conf, ring_hops
 
 
 def preset(name: str) -> TopologyConfig:

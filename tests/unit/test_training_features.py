@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from hpc.config.compose import compose_job
+from hpc.config.validate import check_training
 from hpc.errors import UserError
-from hpc.overrides import compose_job
-from hpc.spec import check_training
 from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
 from trainers.fit import lr_factor
 from trainers.state import Progress, restore, shared_state

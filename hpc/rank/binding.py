@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 
-from hpc.config import TopologyConfig
 from hpc.env import RankInfo
-from hpc.topology import RankBinding, bind_local_rank, check_topology
+from hpc.fabric.topology import RankBinding, TopologyConfig, bind_local_rank, check_topology
 
 
 def binding_for(topo: TopologyConfig, rank: RankInfo) -> RankBinding:

@@ -8,16 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.config import JobConfig, register_schemas, to_job_config, unknown_key_message
+from hpc.config.schema import JobConfig, to_job_config, unknown_key_message
 from hpc.errors import UserError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+ARRAY_LAUNCHER = "hydra_plugins.hpc_array_launcher.array_launcher.ArrayLauncher"
+
+
+def _config_groups_help() -> str:
+    return render_group_help(search_dirs()).replace("$", "$$")  # Hydra then fills the template with string.Template
+
+
+def register_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    # ${hpc_config_groups:} in hydra.help.template (conf/config.yaml): each option, one line.
+    OmegaConf.register_new_resolver("hpc_config_groups", _config_groups_help, replace=True)
+
+    store = ConfigStore.instance()
+    store.store(name="job_schema", node=JobConfig)
+    # conf/config.yaml selects our launcher; registering its config here too keeps composition
+    # working in processes that cannot discover Hydra plugins (ranks, workers started elsewhere).
+    store.store(group="hydra/launcher", name="hpc_array", node={"_target_": ARRAY_LAUNCHER}, provider="hpc-toolkit")
 
 
 @dataclass(frozen=True)
@@ -184,13 +203,31 @@ def sweeper_params(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) 
     return {str(k): str(v) for k, v in container.items()} if isinstance(container, dict) else {}
 
 
+def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
+    """Hydra's grid expansion of `-m` arguments (and of `hydra.sweeper.params`, as Hydra's basic
+    sweeper does): one override list per point. Raises UserError for bad syntax or no points."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    params = [f"{key}={value}" for key, value in (sweeper_params or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as err:
+        raise UserError(" ".join(str(err).split())) from None
+    points = [list(point) for batch in batches for point in batch]
+    if not points:
+        empty = [str(o.input_line) for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+        raise UserError(f"empty sweep: {', '.join(empty) or 'the sweep'} expands to no values")
+    return points
+
+
 def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[tuple[list[str], JobConfig]]:
     """Expand a `-m` command line and compose every point: (the point's overrides, its config)
     in Hydra's job order. Raises UserError (one line) for anything Hydra would refuse later."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-
-    from hpc.sweep import expand_sweep
 
     try:
         parsed = OverridesParser.create().parse_overrides(arguments)
@@ -199,13 +236,3 @@ def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) ->
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
     points = expand_sweep(arguments, sweeper_params(fixed, source))
     return list(zip(points, compose_jobs(points, source), strict=True))
-
-
-def check_sweep(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[JobConfig]:
-    """The configs of a `-m` command line's points (see sweep_points)."""
-    return [job for _, job in sweep_points(arguments, source)]
-
-
-def check_overrides(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> JobConfig:
-    """Compose the config with these overrides; raise UserError with one line on failure."""
-    return compose_job(overrides, source)

@@ -1,8 +1,8 @@
 """Inside an allocation that a user got with plain `sbatch`: compose, check, make the run dir.
 
-    exports=$(python3 -m hpc.prepare [hydra overrides...]) || exit $?
+    exports=$(python3 -m hpc.submit.prepare [hydra overrides...]) || exit $?
     eval "$exports"        # HPCTK_RUN_DIR and the ranks' environment, shell-quoted
-    srun --mpi=pmix python3 -m hpc.rank_main "$HPCTK_RUN_DIR"
+    srun --mpi=pmix python3 -m hpc.rank.main "$HPCTK_RUN_DIR"
 
 The allocation Slurm granted is authoritative: resources.nodes and resources.tasks_per_node are
 taken from it, and an override that contradicts it is refused.
@@ -16,24 +16,25 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hpc.config import JobConfig
+from hpc.config.compose import compose_job
+from hpc.config.schema import JobConfig
+from hpc.config.validate import validate_job
+from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
 from hpc.errors import UserError
-from hpc.launch import resolved_yaml
-from hpc.overrides import compose_job
-from hpc.requeue import slurm_job_id
 from hpc.rundir import RunDir
-from hpc.slurm import setup_lines
-from hpc.spec import check_data, check_training, rank_environment
+from hpc.submit.launch import rank_environment, resolved_yaml
+from hpc.submit.slurm import setup_lines
 
 
-def allocation_shape(env: Mapping[str, str]) -> tuple[int, int]:
-    """(nodes, tasks per node) of the batch job, from sbatch's environment."""
+def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
+    """(nodes, tasks per node) Slurm granted this batch job; UserError outside an allocation."""
     try:
-        nodes = int(env["SLURM_JOB_NUM_NODES"])
-        per_node = env.get("SLURM_NTASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"].split("(")[0].split(",")[0]
-        return nodes, int(per_node)
-    except (KeyError, ValueError):
-        raise UserError("hpc.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)") from None
+        shape = allocation_shape(env)
+    except RankEnvError as err:
+        raise UserError(str(err)) from None
+    if shape is None:
+        raise UserError("hpc.submit.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)")
+    return shape
 
 
 def fit_to_allocation(job: JobConfig, nodes: int, tasks_per_node: int, overrides: list[str]) -> JobConfig:
@@ -54,16 +55,15 @@ def job_run_dir(job: JobConfig, job_id: str) -> tuple[RunDir, bool]:
 
 
 def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
-    nodes, tasks_per_node = allocation_shape(env)
+    nodes, tasks_per_node = granted_shape(env)
     job = fit_to_allocation(compose_job(overrides), nodes, tasks_per_node, overrides)
-    check_training(job)
-    info = check_data(job)
+    info = validate_job(job, in_allocation=True)
     job = replace(job, data=replace(job.data, path=info.path))
     job_id = slurm_job_id(env) or "nojob"
     run_dir, existed = job_run_dir(job, job_id)
     if not existed:  # after a requeue the first config stays: the checkpoints were made with it
         run_dir.config.write_text(resolved_yaml(job))
-    return "\n".join(setup_lines({**rank_environment(job), "HPCTK_RUN_DIR": str(run_dir.path)}))
+    return "\n".join(setup_lines({**rank_environment(job), RUN_DIR_VARIABLE: str(run_dir.path)}))
 
 
 def main(argv: list[str]) -> int:

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc import local, slurm
-from hpc.config import JobConfig
+from hpc.config.schema import JobConfig
 from hpc.errors import UserError
-from hpc.launch import prepare, resolved_yaml
 from hpc.rundir import RunDir
-from hpc.snapshot import freeze_code
-from hpc.spec import rank_environment
-from hpc.tidy import prune_empty
+from hpc.submit import local, slurm
+from hpc.submit.launch import prepare, rank_environment, resolved_yaml
+from hpc.submit.snapshot import freeze_code
+from hpc.submit.tidy import prune_empty
 
 SWEEP_FILE = "sweep.json"
 
@@ -38,32 +37,13 @@ class SweepPoint:
     job: JobConfig
 
 
-def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
-    """Hydra's grid expansion of `-m` arguments (and of `hydra.sweeper.params`, as Hydra's basic
-    sweeper does): one override list per point. Raises UserError for bad syntax or no points."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    params = [f"{key}={value}" for key, value in (sweeper_params or {}).items()]
-    try:
-        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
-        batches = BasicSweeper.split_arguments(parsed, None)
-    except HydraException as err:
-        raise UserError(" ".join(str(err).split())) from None
-    points = [list(point) for batch in batches for point in batch]
-    if not points:
-        empty = [str(o.input_line) for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
-        raise UserError(f"empty sweep: {', '.join(empty) or 'the sweep'} expands to no values")
-    return points
-
-
-def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], dict[str, Any]]) -> list[list[SweepPoint]]:
-    """Points with identical sbatch parameters, in order of first appearance: one array each."""
-    groups: dict[str, list[SweepPoint]] = {}
+def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], dict[str, Any]]) -> list[tuple[dict[str, Any], list[SweepPoint]]]:
+    """Points with identical sbatch parameters, in order of first appearance: one array each,
+    with those parameters (computed once per point)."""
+    groups: dict[str, tuple[dict[str, Any], list[SweepPoint]]] = {}
     for point in points:
-        key = json.dumps(params_of(point.job), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(point)
+        params = params_of(point.job)
+        groups.setdefault(json.dumps(params, sort_keys=True, default=str), (params, []))[1].append(point)
     return list(groups.values())
 
 
@@ -90,9 +70,9 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
     if on_slurm:
         code = freeze_code(sweep_dir / "code")
-        for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+        for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
             try:
-                record["arrays"].append(_submit_group(group, sweep_dir, code, record["points"]))
+                record["arrays"].append(_submit_group(params, group, sweep_dir, record["points"]))
             except UserError as err:
                 if not record["arrays"]:
                     raise
@@ -115,10 +95,9 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     return worst
 
 
-def _submit_group(group: list[SweepPoint], sweep_dir: Path, code: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
+def _submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
     first = group[0].job
     max_parallel = _max_parallel(group)
-    params = slurm.sbatch_parameters(first, rank_environment(first), code)
     run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
     job_ids, script = slurm.submit_array(params, run_dirs, sweep_dir / "slurm", max_parallel)
     array_id = job_ids[0].split("_")[0]
@@ -142,14 +121,12 @@ def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable
     """What `-m ... dry_run=true` would submit: the arrays and each one's sbatch script."""
     code = sweep_dir / "code"
     on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
-    for group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
-        first = group[0].job
+    for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
         limit = _max_parallel(group) or len(group)
         emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
         for point in group:
             emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
-        params = {**slurm.sbatch_parameters(first, rank_environment(first), code), "array_parallelism": limit}
-        emit(slurm.render_array_sbatch(params, sweep_dir / "slurm", len(group)))
+        emit(slurm.render_array_sbatch({**params, "array_parallelism": limit}, sweep_dir / "slurm", len(group)))
     for point in points:
         if point.job.cluster.launcher == "local":
             emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")

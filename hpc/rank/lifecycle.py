@@ -12,45 +12,22 @@ Without scontrol (containers) we say so, and the rank exits with EXIT_RESUMABLE 
 
 Who runs `scontrol requeue`: requeueing a job while its step runs makes Slurm kill the ranks
 still alive (srun then reports "tasks 0-3: Terminated" for a clean stop). So where the batch
-script offers it (REQUEST_DIR_VARIABLE, hpc.slurm.exit_trap_lines), rank 0 only leaves a request
+script offers it (REQUEST_DIR_VARIABLE, hpc.submit.slurm.exit_trap_lines), rank 0 only leaves a request
 file, every rank exits 0, and the script's EXIT trap requeues once srun has returned. A hand-typed
 sbatch script without that trap gets the requeue from rank 0 itself, as before.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
+from hpc import slurmctl
+from hpc.env import REQUEST_DIR_VARIABLE, restart_count, slurm_job_id
+
 EXIT_RESUMABLE = 75  # "stopped with a committed checkpoint; start the same run dir again"
-REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # exported by the sbatch script whose EXIT trap requeues
-
-
-def slurm_job_id(env: Mapping[str, str]) -> str | None:
-    """Array tasks are requeued as <array job id>_<task id>, plain jobs by their id."""
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID")
-
-
-def parse_job_fields(text: str) -> dict[str, str]:
-    """`scontrol show job -o` output -> {Key: Value} (values hold no spaces in -o mode, except
-    the command line, which we do not read)."""
-    fields = {}
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
-
-
-def job_fields(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o JOB` as {Key: Value}; empty when Slurm does not know the job."""
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-    return parse_job_fields(shown.stdout) if shown.returncode == 0 else {}
+EXIT_STALLED = 70  # the watchdog ended the job (EX_SOFTWARE)
 
 
 def _time(value: str | None) -> datetime | None:
@@ -86,22 +63,15 @@ def plan_after_stop(env: Mapping[str, str], received_at: datetime, signal_second
     job_id = slurm_job_id(env)
     if job_id is None:
         return "not a Slurm job: run its command.txt (or start the same run dir again) to resume", None, EXIT_RESUMABLE
-    if shutil.which("scontrol") is None:
+    if not slurmctl.available("scontrol"):
         return f"scontrol not found: job {job_id} cannot requeue itself; requeue it (or rerun the run dir) to resume", None, EXIT_RESUMABLE
-    fields = job_fields(job_id)
-    restart_count = int(env.get("SLURM_RESTART_COUNT") or 0)
-    reason = stop_reason(fields, received_at, signal_seconds, restart_count) if fields else "external signal"
+    fields = slurmctl.job_fields(job_id)
+    reason = stop_reason(fields, received_at, signal_seconds, restart_count(env)) if fields else "external signal"
     if reason == "requeue in progress":
         return f"{reason}: Slurm requeues job {job_id} itself", None, 0
     if reason == "cancelled":
         return f"job {job_id} was cancelled: not requeueing it", None, 0
     return f"{reason}: requeueing job {job_id}", job_id, 0
-
-
-def requeue(job_id: str) -> str | None:
-    """`scontrol requeue`; returns the error text, or None on success."""
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    return None if done.returncode == 0 else done.stderr.strip() or f"exit code {done.returncode}"
 
 
 def request_requeue(env: Mapping[str, str], job_id: str, detail: str) -> Path | None:
@@ -111,7 +81,21 @@ def request_requeue(env: Mapping[str, str], job_id: str, detail: str) -> Path | 
     folder = env.get(REQUEST_DIR_VARIABLE)
     if not folder:
         return None
-    request = Path(folder) / f"{job_id}.restart-{env.get('SLURM_RESTART_COUNT') or 0}"  # what the trap looks for
+    request = Path(folder) / f"{job_id}.restart-{restart_count(env)}"  # what the trap looks for
     request.parent.mkdir(parents=True, exist_ok=True)
     request.write_text(detail + "\n")
     return request
+
+
+def trap_requeues(env: Mapping[str, str]) -> bool:
+    """Whether this Slurm job's batch script requeues it after srun (hpc.submit.slurm.exit_trap_lines)."""
+    return bool(env.get(REQUEST_DIR_VARIABLE)) and slurm_job_id(env) is not None and slurmctl.available("scontrol")
+
+
+def forbid_failure_requeue(env: Mapping[str, str]) -> str | None:
+    """A Python error repeats after a restart: tell the batch script's EXIT trap not to requeue
+    by clearing the job's Requeue flag. Returns the job id when that was done."""
+    job_id = slurm_job_id(env)
+    if job_id is None or not slurmctl.available("scontrol"):
+        return None
+    return job_id if slurmctl.forbid_requeue(job_id) else None

@@ -1,6 +1,6 @@
 """The embedded default: the job's ranks as local MPI processes under mpirun.
 
-Like a Slurm job, a local run freezes its code into <run_dir>/code/ (hpc.snapshot), and the
+Like a Slurm job, a local run freezes its code into <run_dir>/code/ (hpc.submit.snapshot), and the
 command it runs (kept in command.txt, to resume the run) pins that copy: `/usr/bin/env PYTHONPATH=<code>
 PYTHONSAFEPATH=1 ... mpirun ...`. Pasted tomorrow from any directory, with any PYTHONPATH, it
 resumes the code the run started with, not whatever checkout is importable there.
@@ -18,29 +18,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpc.config import JobConfig
+from collectives.mpirun import find_mpirun, mpirun_command
+from hpc.config.schema import JobConfig
+from hpc.env import TTY_VARIABLE
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.snapshot import freeze_code
-from hpc.spec import find_mpirun
+from hpc.submit.snapshot import freeze_code
 
 
-def mpirun_command(mpirun: str, job: JobConfig, run_dir: RunDir) -> list[str]:
+def rank_command(job: JobConfig, run_dir: RunDir, mpirun: str | None = None) -> list[str]:
+    """The job's ranks on this machine: mpirun starting the rank entry point on the run dir."""
     ranks = job.resources.nodes * job.resources.tasks_per_node
-    return [
-        mpirun,
-        "-n",
-        str(ranks),
-        "--map-by",
-        ":OVERSUBSCRIBE",  # more ranks than cores is fine for a laptop run
-        "--bind-to",
-        "none",  # let the OS spread ranks; binding is the topology issue's job
-        *job.cluster.mpirun_args,
-        sys.executable,
-        "-m",
-        "hpc.rank_main",
-        str(run_dir.path),
-    ]
+    return mpirun_command(ranks, [sys.executable, "-m", "hpc.rank.main", str(run_dir.path)], job.cluster.mpirun_args, mpirun)
 
 
 def pinned_command(command: list[str], env: dict[str, str], code: Path, inherited_pythonpath: str | None) -> list[str]:
@@ -63,11 +52,11 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[s
     if code is None:
         code = run_dir.code if run_dir.code.is_dir() else freeze_code(run_dir.code)
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
-    command = pinned_command(mpirun_command(mpirun, job, run_dir), env, code, os.environ.get("PYTHONPATH"))
+    command = pinned_command(rank_command(job, run_dir, mpirun), env, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")
     # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    tty = {"HPCTK_TTY": "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
+    tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
     return run_ranks(command, {**os.environ, **rendezvous, **tty})  # the very command.txt
 
 

@@ -8,18 +8,27 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from hpc import local, slurm
-from hpc.config import JobConfig
+from collectives.mpirun import root_environment
+from hpc.config.schema import JobConfig
+from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.snapshot import freeze_code
-from hpc.spec import rank_environment, validate_job
+from hpc.submit import local, slurm
+from hpc.submit.snapshot import freeze_code
 
 
 def resolved_yaml(job: JobConfig) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(job))
+
+
+def rank_environment(job: JobConfig) -> dict[str, str]:
+    """Variables every rank needs, on top of the cluster's own."""
+    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1"}
+    env.update(job.cluster.env)
+    env.update(root_environment())
+    return env
 
 
 def prepare(job: JobConfig) -> JobConfig:
@@ -39,7 +48,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
             print(slurm.render_sbatch(job, env, run_dir))
         else:
             print("# command (cluster=local runs mpirun, no sbatch)")
-            command = local.mpirun_command(local.find_mpirun() or "mpirun", job, run_dir)
+            command = local.rank_command(job, run_dir)
             print(shlex.join(local.pinned_command(command, env, run_dir.code, os.environ.get("PYTHONPATH"))))
         return 0
     run_dir.config.write_text(resolved_yaml(job))

@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.config import JobConfig
+from hpc import slurmctl
+from hpc.config.schema import JobConfig
+from hpc.env import REQUEST_DIR_VARIABLE
 from hpc.errors import UserError
-from hpc.requeue import REQUEST_DIR_VARIABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
 
 ARRAY_SCRIPT_GLOB = ".submission_file_*.sh"
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 def setup_lines(env: dict[str, str], code_root: Path = PROJECT_ROOT) -> list[str]:
@@ -132,7 +132,7 @@ def render_array_sbatch(params: dict[str, Any], folder: Path, tasks: int) -> str
 
 
 def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
-    """Submit `hpc.rank_main.run_rank(run_dir)` on every task; returns the Slurm job id."""
+    """Submit `hpc.rank.main.run_rank(run_dir)` on every task; returns the Slurm job id."""
     job_ids, script = submit_array(sbatch_parameters(job, env, code_root), [run_dir], run_dir.submitit)
     run_dir.sbatch.write_text(script)
     return job_ids[0]
@@ -140,11 +140,11 @@ def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path
 
 def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None = None) -> tuple[list[str], str]:
     """One sbatch for all `run_dirs` (a job array when there are several: `--array=0-N%max_parallel`),
-    each task running `hpc.rank_main.run_rank(its run dir)`. Returns the job ids ("123" or
+    each task running `hpc.rank.main.run_rank(its run dir)`. Returns the job ids ("123" or
     "123_0", "123_1", ...) and the submitted script."""
     import submitit
 
-    from hpc.rank_main import run_rank
+    from hpc.rank.main import run_rank
 
     executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
     executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))
@@ -179,18 +179,11 @@ def _quiet_stderr_fd() -> Iterator[None]:
         os.close(saved)
 
 
-def job_state(job_id: str) -> str:
-    """The job's state from squeue (works without accounting); UNKNOWN once Slurm forgot it."""
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True, text=True)
-    states = out.stdout.split()
-    return states[0] if out.returncode == 0 and states else "UNKNOWN"
-
-
 def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = print, poll_s: float = 1.0) -> str:
     """Block until the job ends, streaming rank 0's log; returns the final state."""
     offset = 0
     while True:
-        state = job_state(job_id)
+        state = slurmctl.job_state(job_id)
         if rank0_log.exists():
             with rank0_log.open() as f:
                 f.seek(offset)
@@ -198,6 +191,6 @@ def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = pri
                 offset = f.tell()
             for line in chunk.splitlines():
                 emit(line)
-        if state in TERMINAL_STATES or state == "UNKNOWN":
+        if state in slurmctl.TERMINAL_STATES or state == "UNKNOWN":
             return state
         time.sleep(poll_s)  # polling squeue: the job's state has no push notification here

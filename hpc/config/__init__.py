@@ -1,0 +1,1 @@
+"""Login node: the typed schemas, Hydra composition, and the one validate() of a job."""

@@ -1,0 +1,255 @@
+"""What every rank runs: read the run dir's config, find its place, train, report.
+
+    python -m hpc.rank.main RUN_DIR     (under mpirun, srun, or sbatch/train.sbatch)
+
+submitit calls `run_rank(RUN_DIR)` directly. Module import stays light (no torch) because
+the login node pickles `run_rank` by reference.
+
+A stop (a signal, preemption, the time limit) ends in one line on rank 0 saying what happened
+and what follows: `stopped by SIGUSR1 at step 40, checkpoint committed; preemption: requeueing
+job 12 once every rank has exited ...`, or `...; not a Slurm job: ... (exit code 75)`. A stopped
+rank never returns to submitit, which would log "Job completed successfully" after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpc import slurmctl
+from hpc.env import TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.rank.binding import apply_binding, binding_for
+from hpc.rank.lifecycle import EXIT_RESUMABLE, EXIT_STALLED, forbid_failure_requeue, plan_after_stop, request_requeue, trap_requeues
+from hpc.rundir import RunDir
+
+if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
+    from collectives.base import Collectives
+    from hpc.config.schema import JobConfig
+    from trainers.fit import FitResult
+    from trainers.preemption import StopFlag
+    from trainers.watchdog import Watchdog
+
+# Every signal cluster.signal accepts (hpc.config.validate), plus Ctrl-C under mpirun: each one
+# stops at a step boundary with a checkpoint, never as a KeyboardInterrupt in the middle of a step.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+log = logging.getLogger("hpc.rank")
+
+
+def attached_to_terminal() -> bool:
+    """Whether launch.py runs in a terminal (hpc.submit.local says so in HPCTK_TTY): mpirun hands the
+    ranks a pseudo-terminal of its own either way, so their own isatty() cannot tell."""
+    return os.environ.get(TTY_VARIABLE) == "1"
+
+
+def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
+    """One log file per rank; rank 0 also prints to stdout. Every line names the rank."""
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    prefix = f"[rank {rank.rank}/{rank.world_size} {rank.host}]"
+    file_handler = logging.FileHandler(run_dir.rank_log(rank.rank))
+    file_handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(name)s: %(message)s"))
+    handlers: list[logging.Handler] = [file_handler]
+    if rank.is_main:
+        console = logging.StreamHandler(sys.stdout)
+        if attached_to_terminal():  # a person watching: short lines, and the progress bar shows steps
+            console.setFormatter(logging.Formatter("%(message)s"))
+            console.addFilter(lambda record: record.name != "trainers.progress")
+        else:  # a Slurm or mpirun log file: plain timestamped lines
+            console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        handlers.append(console)
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+
+
+def run_rank(run_dir_path: str) -> dict[str, Any]:
+    """submitit's entry point. After a stop, exits (SystemExit, which submitit does not catch)
+    instead of returning: submitit would log "Job completed successfully" on every rank."""
+    summary = train_rank(run_dir_path)
+    if summary["status"] == "stopped":
+        logging.shutdown()
+        raise SystemExit(summary["exit_code"])
+    return summary
+
+
+def train_rank(run_dir_path: str) -> dict[str, Any]:
+    """Train this rank of the run dir's job; the summary says how it ended and the exit code.
+    Everything started here ends in one place, in reverse order: the `with` block below."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from collectives import describe, init_collectives
+    from hpc.config.schema import apply_run_access, to_job_config
+    from trainers.preemption import StopFlag
+
+    run_dir = RunDir(Path(run_dir_path))
+    job = to_job_config(OmegaConf.load(run_dir.config))
+    apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
+    rank = RankInfo.from_env(os.environ)
+    init_rank_logging(run_dir, rank)
+    with contextlib.ExitStack() as started:
+        stop = StopFlag().install(STOP_SIGNALS)  # before anything slow: a signal during start-up is not lost
+        started.callback(stop.uninstall)
+        binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
+        torch.set_num_threads(max(1, job.trainer.threads_per_rank))
+        log.info(
+            "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d)",
+            rank.rank,
+            rank.local_rank,
+            rank.node_rank,
+            rank.num_nodes,
+            rank.host,
+            rank.launcher,
+            restart_count(os.environ),
+        )
+        log.info("%s", binding_line)
+        log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)
+        node_position = ring_position(job, rank)
+        watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
+        if watchdog is not None:
+            started.callback(watchdog.close)
+        comm = init_collectives(job.comm, rank, node_position, rendezvous(os.environ))
+        started.callback(comm.close)
+        log.info("collectives: %s", describe(comm))
+        try:
+            result = run_fit(job, run_dir, rank, comm, stop, watchdog)
+            comm.barrier()
+        except BaseException as err:
+            abort_job(err, comm, rank)
+            raise
+    return after_fit(result, job, run_dir, rank, stop)
+
+
+def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
+    """This node's place in a ring ordered by the switch tree; None: the allocation's order."""
+    if not job.cluster.topology_conf or rank.num_nodes < 2:
+        return None
+    from hpc.errors import UserError
+    from hpc.fabric.topology import ring_positions
+
+    try:
+        positions, ring_line = ring_positions(Path(job.cluster.topology_conf).read_text(), rank.hosts)
+        log.info("%s; this node is number %d", ring_line, positions[rank.host])
+        return positions[rank.host]
+    except (OSError, UserError, KeyError) as err:  # a slower ring, not a reason to fail the job
+        log.warning("rings keep the allocation's node order: cluster.topology_conf=%s unusable (%s)", job.cluster.topology_conf, err)
+        return None
+
+
+def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
+    from trainers.fit import FitConfig, RunContext, fit
+    from trainers.metrics import MetricsWriter
+    from trainers.reporting import StepReporter
+
+    fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
+    context = RunContext(
+        checkpoint_dir=run_dir.checkpoints,
+        config_text=run_dir.config.read_text(),
+        stop=stop,
+        steps=StepReporter(
+            run_dir.steps if rank.is_main else None,
+            log_every=job.trainer.log_every,
+            prometheus_file=run_dir.path / job.trainer.prometheus_file if job.trainer.prometheus_file else None,
+            tensorboard_dir=run_dir.path / "tensorboard" if job.trainer.tensorboard else None,
+            run_name=run_dir.path.name,
+            terminal=sys.stdout if attached_to_terminal() else None,
+        ),
+        host=rank.host,
+        watchdog=watchdog,
+    )
+    assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
+    return fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+
+
+def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
+    """The other ranks would wait in their next collective forever: end the whole job, and keep
+    Slurm from restarting it (an error in the code or data would repeat)."""
+    from trainers.checkpoint import CheckpointError
+
+    if isinstance(err, CheckpointError):  # a user-fixable cause: one line, no traceback
+        log.error("error: %s; aborting all %d ranks", err, rank.world_size)
+    else:
+        log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+    job_id = forbid_failure_requeue(os.environ)
+    if job_id is not None:
+        log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
+    logging.shutdown()
+    comm.abort(1)
+
+
+def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
+    """The summary (result.json on rank 0), and after a stop what follows: a requeue by the batch
+    script, by rank 0 itself, or exit code 75 for whoever starts the run dir again."""
+    status = "stopped" if result.stopped_by else "completed"
+    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restart_count(os.environ)}
+    if not result.stopped_by:
+        summary["exit_code"] = 0
+        if rank.is_main:
+            run_dir.write_json(run_dir.result, summary)
+        return summary
+    if not rank.is_main:  # rank 0 decides what follows; a requeue by the batch script wants exit 0
+        summary["exit_code"] = 0 if trap_requeues(os.environ) else EXIT_RESUMABLE
+        log.info("stopped with every rank at step %d; rank 0 says what follows", result.steps)
+        return summary
+    received = datetime.fromtimestamp(stop.received_at or time.time())
+    what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
+    summary["exit_code"] = exit_code
+    run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
+    stopped = f"stopped by {result.stopped_by} at step {result.steps}, checkpoint committed"
+    if requeue_id is None:
+        log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
+    elif request_requeue(os.environ, requeue_id, stopped):
+        log.info("%s; %s once every rank has exited (the batch script does it)", stopped, what)
+    else:  # a hand-typed batch script without the trap: requeue from here
+        log.info("%s; %s", stopped, what)
+        error = slurmctl.requeue(requeue_id)
+        if error:
+            log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
+            summary["exit_code"] = EXIT_RESUMABLE
+    return summary
+
+
+def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:
+    """trainers.watchdog, ending the job on a stall: requeue it (Slurm) so it resumes from the
+    last committed checkpoint, then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends
+    the other ranks, including a stopped one."""
+    if job.trainer.watchdog_s is None:
+        return None
+    from trainers.watchdog import Watchdog
+
+    def on_stall(message: str) -> None:
+        log.error("%s; ending all %d ranks", message, rank.world_size)
+        job_id = slurm_job_id(os.environ)
+        if job_id is not None and job.cluster.requeue and slurmctl.available("scontrol"):
+            error = slurmctl.requeue(job_id)
+            # Several ranks notice the stall; the first requeue wins, later ones find it pending.
+            log.error(
+                "requeued job %s: it resumes from the last committed checkpoint"
+                if error is None
+                else f"scontrol requeue %s: {error} (another rank may have requeued it first)",
+                job_id,
+            )
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
+
+    return Watchdog(
+        job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=job.trainer.watchdog_startup_s
+    ).start()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m hpc.rank.main RUN_DIR", file=sys.stderr)
+        return 2
+    if not RunDir(Path(argv[0])).config.is_file():
+        print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
+        return 2
+    return int(train_rank(argv[0])["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""Every call to Slurm's command-line tools (scontrol, squeue, sacct, sinfo), and the parsing of
+what they print. Nothing else in the toolkit runs them; submitit runs sbatch itself.
+
+Each call returns what it learned or an empty answer (a tool missing, a job Slurm forgot);
+none raises for those, since every caller has a fallback (status shows the run dir's view,
+a rank exits with EXIT_RESUMABLE instead of requeueing).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"}
+
+
+def available(tool: str = "scontrol") -> bool:
+    return shutil.which(tool) is not None
+
+
+def _run(args: list[str], timeout_s: float = 60) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr); exit code 127 when the tool is missing or hangs."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, check=False, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return 127, "", str(err)
+    return done.returncode, done.stdout, done.stderr
+
+
+def parse_job_fields(text: str) -> dict[str, str]:
+    """One line of `scontrol show job -o` -> {Key: Value} (values hold no spaces in -o mode,
+    except the command line, which we do not read)."""
+    fields = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o JOB` as {Key: Value}; empty when Slurm does not know the job."""
+    code, out, _ = _run(["scontrol", "show", "job", "-o", job_id])
+    return parse_job_fields(out) if code == 0 else {}
+
+
+def array_task_ids(spec: str) -> list[int]:
+    """Slurm's ArrayTaskId field ("0-15%2", "3,5-7", "4") as task numbers."""
+    ids: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            ids.extend(range(int(low), int(high or low) + 1))
+    return ids
+
+
+def job_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+    """`scontrol show job -o` fields for these jobs (array tasks included), keyed by "123" or
+    "123_4"; jobs Slurm no longer knows are missing."""
+    if not available("scontrol"):
+        return {}
+    records: dict[str, dict[str, str]] = {}
+    for base in sorted({job_id.split("_")[0] for job_id in job_ids}):
+        code, out, _ = _run(["scontrol", "show", "job", "-o", base])
+        for line in out.splitlines() if code == 0 else []:
+            fields = parse_job_fields(line)
+            tasks = fields.get("ArrayTaskId", "N/A")
+            if tasks in ("N/A", ""):
+                records[fields.get("JobId", "")] = fields
+            else:  # tasks not started yet share one record: "0-15%2", "3,5-7"; an array cancelled
+                # before any task started keeps a record for all (ArrayTaskId 4294967294)
+                ids = array_task_ids(tasks) if len(tasks) < 10 or "-" in tasks or "," in tasks else []
+                records.update((f"{fields['ArrayJobId']}_{task}", fields) for task in ids)
+                if not ids:
+                    records.setdefault(f"{fields['ArrayJobId']}_*", fields)
+    return records
+
+
+def job_state(job_id: str) -> str:
+    """The job's state from squeue (works without accounting); UNKNOWN once Slurm forgot it."""
+    code, out, _ = _run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"])
+    states = out.split()
+    return states[0] if code == 0 and states else "UNKNOWN"
+
+
+def accounting_states(job_ids: Sequence[str]) -> dict[str, str]:
+    """Final states from sacct, where accounting runs; empty otherwise."""
+    if not job_ids or not available("sacct"):
+        return {}
+    code, out, _ = _run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
+    states = {}
+    for line in out.splitlines() if code == 0 else []:
+        job_id, _, state = line.partition("|")
+        states[job_id] = state.split()[0] if state else "UNKNOWN"
+    return states
+
+
+def requeue(job_id: str) -> str | None:
+    """`scontrol requeue`; returns the error text, or None on success."""
+    code, _, err = _run(["scontrol", "requeue", job_id])
+    return None if code == 0 else err.strip() or f"exit code {code}"
+
+
+def forbid_requeue(job_id: str) -> bool:
+    """Clear the job's Requeue flag (the batch script's EXIT trap then leaves it ended)."""
+    return _run(["scontrol", "update", f"jobid={job_id}", "requeue=0"])[0] == 0
+
+
+def start_now(job_id: str) -> str | None:
+    """Start a pending job without its BeginTime hold; returns the error text, or None."""
+    code, _, err = _run(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
+    return None if code == 0 else err.strip() or f"exit code {code}"
+
+
+def hostnames(node_list: str) -> list[str]:
+    """`scontrol show hostnames`: a Slurm hostlist ("node[1-3]") as names."""
+    code, out, _ = _run(["scontrol", "show", "hostnames", node_list])
+    return out.split() if code == 0 else []
+
+
+def node_states(partition: str, node: str | None = None) -> dict[str, str]:
+    """{node: state} of a partition's nodes (one node's with `node`), from sinfo."""
+    code, out, _ = _run(["sinfo", "-h", "-N", "-p", partition, *(["-n", node] if node else []), "-o", "%N %T"])
+    pairs = (line.split() for line in out.splitlines() if code == 0)
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
+
+
+def cancel(job_id: str, signal: str | None = None) -> str | None:
+    """`scancel` the job, or with `signal` only signal its processes (as preemption's
+    send_user_signal does); returns the error text, or None."""
+    code, _, err = _run(["scancel", *([f"--signal={signal}"] if signal else []), job_id])
+    return None if code == 0 else err.strip() or f"exit code {code}"

@@ -1,0 +1,191 @@
+"""Scaling report of a sweep: throughput, speedup, efficiency and the final metric per run.
+
+    python -m hpc.report SWEEP_DIR        prints the table; writes report.md, report.json,
+                                          scaling.png and loss.png into SWEEP_DIR
+
+Runs are named by what the sweep varied (`optim.lr=0.1`), one column per swept key.
+Throughput is the mean samples/s over a run's epochs, leaving out the first when there are
+more (start-up and first-touch costs). Only when the rank count varies: speedup against the mean
+throughput of the runs with the fewest ranks, efficiency = speedup / (ranks / those fewest
+ranks), and scaling.png; between runs on equal ranks these numbers would mean nothing.
+Login-node code: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc.errors import UserError
+from hpc.rundir import RunDir, find_runs
+from hpc.tools.status import swept_label, swept_values
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    run: str  # the run directory's name (the sweep point number)
+    ranks: int
+    nodes: int | None
+    samples_per_s: float
+    speedup: float | None  # None when every run has the same rank count
+    efficiency: float | None
+    test_accuracy: float | None
+    loss: float | None
+    swept: dict[str, str]  # the overrides that set this sweep point apart ({} for a lone run)
+
+    @property
+    def label(self) -> str:
+        return swept_label(self.swept) or self.run
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a killed job
+    return records
+
+
+def throughput(epochs: list[dict[str, Any]]) -> float:
+    rates = [float(e["samples_per_s"]) for e in epochs if e.get("samples_per_s")]
+    steady = rates[1:] if len(rates) > 1 else rates
+    return sum(steady) / len(steady) if steady else 0.0
+
+
+def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
+    """Figures for the runs that reported at least one epoch; the others are left out."""
+    swept = swept_values(runs)
+    measured = []
+    for run in runs:
+        epochs = read_jsonl(run.metrics)
+        if not epochs:
+            continue
+        result = json.loads(run.result.read_text()) if run.result.is_file() else {}
+        last = epochs[-1]
+        ranks = int(last.get("world_size") or result.get("world_size") or 0)
+        if ranks < 1:
+            continue
+        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), last.get("test_accuracy"), last.get("loss")))
+    if not measured:
+        return []
+    fewest = min(m[1] for m in measured)
+    scaling = len({m[1] for m in measured}) > 1
+    base_rates = [m[3] for m in measured if m[1] == fewest]
+    base = sum(base_rates) / len(base_rates)
+    figures = []
+    for run, ranks, nodes, rate, accuracy, loss in measured:
+        speedup = (rate / base if base > 0 else 0.0) if scaling else None
+        efficiency = speedup / (ranks / fewest) if speedup is not None else None
+        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, accuracy, loss, swept.get(run.path, {})))
+    return sorted(figures, key=lambda f: (f.ranks, f.run))
+
+
+def varies_ranks(figures: list[RunFigures]) -> bool:
+    return len({f.ranks for f in figures}) > 1
+
+
+def render_table(figures: list[RunFigures]) -> str:
+    """Markdown: run, ranks, nodes, one column per swept key, samples/s, speedup and efficiency
+    (only when the rank count varies), test accuracy, loss."""
+    keys = list(dict.fromkeys(key for f in figures for key in f.swept))
+    scaling = varies_ranks(figures)
+    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), "test accuracy", "loss"]
+    align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), "---:", "---:"]
+    lines = [_row(names), _row(align)]
+    for f in figures:
+        acc = "-" if f.test_accuracy is None else f"{f.test_accuracy:.4f}"
+        loss = "-" if f.loss is None else f"{f.loss:.4f}"
+        ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
+        cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, acc, loss]
+        lines.append(_row(cells))
+    return "\n".join(lines)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # login nodes have no display
+    import matplotlib.pyplot as plt
+
+    if not varies_ranks(figures):
+        (out / "scaling.png").unlink(missing_ok=True)  # from an earlier report: it would mislead now
+    plots = [write_scaling_plot(figures, out / "scaling.png", plt)] if varies_ranks(figures) else []
+    labels = {f.run: f.label for f in figures}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        steps = [(r["step"], r["loss"]) for r in read_jsonl(run.steps) if "step" in r and "loss" in r]
+        if steps:
+            ax.plot(*zip(*steps, strict=True), label=labels.get(run.path.name, run.path.name))
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="loss", yscale="log")
+    ax.legend(title="run", fontsize="small")
+    fig.tight_layout()
+    loss = out / "loss.png"
+    fig.savefig(loss, dpi=100)
+    plt.close(fig)
+    return [*plots, loss]
+
+
+def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
+    fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
+    ranks = [f.ranks for f in figures]
+    ax_rate.plot(ranks, [f.samples_per_s for f in figures], "o-")
+    ax_rate.set(
+        xlabel="ranks", ylabel="samples/s", title="throughput", xscale="log", xticks=sorted(set(ranks)), xticklabels=[str(r) for r in sorted(set(ranks))]
+    )
+    ax_eff.plot(ranks, [f.efficiency for f in figures], "o-")
+    ax_eff.axhline(1.0, color="grey", linewidth=0.5)
+    ax_eff.set(
+        xlabel="ranks",
+        ylabel="speedup / rank ratio",
+        title="scaling efficiency",
+        xscale="log",
+        ylim=(0, 1.2),
+        xticks=sorted(set(ranks)),
+        xticklabels=[str(r) for r in sorted(set(ranks))],
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.report", __doc__ or "")
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help="the sweep (or run) dir to report on; the files are written into it")
+    out: Path = parser.parse_args(argv).sweep_dir
+    try:
+        runs = find_runs(out)
+        figures = scaling_figures(runs)
+        if not figures:
+            raise UserError(f"no run under {out} has reported an epoch yet (metrics.jsonl); try again when one has")
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    table = render_table(figures)
+    print(table)
+    if not varies_ranks(figures):
+        print(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")
+    (out / "report.md").write_text(table + "\n")
+    (out / "report.json").write_text(json.dumps([{**asdict(f), "label": f.label} for f in figures], indent=2) + "\n")
+    try:
+        plots = write_plots(figures, runs, out)
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return 0
+    print("wrote " + ", ".join(str(p) for p in [out / "report.md", out / "report.json", *plots]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

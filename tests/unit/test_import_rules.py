@@ -1,0 +1,240 @@
+"""The import graph, read with Python's ast, keeps the direction the code is laid out by:
+
+    launch.py -> hpc.config -> hpc.submit ⇢ (sbatch/srun/mpirun) -> hpc.rank -> collectives -> trainers
+
+Imports inside functions count (they run); imports under `if TYPE_CHECKING:` do not. A rule
+broken here names the importing module, the line and the imported one."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "tests")
+LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli"}
+# `python -m hpc.status` and friends: public command names forwarding to hpc.tools.
+COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str  # a module of ours when it resolves to one, else the top-level external name
+    line: int
+    at_module_level: bool
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def our_modules() -> dict[str, Path]:
+    found = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    found["launch"] = ROOT / "launch.py"
+    return found
+
+
+MODULES = our_modules()
+
+
+def resolve(name: str) -> str:
+    """`hpc.config.schema.JobConfig` -> `hpc.config.schema`; an external name -> its top level."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in MODULES:
+            return ".".join(parts[:end])
+    return parts[0]
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def walk_imports(node: ast.AST, module: str, package: str, in_function: bool) -> Iterator[Import]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and is_type_checking(child):
+            continue
+        if isinstance(child, ast.Import):
+            for alias in child.names:
+                yield Import(module, resolve(alias.name), child.lineno, not in_function)
+        elif isinstance(child, ast.ImportFrom):
+            base = child.module or ""
+            if child.level:
+                anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                base = ".".join([*anchor, *([child.module] if child.module else [])])
+            for alias in child.names:
+                yield Import(module, resolve(f"{base}.{alias.name}"), child.lineno, not in_function)
+        else:
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            yield from walk_imports(child, module, package, nested)
+
+
+def imports_of(module: str) -> list[Import]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return [i for i in walk_imports(ast.parse(path.read_text()), module, package, False) if i.target != module]
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def under(module: str, *prefixes: str) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+def violations(sources: tuple[str, ...], forbidden: tuple[str, ...], module_level_only: bool = False) -> list[str]:
+    return [
+        f"{i.source}:{i.line} imports {i.target}"
+        for module, found in GRAPH.items()
+        if under(module, *sources)
+        for i in found
+        if under(i.target, *forbidden) and (i.at_module_level or not module_level_only)
+    ]
+
+
+def cycle_in(nodes: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, as a path that ends where it starts; None if none."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(nodes.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(nodes):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_graph_sees_function_level_imports_and_skips_type_checking_ones():
+    rank_main = {i.target for i in GRAPH["hpc.rank.main"]}
+    assert "trainers.fit" in rank_main  # imported inside run_fit only
+    assert "collectives.base" not in rank_main  # under `if TYPE_CHECKING:` only
+
+
+def test_no_module_takes_part_in_an_import_cycle():
+    product = ("hpc", "collectives", "trainers")
+    edges = {m: {i.target for i in found if under(i.target, *product)} for m, found in GRAPH.items() if under(m, *product)}
+    assert cycle_in(edges) is None, " -> ".join(cycle_in(edges) or [])
+
+
+def test_no_cycle_between_the_parts_of_hpc():
+    def part(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    edges: dict[str, set[str]] = {}
+    for module, found in GRAPH.items():
+        if under(module, "hpc") and module not in COMMANDS and module != "hpc":
+            edges.setdefault(part(module), set()).update(part(i.target) for i in found if under(i.target, "hpc") and part(i.target) != part(module))
+    assert cycle_in(edges) is None, " -> ".join(cycle_in(edges) or [])
+
+
+def test_leaves_import_nothing_of_hpc_but_other_leaves():
+    bad = [f"{i.source}:{i.line} imports {i.target}" for leaf in LEAVES for i in GRAPH[leaf] if under(i.target, "hpc") and i.target not in LEAVES]
+    assert not bad, bad
+
+
+def test_the_rank_side_never_imports_submission_code_hydra_or_submitit():
+    bad = violations(("hpc.rank",), ("hpc.submit", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
+    assert not bad, bad
+
+
+def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
+    bad = [v for v in violations(("hpc.submit", "hpc.config", "launch"), ("hpc.rank",)) if not v.endswith(" imports hpc.rank.main")]
+    assert not bad, bad
+
+
+def test_the_rank_entry_point_imports_no_heavy_library_when_pickled():
+    # submitit pickles hpc.rank.main.run_rank on the login node by reference: importing it must stay light
+    heavy = ("torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py")
+    closure, todo = set(), ["hpc.rank.main"]
+    while todo:
+        module = todo.pop()
+        for i in GRAPH.get(module, []):
+            if i.at_module_level and i.target not in closure:
+                closure.add(i.target)
+                todo.append(i.target)
+    assert not closure & set(heavy), sorted(closure & set(heavy))
+
+
+def test_login_node_commands_do_not_import_torch_at_start():
+    starts = ["launch", "hpc.config.validate", "hpc.submit.launch", "hpc.submit.sweep", *COMMANDS]
+    for start in starts:
+        closure, todo = set(), [start]
+        while todo:
+            for i in GRAPH.get(todo.pop(), []):
+                if i.at_module_level and i.target not in closure:
+                    closure.add(i.target)
+                    todo.append(i.target)
+        assert "torch" not in closure, f"{start} imports torch at module level (through {sorted(m for m in closure if m in MODULES)})"
+
+
+def test_nothing_imports_the_user_tools_but_their_command_names():
+    bad = [v for v in violations(tuple(p for p in PACKAGES if p != "tests"), ("hpc.tools",)) if not v.startswith("hpc.tools.")]
+    bad = [v for v in bad if not any(v.startswith(f"{name}:") and v.endswith(f" imports {target}") for name, target in COMMANDS.items())]
+    assert not bad, bad
+    for name, target in COMMANDS.items():
+        assert {i.target for i in GRAPH[name] if under(i.target, "hpc")} == {target}, f"{name} is a command name and forwards to {target} only"
+
+
+def test_collectives_import_neither_hpc_nor_trainers():
+    bad = violations(("collectives",), ("hpc", "trainers"))
+    assert not bad, bad
+
+
+def test_trainers_import_neither_hpc_nor_hydra_nor_submitit():
+    bad = violations(("trainers",), ("hpc", "hydra", "hydra_plugins", "submitit"))
+    assert not bad, bad
+
+
+def test_the_fabric_library_is_pure():
+    bad = violations(("hpc.fabric",), ("hpc.config", "hpc.submit", "hpc.rank", "hpc.tools", "hpc.slurmctl", "torch", "hydra", "subprocess", "submitit"))
+    assert not bad, bad
+
+
+def test_config_imports_no_submission_rank_or_tool_code():
+    bad = violations(("hpc.config",), ("hpc.submit", "hpc.rank", "hpc.tools"))
+    assert not bad, bad
+
+
+def runs_slurm_tools(path: Path) -> bool:
+    """A command line (a list literal) that starts with one of Slurm's tools."""
+    tools = {"scontrol", "squeue", "sacct", "sinfo", "scancel", "sbatch"}
+    lists = (node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.List) and node.elts)
+    return any(isinstance(node.elts[0], ast.Constant) and node.elts[0].value in tools for node in lists)
+
+
+def test_only_slurmctl_runs_slurms_tools():
+    users = sorted(m for m in MODULES if under(m, "hpc", "collectives", "trainers", "benchmarks") and runs_slurm_tools(MODULES[m]))
+    assert users == ["hpc.slurmctl"], users
+
+
+@pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers", "hydra_plugins"])
+def test_nothing_outside_tests_imports_tests(package):
+    bad = violations((package,), ("tests",))
+    assert not bad, bad
+
+
+def test_a_broken_rule_is_caught(monkeypatch):
+    # the checks above must be able to fail: add an edge that closes a cycle and one the rank may not have
+    planted = Import("hpc.rank.main", "hpc.submit.launch", 1, True)
+    monkeypatch.setitem(GRAPH, "hpc.rank.main", [*GRAPH["hpc.rank.main"], planted])
+    assert violations(("hpc.rank",), ("hpc.submit",)) == ["hpc.rank.main:1 imports hpc.submit.launch"]
+    edges = {m: {i.target for i in found if under(i.target, "hpc")} for m, found in GRAPH.items() if under(m, "hpc")}
+    assert cycle_in(edges) is not None

@@ -1,0 +1,68 @@
+"""The sbatch text is byte-identical for the same config: rendered scripts are compared with
+files kept under tests/unit/golden/. A change to them is a change of behaviour; regenerate only
+on purpose: `HPCTK_WRITE_GOLDEN=1 python -m pytest tests/unit/test_sbatch_golden.py`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig, SweepConfig
+from hpc.rundir import RunDir
+from hpc.submit.slurm import render_array_sbatch, render_sbatch, sbatch_parameters
+
+GOLDEN = Path(__file__).parent / "golden"
+CLUSTER = ClusterConfig(name="simulated", launcher="slurm", partition="debug", cpus_per_node=8, max_nodes=4)
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN"}
+
+CASES = {
+    "single": JobConfig(cluster=CLUSTER, resources=ResourcesConfig(nodes=2, tasks_per_node=2)),
+    "everything": JobConfig(
+        cluster=replace(
+            CLUSTER,
+            account="proj 1",
+            qos="high",
+            constraint="ib&v100",
+            mem_gb=1.5,
+            switches=2,
+            switches_wait_min=15,
+            signal="TERM",
+            signal_seconds=300,
+            setup=["module load cuda", "echo 'it''s $HOME'"],
+            srun_args=["--mpi=pmix", "--kill-on-bad-exit=1", "--cpu-bind=none"],
+            failure_requeues=5,
+        ),
+        resources=ResourcesConfig(nodes=4, tasks_per_node=4, cpus_per_task=2, gpus_per_task=1, time_min=90),
+        name="it's a $(job)",
+        hold=True,
+    ),
+    "no-requeue": JobConfig(cluster=replace(CLUSTER, requeue=False), sweep=SweepConfig(max_parallel=2)),
+}
+
+
+def portable(text: str) -> str:
+    """The interpreter's path is the one part that differs between machines."""
+    return text.replace(sys.executable, "{python}")
+
+
+def rendered(name: str) -> str:
+    job = CASES[name]
+    return portable(render_sbatch(job, ENV, RunDir(Path("/runs/golden run"))))
+
+
+def rendered_array() -> str:
+    params = {**sbatch_parameters(CASES["no-requeue"], ENV, Path("/runs/sweep/code")), "array_parallelism": 2}
+    return portable(render_array_sbatch(params, Path("/runs/sweep/slurm"), 3))
+
+
+@pytest.mark.parametrize("name", [*CASES, "array"])
+def test_sbatch_text_matches_golden_file(name: str) -> None:
+    text = rendered_array() if name == "array" else rendered(name)
+    golden = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("HPCTK_WRITE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text(), f"sbatch text for {name!r} changed; diff it against {golden}"
