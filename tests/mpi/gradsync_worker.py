@@ -52,6 +52,7 @@ class CountingComm:
 
 
 def start(backend: str, info: RankInfo) -> Any:
+    rendezvous = None
     if backend == "gloo":  # the local launcher's rendezvous, by hand: a free port chosen by rank 0
         from mpi4py import MPI
 
@@ -60,8 +61,8 @@ def start(backend: str, info: RankInfo) -> Any:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(MPI.COMM_WORLD.bcast(port, root=0)))
-    return init_collectives(CommConfig(backend=backend, bucket_mb=0), info)
+        rendezvous = ("127.0.0.1", int(MPI.COMM_WORLD.bcast(port, root=0)))
+    return init_collectives(CommConfig(backend=backend, bucket_mb=0), info, rendezvous=rendezvous)
 
 
 def count_exchanges(backend: str, comm: Any, sync: Any) -> Any:
