@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives.torchdist import PORT_BASE, PORT_SPAN
+from hpc.env import PORT_BASE, PORT_SPAN
 from tests.conftest import require
 from tests.support.runs import run_dirs, run_launch
 
