@@ -3,7 +3,7 @@
 The rendezvous comes from the launcher, never from the user (hpc.env.rendezvous: under Slurm
 the first host of the job's node list and a port derived from the job id; under the local
 launcher, MASTER_ADDR/MASTER_PORT exported by it). Gradients themselves go
-through DistributedDataParallel (trainers/gradsync.py); this class carries what the trainer
+through DistributedDataParallel (collectives/gradsync.py); this class carries what the trainer
 reduces besides them (losses, counts, the stop vote, BatchNorm statistics) and broadcasts.
 """
 

@@ -235,4 +235,16 @@ def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) ->
         raise UserError(" ".join(str(err).split())) from None
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
     points = expand_sweep(arguments, sweeper_params(fixed, source))
-    return list(zip(points, compose_jobs(points, source), strict=True))
+    composed = list(zip(points, compose_jobs(points, source), strict=True))
+    _COMPOSED.update((tuple(overrides), job) for overrides, job in composed)
+    return composed
+
+
+# Every point launch.py composed (to check it before Hydra makes the sweep dir), by its
+# overrides: the array launcher takes these instead of composing each point a second time.
+_COMPOSED: dict[tuple[str, ...], JobConfig] = {}
+
+
+def composed_point(overrides: Sequence[str]) -> JobConfig | None:
+    """The config sweep_points composed for these overrides in this process; None if none."""
+    return _COMPOSED.get(tuple(overrides))

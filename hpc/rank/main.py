@@ -32,8 +32,8 @@ from hpc.rundir import RunDir
 if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
     from collectives.base import Collectives
     from hpc.config.schema import JobConfig
-    from trainers.fit import FitResult
     from trainers.preemption import StopFlag
+    from trainers.run import FitResult
     from trainers.watchdog import Watchdog
 
 # Every signal cluster.signal accepts (hpc.config.validate), plus Ctrl-C under mpirun: each one
@@ -141,9 +141,10 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
 
 
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
-    from trainers.fit import FitConfig, RunContext, fit
+    from trainers.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
+    from trainers.run import FitConfig, RunContext
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
     context = RunContext(

@@ -33,6 +33,7 @@ class ArrayLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hpc.config.compose import composed_point
         from hpc.config.schema import to_job_config
         from hpc.errors import UserError
         from hpc.submit.sweep import SweepPoint, discard_unsubmitted, launch_sweep
@@ -42,7 +43,9 @@ class ArrayLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         nums = [initial_job_idx + offset for offset in range(len(job_overrides))]
         try:
-            points = [SweepPoint(num, tuple(overrides), to_job_config(self._compose(overrides))) for num, overrides in zip(nums, job_overrides, strict=True)]
+            # launch.py composed every point already (its checks run before Hydra makes the sweep dir)
+            jobs = [composed_point(overrides) or to_job_config(self._compose(overrides)) for overrides in job_overrides]
+            points = [SweepPoint(num, tuple(overrides), job) for num, overrides, job in zip(nums, job_overrides, jobs, strict=True)]
             code = launch_sweep(points, sweep_dir)
             sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
         except UserError as err:

@@ -25,9 +25,9 @@ from torch import nn
 
 from collectives import init_collectives
 from collectives.config import CommConfig
+from collectives.gradsync import build_gradient_sync
 from hpc.env import RankInfo
 from tests.support.worker import run_worker
-from trainers.gradsync import build_gradient_sync
 
 ACCUMULATION, BATCH, LR = 3, 5, 0.1
 TOLERANCE = 1e-6

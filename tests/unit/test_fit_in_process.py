@@ -13,9 +13,10 @@ from collectives.config import CommConfig
 from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.datasets import resolve_data_path
-from trainers.fit import FitConfig, RunContext, fit
+from trainers.fit import fit
 from trainers.metrics import MetricsWriter, read_metrics
 from trainers.reporting import StepReporter
+from trainers.run import FitConfig, RunContext
 
 
 def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: float | None = None) -> FitConfig:

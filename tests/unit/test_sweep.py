@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -102,3 +103,31 @@ def test_a_dry_run_sweep_prints_the_arrays_and_submits_nothing(tmp_path):
     assert done.stdout.count("# job array of 2 tasks") == 2 and done.stdout.count("#SBATCH --array=0-1%1") == 2
     assert "#   point #1: optim.lr=0.1 resources.nodes=2" in done.stdout and "dry run: nothing submitted" in done.stdout
     assert not list((tmp_path / "runs").rglob("*.yaml"))
+
+
+COMPOSE_ONCE = """
+import runpy, sys
+import hpc.config.compose  # binds the real to_job_config for launch.py's own composition
+import hpc.config.schema
+
+def refuse(cfg):
+    raise AssertionError("a sweep point was composed a second time")
+
+if sys.argv[1] == "refuse":  # what the array launcher would call to turn a second composition into a config
+    hpc.config.schema.to_job_config = refuse
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("second_compose", ["refuse", "allow"])
+def test_each_sweep_point_is_composed_once_and_as_hydra_would(tmp_path, second_compose):
+    # "refuse": the launcher must take launch.py's configs (composing again fails the run);
+    # "allow": the same dry run with nothing patched prints the very same text.
+    args = ["-m", "optim.lr=0.1,0.2", "experiment=scaling", "cluster=simulated", "dry_run=true", f"run_root={tmp_path / 'runs'}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", COMPOSE_ONCE, second_compose, str(ROOT / "launch.py"), *args]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("#   point #") == 6 and "#   point #5: resources.nodes=4 optim.lr=0.2 " in done.stdout
+    assert done.stdout.count("#SBATCH --nodes=") == 3  # one array per shape

@@ -12,7 +12,7 @@ from hpc.config.compose import compose_job
 from hpc.config.validate import check_training
 from hpc.errors import UserError
 from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
-from trainers.fit import lr_factor
+from trainers.optim import lr_factor
 from trainers.state import Progress, restore, shared_state
 
 

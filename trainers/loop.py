@@ -1,0 +1,405 @@
+"""One run once built (`Loop`): passes over the data, the step and its bookkeeping, the votes the
+ranks sum after every step (`StepSums`: the stop vote and the save handshake as named fields),
+evaluation at the end of an epoch, rollback after non-finite steps, and saving.
+trainers.fit drives it; build_loop makes it from the configs, resumed from the newest checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from collectives.base import Collectives, broadcast_module
+from collectives.gradsync import GradientSync, build_gradient_sync
+from trainers.config import accumulation_steps, scaled_lr
+from trainers.data import H5Split, Prefetcher
+from trainers.datasets import inspect_hdf5
+from trainers.evaluation import average_buffers, evaluate
+from trainers.guard import BadStepGuard, grads_finite, skip_past
+from trainers.metrics import MetricsWriter
+from trainers.models import build_model
+from trainers.optim import build_optimizer, build_schedule
+from trainers.recovery import resume_or_start, roll_back
+from trainers.reporting import PHASES
+from trainers.run import FitConfig, RunContext
+from trainers.sampler import ShardSampler
+from trainers.saving import SaveCoordinator
+from trainers.state import Progress, rng_state, shared_state
+from trainers.stragglers import StragglerWatch
+
+log = logging.getLogger("trainers")
+
+
+@dataclass
+class StepSums:
+    """What the ranks add up after every step, in one tiny allreduce: the loss and accuracy
+    figures, the stop vote, the save handshake, the timed-save vote and the step's time split."""
+
+    loss: float  # sum of per-sample losses
+    seen: float  # samples
+    correct: float  # correct predictions
+    stop_votes: float  # ranks that received a stop signal
+    ranks_written: float  # ranks with no checkpoint write in flight
+    time_votes: float  # ranks whose clock says a timed save is due
+    phases: tuple[float, ...]  # seconds per PHASES entry
+
+    def allreduce(self, comm: Collectives) -> StepSums:
+        scalars = [self.loss, self.seen, self.correct, self.stop_votes, self.ranks_written, self.time_votes]
+        buffer = torch.tensor([*scalars, *self.phases], dtype=torch.float64)
+        comm.allreduce_(buffer, op="sum")
+        loss, seen, correct, stop_votes, ranks_written, time_votes, *phases = buffer.tolist()
+        return StepSums(loss, seen, correct, stop_votes, ranks_written, time_votes, tuple(phases))
+
+
+@dataclass
+class LocalStep:
+    """This rank's figures of the step in progress; its micro-batches add up."""
+
+    data_wait_before: float  # the prefetcher's wait counter when the step began
+    started: float = field(default_factory=time.perf_counter)
+    loss: float = 0.0
+    seen: int = 0
+    correct: int = 0
+
+
+@dataclass
+class PassEnd:
+    """How one pass over (the rest of) an epoch's batches ended, and what it waited for."""
+
+    comm_wait_s: float = 0.0
+    data_wait_s: float = 0.0
+    stopped_by: str | None = None
+    rollback: list[int] | None = None  # the bad range to skip after rolling back
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """The figures of the last evaluated epoch, as FitResult reports them."""
+
+    loss: float = float("nan")
+    accuracy: float = 0.0
+    samples_per_s: float = 0.0
+    step_ms: float = 0.0
+    comm_wait_ms: float = 0.0
+
+
+@dataclass
+class Loop:
+    """Everything a run is made of once built; fit() drives it pass by pass."""
+
+    cfg: FitConfig
+    comm: Collectives
+    run: RunContext
+    model: nn.Module
+    sync: GradientSync
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: ShardSampler
+    accumulation: int
+    train: H5Split
+    test: H5Split
+    model_config: dict[str, Any]
+    coordinator: SaveCoordinator | None
+    progress: Progress
+    resumed_from: int | None
+    guard: BadStepGuard
+    watch: StragglerWatch
+    memory_format: torch.memory_format = torch.contiguous_format
+    autocast_dtype: torch.dtype | None = None
+    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+
+    @property
+    def device(self) -> torch.device:
+        return self.comm.device
+
+    def more_to_train(self) -> bool:
+        max_steps = self.cfg.trainer.max_steps
+        return self.progress.epoch <= self.cfg.trainer.epochs and not (max_steps is not None and self.progress.step >= max_steps)
+
+    def train_pass(self) -> PassEnd:
+        """Train from the data position until the epoch's data ends or a step says to stop."""
+        started, progress = time.perf_counter(), self.progress
+        self.optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
+        skip_past(progress)  # data of rolled-back steps is never trained on again
+        ended = PassEnd()
+        batches = Prefetcher(self.train, self.sampler.batches(progress.epoch, start=progress.position), pin=self.device.type == "cuda")
+        step = LocalStep(batches.wait_s)
+        try:
+            for micro, (raw_x, y) in enumerate(batches, start=1):
+                self.forward_backward(step, raw_x, y, last=micro % self.accumulation == 0)
+                if micro % self.accumulation:
+                    continue  # accumulation micro-step: gradients stay local
+                sums = self.finish_step(step, batches.wait_s, ended)
+                step = LocalStep(batches.wait_s)
+                if self.after_step(sums, ended):
+                    break
+        finally:
+            batches.close()
+        ended.data_wait_s += batches.wait_s
+        self.progress.epoch_seconds += time.perf_counter() - started
+        return ended
+
+    def forward_backward(self, step: LocalStep, raw_x: torch.Tensor, y: torch.Tensor, last: bool) -> None:
+        x = self.train.decode(raw_x, self.device)  # uint8 travels, float32 is made on the device
+        x = x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
+        y = y.to(self.device, non_blocking=True)
+        with self.sync.micro_step(last=last):  # no communication on micro-steps
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext():
+                output = self.sync.module(x)
+                batch_loss = self.loss_fn(output, y)
+            self.scaler.scale(batch_loss / self.accumulation).backward()
+        step.loss += batch_loss.item() * len(y)  # .item() waits for the device: phases are real
+        step.correct += int((output.detach().argmax(dim=1) == y).sum())
+        step.seen += len(y)
+
+    def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> StepSums:
+        """Average the gradients, update (unless they are not finite), count the step and
+        share its figures with the other ranks."""
+        synced_at = time.perf_counter()
+        ended.comm_wait_s -= self.sync.comm_wait_s
+        self.sync.synchronize()  # averaged gradients, before unscaling or clipping them
+        ended.comm_wait_s += self.sync.comm_wait_s
+        optimizer_at = time.perf_counter()
+        finite = self.update()
+        progress = self.progress
+        progress.step += 1
+        progress.epoch_steps += 1
+        position_before = progress.position
+        progress.position += self.accumulation * self.sampler.global_batch
+        self.guard.record(finite, progress, position_before)
+        # The step's time split; data wait is what the prefetcher made this rank wait.
+        done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
+        phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
+        coordinator = self.coordinator
+        sums = StepSums(
+            step.loss,
+            step.seen,
+            step.correct,
+            float(self.run.stop.raised),
+            ranks_written=coordinator.written_flag() if coordinator else 1.0,
+            time_votes=coordinator.time_vote() if coordinator else 0.0,
+            phases=phases,
+        ).allreduce(self.comm)
+        progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
+        progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
+        self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])
+        return sums
+
+    def update(self) -> bool:
+        """The optimizer step on averaged gradients; False (and no update) when they are not finite."""
+        scaler = self.scaler
+        scaler.unscale_(self.optimizer)
+        finite = scaler.is_enabled() or grads_finite(self.model)  # fp16: the scaler skips such steps itself
+        if finite and self.cfg.trainer.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.clip_grad_norm)
+        if finite:
+            with self.sync.step_context():
+                scaler.step(self.optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
+        scaler.update()
+        self.schedule.step()
+        self.optimizer.zero_grad()
+        return finite
+
+    def report_step(self, sums: StepSums, finite: bool, started: float, busy_s: float) -> None:
+        progress, seen = self.progress, max(sums.seen, 1)
+        step_s = time.perf_counter() - started
+        record: dict[str, Any] = {
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": sums.loss / seen,
+            "accuracy": sums.correct / seen,
+            "samples_per_s": sums.seen / step_s,
+            "step_ms": 1000 * step_s,
+            "bad_steps": progress.bad_steps,
+            "rollbacks": progress.rollbacks,
+            **{f"{name}_ms": 1000 * value / self.comm.world_size for name, value in zip(PHASES, sums.phases, strict=True)},
+        }
+        if not finite:
+            record["skipped"] = True
+            log.warning(
+                "step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
+                progress.step,
+                record["loss"],
+                self.guard.in_a_row,
+                progress.bad_steps,
+            )
+        # Compared: the time a rank was busy (not waiting for the others in a collective,
+        # which every rank does until the slowest arrives, so step times come out equal).
+        straggler = self.watch.step(progress.step, busy_s)
+        if straggler is not None:
+            log.warning("%s", straggler.line())
+            record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
+        self.run.steps.report(record)
+        if self.run.watchdog is not None:
+            self.run.watchdog.beat(progress.step)
+
+    def after_step(self, sums: StepSums, ended: PassEnd) -> bool:
+        """What the summed votes decide, the same on every rank; True ends the pass."""
+        progress, coordinator, max_steps = self.progress, self.coordinator, self.cfg.trainer.max_steps
+        if coordinator is not None:
+            coordinator.on_step_boundary(sums.ranks_written)
+        if sums.stop_votes:
+            ended.stopped_by = self.run.stop.signal_name or "a signal on another rank"
+            return True
+        if max_steps is not None and progress.step >= max_steps:
+            return True
+        if self.guard.must_roll_back:
+            ended.rollback = self.guard.bad_range(progress)
+            return True
+        if any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip):
+            return True  # a range to skip starts here: fit() starts a new pass past it
+        if coordinator is not None and coordinator.due(progress.step, sums.time_votes):
+            self.save(synchronous=False)
+        return False
+
+    def roll_back_past(self, bad_range: list[int]) -> None:
+        """To the newest committed checkpoint; the bad range is never trained on again."""
+        self.progress = roll_back(self.comm, self.coordinator, self.model, self.optimizer, self.schedule, self.scaler, self.progress, bad_range)
+        self.guard.reset()
+
+    def in_skipped_range(self) -> bool:
+        progress = self.progress
+        return any(e == progress.epoch and start <= progress.position < end for e, start, end in progress.skip)
+
+    def epoch_unfinished(self) -> bool:
+        """Another step's data is left in this epoch (max_steps stopped the pass)."""
+        step_samples = self.accumulation * self.sampler.global_batch
+        return self.progress.position + step_samples <= self.sampler.steps_per_epoch * self.sampler.global_batch
+
+    def end_epoch(self, ended: PassEnd, metrics: MetricsWriter) -> EpochEnd:
+        """Evaluate, and report the epoch's figures (the same on every rank)."""
+        progress, comm = self.progress, self.comm
+        # Throughput is set by the slowest rank: every rank reports that one figure.
+        slowest = torch.tensor([progress.epoch_seconds, ended.comm_wait_s, ended.data_wait_s], dtype=torch.float64)
+        comm.allreduce_(slowest, op="max")
+        epoch_seconds, waited, data_waited = slowest.tolist()
+        progress.train_seconds += epoch_seconds
+        steps = max(progress.epoch_steps, 1)
+        figures = EpochEnd(
+            loss=progress.epoch_loss_sum / max(progress.epoch_seen, 1),
+            accuracy=self.test_accuracy(),
+            samples_per_s=progress.epoch_seen / epoch_seconds if epoch_seconds > 0 else 0.0,
+            step_ms=1000 * epoch_seconds / steps,
+            comm_wait_ms=1000 * waited / steps,
+        )
+        log.info(
+            "epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f",
+            progress.epoch,
+            self.cfg.trainer.epochs,
+            figures.loss,
+            figures.accuracy,
+            figures.samples_per_s,
+        )
+        self.run.steps.scalar("test/accuracy", figures.accuracy, progress.step)
+        metrics.write(
+            {
+                "epoch": progress.epoch,
+                "step": progress.step,
+                "loss": figures.loss,
+                "test_accuracy": figures.accuracy,
+                "samples_per_s": figures.samples_per_s,
+                "step_ms": figures.step_ms,
+                "comm_wait_ms": figures.comm_wait_ms,
+                "data_wait_ms": 1000 * data_waited / steps,
+                "world_size": comm.world_size,
+            }
+        )
+        return figures
+
+    def test_accuracy(self) -> float:
+        average_buffers(self.comm, self.model)
+        return evaluate(self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device)
+
+    def save(self, synchronous: bool) -> None:
+        if self.coordinator is not None:
+            self.coordinator.save(
+                self.progress.step,
+                lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
+                {"rng": rng_state()},
+                synchronous,
+            )
+
+    def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.checkpointer.wait_pruned()
+        self.train.close()
+        self.test.close()
+        self.sync.close()
+        self.run.steps.close()
+
+
+def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunContext) -> Loop:
+    """Model, optimizer, schedule, gradient sync and data, resumed from the newest checkpoint."""
+    info = inspect_hdf5(data_path, cfg.data)
+    torch.manual_seed(cfg.trainer.seed)
+    device = comm.device
+    memory_format = torch.channels_last if cfg.trainer.channels_last and len(info.input_shape) == 3 else torch.contiguous_format
+    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    if cfg.trainer.sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
+    broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
+    accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
+    global_batch = accumulation * cfg.data.batch_size * comm.world_size
+    optimizer = build_optimizer(cfg.optim, model.parameters(), scaled_lr(cfg.optim, global_batch))
+    sync = build_gradient_sync(model, optimizer, comm, cfg.comm, accumulation)
+    optimizer = sync.optimizer
+    precision = cfg.trainer.precision
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
+    steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
+    total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
+    schedule = build_schedule(cfg.optim, optimizer, total_steps)
+    coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler)
+    log.info(
+        "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
+        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
+        cfg.model.name,
+        data_path.name,
+        info.num_train,
+        info.num_test,
+        comm.world_size,
+        cfg.data.batch_size,
+        accumulation,
+        steps_per_epoch,
+        cfg.comm.backend,
+        cfg.comm.algorithm,
+        cfg.comm.bucket_mb,
+        cfg.comm.overlap,
+        cfg.comm.compression,
+        global_batch,
+        optimizer.param_groups[0]["initial_lr"],
+        precision,
+    )
+    train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
+    test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
+    run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
+    return Loop(
+        cfg,
+        comm,
+        run,
+        model,
+        sync,
+        optimizer,
+        schedule,
+        scaler,
+        sampler,
+        accumulation,
+        train,
+        test,
+        model_config={"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes},
+        coordinator=coordinator,
+        progress=progress,
+        resumed_from=resumed_from,
+        guard=BadStepGuard(cfg.trainer.max_bad_steps),
+        watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
+        memory_format=memory_format,
+        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
+    )

@@ -1,0 +1,98 @@
+"""Where a run starts and where it goes back to: resume from the newest committed checkpoint (the
+same one on every rank), and roll back past a range of non-finite steps."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from collectives.base import Collectives
+from trainers.checkpoint import Checkpointer, CheckpointError
+from trainers.config import CheckpointConfig
+from trainers.saving import SaveCoordinator
+from trainers.state import Progress, restore, restore_rng
+
+log = logging.getLogger("trainers")
+
+
+def agree_on_newest(comm: Collectives, step: int | None) -> None:
+    """Every rank must have found the same newest checkpoint (None: none); one max-allreduce of
+    (step, -step) shows the highest and the lowest."""
+    found = torch.tensor([step if step is not None else -1, -(step if step is not None else -1)], dtype=torch.float64)
+    comm.allreduce_(found, op="max")
+    if found[0] != -found[1]:
+        raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-found[1])}..{int(found[0])}); check the shared file system")
+
+
+def roll_back(
+    comm: Collectives,
+    coordinator: SaveCoordinator | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+    bad_range: list[int],
+) -> Progress:
+    """Back to the newest committed checkpoint after too many non-finite steps in a row; the
+    data of those steps is skipped from now on (the record travels in every later checkpoint)."""
+    restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
+    agree_on_newest(comm, restored[0] if restored else None)
+    if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
+        progress.skip = [*progress.skip, bad_range]
+        log.warning(
+            "non-finite steps in a row but no committed checkpoint yet: going on without a rollback; samples %d..%d of epoch %d are skipped from now on",
+            bad_range[1],
+            bad_range[2],
+            bad_range[0],
+        )
+        return progress
+    step, shared, _ = restored
+    back = restore(model, optimizer, schedule, step, shared, scaler)
+    back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]
+    optimizer.zero_grad()
+    log.warning(
+        "rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
+        progress.step,
+        step,
+        bad_range[1],
+        bad_range[2],
+        bad_range[0],
+    )
+    return back
+
+
+def resume_or_start(
+    cfg: CheckpointConfig,
+    checkpoint_dir: Path | None,
+    comm: Collectives,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None = None,
+) -> tuple[SaveCoordinator | None, Progress, int | None]:
+    """The save coordinator (None: checkpoints off), the progress to start from, and the step of
+    the checkpoint resumed from (None: a fresh start)."""
+    if not cfg.enabled or checkpoint_dir is None:
+        return None, Progress(), None
+    checkpointer = Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep)
+    coordinator = SaveCoordinator(checkpointer, comm, cfg)
+    restored = checkpointer.load_latest() if cfg.resume else None
+    agree_on_newest(comm, restored[0] if restored else None)
+    if restored is None:
+        return coordinator, Progress(), None
+    step, shared, own = restored
+    progress = restore(model, optimizer, schedule, step, shared, scaler)
+    if own is not None:
+        restore_rng(own["rng"])
+    log.info(
+        "resumed from checkpoint step %d (epoch %d, sample %d)%s",
+        step,
+        progress.epoch,
+        progress.position,
+        "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG",
+    )
+    return coordinator, progress, step

@@ -1,0 +1,50 @@
+"""What a training run is given and what it returns: the sub-configs, where its state lives across
+restarts and how it learns it must stop (RunContext), and the figures it ends with (FitResult)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collectives.config import CommConfig
+from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.preemption import StopFlag
+from trainers.reporting import StepReporter
+from trainers.watchdog import Watchdog
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    comm: CommConfig
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    epochs: int
+    steps: int
+    loss: float
+    test_accuracy: float
+    samples_per_s: float
+    train_seconds: float
+    step_ms: float
+    comm_wait_ms: float  # per step: time step() waited for gradient communication
+    stopped_by: str | None = None  # the signal that stopped training early, if any
+    resumed_from: int | None = None  # the checkpoint step this process started from
+
+
+@dataclass
+class RunContext:
+    """Where a run keeps its state across restarts, and how it learns it must stop."""
+
+    checkpoint_dir: Path | None = None
+    config_text: str = ""  # the run's resolved config, stored in every checkpoint
+    stop: StopFlag = field(default_factory=StopFlag)
+    steps: StepReporter = field(default_factory=lambda: StepReporter(None))
+    host: str = field(default_factory=socket.gethostname)  # named in straggler reports
+    watchdog: Watchdog | None = None  # told of every finished step
