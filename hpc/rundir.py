@@ -9,7 +9,7 @@
 <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint)
 <run_dir>/result.json      final metrics, written by rank 0 when training ends
 <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
-<run_dir>/code/            the sources the job runs, frozen at submission (hpc.snapshot)
+<run_dir>/code/            the sources the job runs, frozen at submission (hpc.submit.snapshot)
 <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
 """
 

@@ -3,7 +3,7 @@
 A rank that dies or stalls inside a collective leaves every other rank blocked in the same
 collective, where no exception ever comes. Each rank runs a thread that watches the time since
 its last finished step; past the timeout it names the rank that stalled and calls `on_stall`
-with a one-line message, which ends the job (see hpc.rank_main). The heartbeats live in the run dir,
+with a one-line message, which ends the job (see hpc.rank.main). The heartbeats live in the run dir,
 on the file system every rank shares. The timeout must exceed the longest stretch between steps:
 evaluation, a synchronous checkpoint. Start-up to the first step (imports, MPI or NCCL init,
 loading data, model and checkpoint) has its own, longer allowance, `startup_s`.

@@ -1,0 +1,67 @@
+"""hpc.slurmctl against stand-in Slurm tools on PATH: what each call runs, how it parses the
+answer, and that a missing or failing tool gives an empty answer instead of an exception."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hpc import slurmctl
+
+SCONTROL_JOB = (
+    "JobId=41 ArrayJobId=40 ArrayTaskId=1 JobName=train JobState=RUNNING Restarts=2 Requeue=1 "
+    "BatchHost=node1 NodeList=node[1-2] EndTime=2026-11-24T01:00:00\n"
+    "JobId=42 ArrayJobId=40 ArrayTaskId=2-3%2 JobName=train JobState=PENDING Restarts=0\n"
+)
+
+
+@pytest.fixture
+def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A bin/ with fake scontrol, squeue, sacct, sinfo, scancel, each logging its argv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    answers = {
+        "scontrol": f'case "$1 $2" in "show job") printf %b {SCONTROL_JOB!r};; "show hostnames") printf "node1\\nnode2\\n";; esac',
+        "squeue": 'echo "RUNNING"',
+        "sacct": 'printf "40_1|COMPLETED\\n40_2|CANCELLED by 0\\n"',
+        "sinfo": 'printf "node1 idle\\nnode2 down*\\n"',
+        "scancel": 'echo "scancel: error: Invalid job id $1" >&2; exit 1',
+    }
+    for tool, body in answers.items():
+        script = bin_dir / tool
+        script.write_text(f'#!/bin/bash\necho "{tool} $*" >> {calls}\n{body}\n')
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    return calls
+
+
+def test_job_records_key_array_tasks_by_their_ids(tools: Path):
+    records = slurmctl.job_records(["40_1", "40_3"])
+    assert set(records) == {"40_1", "40_2", "40_3"}  # pending tasks share one record ("2-3%2")
+    assert records["40_1"]["Restarts"] == "2" and records["40_3"]["JobState"] == "PENDING"
+    assert tools.read_text().splitlines() == ["scontrol show job -o 40"]  # one call per array
+
+
+def test_state_accounting_hostnames_and_node_states_parse_what_the_tools_print(tools: Path):
+    assert slurmctl.job_state("41") == "RUNNING"
+    assert slurmctl.accounting_states(["40_1", "40_2"]) == {"40_1": "COMPLETED", "40_2": "CANCELLED"}
+    assert slurmctl.hostnames("node[1-2]") == ["node1", "node2"]
+    assert slurmctl.node_states("debug") == {"node1": "idle", "node2": "down*"}
+    assert slurmctl.job_fields("41")["BatchHost"] == "node1"
+
+
+def test_a_failing_tool_returns_its_error_text_and_the_exact_command_ran(tools: Path):
+    assert slurmctl.cancel("99", signal="USR1") == "scancel: error: Invalid job id --signal=USR1"
+    assert tools.read_text().splitlines() == ["scancel --signal=USR1 99"]
+
+
+def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no tool at all
+    assert not slurmctl.available("scontrol")
+    assert slurmctl.job_fields("1") == {} and slurmctl.job_records(["1"]) == {} and slurmctl.accounting_states(["1"]) == {}
+    assert slurmctl.job_state("1") == "UNKNOWN" and slurmctl.hostnames("n1") == []
+    assert slurmctl.requeue("1") is not None and slurmctl.forbid_requeue("1") is False
