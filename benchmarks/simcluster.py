@@ -84,6 +84,14 @@ def start_job_now(job_id: str) -> None:
         raise RuntimeError(f"scontrol update jobid={job_id} starttime=now: {error}")
 
 
+def job_hosts(node_list: str) -> list[str]:
+    """The nodes of a job's NodeList; an empty answer (scontrol failing) is an error here."""
+    hosts = hostnames(node_list)
+    if not hosts:
+        raise RuntimeError(f"scontrol show hostnames {node_list} named no host")
+    return hosts
+
+
 def node_state(node: str) -> str:
     return node_states("debug", node).get(node, "")
 
@@ -97,7 +105,7 @@ def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
     Slurm has requeued the job and marked the node DOWN, start the job again at once (Slurm
     would hold it about 2 minutes), check where it runs, and bring the node back."""
     fields = job_fields(job_id)
-    lost = fields["BatchHost"] if batch_host else next(n for n in hostnames(fields["NodeList"]) if n != fields["BatchHost"])
+    lost = fields["BatchHost"] if batch_host else next(n for n in job_hosts(fields["NodeList"]) if n != fields["BatchHost"])
     killed_at = time.monotonic()
     subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     try:
@@ -109,7 +117,7 @@ def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
         poll(lambda: nodes_settled(except_node=lost), "the other nodes to finish the ended run")
         start_job_now(job_id)
         poll(lambda: job_state(job_id) == "RUNNING", "the job to run again")
-        second_nodes = hostnames(job_fields(job_id)["NodeList"])
+        second_nodes = job_hosts(job_fields(job_id)["NodeList"])
     finally:
         subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
     return NodeLoss(lost, batch_host, second_nodes, requeued_s, down_s)

@@ -2,8 +2,9 @@
 
 `init_collectives(cfg, place)` is the one place a process group starts; backends are
 imported lazily so that importing this package has no side effects and needs no MPI.
-This package reads no launcher environment and imports neither hpc/ nor trainers/: the rank
-tells it where it sits (`Place`, which hpc.env.RankInfo satisfies) and where to meet.
+This package imports neither hpc/ nor trainers/ and reads no launcher environment (but for the
+allreduce benchmark's --np): the rank tells it where it sits (`Place`, which hpc.env.RankInfo
+satisfies) and where to meet.
 """
 
 from __future__ import annotations

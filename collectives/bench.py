@@ -227,8 +227,10 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> boo
 
 
 def under_mpi_launcher(env: Mapping[str, str]) -> bool:
-    """Started as one of several MPI ranks (mpirun, or srun --mpi=pmix), not by hand."""
-    return any(key in env for key in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"))
+    """Started as one of several MPI ranks (mpirun, or srun --mpi=pmix), not alone. The bench's
+    own check, made before MPI starts (collectives/ reads no other launcher variable)."""
+    sizes = (env.get(key, "") for key in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"))
+    return any(size.isdigit() and int(size) > 1 for size in sizes)
 
 
 def relaunch_under_mpirun(np_: int, argv: list[str]) -> int:

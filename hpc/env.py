@@ -179,8 +179,8 @@ def slurm_job_id(env: Mapping[str, str]) -> str | None:
 
 
 def restart_count(env: Mapping[str, str]) -> int:
-    """How often Slurm has restarted (requeued) this job; 0 outside Slurm."""
-    return _int(env, "SLURM_RESTART_COUNT", 0)
+    """How often Slurm has restarted (requeued) this job; 0 outside Slurm (or set empty)."""
+    return _int(env, "SLURM_RESTART_COUNT", 0) if env.get("SLURM_RESTART_COUNT") else 0
 
 
 def allocation_shape(env: Mapping[str, str]) -> tuple[int, int] | None:

@@ -112,15 +112,18 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
             started.callback(watchdog.close)
-        comm = init_collectives(job.comm, rank, node_position, rendezvous(os.environ))
+        meet = rendezvous(os.environ) if job.comm.backend in ("gloo", "nccl") else None
+        comm = init_collectives(job.comm, rank, node_position, meet)
         started.callback(comm.close)
+        if watchdog is not None:  # stopped before the collectives close (closing twice is harmless)
+            started.callback(watchdog.close)
         log.info("collectives: %s", describe(comm))
         try:
             result = run_fit(job, run_dir, rank, comm, stop, watchdog)
-            comm.barrier()
         except BaseException as err:
             abort_job(err, comm, rank)
             raise
+        comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
     return after_fit(result, job, run_dir, rank, stop)
 
 

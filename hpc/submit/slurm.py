@@ -23,6 +23,7 @@ from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
 
 ARRAY_SCRIPT_GLOB = ".submission_file_*.sh"
+UNKNOWN_POLLS = 5  # consecutive squeue answers of UNKNOWN (forgotten, or squeue failing) that end wait_for_job
 
 
 def setup_lines(env: dict[str, str], code_root: Path = PROJECT_ROOT) -> list[str]:
@@ -181,7 +182,7 @@ def _quiet_stderr_fd() -> Iterator[None]:
 
 def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = print, poll_s: float = 1.0) -> str:
     """Block until the job ends, streaming rank 0's log; returns the final state."""
-    offset = 0
+    offset, unknown = 0, 0
     while True:
         state = slurmctl.job_state(job_id)
         if rank0_log.exists():
@@ -191,6 +192,7 @@ def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = pri
                 offset = f.tell()
             for line in chunk.splitlines():
                 emit(line)
-        if state in slurmctl.TERMINAL_STATES or state == "UNKNOWN":
+        unknown = unknown + 1 if state == "UNKNOWN" else 0
+        if state in slurmctl.TERMINAL_STATES or unknown >= UNKNOWN_POLLS:  # one slow or failed squeue is not the end
             return state
         time.sleep(poll_s)  # polling squeue: the job's state has no push notification here

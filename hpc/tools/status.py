@@ -50,9 +50,6 @@ class RunStatus:
         return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
 
 
-# Slurm states of a job that is not running now but will (or may) run again.
-
-
 def header(swept_width: int = 0) -> str:
     swept = f"{'swept':<{swept_width}} " if swept_width else ""
     return f"{'job':<12} {swept}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"

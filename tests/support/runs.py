@@ -35,10 +35,10 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
 
 def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
-    from collectives.mpirun import find_mpirun
+    from collectives.mpirun import mpirun_command, root_environment
 
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [find_mpirun() or "mpirun", "-n", str(ranks), "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none", sys.executable, *command]
+    env = {**os.environ, **root_environment(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = mpirun_command(ranks, [sys.executable, *command])
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
 

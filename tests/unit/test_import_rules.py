@@ -17,8 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "tests")
 LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli"}
-# `python -m hpc.status` and friends: public command names forwarding to hpc.tools.
-COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")}
+# `python -m hpc.status` and friends: public command names forwarding to hpc.tools, and the two
+# names sbatch scripts written before the split still run (a requeued job reruns its script).
+COMMANDS = {
+    **{f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")},
+    "hpc.prepare": "hpc.submit.prepare",
+    "hpc.rank_main": "hpc.rank.main",
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ def is_type_checking(node: ast.If) -> bool:
 def walk_imports(node: ast.AST, module: str, package: str, in_function: bool) -> Iterator[Import]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and is_type_checking(child):
+            for branch in child.orelse:  # `else:` of `if TYPE_CHECKING:` runs
+                yield from walk_imports(ast.Module(body=[branch], type_ignores=[]), module, package, in_function)
             continue
         if isinstance(child, ast.Import):
             for alias in child.names:
@@ -150,9 +157,31 @@ def test_leaves_import_nothing_of_hpc_but_other_leaves():
     assert not bad, bad
 
 
+def parents(module: str) -> list[str]:
+    """The packages Python imports (their __init__) before `module` itself."""
+    parts = module.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts)) if ".".join(parts[:end]) in MODULES]
+
+
+def closure(start: str, module_level_only: bool) -> set[str]:
+    """Every module (ours and external top-level names) importing `start` may import, parent
+    packages' __init__ included."""
+    seen: set[str] = set()
+    todo = [start, *parents(start)]
+    while todo:
+        for i in GRAPH.get(todo.pop(), []):
+            if (i.at_module_level or not module_level_only) and i.target not in seen:
+                seen.add(i.target)
+                todo += [i.target, *(p for p in parents(i.target) if p not in seen)]
+    return seen
+
+
 def test_the_rank_side_never_imports_submission_code_hydra_or_submitit():
     bad = violations(("hpc.rank",), ("hpc.submit", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
     assert not bad, bad
+    for module in (m for m in MODULES if under(m, "hpc.rank")):  # nor through what it imports, at any depth
+        reached = {m for m in closure(module, module_level_only=False) if under(m, "hpc.submit", "hpc.tools", "hydra", "hydra_plugins", "submitit")}
+        assert not reached, f"{module} reaches {sorted(reached)}"
 
 
 def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
@@ -162,27 +191,16 @@ def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
 
 def test_the_rank_entry_point_imports_no_heavy_library_when_pickled():
     # submitit pickles hpc.rank.main.run_rank on the login node by reference: importing it must stay light
-    heavy = ("torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py")
-    closure, todo = set(), ["hpc.rank.main"]
-    while todo:
-        module = todo.pop()
-        for i in GRAPH.get(module, []):
-            if i.at_module_level and i.target not in closure:
-                closure.add(i.target)
-                todo.append(i.target)
-    assert not closure & set(heavy), sorted(closure & set(heavy))
+    heavy = {"torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py"}
+    reached = closure("hpc.rank.main", module_level_only=True)
+    assert not reached & heavy, sorted(reached & heavy)
 
 
 def test_login_node_commands_do_not_import_torch_at_start():
     starts = ["launch", "hpc.config.validate", "hpc.submit.launch", "hpc.submit.sweep", *COMMANDS]
     for start in starts:
-        closure, todo = set(), [start]
-        while todo:
-            for i in GRAPH.get(todo.pop(), []):
-                if i.at_module_level and i.target not in closure:
-                    closure.add(i.target)
-                    todo.append(i.target)
-        assert "torch" not in closure, f"{start} imports torch at module level (through {sorted(m for m in closure if m in MODULES)})"
+        reached = closure(start, module_level_only=True)
+        assert "torch" not in reached, f"{start} imports torch at module level (through {sorted(m for m in reached if m in MODULES)})"
 
 
 def test_nothing_imports_the_user_tools_but_their_command_names():
@@ -213,16 +231,70 @@ def test_config_imports_no_submission_rank_or_tool_code():
     assert not bad, bad
 
 
-def runs_slurm_tools(path: Path) -> bool:
-    """A command line (a list literal) that starts with one of Slurm's tools."""
-    tools = {"scontrol", "squeue", "sacct", "sinfo", "scancel", "sbatch"}
-    lists = (node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.List) and node.elts)
-    return any(isinstance(node.elts[0], ast.Constant) and node.elts[0].value in tools for node in lists)
+PRODUCT = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "launch")
+
+
+def constants(path: Path) -> Iterator[ast.AST]:
+    return ast.walk(ast.parse(path.read_text()))
+
+
+def builds_command(path: Path, first: set[str], anywhere: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """A command line (a list or tuple literal) starting with one of `first`, or holding one of `anywhere`."""
+    for node in constants(path):
+        if isinstance(node, ast.List | ast.Tuple) and node.elts:
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            head = node.elts[0]
+            if (isinstance(head, ast.Constant) and head.value in first) or set(words) & anywhere:
+                return True
+    return False
 
 
 def test_only_slurmctl_runs_slurms_tools():
-    users = sorted(m for m in MODULES if under(m, "hpc", "collectives", "trainers", "benchmarks") and runs_slurm_tools(MODULES[m]))
+    tools = {"scontrol", "squeue", "sacct", "sinfo", "scancel", "sbatch"}
+    users = sorted(m for m in MODULES if under(m, *PRODUCT) and builds_command(MODULES[m], tools))
     assert users == ["hpc.slurmctl"], users
+
+
+def test_one_builder_of_the_mpirun_command():
+    # rail_fabric starts its ranks on emulated hosts inside a network namespace: a launcher of its own
+    users = sorted(m for m in MODULES if under(m, *PRODUCT, "tests") and builds_command(MODULES[m], {"mpirun", "mpiexec"}, {"--map-by", "--bind-to"}))
+    assert users == ["benchmarks.rail_fabric", "collectives.mpirun"], users
+
+
+def reads_variables(path: Path, prefixes: tuple[str, ...]) -> list[str]:
+    """Environment variables with these prefixes that the code reads: env["X"], env.get("X"), "X" in env."""
+    found = []
+    for node in constants(path):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "getenv") and node.args:
+            key = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(node.ops[0], ast.In | ast.NotIn):
+            key = node.left.value
+        if isinstance(key, str) and key.startswith(prefixes):
+            found.append(key)
+    return found
+
+
+def test_one_reader_of_the_launcher_environment():
+    # the allreduce benchmark decides whether it was started as one of several ranks before MPI starts
+    launcher = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_")  # where a rank sits (OMPI_MCA_* are settings)
+    allowed = {"hpc.env": launcher, "collectives.bench": launcher[1:]}
+    for module in (m for m in MODULES if under(m, *PRODUCT)):
+        read = [key for key in reads_variables(MODULES[module], launcher) if not key.startswith(allowed.get(module, ()))]
+        assert not read, f"{module} reads {read}; read the launcher environment through hpc.env"
+
+
+def test_the_checkpoint_layout_is_named_in_one_place():
+    names = {"COMMITTED", "shared.ckpt"}
+    for module in (m for m in MODULES if under(m, *PRODUCT) and m != "trainers.layout"):
+        used = [
+            n.value
+            for n in constants(MODULES[module])
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and (n.value in names or n.value.startswith(("step-", "rank-")) and ".ckpt" in n.value)
+        ]
+        assert not used, f"{module} spells the checkpoint layout ({used}); use trainers.layout"
 
 
 @pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers", "hydra_plugins"])
@@ -231,7 +303,11 @@ def test_nothing_outside_tests_imports_tests(package):
     assert not bad, bad
 
 
-def test_a_broken_rule_is_caught(monkeypatch):
+def test_a_broken_rule_is_caught(monkeypatch, tmp_path):
+    spelled = tmp_path / "spelled.py"
+    spelled.write_text('import os\nos.environ.get("SLURM_JOB_ID")\nrun(["mpirun", "-n", "2"])\nrun(("squeue", "-h"))\n')
+    assert reads_variables(spelled, ("SLURM_",)) == ["SLURM_JOB_ID"]
+    assert builds_command(spelled, {"mpirun"}) and builds_command(spelled, {"squeue"})
     # the checks above must be able to fail: add an edge that closes a cycle and one the rank may not have
     planted = Import("hpc.rank.main", "hpc.submit.launch", 1, True)
     monkeypatch.setitem(GRAPH, "hpc.rank.main", [*GRAPH["hpc.rank.main"], planted])

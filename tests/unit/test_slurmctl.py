@@ -65,3 +65,33 @@ def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tm
     assert slurmctl.job_fields("1") == {} and slurmctl.job_records(["1"]) == {} and slurmctl.accounting_states(["1"]) == {}
     assert slurmctl.job_state("1") == "UNKNOWN" and slurmctl.hostnames("n1") == []
     assert slurmctl.requeue("1") is not None and slurmctl.forbid_requeue("1") is False
+
+
+def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from hpc.submit.slurm import UNKNOWN_POLLS, wait_for_job
+
+    bin_dir, count = tmp_path / "bin", tmp_path / "count"
+    bin_dir.mkdir()
+    # squeue fails for its first three answers (as when slurmctld is busy), then the job runs, then ends
+    script = bin_dir / "squeue"
+    script.write_text(
+        f"#!/bin/bash\nn=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+        "if (( n <= 3 )); then exit 1; elif (( n <= 5 )); then echo RUNNING; else echo COMPLETED; fi\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    log = tmp_path / "rank-00000.log"
+    log.write_text("step 1\nstep 2\n")
+    lines: list[str] = []
+    assert 3 < UNKNOWN_POLLS
+    assert wait_for_job("7", log, lines.append, poll_s=0) == "COMPLETED"
+    assert lines == ["step 1", "step 2"] and count.read_text().strip() == "6"
+    count.write_text(str(-100))  # from now on: UNKNOWN for good (Slurm forgot the job)
+    script.write_text("#!/bin/bash\nexit 0\n")
+    assert wait_for_job("7", log, lines.append, poll_s=0) == "UNKNOWN"
+
+
+def test_an_empty_restart_count_is_no_restart():
+    from hpc.env import restart_count
+
+    assert restart_count({"SLURM_RESTART_COUNT": ""}) == 0 and restart_count({}) == 0 and restart_count({"SLURM_RESTART_COUNT": "3"}) == 3
