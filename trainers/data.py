@@ -6,8 +6,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -16,8 +18,22 @@ import torch
 IN_MEMORY_LIMIT_BYTES = 1 << 30  # smaller splits are read once and kept in memory
 
 
+@dataclass(frozen=True)
+class RawBatch:
+    """A batch as stored (uint8 images stay uint8), its int64 labels, and the factor that turns
+    the stored values into float inputs."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    scale: float
+
+    def pin_memory(self) -> RawBatch:
+        return RawBatch(self.x.pin_memory(), self.y.pin_memory(), self.scale)
+
+
 class H5Split:
-    """One split (inputs x, labels y) of an HDF5 file; `read(indices)` returns a batch."""
+    """One split (inputs x, labels y) of an HDF5 file, a map-style data set whose
+    `__getitems__(indices)` reads a whole batch at once; `read(indices)` decodes one."""
 
     def __init__(self, path: Path, x_name: str, y_name: str) -> None:
         self._file = h5py.File(path, "r")
@@ -29,6 +45,13 @@ class H5Split:
 
     def __len__(self) -> int:
         return int(self._y.shape[0])
+
+    def __getitem__(self, index: int) -> RawBatch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: Sequence[int]) -> RawBatch:
+        x, y = self.read_raw(np.asarray(indices, dtype=np.int64))
+        return RawBatch(x, y, self.scale)
 
     def read(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch decoded to float32 on the CPU."""
@@ -58,13 +81,14 @@ class H5Split:
 
 class Prefetcher:
     """Reads the next `depth` batches on a background thread (h5py and the copies release the
-    GIL) into pinned memory when feeding a GPU. Iterating yields (raw x, y); `wait_s` adds up
-    the time the training thread waited for data. `close()` stops the thread early (a stop
-    signal, the end of a run); batches are always delivered in the sampler's order."""
+    GIL), made page-locked by `pin` when feeding a GPU. Iterating yields what `read(indices)`
+    returns; `wait_s` adds up the time the training thread waited for data. `close()` stops the
+    thread early (a stop signal, the end of a run); batches are always delivered in the
+    sampler's order."""
 
-    def __init__(self, split: H5Split, batches: Iterable[np.ndarray], depth: int = 2, pin: bool = False) -> None:
-        self._split, self._pin = split, pin
-        self._queue: queue.Queue[tuple[torch.Tensor, torch.Tensor] | BaseException | None] = queue.Queue(maxsize=depth)
+    def __init__(self, read: Callable[[np.ndarray], Any], batches: Iterable[np.ndarray], depth: int = 2, pin: Callable[[Any], Any] | None = None) -> None:
+        self._read, self._pin = read, pin
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self.wait_s = 0.0
         self._thread = threading.Thread(target=self._produce, args=(iter(batches),), name="h5-prefetch", daemon=True)
@@ -73,12 +97,12 @@ class Prefetcher:
     def _produce(self, batches: Iterator[np.ndarray]) -> None:
         try:
             for indices in batches:
-                x, y = self._split.read_raw(indices)
-                if self._pin:
-                    x, y = x.pin_memory(), y.pin_memory()
+                batch = self._read(indices)
+                if self._pin is not None:
+                    batch = self._pin(batch)
                 while not self._stop.is_set():
                     try:
-                        self._queue.put((x, y), timeout=0.1)
+                        self._queue.put(_Item(batch), timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -88,7 +112,7 @@ class Prefetcher:
         except BaseException as err:  # delivered to the training thread, which raises it
             self._queue.put(err)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         while True:
             started = time.perf_counter()
             item = self._queue.get()
@@ -97,7 +121,7 @@ class Prefetcher:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            yield item.batch
 
     def close(self) -> None:
         self._stop.set()
@@ -106,3 +130,10 @@ class Prefetcher:
                 self._queue.get_nowait()
             except queue.Empty:
                 self._thread.join(timeout=0.1)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A batch in the queue (whatever its type, it cannot be mistaken for the end or an error)."""
+
+    batch: Any

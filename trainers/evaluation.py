@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives, allreduce_sums
-from trainers.data import H5Split
 from trainers.sampler import eval_shard
+from trainers.task import MapDataset, Task, read_items
 
 
 def average_buffers(comm: Collectives, model: nn.Module) -> None:
@@ -18,13 +18,20 @@ def average_buffers(comm: Collectives, model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: H5Split, comm: Collectives, batch_size: int, device: torch.device = torch.device("cpu")) -> float:
+def evaluate(task: Task, model: nn.Module, data: MapDataset, comm: Collectives, batch_size: int, device: torch.device) -> dict[str, float]:
+    """The task's evaluation over every rank's shard: "loss" and each metric, as means per sample
+    over all ranks (the same on every rank)."""
     model.eval()
-    indices = eval_shard(len(split), comm.rank, comm.world_size)
-    correct = 0
+    indices = eval_shard(len(data), comm.rank, comm.world_size)
+    loss, count = 0.0, 0
+    sums: dict[str, float] = {}
     for lo in range(0, len(indices), batch_size):
-        x, y = split.read(indices[lo : lo + batch_size])
-        correct += int((model(x.to(device)).argmax(dim=1) == y.to(device)).sum())
-    total_correct, total = allreduce_sums(comm, [correct, len(indices)])
+        out = task.eval_step(model, task.batch(read_items(data, indices[lo : lo + batch_size]), device))
+        loss, count = loss + float(out.loss) * out.count, count + out.count
+        for name, value in out.sums.items():
+            sums[name] = sums.get(name, 0.0) + float(value)
+    names = sorted(sums)
+    totals = allreduce_sums(comm, [loss, count, *(sums[name] for name in names)])
     model.train()
-    return total_correct / max(total, 1)
+    seen = max(totals[1], 1)
+    return {"loss": totals[0] / seen, **{name: total / seen for name, total in zip(names, totals[2:], strict=True)}}

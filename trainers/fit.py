@@ -9,10 +9,14 @@ from collectives.base import Collectives
 from trainers.loop import EpochEnd, build_loop
 from trainers.metrics import MetricsWriter
 from trainers.run import FitConfig, FitResult, RunContext
+from trainers.task import Task
+from trainers.tasks.classify import ClassifyTask
 
 
-def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
-    loop = build_loop(cfg, comm, data_path, run or RunContext())
+def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None) -> FitResult:
+    """Train `task` (by default the built-in classification of the HDF5 file at `data_path`)."""
+    task = task or ClassifyTask(cfg.model, cfg.data, data_path, cfg.trainer.channels_last)
+    loop = build_loop(cfg, comm, task, run or RunContext())
     epoch_end = EpochEnd()
     stopped_by: str | None = None
     try:
@@ -38,11 +42,12 @@ def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWrit
         progress.epoch - 1,
         progress.step,
         epoch_end.loss,
-        epoch_end.accuracy,
+        epoch_end.test.get("accuracy", 0.0),
         epoch_end.samples_per_s,
         progress.train_seconds,
         epoch_end.step_ms,
         epoch_end.comm_wait_ms,
         stopped_by,
         loop.resumed_from,
+        dict(epoch_end.test),
     )

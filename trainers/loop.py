@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,12 +17,10 @@ from torch import nn
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers.config import accumulation_steps, scaled_lr
-from trainers.data import H5Split, Prefetcher
-from trainers.datasets import inspect_hdf5
+from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
 from trainers.metrics import MetricsWriter
-from trainers.models import build_model
 from trainers.optim import build_optimizer, build_schedule
 from trainers.recovery import resume_or_start, roll_back
 from trainers.reporting import PHASES
@@ -32,29 +29,32 @@ from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, rng_state, shared_state
 from trainers.stragglers import StragglerWatch
+from trainers.task import MapDataset, StepOutput, Task, TaskError, pin, read_items
 
 log = logging.getLogger("trainers")
 
 
 @dataclass
 class StepSums:
-    """What the ranks add up after every step, in one tiny allreduce: the loss and accuracy
-    figures, the stop vote, the save handshake, the timed-save vote and the step's time split."""
+    """What the ranks add up after every step, in one tiny allreduce: the loss and the task's
+    metric sums, the stop vote, the save handshake, the timed-save vote and the step's time split."""
 
     loss: float  # sum of per-sample losses
     seen: float  # samples
-    correct: float  # correct predictions
+    metrics: tuple[float, ...]  # the task's metric sums, in Loop.metric_names order
     stop_votes: float  # ranks that received a stop signal
     ranks_written: float  # ranks with no checkpoint write in flight
     time_votes: float  # ranks whose clock says a timed save is due
     phases: tuple[float, ...]  # seconds per PHASES entry
 
     def allreduce(self, comm: Collectives) -> StepSums:
-        scalars = [self.loss, self.seen, self.correct, self.stop_votes, self.ranks_written, self.time_votes]
-        buffer = torch.tensor([*scalars, *self.phases], dtype=torch.float64)
+        scalars = [self.loss, self.seen, self.stop_votes, self.ranks_written, self.time_votes]
+        buffer = torch.tensor([*scalars, *self.phases, *self.metrics], dtype=torch.float64)
         comm.allreduce_(buffer, op="sum")
-        loss, seen, correct, stop_votes, ranks_written, time_votes, *phases = buffer.tolist()
-        return StepSums(loss, seen, correct, stop_votes, ranks_written, time_votes, tuple(phases))
+        values = buffer.tolist()
+        loss, seen, stop_votes, ranks_written, time_votes = values[:5]
+        phases, metrics = values[5 : 5 + len(self.phases)], values[5 + len(self.phases) :]
+        return StepSums(loss, seen, tuple(metrics), stop_votes, ranks_written, time_votes, tuple(phases))
 
 
 @dataclass
@@ -65,7 +65,13 @@ class LocalStep:
     started: float = field(default_factory=time.perf_counter)
     loss: float = 0.0
     seen: int = 0
-    correct: int = 0
+    sums: dict[str, float] = field(default_factory=dict)  # the task's metric sums
+
+    def add(self, out: StepOutput) -> None:
+        self.loss += out.loss.item() * out.count  # .item() waits for the device: phases are real
+        self.seen += out.count
+        for name, value in out.sums.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value)
 
 
 @dataclass
@@ -83,7 +89,7 @@ class EpochEnd:
     """The figures of the last evaluated epoch, as FitResult reports them."""
 
     loss: float = float("nan")
-    accuracy: float = 0.0
+    test: dict[str, float] = field(default_factory=dict)  # evaluation: "loss" and the task's metrics, means per sample
     samples_per_s: float = 0.0
     step_ms: float = 0.0
     comm_wait_ms: float = 0.0
@@ -103,17 +109,17 @@ class Loop:
     scaler: torch.amp.GradScaler
     sampler: ShardSampler
     accumulation: int
-    train: H5Split
-    test: H5Split
+    task: Task
+    train: MapDataset
+    test: MapDataset
     model_config: dict[str, Any]
     coordinator: SaveCoordinator | None
     progress: Progress
     resumed_from: int | None
     guard: BadStepGuard
     watch: StragglerWatch
-    memory_format: torch.memory_format = torch.contiguous_format
     autocast_dtype: torch.dtype | None = None
-    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+    metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
 
     @property
     def device(self) -> torch.device:
@@ -129,11 +135,15 @@ class Loop:
         self.optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
         skip_past(progress)  # data of rolled-back steps is never trained on again
         ended = PassEnd()
-        batches = Prefetcher(self.train, self.sampler.batches(progress.epoch, start=progress.position), pin=self.device.type == "cuda")
+        batches = Prefetcher(
+            lambda indices: read_items(self.train, indices),
+            self.sampler.batches(progress.epoch, start=progress.position),
+            pin=pin if self.device.type == "cuda" else None,
+        )
         step = LocalStep(batches.wait_s)
         try:
-            for micro, (raw_x, y) in enumerate(batches, start=1):
-                self.forward_backward(step, raw_x, y, last=micro % self.accumulation == 0)
+            for micro, items in enumerate(batches, start=1):
+                self.forward_backward(step, items, last=micro % self.accumulation == 0)
                 if micro % self.accumulation:
                     continue  # accumulation micro-step: gradients stay local
                 sums = self.finish_step(step, batches.wait_s, ended)
@@ -146,18 +156,14 @@ class Loop:
         self.progress.epoch_seconds += time.perf_counter() - started
         return ended
 
-    def forward_backward(self, step: LocalStep, raw_x: torch.Tensor, y: torch.Tensor, last: bool) -> None:
-        x = self.train.decode(raw_x, self.device)  # uint8 travels, float32 is made on the device
-        x = x.contiguous(memory_format=self.memory_format) if x.dim() == 4 else x
-        y = y.to(self.device, non_blocking=True)
+    def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:
+        batch = self.task.batch(items, self.device)
         with self.sync.micro_step(last=last):  # no communication on micro-steps
             with torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext():
-                output = self.sync.module(x)
-                batch_loss = self.loss_fn(output, y)
-            self.scaler.scale(batch_loss / self.accumulation).backward()
-        step.loss += batch_loss.item() * len(y)  # .item() waits for the device: phases are real
-        step.correct += int((output.detach().argmax(dim=1) == y).sum())
-        step.seen += len(y)
+                out = self.task.train_step(self.sync.module, batch)
+            check_loss(out)
+            self.scaler.scale(out.loss / self.accumulation).backward()
+        step.add(out)
 
     def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> StepSums:
         """Average the gradients, update (unless they are not finite), count the step and
@@ -178,10 +184,12 @@ class Loop:
         done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
         phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
         coordinator = self.coordinator
+        if self.metric_names is None:  # every rank takes its first step at once: the same names
+            self.metric_names = tuple(sorted(step.sums))
         sums = StepSums(
             step.loss,
             step.seen,
-            step.correct,
+            tuple(step.sums.get(name, 0.0) for name in self.metric_names),
             float(self.run.stop.raised),
             ranks_written=coordinator.written_flag() if coordinator else 1.0,
             time_votes=coordinator.time_vote() if coordinator else 0.0,
@@ -214,7 +222,7 @@ class Loop:
             "step": progress.step,
             "epoch": progress.epoch,
             "loss": sums.loss / seen,
-            "accuracy": sums.correct / seen,
+            **{name: value / seen for name, value in zip(self.metric_names or (), sums.metrics, strict=True)},
             "samples_per_s": sums.seen / step_s,
             "step_ms": 1000 * step_s,
             "bad_steps": progress.bad_steps,
@@ -284,26 +292,21 @@ class Loop:
         steps = max(progress.epoch_steps, 1)
         figures = EpochEnd(
             loss=progress.epoch_loss_sum / max(progress.epoch_seen, 1),
-            accuracy=self.test_accuracy(),
+            test=self.evaluate(),
             samples_per_s=progress.epoch_seen / epoch_seconds if epoch_seconds > 0 else 0.0,
             step_ms=1000 * epoch_seconds / steps,
             comm_wait_ms=1000 * waited / steps,
         )
-        log.info(
-            "epoch %d/%d  loss %.4f  test_acc %.4f  samples/s %.0f",
-            progress.epoch,
-            self.cfg.trainer.epochs,
-            figures.loss,
-            figures.accuracy,
-            figures.samples_per_s,
-        )
-        self.run.steps.scalar("test/accuracy", figures.accuracy, progress.step)
+        tested = "  ".join(f"test_{name} {value:.4f}" for name, value in figures.test.items() if name != "loss")
+        log.info("epoch %d/%d  loss %.4f  %s  samples/s %.0f", progress.epoch, self.cfg.trainer.epochs, figures.loss, tested, figures.samples_per_s)
+        for name, value in figures.test.items():
+            self.run.steps.scalar(f"test/{name}", value, progress.step)
         metrics.write(
             {
                 "epoch": progress.epoch,
                 "step": progress.step,
                 "loss": figures.loss,
-                "test_accuracy": figures.accuracy,
+                **{f"test_{name}": value for name, value in figures.test.items()},
                 "samples_per_s": figures.samples_per_s,
                 "step_ms": figures.step_ms,
                 "comm_wait_ms": figures.comm_wait_ms,
@@ -313,9 +316,9 @@ class Loop:
         )
         return figures
 
-    def test_accuracy(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         average_buffers(self.comm, self.model)
-        return evaluate(self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device)
+        return evaluate(self.task, self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device)
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is not None:
@@ -329,19 +332,20 @@ class Loop:
     def close(self) -> None:
         if self.coordinator is not None:
             self.coordinator.checkpointer.wait_pruned()
-        self.train.close()
-        self.test.close()
+        for data in (self.train, self.test):
+            close = getattr(data, "close", None)  # a data set holding a file
+            if close is not None:
+                close()
         self.sync.close()
         self.run.steps.close()
 
 
-def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunContext) -> Loop:
+def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -> Loop:
     """Model, optimizer, schedule, gradient sync and data, resumed from the newest checkpoint."""
-    info = inspect_hdf5(data_path, cfg.data)
     torch.manual_seed(cfg.trainer.seed)
     device = comm.device
-    memory_format = torch.channels_last if cfg.trainer.channels_last and len(info.input_shape) == 3 else torch.contiguous_format
-    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format  # 4-D parameters only
+    model = task.build_model()
     if cfg.trainer.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
@@ -353,18 +357,19 @@ def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunConte
     optimizer = sync.optimizer
     precision = cfg.trainer.precision
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    sampler = ShardSampler(info.num_train, cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
+    train, test = task.train_data(), task.eval_data()
+    check_data_sets(train, test, comm)
+    sampler = ShardSampler(len(train), cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler)
     log.info(
-        "training %s on %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
+        "training %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
-        cfg.model.name,
-        data_path.name,
-        info.num_train,
-        info.num_test,
+        task_name(task),
+        len(train),
+        len(test),
         comm.world_size,
         cfg.data.batch_size,
         accumulation,
@@ -378,8 +383,6 @@ def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunConte
         optimizer.param_groups[0]["initial_lr"],
         precision,
     )
-    train = H5Split(data_path, cfg.data.train_x, cfg.data.train_y)
-    test = H5Split(data_path, cfg.data.test_x, cfg.data.test_y)
     run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
     return Loop(
         cfg,
@@ -392,14 +395,40 @@ def build_loop(cfg: FitConfig, comm: Collectives, data_path: Path, run: RunConte
         scaler,
         sampler,
         accumulation,
+        task,
         train,
         test,
-        model_config={"name": cfg.model.name, "input_shape": list(info.input_shape), "num_classes": info.num_classes},
+        model_config=task.describe(),
         coordinator=coordinator,
         progress=progress,
         resumed_from=resumed_from,
         guard=BadStepGuard(cfg.trainer.max_bad_steps),
         watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
-        memory_format=memory_format,
         autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
     )
+
+
+def task_name(task: Task) -> str:
+    described = task.describe()
+    return f"{described.get('name', type(task).__name__)} ({type(task).__name__})"
+
+
+def check_data_sets(train: MapDataset, test: MapDataset, comm: Collectives) -> None:
+    """Every rank must see the same data sets (lengths agree), and evaluation must give every
+    rank at least one sample (the ranks learn the metric names from their first batch)."""
+    lengths = torch.tensor([len(train), -len(train), len(test), -len(test)], dtype=torch.float64)
+    comm.allreduce_(lengths, op="max")
+    if lengths[0] != -lengths[1] or lengths[2] != -lengths[3]:
+        raise TaskError(
+            f"ranks see data sets of different lengths (train {int(-lengths[1])}..{int(lengths[0])}, "
+            f"eval {int(-lengths[3])}..{int(lengths[2])}); every rank must build the same data"
+        )
+    if len(test) < comm.world_size:
+        raise TaskError(f"the evaluation data set has {len(test)} samples, fewer than the {comm.world_size} ranks; give it at least one per rank")
+
+
+def check_loss(out: StepOutput) -> None:
+    loss = out.loss
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        shown = f"a {type(loss).__name__}" if not isinstance(loss, torch.Tensor) else f"a tensor of shape {tuple(loss.shape)}"
+        raise TaskError(f"the training step returned {shown} as its loss; return the batch's mean loss as a scalar float tensor")

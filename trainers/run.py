@@ -36,6 +36,7 @@ class FitResult:
     comm_wait_ms: float  # per step: time step() waited for gradient communication
     stopped_by: str | None = None  # the signal that stopped training early, if any
     resumed_from: int | None = None  # the checkpoint step this process started from
+    test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation: "loss" and the task's metrics
 
 
 @dataclass

@@ -26,18 +26,18 @@ def split(tmp_path):
 
 def test_batches_arrive_in_order_as_stored_and_decode_like_read(split):
     batches = [np.array([5, 1, 9]), np.array([0, 39]), np.array([7])]
-    got = list(Prefetcher(split, batches, depth=1))
-    assert [y.tolist() for _, y in got] == [[5, 1, 9], [0, 9], [7]]
-    assert all(x.dtype == torch.uint8 for x, _ in got)  # uint8 travels; float is made later
-    for (raw, _), indices in zip(got, batches, strict=True):
-        assert torch.equal(split.decode(raw), split.read(indices)[0])
+    got = list(Prefetcher(split.__getitems__, batches, depth=1))
+    assert [raw.y.tolist() for raw in got] == [[5, 1, 9], [0, 9], [7]]
+    assert all(raw.x.dtype == torch.uint8 for raw in got)  # uint8 travels; float is made later
+    for raw, indices in zip(got, batches, strict=True):
+        assert torch.equal(split.decode(raw.x), split.read(indices)[0])
 
 
 def test_closing_early_stops_the_thread_and_errors_reach_the_reader(split):
     endless = (np.array([i % 40]) for i in range(10**9))
-    prefetcher = Prefetcher(split, endless, depth=2)
+    prefetcher = Prefetcher(split.__getitems__, endless, depth=2)
     next(iter(prefetcher))
     prefetcher.close()
     assert not any(t.name == "h5-prefetch" and t.is_alive() for t in threading.enumerate())
     with pytest.raises(IndexError, match="index 400 is out of bounds"):
-        list(Prefetcher(split, [np.array([400])]))
+        list(Prefetcher(split.__getitems__, [np.array([400])]))

@@ -1,0 +1,146 @@
+"""A task defined here, outside the toolkit's packages, trained by fit() in-process: its metric
+names reach steps.jsonl and metrics.jsonl, two thread ranks agree with one, a stopped and resumed
+run matches an uninterrupted one, and a task that breaks the contract gets one clear line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from collectives.base import FakeCollectives, ThreadWorld
+from collectives.config import CommConfig
+from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.fit import fit
+from trainers.metrics import MetricsWriter, read_metrics
+from trainers.preemption import StopFlag
+from trainers.reporting import StepReporter
+from trainers.run import FitConfig, RunContext
+from trainers.task import StepOutput, TaskError
+
+
+class Points:
+    """y = 3x - 1 plus a little noise, a map-style data set of (x, y) pairs."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.rand(n, 1, generator=generator)
+        self.y = 3 * self.x - 1 + 0.01 * torch.randn(n, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+class Regression:
+    """A user's task: a linear model, mean squared error, and "close" (|error| < 0.1) as its metric."""
+
+    def __init__(self, train_size: int = 512, loss_shape: tuple[int, ...] = ()) -> None:
+        self.train_size, self.loss_shape = train_size, loss_shape
+
+    def build_model(self) -> nn.Module:
+        return nn.Linear(1, 1)
+
+    def train_data(self) -> Points:
+        return Points(self.train_size, seed=1)
+
+    def eval_data(self) -> Points:
+        return Points(64, seed=2)
+
+    def batch(self, items: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.stack([x for x, _ in items]).to(device), torch.stack([y for _, y in items]).to(device)
+
+    def train_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
+        x, y = batch
+        error = model(x) - y
+        loss = (error**2).mean().expand(self.loss_shape) if self.loss_shape else (error**2).mean()
+        return StepOutput(loss, len(x), {"close": float((error.abs() < 0.1).sum())})
+
+    def eval_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
+        return self.train_step(model, batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "regression"}
+
+
+def config(max_steps: int | None = None, batch_size: int = 16, every_steps: int = 0) -> FitConfig:
+    return FitConfig(
+        model=ModelConfig(),
+        data=DataConfig(batch_size=batch_size, eval_batch_size=16),
+        optim=OptimConfig(lr=0.2, momentum=0.0),
+        trainer=dataclasses.replace(TrainerConfig(), epochs=2, max_steps=max_steps, watchdog_s=None, log_every=1),
+        comm=CommConfig(),
+        checkpoint=CheckpointConfig(every_steps=every_steps, every_minutes=None),
+    )
+
+
+class StopAt(StepReporter):
+    """Raises the stop flag as a signal would, once step `at` is reported."""
+
+    def __init__(self, path: Path | None, stop: StopFlag, at: int | None) -> None:
+        super().__init__(path)
+        self.stop, self.at = stop, at
+
+    def report(self, record: dict[str, Any]) -> None:
+        super().report(record)
+        if record["step"] == self.at:
+            self.stop.signal_name = "SIGUSR1"
+
+
+def train(run_dir: Path, task: Regression, cfg: FitConfig, comm: Any = None, stop_at: int | None = None) -> Any:
+    main = comm is None or comm.rank == 0
+    stop = StopFlag()
+    steps = StopAt(run_dir / "steps.jsonl" if main else None, stop, stop_at)
+    run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
+    return fit(cfg, comm or FakeCollectives(), Path("/no/data/file"), metrics, run, task=task)
+
+
+def steps_of(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def test_a_user_task_trains_and_its_metric_names_are_reported(tmp_path):
+    result = train(tmp_path, Regression(), config())
+    steps = steps_of(tmp_path)
+    assert len(steps) == 2 * 512 // 16 and all("close" in s and "accuracy" not in s for s in steps)
+    assert steps[-1]["loss"] < 0.25 * steps[0]["loss"]  # it learns y = 3x - 1
+    epochs = read_metrics(tmp_path / "metrics.jsonl")
+    assert [set(e) >= {"test_loss", "test_close"} for e in epochs] == [True, True]
+    assert result.test_metrics["close"] == epochs[-1]["test_close"] and result.test_metrics["loss"] == epochs[-1]["test_loss"] < steps[0]["loss"]
+
+
+def test_two_thread_ranks_agree_with_one_rank_at_the_same_global_batch(tmp_path):
+    one = train(tmp_path / "one", Regression(), config(max_steps=20, batch_size=32))
+    world = ThreadWorld(2)
+    two = world.run(lambda comm: train(tmp_path / "two", Regression(), config(max_steps=20, batch_size=16), comm))
+    assert [s["loss"] for s in steps_of(tmp_path / "two")] == pytest.approx([s["loss"] for s in steps_of(tmp_path / "one")], rel=1e-5)
+    assert two[0].test_metrics == pytest.approx(one.test_metrics, rel=1e-5)
+
+
+def test_a_stopped_user_task_resumes_to_the_same_steps(tmp_path):
+    whole = train(tmp_path / "whole", Regression(), config(every_steps=5))
+    stopped = train(tmp_path / "cut", Regression(), config(every_steps=5), stop_at=12)
+    assert stopped.stopped_by == "SIGUSR1"
+    resumed = train(tmp_path / "cut", Regression(), config(every_steps=5))
+    assert resumed.resumed_from == stopped.steps == 13
+    assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
+    assert resumed.test_metrics == whole.test_metrics
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused_in_one_line(tmp_path):
+    with pytest.raises(TaskError, match=r"the training step returned a tensor of shape \(4,\) as its loss; return the batch's mean loss as a scalar"):
+        train(tmp_path, Regression(loss_shape=(4,)), config(max_steps=2))
+
+
+def test_data_sets_of_different_lengths_on_the_ranks_are_refused(tmp_path):
+    world = ThreadWorld(2)
+    with pytest.raises(TaskError, match=r"ranks see data sets of different lengths \(train 500..512"):
+        world.run(lambda comm: train(tmp_path, Regression(train_size=512 if comm.rank == 0 else 500), config(max_steps=2), comm))
