@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MODELS = ("mlp", "cnn", "resnet50")
+CLASSIFY_TASK = "trainers.tasks.classify.ClassifyTask"  # the default task (task=classify)
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")

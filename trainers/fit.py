@@ -9,13 +9,18 @@ from collectives.base import Collectives
 from trainers.loop import EpochEnd, build_loop
 from trainers.metrics import MetricsWriter
 from trainers.run import FitConfig, FitResult, RunContext
-from trainers.task import Task
-from trainers.tasks.classify import ClassifyTask
+from trainers.task import Task, adapt
+from trainers.tasks import build_task
 
 
-def fit(cfg: FitConfig, comm: Collectives, data_path: Path, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None) -> FitResult:
+def fit(
+    cfg: FitConfig, comm: Collectives, data_path: Path | None, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None
+) -> FitResult:
     """Train `task` (by default the built-in classification of the HDF5 file at `data_path`)."""
-    task = task or ClassifyTask(cfg.model, cfg.data, data_path, cfg.trainer.channels_last)
+    if task is None:
+        task = build_task({}, {"model": cfg.model, "data": cfg.data, "trainer": cfg.trainer, "data_path": data_path})
+    else:
+        task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
     loop = build_loop(cfg, comm, task, run or RunContext())
     epoch_end = EpochEnd()
     stopped_by: str | None = None

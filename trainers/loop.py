@@ -16,7 +16,7 @@ from torch import nn
 
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
-from trainers.config import accumulation_steps, scaled_lr
+from trainers.config import CLASSIFY_TASK, accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
@@ -363,7 +363,8 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
-    coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler)
+    task_target = str(task.describe().get("task", CLASSIFY_TASK))
+    coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
     log.info(
         "training %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",

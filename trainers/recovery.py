@@ -11,7 +11,7 @@ from torch import nn
 
 from collectives.base import Collectives
 from trainers.checkpoint import Checkpointer, CheckpointError
-from trainers.config import CheckpointConfig
+from trainers.config import CLASSIFY_TASK, CheckpointConfig
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, restore, restore_rng
 
@@ -73,6 +73,7 @@ def resume_or_start(
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None = None,
+    task: str = CLASSIFY_TASK,
 ) -> tuple[SaveCoordinator | None, Progress, int | None]:
     """The save coordinator (None: checkpoints off), the progress to start from, and the step of
     the checkpoint resumed from (None: a fresh start)."""
@@ -85,6 +86,9 @@ def resume_or_start(
     if restored is None:
         return coordinator, Progress(), None
     step, shared, own = restored
+    saved_task = str(shared.get("model_config", {}).get("task", CLASSIFY_TASK))  # checkpoints from before tasks: classification
+    if saved_task != task:
+        raise CheckpointError(f"checkpoint step {step} was written by task {saved_task}, not {task}; use a new run dir or the old task")
     progress = restore(model, optimizer, schedule, step, shared, scaler)
     if own is not None:
         restore_rng(own["rng"])

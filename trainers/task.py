@@ -95,3 +95,66 @@ def pin(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(pin(item) for item in value)
     return value
+
+
+REQUIRED = ("build_model", "train_data", "eval_data", "train_step", "eval_step")
+
+
+class _Adapted:
+    """A user's task with the optional parts filled in: `batch` (torch's default collate, then
+    to the device) and `describe` (the class's name)."""
+
+    def __init__(self, task: Any, target: str) -> None:
+        self._task, self._target = task, target
+
+    def build_model(self) -> nn.Module:
+        model = self._task.build_model()
+        if not isinstance(model, nn.Module):
+            raise TaskError(f"{self._target}.build_model returned a {type(model).__name__}; return a torch.nn.Module")
+        return model
+
+    def train_data(self) -> MapDataset:
+        return self._data(self._task.train_data(), "train_data")
+
+    def eval_data(self) -> MapDataset:
+        return self._data(self._task.eval_data(), "eval_data")
+
+    def _data(self, data: Any, what: str) -> MapDataset:
+        if not isinstance(data, MapDataset):
+            raise TaskError(f"{self._target}.{what} returned a {type(data).__name__}; return a map-style data set (__len__ and __getitem__)")
+        return data
+
+    def batch(self, items: Any, device: torch.device) -> Any:
+        custom = getattr(self._task, "batch", None)
+        if custom is not None:
+            return custom(items, device)
+        from torch.utils.data import default_collate
+
+        return to_device(default_collate(items), device)
+
+    def train_step(self, model: nn.Module, batch: Any) -> StepOutput:
+        return self._output(self._task.train_step(model, batch), "train_step")
+
+    def eval_step(self, model: nn.Module, batch: Any) -> StepOutput:
+        return self._output(self._task.eval_step(model, batch), "eval_step")
+
+    def _output(self, out: Any, what: str) -> StepOutput:
+        if not isinstance(out, StepOutput):
+            raise TaskError(f"{self._target}.{what} returned a {type(out).__name__}; return trainers.task.StepOutput(loss, count, sums)")
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        custom = getattr(self._task, "describe", None)
+        described = dict(custom()) if custom is not None else {"name": self._target.rpartition(".")[2]}
+        return {**described, "task": self._target}
+
+
+def adapt(task: Any, target: str) -> Task:
+    """`task` checked for what the seam needs and completed with the optional parts; the built-in
+    tasks, which provide everything, pass through the same checks."""
+    if isinstance(task, _Adapted):
+        return task
+    missing = [name for name in REQUIRED if not callable(getattr(task, name, None))]
+    if missing:
+        raise TaskError(f"{target} is not a task: it has no {', '.join(missing)} (see trainers/task.py)")
+    return _Adapted(task, target)

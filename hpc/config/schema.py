@@ -18,6 +18,7 @@ from collectives.config import CommConfig
 from hpc.errors import UserError
 from hpc.fabric.topology import TopologyConfig
 from trainers.config import (
+    CLASSIFY_TASK,
     CheckpointConfig,
     DataConfig,
     ModelConfig,
@@ -89,6 +90,9 @@ class JobConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # The task trained (trainers/task.py): `_target_` names its class, the other keys are its
+    # constructor's arguments (any keys: the user's class declares them, checked on the rank).
+    task: dict[str, Any] = field(default_factory=lambda: {"_target_": CLASSIFY_TASK})
     name: str = "train"
     run_root: str = "runs"  # run directories go under here (relative: to the launch dir)
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing

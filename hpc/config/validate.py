@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.machinery
 import importlib.util
 import shutil
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.errors import UserError
 from hpc.fabric.topology import check_topology, parse_topology_conf
 from trainers.config import (
+    CLASSIFY_TASK,
     MODELS,
     OPTIMIZERS,
     PRECISIONS,
@@ -238,7 +242,69 @@ def check_script_values(job: JobConfig) -> None:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
 
 
-def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo:
+def find_module_file(dotted: str, search: list[str]) -> tuple[Path | None, str]:
+    """Where `dotted` (a.b.c) would be imported from, found without importing anything (no
+    package __init__ runs, so torch stays out of the login node); (None, the part missing) when not."""
+    parts = dotted.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], search)
+    for depth in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None, ".".join(parts[:depth])
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), list(spec.submodule_search_locations))
+    if spec is None:
+        return None, dotted
+    return (Path(spec.origin) if spec.origin and spec.origin not in ("namespace", "built-in") else None), ""
+
+
+def defines(source: str, name: str) -> bool:
+    """Whether a module's top level defines, assigns or imports `name`."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign | ast.AnnAssign) and name in {t.id for t in ast.walk(node) if isinstance(t, ast.Name)}:
+            return True
+        if isinstance(node, ast.Import | ast.ImportFrom) and name in {(a.asname or a.name).split(".")[0] for a in node.names}:
+            return True
+    return False
+
+
+def check_task(job: JobConfig) -> bool:
+    """The task's class can be found where the ranks import from (without importing it); True for
+    the built-in classification, whose data the login node checks too."""
+    target = job.task.get("_target_")
+    if not isinstance(target, str) or "." not in target or not target.rpartition(".")[2].isidentifier():
+        raise UserError(f"task._target_={target!r}: name the task's class as package.module.Class")
+    extra = sorted(key for key in job.task if key != "_target_")
+    if target == CLASSIFY_TASK:
+        if extra:
+            raise UserError(f"task.{extra[0]}: the built-in classify task takes no arguments (the model, data and trainer groups configure it)")
+        return True
+    module, _, name = target.rpartition(".")
+    search = [p for p in sys.path if p]  # the ranks run with PYTHONSAFEPATH: the working directory is not searched
+    try:
+        found, missing = find_module_file(module, search)
+    except (ImportError, ValueError) as err:
+        raise UserError(f"task._target_={target}: {err}") from None
+    if missing:
+        raise UserError(
+            f"task._target_={target}: no module {missing!r} on the import path ({', '.join(search[:3])}{', ...' if len(search) > 3 else ''}); "
+            "put your package's parent directory on PYTHONPATH or pip install it"
+        )
+    if found is not None and found.suffix == ".py":
+        try:
+            source = found.read_text()
+        except OSError as err:
+            raise UserError(f"task._target_={target}: {found}: {err.strerror}") from None
+        try:
+            has_name = defines(source, name)
+        except SyntaxError as err:
+            raise UserError(f"task._target_={target}: {found} line {err.lineno}: {err.msg}") from None
+        if not has_name:
+            raise UserError(f"task._target_={target}: {found} defines no {name}")
+    return False
+
+
+def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | None:
     """Every check of a job, on the login node (launch.py, each sweep point) and inside an
     allocation a user got with plain sbatch (hpc.submit.prepare). There the allocation Slurm
     granted is authoritative, so what it replaces (resources, the launcher's tools) is not checked."""
@@ -249,4 +315,5 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo:
     check_training(job)
     if not in_allocation:
         check_launcher_tools(job)
-    return check_data(job)
+    builtin = check_task(job)
+    return check_data(job) if builtin else None  # a user's data sets are known on the ranks only

@@ -148,6 +148,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
     from trainers.run import FitConfig, RunContext
+    from trainers.tasks import build_task
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
     context = RunContext(
@@ -165,16 +166,18 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         host=rank.host,
         watchdog=watchdog,
     )
-    assert job.data.path is not None, "launch.py writes an absolute data.path into config.yaml"
-    return fit(fit_cfg, comm, Path(job.data.path), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+    data_path = Path(job.data.path) if job.data.path else None  # launch.py pins the built-in task's file
+    task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
+    return fit(fit_cfg, comm, data_path, MetricsWriter(run_dir.metrics if rank.is_main else None), context, task)
 
 
 def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
     """The other ranks would wait in their next collective forever: end the whole job, and keep
     Slurm from restarting it (an error in the code or data would repeat)."""
     from trainers.checkpoint import CheckpointError
+    from trainers.task import TaskError
 
-    if isinstance(err, CheckpointError):  # a user-fixable cause: one line, no traceback
+    if isinstance(err, CheckpointError | TaskError):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)

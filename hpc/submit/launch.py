@@ -32,9 +32,9 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
 
 
 def prepare(job: JobConfig) -> JobConfig:
-    """Validate, and pin what ranks must not re-derive (the data path, made absolute)."""
+    """Validate, and pin what ranks must not re-derive (the built-in task's data path, made absolute)."""
     info = validate_job(job)
-    return replace(job, data=replace(job.data, path=str(Path(info.path))))
+    return job if info is None else replace(job, data=replace(job.data, path=str(Path(info.path))))
 
 
 def launch(job: JobConfig, run_dir: RunDir) -> int:

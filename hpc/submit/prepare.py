@@ -58,7 +58,8 @@ def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
     nodes, tasks_per_node = granted_shape(env)
     job = fit_to_allocation(compose_job(overrides), nodes, tasks_per_node, overrides)
     info = validate_job(job, in_allocation=True)
-    job = replace(job, data=replace(job.data, path=info.path))
+    if info is not None:  # the built-in task: its data file, made absolute
+        job = replace(job, data=replace(job.data, path=info.path))
     job_id = slurm_job_id(env) or "nojob"
     run_dir, existed = job_run_dir(job, job_id)
     if not existed:  # after a requeue the first config stays: the checkpoints were made with it

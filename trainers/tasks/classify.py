@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainers.config import DataConfig, ModelConfig
+from trainers.config import DataConfig, ModelConfig, TrainerConfig
 from trainers.data import H5Split, RawBatch
 from trainers.datasets import DatasetInfo, inspect_hdf5
 from trainers.models import build_model
@@ -18,11 +18,12 @@ from trainers.task import StepOutput
 
 
 class ClassifyTask:
-    def __init__(self, model: ModelConfig, data: DataConfig, data_path: Path, channels_last: bool = False) -> None:
-        self.model_cfg, self.data_cfg, self.path = model, data, data_path
-        self.info: DatasetInfo = inspect_hdf5(data_path, data)
+    def __init__(self, model: ModelConfig, data: DataConfig, data_path: Path, trainer: TrainerConfig) -> None:
+        self.model_cfg, self.data_cfg, self.path = model, data, Path(data_path)
+        self.info: DatasetInfo = inspect_hdf5(self.path, data)
         # NHWC inputs for image models (faster convolutions on GPUs); flat inputs stay as they are
-        self.memory_format = torch.channels_last if channels_last and len(self.info.input_shape) == 3 else torch.contiguous_format
+        image = len(self.info.input_shape) == 3
+        self.memory_format = torch.channels_last if trainer.channels_last and image else torch.contiguous_format
 
     def build_model(self) -> nn.Module:
         return build_model(self.model_cfg, self.info.input_shape, self.info.num_classes)

@@ -1,0 +1,63 @@
+"""A user's task, in a package outside the toolkit, trained through launch.py on two MPI ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.runs import ROOT
+
+FIXTURE = ROOT / "tests" / "fixtures" / "mytasks"
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+
+def test_a_user_task_trains_on_two_mpi_ranks_through_launch(tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "user" / "mytasks")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "user")}
+    command = [
+        sys.executable,
+        str(ROOT / "launch.py"),
+        "task._target_=mytasks.regression.Regression",
+        "+task.tolerance=0.2",
+        "trainer.epochs=2",
+        "data.batch_size=16",
+        "data.eval_batch_size=16",
+        "optim.lr=0.2",
+        "optim.momentum=0",
+        f"run_root={tmp_path / 'runs'}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 * 512 // 32 and all("close" in s for s in steps)
+    assert [e["epoch"] for e in epochs] == [1, 2] and "test_close" in epochs[-1] and epochs[-1]["test_loss"] < steps[0]["loss"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["world_size"] == 2 and result["test_metrics"]["close"] == epochs[-1]["test_close"]
+
+
+def test_the_readme_task_runs_as_written(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Your own task") :]
+    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))]
+    command = section[section.index("```bash\n") + len("```bash\n") : section.index("```\n", section.index("```bash"))].strip().splitlines()
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "tasks.py").write_text(code)
+    assert command[0] == "touch mypkg/__init__.py"
+    (tmp_path / "mypkg" / "__init__.py").touch()
+    words = command[1].split()
+    assert words[:3] == ["PYTHONPATH=$PWD", "python", "/path/to/launch.py"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    overrides = [*words[3:], "trainer.epochs=1", f"run_root={tmp_path / 'runs'}"]
+    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 1024 // (2 * 32) and epochs[-1]["test_loss"] < 0.5 * steps[0]["loss"] and "test_close" in epochs[-1]
