@@ -14,7 +14,7 @@ from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
-from hpc.submit.snapshot import freeze_code
+from hpc.submit.snapshot import freeze_code, user_sources
 
 
 def resolved_yaml(job: JobConfig) -> str:
@@ -29,6 +29,10 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env.update(job.cluster.env)
     env.update(root_environment())
     return env
+
+
+def task_target(job: JobConfig) -> str:
+    return str(job.task.get("_target_", ""))
 
 
 def prepare(job: JobConfig) -> JobConfig:
@@ -57,7 +61,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(f"run directory: {run_dir.path}")
         return code
     try:
-        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code))
+        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code, user=user_sources([task_target(job)])))
     except UserError:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise

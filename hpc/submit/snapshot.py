@@ -9,11 +9,15 @@ SOURCE.json records the git commit and whether the tree was dirty, git.diff the 
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT
 
 PACKAGES = ("hpc", "trainers", "collectives")
@@ -28,21 +32,59 @@ def _git(args: list[str], root: Path) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def freeze_code(dest: Path, root: Path = PROJECT_ROOT) -> Path:
-    """Copy the sources under `root` into `dest` (created; must not exist); returns `dest`."""
-    dest.mkdir(parents=True)
+def user_sources(targets: Iterable[str]) -> list[Path]:
+    """The top-level package directory (or module file) of every task class outside the toolkit,
+    found where the ranks import from, without importing it."""
+    search = [p for p in sys.path if p]
+    found: dict[str, Path] = {}
+    for target in targets:
+        top = target.split(".")[0]
+        if not top or top in (*PACKAGES, "conf") or top in found:
+            continue  # the toolkit's own tasks are frozen with it
+        spec = importlib.machinery.PathFinder.find_spec(top, search)
+        if spec is None:
+            raise UserError(f"task._target_={target}: no module {top!r} on the import path to freeze with the job")
+        locations = list(spec.submodule_search_locations or [])
+        if locations:
+            found[top] = Path(locations[0])
+        elif spec.origin and spec.origin.endswith(".py"):
+            found[top] = Path(spec.origin)
+        else:
+            raise UserError(f"task._target_={target}: {top} is not Python source ({spec.origin}); it cannot be frozen with the job")
+    return list(found.values())
+
+
+def _copy_sources(source_root: Path, dest: Path) -> int:
+    """The sources under `source_root` (a directory or one file) copied to `dest`; returns the count."""
+    files = [source_root] if source_root.is_file() else sorted(source_root.rglob("*"))
     copied = 0
-    for package in (*PACKAGES, "conf"):
-        for source in sorted((root / package).rglob("*")):
-            if source.is_file() and source.suffix in SOURCE_SUFFIXES and "__pycache__" not in source.parts:
-                target = dest / source.relative_to(root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
-                copied += 1
+    for source in files:
+        if source.is_file() and source.suffix in SOURCE_SUFFIXES and "__pycache__" not in source.parts:
+            target = dest if source_root.is_file() else dest / source.relative_to(source_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
+            copied += 1
+    return copied
+
+
+def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()) -> Path:
+    """Copy the sources under `root` into `dest` (created; must not exist), and the user's task
+    packages (`user`: package directories or module files, see user_sources) beside them, so the
+    ranks import those frozen copies too; returns `dest`."""
+    dest.mkdir(parents=True)
+    copied = sum(_copy_sources(root / package, dest / package) for package in (*PACKAGES, "conf"))
+    for source in user:
+        copied += _copy_sources(source, dest / source.name)
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES, "conf"], root) if commit else None
     if diff:
         (dest / "git.diff").write_text(diff)
-    source_info = {"root": str(root), "files": copied, "git_commit": commit.strip() if commit else None, "dirty": bool(diff)}
+    source_info = {
+        "root": str(root),
+        "files": copied,
+        "git_commit": commit.strip() if commit else None,
+        "dirty": bool(diff),
+        "user": [str(source) for source in user],
+    }
     (dest / "SOURCE.json").write_text(json.dumps(source_info, indent=2, sort_keys=True) + "\n")
     return dest

@@ -23,8 +23,8 @@ from hpc.config.schema import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
-from hpc.submit.launch import prepare, rank_environment, resolved_yaml
-from hpc.submit.snapshot import freeze_code
+from hpc.submit.launch import prepare, rank_environment, resolved_yaml, task_target
+from hpc.submit.snapshot import freeze_code, user_sources
 from hpc.submit.tidy import prune_empty
 
 SWEEP_FILE = "sweep.json"
@@ -69,7 +69,7 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     on_local = [p for p in prepared if p.job.cluster.launcher == "local"]
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
     if on_slurm:
-        code = freeze_code(sweep_dir / "code")
+        code = freeze_code(sweep_dir / "code", user=user_sources(task_target(p.job) for p in on_slurm))
         for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
             try:
                 record["arrays"].append(_submit_group(params, group, sweep_dir, record["points"]))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, resume_command
 
 FIXTURE = ROOT / "tests" / "fixtures" / "mytasks"
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -61,3 +61,22 @@ def test_the_readme_task_runs_as_written(tmp_path):
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 1024 // (2 * 32) and epochs[-1]["test_loss"] < 0.5 * steps[0]["loss"] and "test_close" in epochs[-1]
+
+
+def test_the_user_package_is_frozen_with_the_run_and_resumed_from_the_copy(tmp_path):
+    user = tmp_path / "user"
+    shutil.copytree(FIXTURE, user / "mytasks")
+    env = {**os.environ, "PYTHONPATH": str(user)}
+    overrides = ["task._target_=mytasks.regression.Regression", "trainer.max_steps=5", "checkpoint.every_steps=5", f"run_root={tmp_path / 'runs'}"]
+    first = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
+    frozen = run_dir / "code" / "mytasks" / "regression.py"
+    assert frozen.read_text() == (FIXTURE / "regression.py").read_text()
+    assert json.loads((run_dir / "code" / "SOURCE.json").read_text())["user"] == [str(user / "mytasks")]
+    # The package changes where it lies (a user edits it while jobs wait): the run goes on with its copy.
+    (user / "mytasks" / "regression.py").write_text('raise RuntimeError("the live copy was imported")\n')
+    command, resume_env = resume_command(run_dir)
+    again = subprocess.run(command, capture_output=True, text=True, env=resume_env, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resumed from checkpoint step 5" in (run_dir / "logs" / "rank-00000.log").read_text()
