@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 MODELS = ("mlp", "cnn", "resnet50")
 CLASSIFY_TASK = "trainers.tasks.classify.ClassifyTask"  # the default task (task=classify)
+LM_TASK = "trainers.tasks.lm.LanguageModelTask"  # task=lm
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")

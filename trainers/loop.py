@@ -318,7 +318,7 @@ class Loop:
 
     def evaluate(self) -> dict[str, float]:
         average_buffers(self.comm, self.model)
-        return evaluate(self.task, self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device)
+        return self.task.summarize(evaluate(self.task, self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device))
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is not None:
@@ -411,7 +411,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
 
 def task_name(task: Task) -> str:
     described = task.describe()
-    return f"{described.get('name', type(task).__name__)} ({type(task).__name__})"
+    return f"{described.get('name', '?')} ({described.get('task', type(task).__name__)})"
 
 
 def check_data_sets(train: MapDataset, test: MapDataset, comm: Collectives) -> None:

@@ -43,6 +43,16 @@ def find_straggler(step_ms: list[float], hosts: list[str], ratio: float) -> Stra
     return found if found.ratio > ratio else None
 
 
+# What the loop records about every step itself; every other number in a record is a task's metric.
+BOOKKEEPING = {"step", "epoch", "loss", "samples_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", *(f"{p}_ms" for p in PHASES)}
+SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
+
+
+def task_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The task's metrics in a step record (means per sample over ranks), by name."""
+    return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)}
+
+
 def render_prometheus(record: dict[str, Any], run: str) -> str:
     """Prometheus text exposition format (for node_exporter's textfile collector)."""
     label = run.replace("\\", "\\\\").replace('"', '\\"')
@@ -56,6 +66,10 @@ def render_prometheus(record: dict[str, Any], run: str) -> str:
     for name, key, help_text in gauges:
         if key in record:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f'{name}{{run="{label}"}} {float(record[key]):.6g}']
+    metrics = {name: value for name, value in task_metrics(record).items() if name != "accuracy"}
+    if metrics:
+        lines += ["# HELP hpctk_metric a task's training metric, mean over ranks", "# TYPE hpctk_metric gauge"]
+        lines += [f'hpctk_metric{{run="{label}",name="{name}"}} {value:.6g}' for name, value in sorted(metrics.items())]
     lines += ["# HELP hpctk_step_phase_seconds step time by phase, mean over ranks", "# TYPE hpctk_step_phase_seconds gauge"]
     lines += [f'hpctk_step_phase_seconds{{run="{label}",phase="{phase}"}} {record.get(f"{phase}_ms", 0.0) / 1000:.6g}' for phase in PHASES]
     return "\n".join(lines) + "\n"
@@ -95,7 +109,7 @@ class StepReporter:
         self._writer.write(record)
         step = int(record["step"])
         if self._tensorboard is not None:
-            for key in ("loss", "accuracy", "samples_per_s", *(f"{p}_ms" for p in PHASES)):
+            for key in ("loss", *task_metrics(record), "samples_per_s", *(f"{p}_ms" for p in PHASES)):
                 if key in record:
                     self._tensorboard.add_scalar(f"train/{key}", record[key], step)
         if self._bar is not None:
@@ -111,10 +125,8 @@ class StepReporter:
     def _progress_text(self, record: dict[str, Any]) -> str:
         of = f"/{self.total_steps}" if self.total_steps else ""
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
-        return (
-            f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  acc {record.get('accuracy', 0.0):.3f}  "
-            f"{record.get('samples_per_s', 0.0):.0f} samples/s  ms: {split}"
-        )
+        metrics = "".join(f"{SHORT_NAMES.get(name, name)} {value:.3f}  " for name, value in task_metrics(record).items())
+        return f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  {metrics}{record.get('samples_per_s', 0.0):.0f} samples/s  ms: {split}"
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Per-epoch figures (test accuracy) for TensorBoard too."""

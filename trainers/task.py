@@ -67,6 +67,10 @@ class Task(Protocol):
         """Plain values naming the task and its model (stored in every checkpoint; a checkpoint
         written by another task is refused)."""
 
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        """Optional: the evaluation's means per sample ("loss" and the metrics) with figures
+        derived from them added, e.g. perplexity = exp(loss)."""
+
 
 def read_items(dataset: MapDataset, indices: Sequence[int] | np.ndarray) -> Any:
     """The samples at `indices`: in one read where the data set offers `__getitems__`."""
@@ -142,6 +146,10 @@ class _Adapted:
         if not isinstance(out, StepOutput):
             raise TaskError(f"{self._target}.{what} returned a {type(out).__name__}; return trainers.task.StepOutput(loss, count, sums)")
         return out
+
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        custom = getattr(self._task, "summarize", None)
+        return dict(custom(means)) if custom is not None else means
 
     def describe(self) -> dict[str, Any]:
         custom = getattr(self._task, "describe", None)

@@ -17,6 +17,7 @@ index, so the toolkit's sampler keeps owning the exact data position across rest
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,29 @@ def decode(tokens: np.ndarray) -> str:
     return np.asarray(tokens, dtype=np.uint8).tobytes().decode("utf-8", errors="replace")
 
 
+EMBEDDED_FILE = "cpython-docs-tokens.h5"
+
+
+def embedded_token_path() -> Path:
+    """The embedded corpus as a token file in the cache dir, written once (atomically)."""
+    from trainers.datasets import cache_dir
+
+    path = cache_dir() / EMBEDDED_FILE
+    if not path.exists():
+        write_token_file(embedded_corpus(), path)
+    return path
+
+
+def resolve_token_path(tokens: str | None) -> Path:
+    """The absolute token file ranks will read: `tokens`, or the embedded corpus when None."""
+    if tokens is None:
+        return embedded_token_path()
+    path = Path(tokens).expanduser().resolve()
+    if not path.is_file():
+        raise TokenDataError(f"task.tokens={tokens}: no such file (make one with python -m trainers.tokens --out {tokens} TEXT...)")
+    return path
+
+
 def write_token_file(text: str, out: Path, val_fraction: float = 0.1) -> dict[str, int]:
     """Encode `text`, keep its last `val_fraction` for validation, write `out` (through a
     temporary file and a rename: an interrupted run leaves no half-written file). Returns the
@@ -60,7 +84,7 @@ def write_token_file(text: str, out: Path, val_fraction: float = 0.1) -> dict[st
     if min(counts.values()) < 2:
         raise TokenDataError(f"{len(tokens)} tokens are too few to split into train and val; give more text")
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")  # two writers never share one
     with h5py.File(partial, "w") as f:
         f.attrs["tokenizer"] = TOKENIZER
         f.attrs["vocab_size"] = VOCAB_SIZE

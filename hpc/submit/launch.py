@@ -15,6 +15,8 @@ from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
 from hpc.submit.snapshot import freeze_code, user_sources
+from trainers.config import LM_TASK
+from trainers.datasets import DatasetInfo
 
 
 def resolved_yaml(job: JobConfig) -> str:
@@ -36,9 +38,23 @@ def task_target(job: JobConfig) -> str:
 
 
 def prepare(job: JobConfig) -> JobConfig:
-    """Validate, and pin what ranks must not re-derive (the built-in task's data path, made absolute)."""
-    info = validate_job(job)
-    return job if info is None else replace(job, data=replace(job.data, path=str(Path(info.path))))
+    """Validate, and pin what ranks must not re-derive."""
+    return pin_inputs(job, validate_job(job))
+
+
+def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
+    """The built-in tasks' input files, made absolute (and the embedded ones built, once, here
+    rather than by every rank at once): classify's data.path, lm's task.tokens."""
+    if info is not None:
+        job = replace(job, data=replace(job.data, path=str(Path(info.path))))
+    if task_target(job) == LM_TASK:
+        from trainers.tokens import TokenDataError, resolve_token_path
+
+        try:
+            job = replace(job, task={**job.task, "tokens": str(resolve_token_path(job.task.get("tokens")))})
+        except (TokenDataError, OSError) as err:
+            raise UserError(str(err)) from None
+    return job
 
 
 def launch(job: JobConfig, run_dir: RunDir) -> int:

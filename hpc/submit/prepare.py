@@ -22,7 +22,7 @@ from hpc.config.validate import validate_job
 from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.submit.launch import rank_environment, resolved_yaml
+from hpc.submit.launch import pin_inputs, rank_environment, resolved_yaml
 from hpc.submit.slurm import setup_lines
 
 
@@ -57,9 +57,7 @@ def job_run_dir(job: JobConfig, job_id: str) -> tuple[RunDir, bool]:
 def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
     nodes, tasks_per_node = granted_shape(env)
     job = fit_to_allocation(compose_job(overrides), nodes, tasks_per_node, overrides)
-    info = validate_job(job, in_allocation=True)
-    if info is not None:  # the built-in task: its data file, made absolute
-        job = replace(job, data=replace(job.data, path=info.path))
+    job = pin_inputs(job, validate_job(job, in_allocation=True))
     job_id = slurm_job_id(env) or "nojob"
     run_dir, existed = job_run_dir(job, job_id)
     if not existed:  # after a requeue the first config stays: the checkpoints were made with it

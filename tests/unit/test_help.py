@@ -24,6 +24,7 @@ EXPECTED = {
     "-m hpc.costmodel",
     "-m collectives.bench",
     "-m trainers.tensorfile",
+    "-m trainers.tokens",
     "-m hpc.topology detect",
     "-m hpc.topology show",
     "-m hpc.topology place",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,11 @@ class StopAt(StepReporter):
             self.stop.signal_name = "SIGUSR1"
 
 
-def train(run_dir: Path, task: Regression, cfg: FitConfig, comm: Any = None, stop_at: int | None = None) -> Any:
+def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: int | None = None) -> Any:
     main = comm is None or comm.rank == 0
     stop = StopFlag()
     steps = StopAt(run_dir / "steps.jsonl" if main else None, stop, stop_at)
+    steps._prometheus = run_dir / "metrics.prom" if main else None  # the exporter's file, as trainer.prometheus_file sets it
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
     metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
     return fit(cfg, comm or FakeCollectives(), Path("/no/data/file"), metrics, run, task=task)
@@ -115,6 +117,7 @@ def test_a_user_task_trains_and_its_metric_names_are_reported(tmp_path):
     epochs = read_metrics(tmp_path / "metrics.jsonl")
     assert [set(e) >= {"test_loss", "test_close"} for e in epochs] == [True, True]
     assert result.test_metrics["close"] == epochs[-1]["test_close"] and result.test_metrics["loss"] == epochs[-1]["test_loss"] < steps[0]["loss"]
+    assert f'hpctk_metric{{run="",name="close"}} {steps[-1]["close"]:.6g}' in (tmp_path / "metrics.prom").read_text()
 
 
 def test_two_thread_ranks_agree_with_one_rank_at_the_same_global_batch(tmp_path):
@@ -144,3 +147,17 @@ def test_data_sets_of_different_lengths_on_the_ranks_are_refused(tmp_path):
     world = ThreadWorld(2)
     with pytest.raises(TaskError, match=r"ranks see data sets of different lengths \(train 500..512"):
         world.run(lambda comm: train(tmp_path, Regression(train_size=512 if comm.rank == 0 else 500), config(max_steps=2), comm))
+
+
+def test_the_language_model_task_learns_and_reports_perplexity(tmp_path):
+    from trainers.tasks.lm import LanguageModelTask
+    from trainers.tokens import embedded_corpus, write_token_file
+
+    write_token_file(embedded_corpus()[:60000], tmp_path / "tokens.h5")
+    task = LanguageModelTask(tokens=str(tmp_path / "tokens.h5"), context=16, layers=1, heads=2, width=32)
+    cfg = dataclasses.replace(config(max_steps=40, batch_size=16), optim=OptimConfig(name="adamw", lr=3e-3))
+    result = train(tmp_path, task, cfg)
+    steps = steps_of(tmp_path)
+    assert steps[0]["loss"] > 5.0 and steps[-1]["loss"] < 0.7 * steps[0]["loss"] and "token_accuracy" in steps[-1]
+    assert result.test_metrics["perplexity"] == pytest.approx(math.exp(result.test_metrics["loss"]))
+    assert read_metrics(tmp_path / "metrics.jsonl")[-1]["test_perplexity"] == result.test_metrics["perplexity"]

@@ -1,0 +1,60 @@
+"""A GPT-style language model (trainers.gpt) trained on a token file (trainers.tokens): next-token
+cross-entropy, with perplexity reported from the evaluation loss. `task.tokens` null trains on the
+embedded corpus (CPython's English reference text), made once into the cache dir."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainers.gpt import GPT, GPTShape, next_token_loss
+from trainers.task import StepOutput, TaskError
+from trainers.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, resolve_token_path
+
+
+class LanguageModelTask:
+    def __init__(self, tokens: str | None = None, context: int = 64, layers: int = 2, heads: int = 4, width: int = 128, dropout: float = 0.0) -> None:
+        self.shape = GPTShape(vocab_size=VOCAB_SIZE, context=context, layers=layers, heads=heads, width=width, dropout=dropout)
+        try:
+            self.shape.check()
+            self.path = resolve_token_path(tokens)
+        except (ValueError, TokenDataError) as err:
+            raise TaskError(f"task=lm: {err}") from None
+
+    def build_model(self) -> nn.Module:
+        return GPT(self.shape)
+
+    def _windows(self, split: str) -> TokenWindows:
+        try:
+            return TokenWindows(self.path, split, self.shape.context)
+        except TokenDataError as err:
+            raise TaskError(f"task=lm: {err}") from None
+
+    def train_data(self) -> TokenWindows:
+        return self._windows("train")
+
+    def eval_data(self) -> TokenWindows:
+        return self._windows("val")
+
+    def batch(self, items: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = torch.stack([x for x, _ in items]).to(device, non_blocking=True)
+        return inputs, torch.stack([y for _, y in items]).to(device, non_blocking=True)
+
+    def train_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
+        inputs, targets = batch
+        logits = model(inputs)
+        correct = float((logits.detach().argmax(dim=-1) == targets).float().mean(dim=1).sum())  # per window: the share right
+        return StepOutput(next_token_loss(logits, targets), len(inputs), {"token_accuracy": correct})
+
+    def eval_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
+        return self.train_step(model, batch)
+
+    def summarize(self, means: dict[str, float]) -> dict[str, float]:
+        """Perplexity from the mean next-token loss (means per window of equal length: per token too)."""
+        return {**means, "perplexity": math.exp(min(means["loss"], 50.0))}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": "gpt", **self.shape.__dict__, "tokens": str(self.path)}
