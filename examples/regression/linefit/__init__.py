@@ -1,0 +1,1 @@
+"""An example user project: a task outside the toolkit, in its own package."""
