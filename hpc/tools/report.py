@@ -32,7 +32,7 @@ class RunFigures:
     samples_per_s: float
     speedup: float | None  # None when every run has the same rank count
     efficiency: float | None
-    test_accuracy: float | None
+    test: dict[str, float]  # the last evaluation's metrics by the task's names (test_accuracy -> "accuracy"), not its loss
     loss: float | None
     swept: dict[str, str]  # the overrides that set this sweep point apart ({} for a lone run)
 
@@ -70,7 +70,8 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
         ranks = int(last.get("world_size") or result.get("world_size") or 0)
         if ranks < 1:
             continue
-        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), last.get("test_accuracy"), last.get("loss")))
+        tested = {key.removeprefix("test_"): float(value) for key, value in last.items() if key.startswith("test_") and key != "test_loss"}
+        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), tested, last.get("loss")))
     if not measured:
         return []
     fewest = min(m[1] for m in measured)
@@ -78,10 +79,10 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
     base_rates = [m[3] for m in measured if m[1] == fewest]
     base = sum(base_rates) / len(base_rates)
     figures = []
-    for run, ranks, nodes, rate, accuracy, loss in measured:
+    for run, ranks, nodes, rate, tested, loss in measured:
         speedup = (rate / base if base > 0 else 0.0) if scaling else None
         efficiency = speedup / (ranks / fewest) if speedup is not None else None
-        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, accuracy, loss, swept.get(run.path, {})))
+        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, tested, loss, swept.get(run.path, {})))
     return sorted(figures, key=lambda f: (f.ranks, f.run))
 
 
@@ -91,17 +92,19 @@ def varies_ranks(figures: list[RunFigures]) -> bool:
 
 def render_table(figures: list[RunFigures]) -> str:
     """Markdown: run, ranks, nodes, one column per swept key, samples/s, speedup and efficiency
-    (only when the rank count varies), test accuracy, loss."""
+    (only when the rank count varies), the task's test metrics (test accuracy, ...), loss."""
     keys = list(dict.fromkeys(key for f in figures for key in f.swept))
+    tested = list(dict.fromkeys(name for f in figures for name in f.test)) or ["accuracy"]
     scaling = varies_ranks(figures)
-    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), "test accuracy", "loss"]
-    align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), "---:", "---:"]
+    test_names = [f"test {name.replace('_', ' ')}" for name in tested]
+    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), *test_names, "loss"]
+    align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), *["---:"] * len(tested), "---:"]
     lines = [_row(names), _row(align)]
     for f in figures:
-        acc = "-" if f.test_accuracy is None else f"{f.test_accuracy:.4f}"
+        metrics = ["-" if name not in f.test else f"{f.test[name]:.4f}" for name in tested]
         loss = "-" if f.loss is None else f"{f.loss:.4f}"
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
-        cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, acc, loss]
+        cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
         lines.append(_row(cells))
     return "\n".join(lines)
 

@@ -169,3 +169,17 @@ def test_array_task_ranges_of_pending_tasks_expand():
     assert array_task_ids("3,5-7") == [3, 5, 6, 7]
     assert array_task_ids("4") == [4]
     assert array_task_ids("N/A") == []
+
+
+def test_the_report_shows_a_user_tasks_own_test_metrics(tmp_path):
+    from hpc.tools.report import render_table
+
+    run = RunDir(tmp_path / "0")
+    run.path.mkdir(parents=True)
+    epoch = {"epoch": 1, "samples_per_s": 50.0, "world_size": 2, "loss": 0.01, "test_loss": 0.02, "test_within_3_sigma": 0.97, "test_perplexity": 4.5}
+    _jsonl(run.metrics, [epoch])
+    (figures,) = scaling_figures([run])
+    assert figures.test == {"within_3_sigma": 0.97, "perplexity": 4.5}  # not the test loss: the loss column is training's
+    table = render_table([figures]).splitlines()
+    assert table[0] == "| run | ranks | nodes | samples/s | test within 3 sigma | test perplexity | loss |"
+    assert table[2] == "| 0 | 2 | - | 50.0 | 0.9700 | 4.5000 | 0.0100 |"
