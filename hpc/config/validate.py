@@ -268,6 +268,26 @@ def defines(source: str, name: str) -> bool:
     return False
 
 
+PROVIDED = ("model", "data", "trainer", "data_path")  # what the rank offers a task's constructor by name (trainers.tasks)
+
+
+def constructor_arguments(source: str, name: str) -> list[str] | None:
+    """The keyword arguments class `name` of a module's source takes (its own __init__, or a
+    dataclass's fields); None when the source cannot tell (**kwargs, an inherited __init__)."""
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.ClassDef) and node.name == name):
+            continue
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is not None:
+            args = init.args
+            return None if args.kwarg else [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs][1:]]
+        decorated = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in node.decorator_list}
+        if "dataclass" in decorated and not node.bases:
+            return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+        return None
+    return None
+
+
 def check_task(job: JobConfig) -> bool:
     """The task's class can be found where the ranks import from (without importing it); True for
     the built-in classification, whose data the login node checks too."""
@@ -301,6 +321,11 @@ def check_task(job: JobConfig) -> bool:
             raise UserError(f"task._target_={target}: {found} line {err.lineno}: {err.msg}") from None
         if not has_name:
             raise UserError(f"task._target_={target}: {found} defines no {name}")
+        takes = constructor_arguments(source, name)
+        unknown = [key for key in extra if takes is not None and key not in takes]
+        if unknown:  # the same line the rank would give (trainers.tasks.build_task), before anything is submitted
+            offered = ", ".join(arg for arg in takes or [] if arg not in PROVIDED) or "nothing"
+            raise UserError(f"task.{unknown[0]}: {target} takes no argument {unknown[0]!r}; it takes: {offered}")
     return False
 
 

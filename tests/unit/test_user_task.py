@@ -83,3 +83,25 @@ def test_build_task_passes_the_config_keys_and_refuses_unknown_ones(user_path):
         build_task({"_target_": "mytasks.regression.NotATask"}, provided())
     with pytest.raises(TaskError, match=r"mytasks.regression defines no class Nope"):
         build_task({"_target_": "mytasks.regression.Nope"}, provided())
+
+
+def test_keys_the_task_does_not_take_are_refused_on_the_login_node(user_path):
+    with pytest.raises(UserError, match=r"task.width: mytasks.regression.Regression takes no argument 'width'; it takes: samples, tolerance"):
+        validate_job(compose_job(["task._target_=mytasks.regression.Regression", "+task.width=3"]))
+    assert validate_job(compose_job(["task._target_=mytasks.regression.Regression", "+task.tolerance=0.5"])) is None
+
+
+def test_constructor_arguments_are_read_from_the_source():
+    from hpc.config.validate import constructor_arguments
+
+    source = (
+        "import dataclasses\n"
+        "class A:\n    def __init__(self, x, *, y=1): ...\n"
+        "class B:\n    def __init__(self, **kw): ...\n"
+        "@dataclasses.dataclass\nclass C:\n    width: int = 3\n    depth: int = 2\n"
+        "class D(A): pass\n"
+    )
+    assert constructor_arguments(source, "A") == ["x", "y"]
+    assert constructor_arguments(source, "B") is None  # takes anything
+    assert constructor_arguments(source, "C") == ["width", "depth"]
+    assert constructor_arguments(source, "D") is None  # inherited: the rank checks it
