@@ -32,16 +32,23 @@ def skip_past(progress: Progress) -> bool:
     return False
 
 
+class DivergedError(RuntimeError):
+    """Rolling back cannot help: the checkpoint itself leads straight to non-finite steps."""
+
+
 class BadStepGuard:
     def __init__(self, max_bad: int) -> None:
         self.max_bad = max_bad  # 0: never roll back, only skip
         self.in_a_row = 0
         self._first_position = 0
+        self._rolled_back_to: int | None = None  # the checkpoint step of the last rollback
+        self._finite_since_rollback = False
 
     def record(self, finite: bool, progress: Progress, position_before: int) -> None:
         """After a step's verdict (progress already counts the step)."""
         if finite:
             self.in_a_row = 0
+            self._finite_since_rollback = True
             return
         if self.in_a_row == 0:
             self._first_position = position_before
@@ -55,6 +62,18 @@ class BadStepGuard:
     def bad_range(self, progress: Progress) -> list[int]:
         """[epoch, start, end): the data of the bad steps in a row, to be skipped from now on."""
         return [progress.epoch, self._first_position, progress.position]
+
+    def rolled_back(self, to_step: int) -> None:
+        """After a rollback to checkpoint `to_step`. A second one to the same checkpoint with no
+        finite step in between would repeat forever (the checkpoint's own weights diverge):
+        DivergedError instead, which ends the job with one line."""
+        if to_step == self._rolled_back_to and not self._finite_since_rollback:
+            raise DivergedError(
+                f"training diverged: every step after checkpoint step {to_step} has non-finite gradients, also after rolling back to it; "
+                "lower optim.lr, set trainer.clip_grad_norm, or check the data (a new run dir starts afresh)"
+            )
+        self._rolled_back_to, self._finite_since_rollback = to_step, False
+        self.in_a_row = 0
 
     def reset(self) -> None:
         self.in_a_row = 0

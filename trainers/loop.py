@@ -269,8 +269,12 @@ class Loop:
 
     def roll_back_past(self, bad_range: list[int]) -> None:
         """To the newest committed checkpoint; the bad range is never trained on again."""
-        self.progress = roll_back(self.comm, self.coordinator, self.model, self.optimizer, self.schedule, self.scaler, self.progress, bad_range)
-        self.guard.reset()
+        before = self.progress
+        self.progress = roll_back(self.comm, self.coordinator, self.model, self.optimizer, self.schedule, self.scaler, before, bad_range)
+        if self.progress is before:  # no checkpoint to go back to: the range is skipped, training goes on
+            self.guard.reset()
+        else:
+            self.guard.rolled_back(self.progress.step)
 
     def in_skipped_range(self) -> bool:
         progress = self.progress

@@ -175,9 +175,10 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
     """The other ranks would wait in their next collective forever: end the whole job, and keep
     Slurm from restarting it (an error in the code or data would repeat)."""
     from trainers.checkpoint import CheckpointError
+    from trainers.guard import DivergedError
     from trainers.task import TaskError
 
-    if isinstance(err, CheckpointError | TaskError):  # a user-fixable cause: one line, no traceback
+    if isinstance(err, CheckpointError | TaskError | DivergedError):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)

@@ -46,10 +46,10 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
 
 
-def start_launch(*overrides: str, cwd: Path) -> subprocess.Popen[str]:
+def start_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`python launch.py OVERRIDES...` in the background (run dirs under cwd), stderr kept."""
     command = [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def wait_for_run(launched: subprocess.Popen[str], cwd: Path, ready: Callable[[Path], bool], what: str, timeout_s: float = 120) -> Path:

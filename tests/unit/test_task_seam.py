@@ -18,6 +18,7 @@ from collectives.base import FakeCollectives, ThreadWorld
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.fit import fit
+from trainers.guard import DivergedError
 from trainers.metrics import MetricsWriter, read_metrics
 from trainers.preemption import StopFlag
 from trainers.reporting import StepReporter
@@ -161,3 +162,13 @@ def test_the_language_model_task_learns_and_reports_perplexity(tmp_path):
     assert steps[0]["loss"] > 5.0 and steps[-1]["loss"] < 0.7 * steps[0]["loss"] and "token_accuracy" in steps[-1]
     assert result.test_metrics["perplexity"] == pytest.approx(math.exp(result.test_metrics["loss"]))
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["test_perplexity"] == result.test_metrics["perplexity"]
+
+
+def test_a_checkpoint_that_diverges_again_ends_the_run_instead_of_rolling_back_forever(tmp_path):
+    # lr 1e30: the first update makes the weights huge; every later step overflows, and so does
+    # every step after rolling back to a checkpoint saved after that first update
+    cfg = dataclasses.replace(config(every_steps=5), optim=OptimConfig(lr=1e30, momentum=0.0))
+    with pytest.raises(DivergedError, match=r"training diverged: every step after checkpoint step \d+ has non-finite gradients, also after rolling back"):
+        train(tmp_path, Regression(), cfg)
+    steps = steps_of(tmp_path)
+    assert len(steps) < 64 and sum(1 for s in steps if s.get("skipped")) >= 6  # it stopped early, after two rollbacks

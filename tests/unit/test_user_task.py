@@ -77,7 +77,7 @@ def provided() -> dict[str, object]:
 def test_build_task_passes_the_config_keys_and_refuses_unknown_ones(user_path):
     task = build_task({"_target_": "mytasks.regression.Regression", "samples": 100}, provided())
     assert len(task.train_data()) == 100 and task.describe() == {"name": "Regression", "task": "mytasks.regression.Regression"}
-    with pytest.raises(TaskError, match=r"task.width: mytasks.regression.Regression takes no argument 'width'; it takes: samples, tolerance"):
+    with pytest.raises(TaskError, match=r"task.width: mytasks.regression.Regression takes no argument 'width'; it takes: samples, tolerance, hidden"):
         build_task({"_target_": "mytasks.regression.Regression", "width": 3}, provided())
     with pytest.raises(TaskError, match=r"mytasks.regression.NotATask is not a task: it has no train_data, eval_data, train_step, eval_step"):
         build_task({"_target_": "mytasks.regression.NotATask"}, provided())
@@ -86,7 +86,7 @@ def test_build_task_passes_the_config_keys_and_refuses_unknown_ones(user_path):
 
 
 def test_keys_the_task_does_not_take_are_refused_on_the_login_node(user_path):
-    with pytest.raises(UserError, match=r"task.width: mytasks.regression.Regression takes no argument 'width'; it takes: samples, tolerance"):
+    with pytest.raises(UserError, match=r"task.width: mytasks.regression.Regression takes no argument 'width'; it takes: samples, tolerance, hidden"):
         validate_job(compose_job(["task._target_=mytasks.regression.Regression", "+task.width=3"]))
     assert validate_job(compose_job(["task._target_=mytasks.regression.Regression", "+task.tolerance=0.5"])) is None
 
