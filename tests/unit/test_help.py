@@ -33,6 +33,7 @@ EXPECTED = {
     "benchmarks/checkpoint.py",
     "benchmarks/rail_fabric.py",
     "benchmarks/reliability.py",
+    "benchmarks/lm_throughput.py",
 }
 # `python -m pkg.mod [subcommand]` or `python script.py [subcommand]`; a subcommand is a bare
 # lower-case word (not an override `a=b`, a path, an option or the end of a code span)
