@@ -7,25 +7,29 @@ differ in the last bits: tolerance 1e-5 absolute), and 1 rank with the global ba
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import IN_CI, require
-from tests.support.runs import run_dirs, run_launch
+from tests.support.runs import ROOT, run_dirs, run_launch
 from trainers.checkpoint import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 STEPS = ["trainer.max_steps=20", "trainer.epochs=2", "optim.lr=0.2", "optim.schedule=constant", "checkpoint.every_steps=19"]
 TOLERANCE = 1e-5
+# A user's task from a package outside the toolkit (tests/fixtures/mytasks), on PYTHONPATH
+USER_TASK = ("task._target_=mytasks.regression.Regression", "+task.hidden=32", "+task.samples=2048")
+TASKS = {"builtin": (), "user-task": USER_TASK}
 
 
 def checkpoints(tmp_path: Path, name: str, *overrides: str) -> dict[int, dict]:
     """Train in tmp_path/name; every committed checkpoint's shared state by step."""
     where = tmp_path / name
     where.mkdir()
-    done = run_launch(*overrides, cwd=where)
+    done = run_launch(*overrides, cwd=where, env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(where)
     return {int(d.name.removeprefix("step-")): load_tensor_file(d / "shared.ckpt") for d in sorted((run_dir / "checkpoints").glob("step-*"))}
@@ -55,12 +59,13 @@ def backends() -> list[str]:
     return names
 
 
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("backend", backends())
-def test_every_cpu_backend_trains_to_the_same_parameters_as_ours(tmp_path, backend):
+def test_every_cpu_backend_trains_to_the_same_parameters_as_ours(tmp_path, backend, task):
     if backend == "horovod":
         require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
-    ours, ours_before = final_parameters(tmp_path, "mpi", "comm=mpi")
-    theirs, _ = final_parameters(tmp_path, backend, f"comm={backend}")
+    ours, ours_before = final_parameters(tmp_path, "mpi", "comm=mpi", *TASKS[task])
+    theirs, _ = final_parameters(tmp_path, backend, f"comm={backend}", *TASKS[task])
     assert max_difference(ours, theirs) < TOLERANCE
     assert_one_step_apart_is_noticed(ours, ours_before)
 
@@ -76,9 +81,10 @@ def test_one_rank_with_the_global_batch_equals_two_ranks_with_half(tmp_path, bac
     assert_one_step_apart_is_noticed(two, two_before)
 
 
-def test_a_global_batch_gives_the_same_training_on_one_or_two_ranks(tmp_path):
+@pytest.mark.parametrize("task", TASKS)
+def test_a_global_batch_gives_the_same_training_on_one_or_two_ranks(tmp_path, task):
     """trainer.global_batch=64 with batch 32: 2 accumulation steps on 1 rank, 1 on 2 ranks."""
-    common = ("comm=mpi", "trainer.global_batch=64", "data.batch_size=32")
+    common = ("comm=mpi", "trainer.global_batch=64", "data.batch_size=32", *TASKS[task])
     one, one_before = final_parameters(tmp_path, "one", *common, "resources.tasks_per_node=1")
     two, _ = final_parameters(tmp_path, "two", *common, "resources.tasks_per_node=2")
     assert max_difference(one, two) < TOLERANCE

@@ -172,3 +172,13 @@ def test_a_checkpoint_that_diverges_again_ends_the_run_instead_of_rolling_back_f
         train(tmp_path, Regression(), cfg)
     steps = steps_of(tmp_path)
     assert len(steps) < 64 and sum(1 for s in steps if s.get("skipped")) >= 6  # it stopped early, after two rollbacks
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_user_task_trains_under_reduced_precision(tmp_path, precision):
+    cfg = config()
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=precision))
+    result = train(tmp_path, Regression(), cfg)
+    steps = steps_of(tmp_path)
+    assert all(math.isfinite(s["loss"]) for s in steps) and steps[-1]["loss"] < 0.25 * steps[0]["loss"]
+    assert math.isfinite(result.test_metrics["loss"]) and "close" in result.test_metrics
