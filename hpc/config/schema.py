@@ -104,6 +104,11 @@ class JobConfig:
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig())
 
 
+def task_target(job: JobConfig) -> str:
+    """The task's class as `package.module.Class` ("" when the config names none)."""
+    return str(job.task.get("_target_", ""))
+
+
 def apply_run_access(run_access: str) -> None:
     """Set this process's umask for run_access; everything it and its children create (run
     dirs, configs, logs, checkpoints) gets no more access than that."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from collectives.mpirun import root_environment
-from hpc.config.schema import JobConfig
+from hpc.config.schema import JobConfig, task_target
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
@@ -31,10 +31,6 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
     env.update(job.cluster.env)
     env.update(root_environment())
     return env
-
-
-def task_target(job: JobConfig) -> str:
-    return str(job.task.get("_target_", ""))
 
 
 def prepare(job: JobConfig) -> JobConfig:

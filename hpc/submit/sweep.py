@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.config.schema import JobConfig
+from hpc.config.schema import JobConfig, task_target
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
-from hpc.submit.launch import prepare, rank_environment, resolved_yaml, task_target
+from hpc.submit.launch import prepare, rank_environment, resolved_yaml
 from hpc.submit.snapshot import freeze_code, user_sources
 from hpc.submit.tidy import prune_empty
 
