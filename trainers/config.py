@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 MODELS = ("mlp", "cnn", "resnet50")
 CLASSIFY_TASK = "trainers.tasks.classify.ClassifyTask"  # the default task (task=classify)
@@ -46,6 +47,14 @@ class OptimConfig:
     # lr * global batch / reference_batch. Off: lr as given, whatever the global batch.
     scale_lr: bool = False
     reference_batch: int = 256
+    # Hydra's `_target_` convention, e.g. {_target_: torch.optim.RMSprop, alpha: 0.9}: any
+    # torch.optim.Optimizer, called with the parameter groups and lr (optim.lr, scaled as above,
+    # unless given here). Set, it replaces name, momentum, weight_decay and nesterov.
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    # {_target_: torch.optim.lr_scheduler.StepLR, step_size: 1000}: any LRScheduler, called with
+    # the optimizer (and total_steps, when it takes it), stepped once per optimizer step. Set, it
+    # replaces schedule and warmup_steps.
+    scheduler: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +70,9 @@ class TrainerConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler)
     clip_grad_norm: float | None = None  # clip the averaged gradients to this global L2 norm
     channels_last: bool = False  # NHWC memory format for CNNs (faster convolutions on GPUs)
+    # Keep only the inputs of the modules the task names (Task.checkpointed_modules) and recompute
+    # their activations in backward: less memory for about a third more compute.
+    activation_checkpointing: bool = False
     sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' batches (comm=nccl: torch's is GPU-only)
     log_every: int = 10  # a progress line (and the Prometheus file) every this many steps
     straggler_every: int = 20  # compare the ranks' step times every this many steps (0: never)

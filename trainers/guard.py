@@ -24,16 +24,19 @@ def grads_finite(model: nn.Module) -> bool:
 
 
 def skip_past(progress: Progress) -> bool:
-    """Move the data position past a skipped range it stands in; True when it moved."""
-    for epoch, start, end in progress.skip:
-        if epoch == progress.epoch and start <= progress.position < end:
-            progress.position = end
-            return True
-    return False
+    """Move the data position past every skipped range it stands in (ranges recorded by
+    successive rollbacks adjoin: the end of one is the start of the next); True when it moved."""
+    moved = False
+    while inside := next((end for epoch, start, end in progress.skip if epoch == progress.epoch and start <= progress.position < end), None):
+        progress.position, moved = inside, True
+    return moved
 
 
 class DivergedError(RuntimeError):
     """Rolling back cannot help: the checkpoint itself leads straight to non-finite steps."""
+
+
+ROLLBACKS_PER_CHECKPOINT = 3  # more to the same checkpoint: its weights are the problem, not the data
 
 
 class BadStepGuard:
@@ -42,6 +45,7 @@ class BadStepGuard:
         self.in_a_row = 0
         self._first_position = 0
         self._rolled_back_to: int | None = None  # the checkpoint step of the last rollback
+        self._rollbacks_to_it = 0
         self._finite_since_rollback = False
 
     def record(self, finite: bool, progress: Progress, position_before: int) -> None:
@@ -64,12 +68,16 @@ class BadStepGuard:
         return [progress.epoch, self._first_position, progress.position]
 
     def rolled_back(self, to_step: int) -> None:
-        """After a rollback to checkpoint `to_step`. A second one to the same checkpoint with no
-        finite step in between would repeat forever (the checkpoint's own weights diverge):
-        DivergedError instead, which ends the job with one line."""
-        if to_step == self._rolled_back_to and not self._finite_since_rollback:
+        """After a rollback to checkpoint `to_step`. Rolling back to the same checkpoint again
+        with no finite step in between, or more than ROLLBACKS_PER_CHECKPOINT times, would go on
+        forever (the checkpoint's own weights diverge, whatever data follows): DivergedError
+        instead, which ends the job with one line."""
+        again = to_step == self._rolled_back_to
+        self._rollbacks_to_it = self._rollbacks_to_it + 1 if again else 1
+        if again and (not self._finite_since_rollback or self._rollbacks_to_it > ROLLBACKS_PER_CHECKPOINT):
+            before = self._rollbacks_to_it - 1
             raise DivergedError(
-                f"training diverged: every step after checkpoint step {to_step} has non-finite gradients, also after rolling back to it; "
+                f"training diverged: the steps after checkpoint step {to_step} keep going non-finite, also after {before} rollback{'s' * (before > 1)} to it; "
                 "lower optim.lr, set trainer.clip_grad_norm, or check the data (a new run dir starts afresh)"
             )
         self._rolled_back_to, self._finite_since_rollback = to_step, False

@@ -22,6 +22,7 @@ from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
 from trainers.metrics import MetricsWriter
 from trainers.optim import build_optimizer, build_schedule
+from trainers.recompute import recompute_in_backward
 from trainers.recovery import resume_or_start, roll_back
 from trainers.reporting import PHASES
 from trainers.run import FitConfig, RunContext
@@ -353,10 +354,12 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     if cfg.trainer.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
+    if cfg.trainer.activation_checkpointing:
+        recompute_in_backward(task.checkpointed_modules(model))
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
     global_batch = accumulation * cfg.data.batch_size * comm.world_size
-    optimizer = build_optimizer(cfg.optim, model.parameters(), scaled_lr(cfg.optim, global_batch))
+    optimizer = build_optimizer(cfg.optim, task.param_groups(model), scaled_lr(cfg.optim, global_batch))
     sync = build_gradient_sync(model, optimizer, comm, cfg.comm, accumulation)
     optimizer = sync.optimizer
     precision = cfg.trainer.precision

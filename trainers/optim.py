@@ -1,18 +1,26 @@
-"""Optimizer and learning-rate schedule from their config: linear warm-up, then cosine or constant."""
+"""Optimizer and learning-rate schedule from their config: the built-in ones (SGD or AdamW; linear
+warm-up, then cosine or constant), or any torch class the config names by `_target_`."""
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
-from torch import nn
 
 from trainers.config import SCHEDULES, OptimConfig
+from trainers.targets import instantiate
+from trainers.task import TaskError
 
 
-def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float | None = None) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, params: Iterable[Any], lr: float | None = None) -> torch.optim.Optimizer:
+    """`params`: the model's parameters, or parameter groups (dicts with "params")."""
     lr = cfg.lr if lr is None else lr
+    if cfg.optimizer:
+        optimizer = instantiate(cfg.optimizer, "optim.optimizer", (params,), {"lr": lr}, base=torch.optim.Optimizer)
+        return checked_state(optimizer, "optim.optimizer")
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     if cfg.name == "adamw":
@@ -31,5 +39,25 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> 
 
 
 def build_schedule(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    if cfg.scheduler:
+        schedule = instantiate(cfg.scheduler, "optim.scheduler", (optimizer,), {"total_steps": total_steps}, base=torch.optim.lr_scheduler.LRScheduler)
+        if isinstance(schedule, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            target = cfg.scheduler["_target_"]
+            raise TaskError(f"optim.scheduler._target_={target} steps on a metric; the toolkit steps schedulers once per optimizer step, without one")
+        return checked_state(schedule, "optim.scheduler")
     lr_factor(0, total_steps, cfg.warmup_steps, cfg.schedule)  # unknown schedules fail here, not at step 1
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.schedule))
+
+
+def checked_state(owner: Any, key: str) -> Any:
+    """`owner`, once its state_dict is shown to load as checkpoints load (weights only: tensors,
+    numbers, strings): a class whose state holds anything else would save but never resume."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(owner.state_dict(), buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception as err:  # torch's UnpicklingError names the type it refused
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TaskError(f"{key}: the state of {type(owner).__name__} cannot be checkpointed safely (only tensors, numbers and strings load): {first}") from None
+    return owner

@@ -71,6 +71,16 @@ class Task(Protocol):
         """Optional: the evaluation's means per sample ("loss" and the metrics) with figures
         derived from them added, e.g. perplexity = exp(loss)."""
 
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """Optional: the optimizer's parameter groups, as torch takes them ({"params": [...],
+        "weight_decay": 0.0}, ...); every trainable parameter in exactly one group. Default: one
+        group of all parameters, with the optim config's settings."""
+
+    def checkpointed_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Optional: the modules whose activations are recomputed in backward instead of kept,
+        with trainer.activation_checkpointing=true (a transformer's blocks, typically). Their
+        forward must not update buffers (BatchNorm's running statistics would update twice)."""
+
 
 def read_items(dataset: MapDataset, indices: Sequence[int] | np.ndarray) -> Any:
     """The samples at `indices`: in one read where the data set offers `__getitems__`."""
@@ -99,6 +109,26 @@ def pin(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(pin(item) for item in value)
     return value
+
+
+def checked_groups(groups: list[Any], model: nn.Module, where: str) -> list[dict[str, Any]]:
+    """Parameter groups that hold every trainable parameter of `model` once, and nothing else."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    seen: set[int] = set()
+    for group in groups:
+        if not isinstance(group, dict) or "params" not in group:
+            raise TaskError(f"{where} returned a {type(group).__name__} as a group; return dicts with a 'params' list")
+        group["params"] = list(group["params"])
+        for parameter in group["params"]:
+            if id(parameter) not in names:
+                raise TaskError(f"{where}: a group holds a tensor that is not a parameter of the model")
+            if id(parameter) in seen:
+                raise TaskError(f"{where}: parameter {names[id(parameter)]!r} is in more than one group")
+            seen.add(id(parameter))
+    left_out = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
+    if left_out:
+        raise TaskError(f"{where} leaves out {len(left_out)} trainable parameters ({left_out[0]!r}, ...); put them in a group, or set requires_grad=False")
+    return groups
 
 
 REQUIRED = ("build_model", "train_data", "eval_data", "train_step", "eval_step")
@@ -150,6 +180,21 @@ class _Adapted:
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         custom = getattr(self._task, "summarize", None)
         return dict(custom(means)) if custom is not None else means
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        custom = getattr(self._task, "param_groups", None)
+        if custom is None:
+            return [{"params": list(model.parameters())}]
+        return checked_groups(list(custom(model)), model, f"{self._target}.param_groups")
+
+    def checkpointed_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        custom = getattr(self._task, "checkpointed_modules", None)
+        if custom is None:
+            raise TaskError(f"trainer.activation_checkpointing=true: {self._target} names no modules to recompute; define checkpointed_modules(model)")
+        modules = list(custom(model))
+        if not modules or not all(isinstance(m, nn.Module) for m in modules):
+            raise TaskError(f"{self._target}.checkpointed_modules returned no modules; return the torch.nn.Modules to recompute in backward")
+        return modules
 
     def describe(self) -> dict[str, Any]:
         custom = getattr(self._task, "describe", None)

@@ -158,6 +158,8 @@ def explain_composition_error(err: Exception, overrides: list[str], source: Conf
     cause = err.__cause__ or err
     detail = " ".join(str(cause).split("full_key:")[0].split()) or text
     full_key = getattr(cause, "full_key", None)
+    append = text.partition("To append to your config use ")[2].split(" ")[0]  # Hydra's hint for a new key
+    detail += f"; to add it, write {append}" if append else ""
     return f"{full_key}: {detail}" if full_key else detail
 
 

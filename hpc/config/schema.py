@@ -109,6 +109,13 @@ def task_target(job: JobConfig) -> str:
     return str(job.task.get("_target_", ""))
 
 
+def code_targets(job: JobConfig) -> list[str]:
+    """Every class the config names by `_target_`: the task, a custom optimizer and scheduler
+    (their packages are frozen with the job when they are the user's own)."""
+    custom = [str(spec["_target_"]) for spec in (job.optim.optimizer, job.optim.scheduler) if spec.get("_target_")]
+    return [task_target(job), *custom]
+
+
 def apply_run_access(run_access: str) -> None:
     """Set this process's umask for run_access; everything it and its children create (run
     dirs, configs, logs, checkpoints) gets no more access than that."""

@@ -10,6 +10,7 @@ import shutil
 import sys
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from collectives.mpirun import find_mpirun
@@ -288,45 +289,66 @@ def constructor_arguments(source: str, name: str) -> list[str] | None:
     return None
 
 
-def check_task(job: JobConfig) -> bool:
-    """The task's class can be found where the ranks import from (without importing it); True for
-    the built-in classification, whose data the login node checks too."""
-    target = job.task.get("_target_")
+def check_target(key: str, target: Any, arguments: list[str], provided: tuple[str, ...] = ()) -> None:
+    """A class named by `{key}._target_` can be found where the ranks import from, without
+    importing it (no package __init__ runs: torch stays out of the login node), and takes
+    `arguments`, where its source can tell."""
     if not isinstance(target, str) or "." not in target or not target.rpartition(".")[2].isidentifier():
-        raise UserError(f"task._target_={target!r}: name the task's class as package.module.Class")
-    extra = sorted(key for key in job.task if key != "_target_")
-    if target == CLASSIFY_TASK:
-        if extra:
-            raise UserError(f"task.{extra[0]}: the built-in classify task takes no arguments (the model, data and trainer groups configure it)")
-        return True
+        raise UserError(f"{key}._target_={target!r}: name the class as package.module.Class")
     module, _, name = target.rpartition(".")
     search = [p for p in sys.path if p]  # the ranks run with PYTHONSAFEPATH: the working directory is not searched
     try:
         found, missing = find_module_file(module, search)
     except (ImportError, ValueError) as err:
-        raise UserError(f"task._target_={target}: {err}") from None
+        raise UserError(f"{key}._target_={target}: {err}") from None
     if missing:
         raise UserError(
-            f"task._target_={target}: no module {missing!r} on the import path ({', '.join(search[:3])}{', ...' if len(search) > 3 else ''}); "
+            f"{key}._target_={target}: no module {missing!r} on the import path ({', '.join(search[:3])}{', ...' if len(search) > 3 else ''}); "
             "put your package's parent directory on PYTHONPATH or pip install it"
         )
-    if found is not None and found.suffix == ".py":
-        try:
-            source = found.read_text()
-        except OSError as err:
-            raise UserError(f"task._target_={target}: {found}: {err.strerror}") from None
-        try:
-            has_name = defines(source, name)
-        except SyntaxError as err:
-            raise UserError(f"task._target_={target}: {found} line {err.lineno}: {err.msg}") from None
-        if not has_name:
-            raise UserError(f"task._target_={target}: {found} defines no {name}")
-        takes = constructor_arguments(source, name)
-        unknown = [key for key in extra if takes is not None and key not in takes]
-        if unknown:  # the same line the rank would give (trainers.tasks.build_task), before anything is submitted
-            offered = ", ".join(arg for arg in takes or [] if arg not in PROVIDED) or "nothing"
-            raise UserError(f"task.{unknown[0]}: {target} takes no argument {unknown[0]!r}; it takes: {offered}")
+    if found is None or found.suffix != ".py":
+        return
+    try:
+        source = found.read_text()
+    except OSError as err:
+        raise UserError(f"{key}._target_={target}: {found}: {err.strerror}") from None
+    try:
+        has_name = defines(source, name)
+    except SyntaxError as err:
+        raise UserError(f"{key}._target_={target}: {found} line {err.lineno}: {err.msg}") from None
+    if not has_name:
+        raise UserError(f"{key}._target_={target}: {found} defines no {name}")
+    takes = constructor_arguments(source, name)
+    unknown = [arg for arg in arguments if takes is not None and arg not in takes]
+    if unknown:  # the same line the rank would give (trainers.targets.instantiate), before anything is submitted
+        offered = ", ".join(arg for arg in takes or [] if arg not in provided) or "nothing"
+        raise UserError(f"{key}.{unknown[0]}: {target} takes no argument {unknown[0]!r}; it takes: {offered}")
+
+
+def check_task(job: JobConfig) -> bool:
+    """The task's class can be found where the ranks import from (without importing it); True for
+    the built-in classification, whose data the login node checks too."""
+    target = job.task.get("_target_")
+    extra = sorted(key for key in job.task if key != "_target_")
+    if target == CLASSIFY_TASK:
+        if extra:
+            raise UserError(f"task.{extra[0]}: the built-in classify task takes no arguments (the model, data and trainer groups configure it)")
+        return True
+    check_target("task", target, extra, PROVIDED)
     return False
+
+
+def check_optim_targets(job: JobConfig) -> None:
+    """A custom optimizer or scheduler (`optim.optimizer`, `optim.scheduler`): found, and not
+    mixed with the built-in schedule's warm-up it replaces."""
+    for key, spec in (("optim.optimizer", job.optim.optimizer), ("optim.scheduler", job.optim.scheduler)):
+        if not spec:
+            continue
+        if "_target_" not in spec:
+            raise UserError(f"{key} has no _target_; name the class, e.g. +{key}._target_=torch.optim...")
+        check_target(key, spec["_target_"], sorted(k for k in spec if k != "_target_"), ("params", "optimizer", "lr", "total_steps"))
+    if job.optim.scheduler and job.optim.warmup_steps:
+        raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} is for the built-in schedules; with optim.scheduler, warm up in the scheduler")
 
 
 def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | None:
@@ -340,5 +362,6 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     check_training(job)
     if not in_allocation:
         check_launcher_tools(job)
+    check_optim_targets(job)
     builtin = check_task(job)
     return check_data(job) if builtin else None  # a user's data sets are known on the ranks only

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from collectives.mpirun import root_environment
-from hpc.config.schema import JobConfig, task_target
+from hpc.config.schema import JobConfig, code_targets, task_target
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
@@ -73,7 +73,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(f"run directory: {run_dir.path}")
         return code
     try:
-        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code, user=user_sources([task_target(job)])))
+        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code, user=user_sources(code_targets(job))))
     except UserError:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise

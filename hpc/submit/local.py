@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any
 
 from collectives.mpirun import find_mpirun, mpirun_command
-from hpc.config.schema import JobConfig, task_target
+from hpc.config.schema import JobConfig, code_targets
 from hpc.env import TTY_VARIABLE
 from hpc.errors import UserError
 from hpc.rundir import RunDir
@@ -50,7 +50,7 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[s
     if mpirun is None:
         raise UserError("mpirun not found: run scripts/install.sh")
     if code is None:
-        code = run_dir.code if run_dir.code.is_dir() else freeze_code(run_dir.code, user=user_sources([task_target(job)]))
+        code = run_dir.code if run_dir.code.is_dir() else freeze_code(run_dir.code, user=user_sources(code_targets(job)))
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
     command = pinned_command(rank_command(job, run_dir, mpirun), env, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")

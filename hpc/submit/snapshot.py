@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -32,25 +34,37 @@ def _git(args: list[str], root: Path) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def installed_roots() -> list[Path]:
+    """Where the interpreter's standard library and installed packages live: the environment a
+    job runs in, not code of the job's own (torch.optim is never copied into a run dir)."""
+    names = ("stdlib", "platstdlib", "purelib", "platlib")
+    paths = {sysconfig.get_path(name) for name in names} | {site.getusersitepackages()}  # pip install --user
+    return [Path(path).resolve() for path in paths if path]
+
+
 def user_sources(targets: Iterable[str]) -> list[Path]:
-    """The top-level package directory (or module file) of every task class outside the toolkit,
-    found where the ranks import from, without importing it."""
+    """The top-level package directory (or module file) of every class the config names that is
+    the user's own: outside the toolkit and outside the installed environment. Found where the
+    ranks import from, without importing it."""
     search = [p for p in sys.path if p]
+    installed = installed_roots()
     found: dict[str, Path] = {}
     for target in targets:
         top = target.split(".")[0]
-        if not top or top in (*PACKAGES, "conf") or top in found:
+        if not top or top in (*PACKAGES, "conf") or top in found or top in sys.builtin_module_names:
             continue  # the toolkit's own tasks are frozen with it
         spec = importlib.machinery.PathFinder.find_spec(top, search)
         if spec is None:
-            raise UserError(f"task._target_={target}: no module {top!r} on the import path to freeze with the job")
+            raise UserError(f"_target_={target}: no module {top!r} on the import path to freeze with the job")
         locations = list(spec.submodule_search_locations or [])
         if locations:
-            found[top] = Path(locations[0])
+            source = Path(locations[0])
         elif spec.origin and spec.origin.endswith(".py"):
-            found[top] = Path(spec.origin)
+            source = Path(spec.origin)
         else:
-            raise UserError(f"task._target_={target}: {top} is not Python source ({spec.origin}); it cannot be frozen with the job")
+            raise UserError(f"_target_={target}: {top} is not Python source ({spec.origin}); it cannot be frozen with the job")
+        if not any(source.resolve().is_relative_to(root) for root in installed):
+            found[top] = source
     return list(found.values())
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.config.schema import JobConfig, task_target
+from hpc.config.schema import JobConfig, code_targets
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
@@ -69,7 +69,7 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     on_local = [p for p in prepared if p.job.cluster.launcher == "local"]
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
     if on_slurm:
-        code = freeze_code(sweep_dir / "code", user=user_sources(task_target(p.job) for p in on_slurm))
+        code = freeze_code(sweep_dir / "code", user=user_sources(t for p in on_slurm for t in code_targets(p.job)))
         for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
             try:
                 record["arrays"].append(_submit_group(params, group, sweep_dir, record["points"]))

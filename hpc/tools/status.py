@@ -5,7 +5,8 @@
 
 State comes from Slurm (squeue, then sacct where accounting runs), and from the run directory
 once Slurm has forgotten the job; restarts, the last step, the newest committed checkpoint and
-the current samples/s come from the run directory. Login-node code: no torch.
+the current samples/s, the last step's loss and the task's metrics (by the task's names) come from
+the run directory. Login-node code: no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.rundir import RunDir, find_runs, last_record
 from trainers.layout import committed_steps
+from trainers.reporting import task_metrics
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,31 @@ class RunStatus:
     # Why a pending job waits (Slurm's Reason): "BeginTime" after a requeue, "Priority", "JobHeldUser"
     reason: str = ""
     swept: str = ""  # what sets this sweep point apart from the others: "optim.lr=0.1 model=cnn"
+    metrics: str = ""  # the last step's loss and the task's metrics, by the task's names: "loss=0.31 accuracy=0.91"
 
-    def line(self, swept_width: int = 0) -> str:
+    def line(self, swept_width: int = 0, metrics_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
         # A job waiting to run (again) has no current rate; its last one would read as progress.
         rate = "-" if self.samples_per_s is None or self.state in slurmctl.WAITING_STATES else f"{self.samples_per_s:.0f}"
         state = f"{self.state}({self.reason})" if self.reason else self.state
         swept = f"{self.swept or '-':<{swept_width}} " if swept_width else ""
-        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {self.log}"
+        metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
+        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}"
 
 
-def header(swept_width: int = 0) -> str:
+def header(swept_width: int = 0, metrics_width: int = 0) -> str:
     swept = f"{'swept':<{swept_width}} " if swept_width else ""
-    return f"{'job':<12} {swept}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  log"
+    metrics = f"{'last step':<{metrics_width}}  " if metrics_width else ""
+    return f"{'job':<12} {swept}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  {metrics}log"
+
+
+def step_metrics(record: dict[str, Any] | None) -> str:
+    """A step record's loss and task metrics as `name=value`, under the names the task chose."""
+    if not record or not isinstance(record.get("loss"), int | float):
+        return ""
+    shown = {"loss": float(record["loss"]), **task_metrics(record)}
+    return " ".join(f"{name}={value:.4g}" for name, value in shown.items())
 
 
 HEADER = header()
@@ -149,6 +162,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         run_dir.rank_log(0),
         reason,
         swept,
+        step_metrics(step),
     )
 
 
@@ -174,9 +188,10 @@ def main(argv: list[str]) -> int:
         return err.exit_code
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     width = max((len(status.swept) for status in found), default=0)
-    print(header(width))
+    metrics_width = max((len(status.metrics) for status in found), default=0)
+    print(header(width, metrics_width))
     for status in found:
-        print(status.line(width))
+        print(status.line(width, metrics_width))
     return 0
 
 

@@ -4,13 +4,14 @@ in different ways, and compare it with an uninterrupted run: same per-step losse
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
 
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
 from tests.conftest import wait_until_done
-from tests.support.runs import logged_steps, run_dirs, run_launch, state_hash, step_losses, submit_job
+from tests.support.runs import ROOT, logged_steps, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -25,15 +26,30 @@ JOB = (
     "checkpoint.every_minutes=null",
 )
 
+# The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks, found on
+# PYTHONPATH at submission and frozen into the run dir; the ranks import that copy).
+USER_JOB = (
+    *JOB[:3],
+    "task._target_=mytasks.regression.Regression",
+    "+task.hidden=512",
+    "+task.samples=8192",
+    "data.batch_size=128",
+    "optim=adamw",
+    "trainer.epochs=3",
+    *JOB[5:],
+)
+USER_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")}
 
-def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
+
+@pytest.mark.parametrize("job, env", [(JOB, None), (USER_JOB, USER_ENV)], ids=["builtin", "user-task"])
+def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, env):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    reference = run_launch(*JOB, "wait=true", cwd=tmp_path / "a")
+    reference = run_launch(*job, "wait=true", cwd=tmp_path / "a", env=env)
     assert reference.returncode == 0, reference.stdout + reference.stderr
     (ref_dir,) = run_dirs(tmp_path / "a")
 
-    job_id, run_dir = submit_job(*JOB, cwd=tmp_path / "b")
+    job_id, run_dir = submit_job(*job, cwd=tmp_path / "b", env=env)
 
     interruptions = [
         (9, ["scancel", "--signal=USR1", job_id]),  # what preempt_send_user_signal delivers
@@ -50,6 +66,7 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert result["status"] == "completed" and result["restarts"] == 3 and result["resumed_from"] > 0
     assert step_losses(run_dir) == step_losses(ref_dir)
     assert state_hash(run_dir) == state_hash(ref_dir)
+    assert (run_dir / "code" / "mytasks" / "regression.py").is_file() == (env is not None)  # the ranks' copy
     rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
     assert rank0.count("resumed from checkpoint step") == 3  # one run dir, logs appended
     assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0

@@ -64,9 +64,9 @@ def wait_for_run(launched: subprocess.Popen[str], cwd: Path, ready: Callable[[Pa
     return run_dir
 
 
-def submit_job(*overrides: str, cwd: Path) -> tuple[str, Path]:
+def submit_job(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[str, Path]:
     """Submit one job through launch.py: its Slurm job id and its run dir."""
-    submitted = run_launch(*overrides, cwd=cwd)
+    submitted = run_launch(*overrides, cwd=cwd, env=env)
     assert submitted.returncode == 0, submitted.stderr
     (run_dir,) = run_dirs(cwd)
     return parse_job_id(submitted.stdout), run_dir

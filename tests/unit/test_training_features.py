@@ -61,3 +61,30 @@ def test_the_fp16_loss_scale_is_checkpointed_and_restored():
     restore(model, optimizer, schedule, 3, state, fresh)
     assert fresh.get_scale() == 96.0
     assert shared_state(model, optimizer, schedule, Progress(), {}, "", torch.amp.GradScaler("cpu", enabled=False))["scaler"] == {}
+
+
+def test_adjoining_skipped_ranges_are_all_skipped():
+    """Successive rollbacks record adjoining ranges; the position moves past all of them (it once
+    stopped inside the second and trained on it again, rolling back forever)."""
+    from trainers.guard import skip_past
+
+    progress = Progress(epoch=1, position=4224, skip=[[1, 4224, 5376], [1, 5376, 6528], [2, 0, 384]])
+    assert skip_past(progress) and progress.position == 6528
+    assert not skip_past(progress) and progress.position == 6528
+
+
+def test_rolling_back_to_one_checkpoint_again_and_again_ends_the_run():
+    """A finite step after each rollback (the checkpoint's weights are huge but finite) is no
+    progress: after ROLLBACKS_PER_CHECKPOINT rollbacks to the same checkpoint, DivergedError."""
+    from trainers.guard import ROLLBACKS_PER_CHECKPOINT, BadStepGuard, DivergedError
+
+    guard = BadStepGuard(max_bad=3)
+    for _ in range(ROLLBACKS_PER_CHECKPOINT):
+        guard.rolled_back(10)
+        guard.record(True, Progress(), 0)
+    with pytest.raises(DivergedError, match=rf"checkpoint step 10 keep going non-finite, also after {ROLLBACKS_PER_CHECKPOINT} rollbacks to it"):
+        guard.rolled_back(10)
+    fresh = BadStepGuard(max_bad=3)
+    for to_step in (10, 10, 20, 20, 20, 30):  # a newer checkpoint starts the count again
+        fresh.rolled_back(to_step)
+        fresh.record(True, Progress(), 0)

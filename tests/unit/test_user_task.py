@@ -43,7 +43,7 @@ def test_a_user_task_on_the_import_path_passes_the_login_checks(user_path):
         ("mytasks.regresion.Regression", r"task._target_=mytasks.regresion.Regression: no module 'mytasks.regresion' on the import path \("),
         ("nopkg.tasks.Thing", r"no module 'nopkg' on the import path .*put your package's parent directory on PYTHONPATH or pip install it"),
         ("mytasks.regression.Regresion", r"mytasks/regression.py defines no Regresion"),
-        ("Regression", r"task._target_='Regression': name the task's class as package.module.Class"),
+        ("Regression", r"task._target_='Regression': name the class as package.module.Class"),
     ],
 )
 def test_a_task_that_cannot_be_found_is_one_line_on_the_login_node(user_path, target, message):

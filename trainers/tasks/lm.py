@@ -52,6 +52,16 @@ class LanguageModelTask:
     def eval_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         return self.train_step(model, batch)
 
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """Weight decay on the matrices (linear and embedding weights) only, as GPT-2 trains:
+        biases and layer-norm gains keep their scale."""
+        matrices = [p for p in model.parameters() if p.dim() >= 2]
+        return [{"params": matrices}, {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+    def checkpointed_modules(self, model: nn.Module) -> list[nn.Module]:
+        assert isinstance(model, GPT)
+        return list(model.blocks)
+
     def summarize(self, means: dict[str, float]) -> dict[str, float]:
         """Perplexity from the mean next-token loss (means per window of equal length: per token too)."""
         return {**means, "perplexity": math.exp(min(means["loss"], 50.0))}
