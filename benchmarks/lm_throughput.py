@@ -9,8 +9,10 @@ Variants, each `--steps` optimizer steps of the GPT-style model on the embedded 
                               backward, step), DistributedDataParallel over Gloo
   toolkit, comm=mpi           fit() with our allreduce engine (fusion buckets, overlap)
   plain loop, our optimizer   the bare loop with our distributed optimizer wrapper on MPI
-Reported: tokens/s (rank 0's wall time over the steps after `--warmup`), the toolkit/plain ratio
-per backend, and the loss after `--steps` steps on 1 rank and on R ranks at the same global batch.
+Reported: tokens/s (rank 0's wall clock over the steps after `--warmup`, for both the same way),
+the toolkit/plain ratio per backend (the median of the per-repeat ratios; toolkit and plain loop
+alternate which runs first), and the loss after `--steps` steps on 1 rank and on R ranks at the
+same global batch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -54,23 +55,32 @@ def fit_config(steps: int, batch: int, backend: str) -> Any:
 
 
 def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, tokens: Path) -> tuple[float, float]:
-    """(seconds for the steps after warm-up, the last step's loss), on rank 0."""
+    """(wall seconds from the end of step `warmup` to the end of the last step, the last step's
+    loss), on rank 0: measured as the plain loop is, by the clock, not from the step records."""
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
     from trainers.run import RunContext
     from trainers.tasks.lm import LanguageModelTask
 
-    with tempfile.TemporaryDirectory() as tmp:
-        steps_file = Path(tmp) / "steps.jsonl" if comm.rank == 0 else None
-        run = RunContext(steps=StepReporter(steps_file))
-        task = LanguageModelTask(tokens=str(tokens), **TASK)
-        fit(fit_config(steps, batch, backend), comm, None, MetricsWriter(None), run, task)
-        if steps_file is None:
-            return 0.0, 0.0
-        records = [json.loads(line) for line in steps_file.read_text().splitlines()]
-    timed = [r["step_ms"] for r in records if r["step"] > warmup]
-    return sum(timed) / 1000, records[-1]["loss"]
+    class Clocked(StepReporter):
+        """Notes when each step is reported (rank 0 reports every step, after it ends)."""
+
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.ended: dict[int, float] = {}
+            self.loss = 0.0
+
+        def report(self, record: dict[str, Any]) -> None:
+            self.ended[int(record["step"])] = time.perf_counter()
+            self.loss = float(record["loss"])
+
+    clock = Clocked()
+    task = LanguageModelTask(tokens=str(tokens), **TASK)
+    fit(fit_config(steps, batch, backend), comm, None, MetricsWriter(None), RunContext(steps=clock), task)
+    if comm.rank != 0:
+        return 0.0, 0.0
+    return clock.ended[steps] - clock.ended[warmup], clock.loss
 
 
 def plain_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, tokens: Path) -> float:
@@ -133,13 +143,17 @@ def worker(args: argparse.Namespace) -> None:
     comms = {"gloo": init_collectives(CommConfig(backend="gloo"), place, rendezvous=meet), "mpi": init_collectives(CommConfig(), place)}
     seconds: dict[str, list[float]] = {}
     losses: dict[str, float] = {}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for backend in ("gloo", "mpi"):
-            spent, loss = toolkit_run(comms[backend], backend, args.steps, args.warmup, BATCH, tokens)
-            seconds.setdefault(f"toolkit, comm={backend}", []).append(spent)
-            losses[f"{place.world_size} ranks, comm={backend}"] = loss
-            plain = plain_run(comms[backend], backend, args.steps, args.warmup, BATCH, tokens)
-            seconds.setdefault(f"plain loop, {'DDP over Gloo' if backend == 'gloo' else 'our optimizer (mpi)'}", []).append(plain)
+            toolkit_first = repeat % 2 == 0  # ABBA: neither variant always runs on a warmer machine
+            for variant in ("toolkit", "plain") if toolkit_first else ("plain", "toolkit"):
+                if variant == "toolkit":
+                    spent, loss = toolkit_run(comms[backend], backend, args.steps, args.warmup, BATCH, tokens)
+                    seconds.setdefault(f"toolkit, comm={backend}", []).append(spent)
+                    losses[f"{place.world_size} ranks, comm={backend}"] = loss
+                else:
+                    plain = plain_run(comms[backend], backend, args.steps, args.warmup, BATCH, tokens)
+                    seconds.setdefault(f"plain loop, {'DDP over Gloo' if backend == 'gloo' else 'our optimizer (mpi)'}", []).append(plain)
     if place.rank == 0:  # the same global batch on one rank
         _, losses["1 rank"] = toolkit_run(FakeCollectives(), "mpi", args.steps, args.warmup, BATCH * place.world_size, tokens)
     MPI.COMM_WORLD.Barrier()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import h5py
 import numpy as np
 import pytest
 
-from tests.support.runs import run_dirs, run_launch
+from tests.support.runs import ROOT, run_dirs, run_launch
 from trainers.config import DataConfig
 from trainers.datasets import default_dataset_path, resolve_data_path
 from trainers.sampler import ShardSampler
@@ -84,3 +85,29 @@ def test_before_the_first_checkpoint_there_is_no_rollback_but_the_data_is_skippe
     records = steps(run_dir)
     assert [r["step"] for r in records if r.get("skipped")] == [3] and records[-1]["rollbacks"] == 0
     assert "no committed checkpoint yet: going on without a rollback" in (run_dir / "logs" / "rank-00000.log").read_text()
+
+
+def test_a_user_tasks_poisoned_sample_is_rolled_back_past_and_training_ends_finite(tmp_path):
+    """The same guard for a user's task (tests/fixtures/mytasks) whose data holds a NaN sample."""
+    samples = 2048
+    poison = int(ShardSampler(samples, BATCH, 0, RANKS, seed=0).epoch_order(1)[9 * RANKS * BATCH + 5])
+    done = run_launch(
+        "task._target_=mytasks.regression.Regression",
+        f"+task.samples={samples}",
+        f"+task.poison={poison}",
+        f"trainer.epochs={EPOCHS}",
+        "trainer.max_bad_steps=1",
+        "optim.lr=0.2",
+        "checkpoint.every_steps=4",
+        "checkpoint.every_minutes=null",
+        "checkpoint.async_save=false",
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    records = steps(run_dir)
+    assert [r["step"] for r in records if r.get("skipped")][0] == 10 and records[-1]["rollbacks"] == EPOCHS
+    assert "rolled back from step 10 to checkpoint step 8" in (run_dir / "logs" / "rank-00000.log").read_text()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert math.isfinite(result["loss"]) and result["test_metrics"]["close"] > 0.5  # it learned y = 3x - 1 (|error| < 0.1 for most)

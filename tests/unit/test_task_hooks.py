@@ -184,3 +184,55 @@ def test_activation_checkpointing_without_modules_or_with_batch_norm_is_one_line
     cfg = config(max_steps=2)
     with pytest.raises(TaskError, match=message):
         train(tmp_path, task, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, activation_checkpointing=True)))
+
+
+def test_the_readmes_optimizer_command_composes_and_passes_the_login_node_checks():
+    import re
+    import shlex
+
+    from hpc.config.compose import compose_job
+    from hpc.config.validate import validate_job
+    from tests.support.runs import ROOT
+
+    command = re.search(r"python launch\.py (\+optim\.optimizer\._target_=.*?)\n\s*```", (ROOT / "README.md").read_text(), re.S)
+    assert command, "the README shows a custom optimizer and scheduler"
+    job = compose_job(shlex.split(command.group(1).replace("\\\n", " ")))  # a continued line
+    assert job.optim.optimizer == {"_target_": "torch.optim.RMSprop", "alpha": 0.95}
+    assert job.optim.scheduler["_target_"] == "torch.optim.lr_scheduler.OneCycleLR"
+    validate_job(job)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+optim.optimizer._target_=torch.optim.Nope"], r"optim.optimizer._target_=torch.optim.Nope: .*torch/optim/__init__.py defines no Nope"),
+        (["+optim.optimizer._target_=nopkg.Lion"], r"optim.optimizer._target_=nopkg.Lion: no module 'nopkg' on the import path"),
+        (["+optim.optimizer.alpha=0.9"], r"optim.optimizer has no _target_; name the class"),
+        (
+            ["+optim.scheduler._target_=torch.optim.lr_scheduler.StepLR", "+optim.scheduler.stepsize=3"],
+            r"optim.scheduler.stepsize: .*StepLR takes no argument 'stepsize'; it takes: step_size, gamma",
+        ),
+        (
+            ["+optim.scheduler._target_=torch.optim.lr_scheduler.StepLR", "+optim.scheduler.step_size=3", "optim.warmup_steps=5"],
+            r"optim.warmup_steps=5 is for the built-in schedules",
+        ),
+    ],
+)
+def test_a_bad_optimizer_or_scheduler_is_refused_on_the_login_node(overrides, message):
+    from hpc.config.compose import compose_job
+    from hpc.config.validate import validate_job
+    from hpc.errors import UserError
+
+    with pytest.raises(UserError, match=message) as err:
+        validate_job(compose_job(overrides))
+    assert "\n" not in str(err.value)
+
+
+def test_a_custom_optimizer_from_torch_is_not_frozen_but_ones_from_a_users_package_are(tmp_path, monkeypatch):
+    from hpc.submit.snapshot import user_sources
+
+    package = tmp_path / "myopt"
+    package.mkdir()
+    (package / "__init__.py").write_text("class Lion: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert user_sources(["torch.optim.RMSprop", "json.JSONDecoder", "myopt.Lion", "trainers.tasks.lm.LanguageModelTask"]) == [package]
