@@ -23,9 +23,9 @@ def fit(
         task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
     loop = build_loop(cfg, comm, task, run or RunContext())
     epoch_end = EpochEnd()
-    stopped_by: str | None = None
+    stopped_by = loop.stop_agreed()  # a stop during start-up or resume: the newest checkpoint stays as it is
     try:
-        while loop.more_to_train():
+        while stopped_by is None and loop.more_to_train():
             ended = loop.train_pass()
             if ended.stopped_by:
                 stopped_by = ended.stopped_by
@@ -39,7 +39,8 @@ def fit(
             if loop.epoch_unfinished():
                 break  # max_steps ended the epoch midway: a later run with more steps goes on from here
             loop.progress.next_epoch()
-        loop.save(synchronous=True)  # the last save before exit is synchronous
+        if loop.progress.step > (loop.resumed_from or 0):  # nothing trained since the start or the checkpoint resumed: nothing to save
+            loop.save(synchronous=True)  # the last save before exit is synchronous
     finally:
         loop.close()
     progress = loop.progress

@@ -133,6 +133,7 @@ class Loop:
     def train_pass(self) -> PassEnd:
         """Train from the data position until the epoch's data ends or a step says to stop."""
         started, progress = time.perf_counter(), self.progress
+        self.run.stop.phase = "training"
         self.optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
         skip_past(progress)  # data of rolled-back steps is never trained on again
         ended = PassEnd()
@@ -321,12 +322,21 @@ class Loop:
         )
         return figures
 
+    def stop_agreed(self) -> str | None:
+        """Before the first step: whether any rank was asked to stop during start-up or resume
+        (one vote, as at every step boundary); the signal's name, or None to train."""
+        votes = torch.tensor([float(self.run.stop.raised)], dtype=torch.float64)
+        self.comm.allreduce_(votes, op="max")
+        return (self.run.stop.signal_name or "a signal on another rank") if votes[0] > 0 else None
+
     def evaluate(self) -> dict[str, float]:
+        self.run.stop.phase = "evaluation"
         average_buffers(self.comm, self.model)
         return self.task.summarize(evaluate(self.task, self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device))
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is not None:
+            self.run.stop.phase = "the final save" if synchronous else "an asynchronous save"
             self.coordinator.save(
                 self.progress.step,
                 lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
@@ -371,6 +381,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
     task_target = str(task.describe().get("task", CLASSIFY_TASK))
+    run.stop.phase = "resume"
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
     log.info(
         "training %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "

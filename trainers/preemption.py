@@ -1,4 +1,8 @@
-"""Signals only set a flag; the ranks agree on stopping at a step boundary (never in a handler)."""
+"""Signals only set a flag; the ranks agree on stopping at a step boundary (never in a handler).
+
+The flag also says which phase of the run the signal hit (start-up, resume, training,
+evaluation, saving): the loop names its phase as it goes, and the stop line reports it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ class StopFlag:
 
     signal_name: str | None = None
     received_at: float | None = None
+    phase: str = "start-up"  # what the rank is doing now (set by the loop)
+    received_in: str | None = None  # the phase the first signal arrived in
     _previous: dict[int, object] = field(default_factory=dict)
 
     def install(self, signals: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)) -> StopFlag:
@@ -21,9 +27,13 @@ class StopFlag:
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signal_name is None:  # the first signal says why we stop
-            self.signal_name = signal.Signals(signum).name
-            self.received_at = time.time()
+        self.note(signal.Signals(signum).name, time.time(), self.phase)
+
+    def note(self, signal_name: str, received_at: float, phase: str) -> None:
+        """A stop request; the first one says why and when (one caught before this flag existed
+        is handed over the same way)."""
+        if self.signal_name is None:
+            self.signal_name, self.received_at, self.received_in = signal_name, received_at, phase
 
     @property
     def raised(self) -> bool:

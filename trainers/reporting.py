@@ -43,8 +43,9 @@ def find_straggler(step_ms: list[float], hosts: list[str], ratio: float) -> Stra
     return found if found.ratio > ratio else None
 
 
-# What the loop records about every step itself; every other number in a record is a task's metric.
-BOOKKEEPING = {"step", "epoch", "loss", "samples_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", *(f"{p}_ms" for p in PHASES)}
+# What the loop records about every step itself (MetricsWriter adds "time"); every other number in
+# a record is a task's metric.
+BOOKKEEPING = {"time", "step", "epoch", "loss", "samples_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", *(f"{p}_ms" for p in PHASES)}
 SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
 
 

@@ -63,7 +63,8 @@ def describe_stall(beats: list[Heartbeat], world_size: int, now: float, silent_a
     silent = [b for b in beats if now - b.time > silent_after_s]
     lowest = min((b.step for b in beats), default=0)
     if silent:
-        named = [f"rank {b.rank} on {b.host} (pid {b.pid}) silent for {now - b.time:.0f} s after step {b.step}" for b in silent]
+        # No step named: a heartbeat is written once per poll, so its step may be several steps old.
+        named = [f"rank {b.rank} on {b.host} (pid {b.pid}) silent for {now - b.time:.0f} s" for b in silent]
     else:
         named = [f"rank {b.rank} on {b.host} (pid {b.pid}) at step {b.step}" for b in beats if b.step == lowest]
     parts = ["; ".join(named[:4]) + (f" and {len(named) - 4} more" if len(named) > 4 else "")] if named else []

@@ -87,6 +87,18 @@ def request_requeue(env: Mapping[str, str], job_id: str, detail: str) -> Path | 
     return request
 
 
+def mark_finished(env: Mapping[str, str]) -> Path | None:
+    """Tell the batch script's EXIT trap that the training is complete: it never requeues the
+    job after that, even if a rank dies while exiting. None outside such a batch script."""
+    folder, job_id = env.get(REQUEST_DIR_VARIABLE), slurm_job_id(env)
+    if not folder or job_id is None:
+        return None
+    marker = Path(folder) / f"{job_id}.finished"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("training complete\n")
+    return marker
+
+
 def trap_requeues(env: Mapping[str, str]) -> bool:
     """Whether this Slurm job's batch script requeues it after srun (hpc.submit.slurm.exit_trap_lines)."""
     return bool(env.get(REQUEST_DIR_VARIABLE)) and slurm_job_id(env) is not None and slurmctl.available("scontrol")

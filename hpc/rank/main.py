@@ -13,10 +13,14 @@ rank never returns to submitit, which would log "Job completed successfully" aft
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # mpirun, a hand-typed sbatch script: no stop signal lost during the imports below
+    from hpc.rank.signals import catch_stop_signals
+
+    catch_stop_signals()
+
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from datetime import datetime
@@ -24,9 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
-from hpc.env import TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.env import RESULT_EXIT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
 from hpc.rank.binding import apply_binding, binding_for
-from hpc.rank.lifecycle import EXIT_RESUMABLE, EXIT_STALLED, forbid_failure_requeue, plan_after_stop, request_requeue, trap_requeues
+from hpc.rank.lifecycle import EXIT_RESUMABLE, EXIT_STALLED, forbid_failure_requeue, mark_finished, plan_after_stop, request_requeue, trap_requeues
+from hpc.rank.signals import STOP_SIGNALS, caught_early
 from hpc.rundir import RunDir
 
 if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
@@ -36,9 +41,8 @@ if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing thi
     from trainers.run import FitResult
     from trainers.watchdog import Watchdog
 
-# Every signal cluster.signal accepts (hpc.config.validate), plus Ctrl-C under mpirun: each one
-# stops at a step boundary with a checkpoint, never as a KeyboardInterrupt in the middle of a step.
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+# STOP_SIGNALS (hpc.rank.signals): each one stops at a step boundary with a checkpoint, never as a
+# KeyboardInterrupt in the middle of a step.
 log = logging.getLogger("hpc.rank")
 
 
@@ -58,7 +62,8 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     if rank.is_main:
         console = logging.StreamHandler(sys.stdout)
         if attached_to_terminal():  # a person watching: short lines, and the progress bar shows steps
-            console.setFormatter(logging.Formatter("%(message)s"))
+            # Each line first erases the bar (redrawn in place at the next step): no line glued to its end.
+            console.setFormatter(logging.Formatter("\r\033[K%(message)s"))
             console.addFilter(lambda record: record.name != "trainers.progress")
         else:  # a Slurm or mpirun log file: plain timestamped lines
             console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -94,6 +99,9 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
     with contextlib.ExitStack() as started:
         stop = StopFlag().install(STOP_SIGNALS)  # before anything slow: a signal during start-up is not lost
         started.callback(stop.uninstall)
+        early = caught_early()  # hpc.rank.signals caught it while Python and torch were still importing
+        if early is not None:
+            stop.note(*early, phase="start-up (imports)")
         binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
         torch.set_num_threads(max(1, job.trainer.threads_per_rank))
         log.info(
@@ -198,6 +206,7 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
         summary["exit_code"] = 0
         if rank.is_main:
             run_dir.write_json(run_dir.result, summary)
+            mark_finished(os.environ)  # the batch script's trap never requeues a finished run
         return summary
     if not rank.is_main:  # rank 0 decides what follows; a requeue by the batch script wants exit 0
         summary["exit_code"] = 0 if trap_requeues(os.environ) else EXIT_RESUMABLE
@@ -207,7 +216,9 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
     summary["exit_code"] = exit_code
     run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
-    stopped = f"stopped by {result.stopped_by} at step {result.steps}, checkpoint committed"
+    hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
+    saved = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
+    stopped = f"stopped by {result.stopped_by}{hit} at step {result.steps}, {saved}"
     if requeue_id is None:
         log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
     elif request_requeue(os.environ, requeue_id, stopped):
@@ -256,7 +267,10 @@ def main(argv: list[str]) -> int:
     if not RunDir(Path(argv[0])).config.is_file():
         print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    return int(train_rank(argv[0])["exit_code"])
+    code = int(train_rank(argv[0])["exit_code"])
+    if code == EXIT_RESUMABLE and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
+        return 0  # hpc.submit.ranks returns result.json's code: a non-zero exit here can hang mpirun
+    return code
 
 
 if __name__ == "__main__":

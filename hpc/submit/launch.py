@@ -12,6 +12,7 @@ from collectives.mpirun import root_environment
 from hpc.config.schema import JobConfig, code_targets, task_target
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
+from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
 from hpc.submit.snapshot import freeze_code, user_sources
@@ -71,6 +72,8 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     if job.cluster.launcher == "local":
         code = local.run_local(job, env, run_dir)
         print(f"run directory: {run_dir.path}")
+        if code == EXIT_RESUMABLE:
+            print(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
         return code
     try:
         job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code, user=user_sources(code_targets(job))))

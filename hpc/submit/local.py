@@ -8,6 +8,7 @@ resumes the code the run started with, not whatever checkout is importable there
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -27,9 +28,11 @@ from hpc.submit.snapshot import freeze_code, user_sources
 
 
 def rank_command(job: JobConfig, run_dir: RunDir, mpirun: str | None = None) -> list[str]:
-    """The job's ranks on this machine: mpirun starting the rank entry point on the run dir."""
+    """The job's ranks on this machine: hpc.submit.ranks (signals, the run's exit code) running
+    mpirun, which starts the rank entry point on the run dir."""
     ranks = job.resources.nodes * job.resources.tasks_per_node
-    return mpirun_command(ranks, [sys.executable, "-m", "hpc.rank.main", str(run_dir.path)], job.cluster.mpirun_args, mpirun)
+    command = mpirun_command(ranks, [sys.executable, "-m", "hpc.rank.main", str(run_dir.path)], job.cluster.mpirun_args, mpirun)
+    return [sys.executable, "-m", "hpc.submit.ranks", str(run_dir.path), *command]
 
 
 def pinned_command(command: list[str], env: dict[str, str], code: Path, inherited_pythonpath: str | None) -> list[str]:
@@ -57,42 +60,25 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[s
     # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
-    return run_ranks(command, {**os.environ, **rendezvous, **tty})  # the very command.txt
+    return run_command(command, {**os.environ, **rendezvous, **tty})  # the very command.txt
 
 
-def run_ranks(command: list[str], env: dict[str, str]) -> int:
-    """Run mpirun in a session of its own and hand a Ctrl-C (SIGINT), SIGTERM or SIGHUP that
-    reaches us to the ranks themselves. mpirun would turn a Ctrl-C into SIGTERM, and SIGKILL
-    the ranks one second later, maybe in the middle of their checkpoint; this way they stop at a
-    step boundary, save, and log the signal that was sent."""
+def run_command(command: list[str], env: dict[str, str]) -> int:
+    """Run command.txt's command (hpc.submit.ranks) in the foreground, in a session of its own so
+    that a terminal's Ctrl-C reaches it once, from here: each SIGINT, SIGTERM or SIGHUP that
+    reaches this process is passed on (the first stops the ranks at a step, a second ends them)."""
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        ranks = child_pids(proc.pid)
-        for pid in ranks:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass  # ended meanwhile
-        if not ranks:  # none seen (yet): mpirun passes the stop on as SIGTERM
-            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
 
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of `pid` (mpirun's are the local ranks); [] when none or unknown."""
-    try:
-        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [int(word) for word in found.stdout.split() if word.isdigit()]
 
 
 def free_port() -> int:

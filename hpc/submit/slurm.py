@@ -53,30 +53,45 @@ def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
 
 
 def exit_trap_lines(max_failure_requeues: int) -> list[str]:
-    """The batch script's EXIT trap, run once srun has returned.
+    """The batch script's EXIT trap, run once srun has returned. Files in $HPCTK_REQUEUE_DIR, named
+    after the job (array task) id, carry what the ranks know across the job's starts:
 
-    - The ranks stopped cleanly and rank 0 asked for a requeue (a file named after the job and
-      this start, SLURM_RESTART_COUNT, in $HPCTK_REQUEUE_DIR: a request left by an earlier start
-      that never reached its trap cannot requeue a later one): requeue now. From here, not from
-      a rank: requeueing a running step makes Slurm kill its tasks, and srun would report a
-      clean stop as "Terminated".
-    - srun failed because a rank died (killed, OOM, a lost node) while the job still runs:
-      requeue it so it resumes from its last committed checkpoint, at most
-      `max_failure_requeues` times (0: never). Not after a cancel or time limit (the job is no
-      longer RUNNING), not when the ranks requeued it themselves (watchdog), and not after a
-      Python error: the failing rank sets Requeue=0 first, since it would fail the same way again."""
+    - `<id>.finished`: rank 0 completed the training. Never requeue, whatever srun returned
+      (a rank that died while exiting must not start a finished run again).
+    - `<id>.restart-<SLURM_RESTART_COUNT>`: the ranks stopped cleanly and rank 0 asked for a
+      requeue in this start (one left by an earlier start that never reached its trap cannot
+      requeue a later one): requeue now. From here, not from a rank: requeueing a running step
+      makes Slurm kill its tasks, and srun would report a clean stop as "Terminated".
+    - `<id>.failures`: how many times this trap requeued the job after a rank died (killed, OOM,
+      a lost node) while the job still runs, so that it resumes from its last committed
+      checkpoint; at most `max_failure_requeues` (0: never). Preemptions and time limits do not
+      count: SLURM_RESTART_COUNT counts every requeue, this file only failures (a script that
+      exports no such directory falls back to SLURM_RESTART_COUNT). Not after a
+      cancel or time limit (the job is no longer RUNNING), not when the ranks requeued it
+      themselves (watchdog), and not after a Python error: the failing rank sets Requeue=0
+      first, since it would fail the same way again."""
     return [
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "    id=${id:-$SLURM_JOB_ID}",
-        f'    local request="${REQUEST_DIR_VARIABLE}/$id.restart-${{SLURM_RESTART_COUNT:-0}}"',
-        '    if [[ -f "$request" ]]; then',
+        f'    local dir="${REQUEST_DIR_VARIABLE}" failures=${{SLURM_RESTART_COUNT:-0}}  # no directory: every restart counts',
+        '    local request="$dir/$id.restart-${SLURM_RESTART_COUNT:-0}"',
+        "    if [[ -n $dir ]]; then",
+        "        failures=0",
+        '        [[ -f "$dir/$id.failures" ]] && failures=$(< "$dir/$id.failures")',
+        "    fi",
+        "    [[ $failures =~ ^[0-9]+$ ]] || failures=0",
+        '    if [[ -f "$dir/$id.finished" ]]; then',
+        '        rm -f "$request"',
+        '    elif [[ -f "$request" ]]; then',
         '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
         '        rm -f "$request"',
         '        scontrol requeue "$id"',
-        f"    elif (( rc != 0 && ${{SLURM_RESTART_COUNT:-0}} < {int(max_failure_requeues)} )) &&",
+        f"    elif (( rc != 0 && failures < {int(max_failure_requeues)} )) &&",
         '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
-        '        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint" >&2',
+        '        [[ -n $dir ]] && mkdir -p "$dir" && echo $(( failures + 1 )) > "$dir/$id.failures"',
+        f'        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint'
+        f' (failure requeue $(( failures + 1 )) of {int(max_failure_requeues)})" >&2',
         '        scontrol requeue "$id"',
         "    fi",
         "}",
@@ -114,7 +129,9 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
 
 
 def submitit_command(folder: Path) -> str:
-    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    """The ranks' command: submitit's job runner behind hpc.rank.entry, which catches the stop
+    signals before anything is imported (and keeps submitit's own handlers out)."""
+    return " ".join([shlex.quote(sys.executable), "-u -m hpc.rank.entry", shlex.quote(str(folder))])
 
 
 def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
@@ -147,7 +164,12 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
 
     from hpc.rank.main import run_rank
 
-    executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
+    class Executor(submitit.SlurmExecutor):
+        @property
+        def _submitit_command_str(self) -> str:  # the srun line: hpc.rank.entry, as render_sbatch shows it
+            return submitit_command(self.folder)
+
+    executor = Executor(folder=folder / "%j", python=shlex.quote(sys.executable))
     executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))
     array_scripts_before = set(folder.glob(ARRAY_SCRIPT_GLOB))
     try:

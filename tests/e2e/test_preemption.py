@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
 import pytest
 
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
 from tests.conftest import wait_until_done
-from tests.support.runs import ROOT, logged_steps, run_dirs, run_launch, state_hash, step_losses, submit_job
+from tests.support.runs import ROOT, catches, logged_steps, rank_pids, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -110,3 +111,26 @@ def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tm
     finally:
         subprocess.run(["scancel", job_id], check=False)
         poll(nodes_settled, "nodes to settle after the test")
+
+
+def test_a_preemption_during_start_up_stops_before_the_first_step_requeues_and_completes(tmp_path):
+    """USR1 while the ranks still import Python and torch: before hpc.rank.entry they would die
+    of it (its default action), and the batch script would count a failure. Now each rank
+    catches it from its first instruction, they agree to stop before the first step, save
+    nothing, and the job requeues as a preemption and completes."""
+    job_id, run_dir = submit_job(*JOB[:3], "trainer.epochs=2", cwd=tmp_path)
+
+    def ranks_ready() -> bool:
+        pids = rank_pids(run_dir, "hpc.rank.entry")
+        return len(pids) == 4 and all(catches(pid, signal.SIGUSR1) for pid in pids)
+
+    poll(ranks_ready, "every rank to catch the stop signals")
+    assert logged_steps(run_dir) == 0  # still starting up: no step yet
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True)
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] is None  # nothing was saved before
+    rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "stopped by SIGUSR1 (received during start-up" in rank0 and "at step 0, nothing trained yet, nothing to save" in rank0, rank0[-3000:]
+    assert not list((run_dir / "slurm" / "requeue-requests").glob("*.failures"))  # a preemption, not a failure

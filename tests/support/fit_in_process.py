@@ -92,9 +92,11 @@ class StopAt(StepReporter):
             self.stop.signal_name = "SIGUSR1"
 
 
-def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: int | None = None) -> Any:
+def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: int | None = None, stop: StopFlag | None = None) -> Any:
+    """fit() on `task`, its files in `run_dir`; a stop as if signalled after step `stop_at`, or
+    through `stop` (a flag raised already, or one installed for real signals)."""
     main = comm is None or comm.rank == 0
-    stop = StopFlag()
+    stop = stop or StopFlag()
     steps = StopAt(run_dir / "steps.jsonl" if main else None, stop, stop_at)
     steps._prometheus = run_dir / "metrics.prom" if main else None  # the exporter's file, as trainer.prometheus_file sets it
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)

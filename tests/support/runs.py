@@ -92,18 +92,32 @@ def logged_steps(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def rank_pids(run_dir: Path) -> list[int]:
-    """The rank processes of a run (the Python interpreters), never the launcher that started them."""
-    out = subprocess.run(["pgrep", "-f", f"hpc.rank.main {run_dir}"], capture_output=True, text=True)
+def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
+    """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
+    under srun, whose argument is under the run dir); never a launcher whose command line names
+    it too (mpirun, srun, hpc.submit.ranks)."""
+    out = subprocess.run(["pgrep", "-f", f"{entry} {run_dir}"], capture_output=True, text=True)
     pids = []
     for pid in map(int, out.stdout.split()):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue  # ended meanwhile
-        if name not in LAUNCHERS:
+        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+        if name not in LAUNCHERS and module == entry:
             pids.append(pid)
     return pids
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (sig - 1) & 1)
 
 
 def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:

@@ -8,6 +8,7 @@ broken here names the importing module, the line and the imported one."""
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,12 +177,25 @@ def closure(start: str, module_level_only: bool) -> set[str]:
     return seen
 
 
+# The srun command's module: it runs submitit's job runner on the rank (hpc.rank.entry.run_submitit_job).
+RANK_RUNNER = "hpc.rank.entry"
+
+
 def test_the_rank_side_never_imports_submission_code_hydra_or_submitit():
     bad = violations(("hpc.rank",), ("hpc.submit", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
-    assert not bad, bad
-    for module in (m for m in MODULES if under(m, "hpc.rank")):  # nor through what it imports, at any depth
+    assert [v for v in bad if not v.startswith(f"{RANK_RUNNER}:")] == [], bad
+    for module in (m for m in MODULES if under(m, "hpc.rank") and m != RANK_RUNNER):  # nor through what it imports, at any depth
         reached = {m for m in closure(module, module_level_only=False) if under(m, "hpc.submit", "hpc.tools", "hydra", "hydra_plugins", "submitit")}
         assert not reached, f"{module} reaches {sorted(reached)}"
+
+
+def test_the_ranks_first_module_imports_the_standard_library_only_and_submitit_only_to_run_the_job():
+    """It runs before anything slow: a stop signal must be caught before torch starts importing."""
+    for module in (RANK_RUNNER, "hpc.rank.signals"):
+        at_start = {i.target for i in GRAPH[module] if i.at_module_level} - {"hpc.rank.signals"}
+        assert all(target.split(".")[0] in sys.stdlib_module_names for target in at_start), sorted(at_start)
+    later = {i.target.split(".")[0] for i in GRAPH[RANK_RUNNER] if not i.at_module_level}
+    assert "submitit" in later and all(top == "submitit" or top in sys.stdlib_module_names for top in later), sorted(later)
 
 
 def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():

@@ -30,7 +30,7 @@ def test_resources_become_sbatch_flags():
 def test_ranks_start_with_srun_pmix_and_the_run_dir_is_quoted():
     text = render(nodes=2)
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert "--mpi=pmix" in srun and "-m submitit.core._submit '/runs/a b/slurm/%j'" in srun
+    assert "--mpi=pmix" in srun and "-m hpc.rank.entry '/runs/a b/slurm/%j'" in srun
 
 
 def test_env_values_are_passed_literally_never_executed(tmp_path):

@@ -187,7 +187,10 @@ def test_the_report_shows_a_user_tasks_own_test_metrics(tmp_path):
 
 def test_status_shows_the_last_steps_loss_and_the_tasks_own_metric_names(tmp_path):
     user, builtin = _run(tmp_path, "0", 2, [100]), _run(tmp_path, "1", 2, [100])
-    _jsonl(user.steps, [{"step": 7, "epoch": 1, "loss": 0.0123456, "samples_per_s": 90.0, "step_ms": 3.0, "close": 0.75, "within_3_sigma": 1.0}])
+    _jsonl(
+        user.steps,
+        [{"time": 1795491712.26, "step": 7, "epoch": 1, "loss": 0.0123456, "samples_per_s": 90.0, "step_ms": 3.0, "close": 0.75, "within_3_sigma": 1.0}],
+    )
     _jsonl(builtin.steps, [{"step": 3, "epoch": 1, "loss": 0.5, "samples_per_s": 90.0, "accuracy": 0.875}])
     assert run_status(user, {}, {}).metrics == "loss=0.01235 close=0.75 within_3_sigma=1"
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)

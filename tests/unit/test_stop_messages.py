@@ -16,7 +16,7 @@ from hpc.config.validate import check_resources
 from hpc.env import REQUEST_DIR_VARIABLE
 from hpc.errors import UserError
 from hpc.rank import main as rank_main
-from hpc.rank.lifecycle import request_requeue
+from hpc.rank.lifecycle import mark_finished, request_requeue
 from hpc.submit.slurm import exit_trap_lines, job_setup_lines
 
 
@@ -87,10 +87,34 @@ def test_the_request_names_the_array_task_and_without_the_trap_there_is_none(tmp
 
 
 def test_a_dead_rank_still_requeues_at_most_failure_requeues_times(tmp_path):
+    """Without a request directory (a script that exports none), every restart counts, as before."""
     calls, stderr = run_trap(tmp_path, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}, srun_exit=137)
     assert calls == ["show job -o 7", "requeue 7"] and "a rank died (srun exit 137)" in stderr
     assert run_trap(tmp_path, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3"}, srun_exit=137)[0] == []
     assert run_trap(tmp_path, {"SLURM_JOB_ID": "7"}, srun_exit=137, max_failure_requeues=0)[0] == []
+
+
+def test_the_failure_budget_counts_failures_not_preemptions(tmp_path):
+    """Five requeues by preemption (SLURM_RESTART_COUNT=5) leave a budget of 2 failures intact:
+    the trap counts its own failure requeues in the request directory."""
+    requests = tmp_path / "requests"
+    env = {"SLURM_JOB_ID": "7", REQUEST_DIR_VARIABLE: str(requests)}
+    calls, stderr = run_trap(tmp_path, {**env, "SLURM_RESTART_COUNT": "5"}, srun_exit=137, max_failure_requeues=2)
+    assert calls == ["show job -o 7", "requeue 7"] and "(failure requeue 1 of 2)" in stderr
+    assert (requests / "7.failures").read_text().strip() == "1"
+    assert run_trap(tmp_path, {**env, "SLURM_RESTART_COUNT": "6"}, srun_exit=137, max_failure_requeues=2)[0][-1] == "requeue 7"
+    assert run_trap(tmp_path, {**env, "SLURM_RESTART_COUNT": "7"}, srun_exit=137, max_failure_requeues=2)[0] == []  # budget spent
+    assert run_trap(tmp_path, {**env, "SLURM_RESTART_COUNT": "7"}, srun_exit=0)[0] == []  # a clean exit is no failure
+
+
+def test_a_finished_training_is_never_requeued(tmp_path):
+    requests = tmp_path / "requests"
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3", REQUEST_DIR_VARIABLE: str(requests)}
+    assert mark_finished(env) == requests / "7.finished"
+    assert run_trap(tmp_path, env, srun_exit=137)[0] == []  # a rank died while exiting a finished run
+    request_requeue(env, "7", "stopped by SIGUSR1 at step 40, checkpoint committed")
+    assert run_trap(tmp_path, env, srun_exit=0)[0] == [] and not (requests / "7.restart-3").exists()
+    assert mark_finished({"SLURM_JOB_ID": "7"}) is None  # no batch script trap: nothing to tell
 
 
 def test_the_request_directory_is_exported_to_the_ranks(tmp_path):

@@ -13,7 +13,7 @@ def beat(rank: int, step: int, age_s: float, now: float = 1000.0) -> Heartbeat:
 
 def test_a_silent_rank_is_named_over_the_ones_waiting_for_it():
     beats = [beat(0, 12, 1), beat(1, 12, 1), beat(2, 12, 30), beat(3, 12, 0.5)]
-    assert describe_stall(beats, 4, now=1000.0, silent_after_s=5) == "rank 2 on node1 (pid 102) silent for 30 s after step 12"
+    assert describe_stall(beats, 4, now=1000.0, silent_after_s=5) == "rank 2 on node1 (pid 102) silent for 30 s"
 
 
 def test_without_silent_ranks_the_lowest_step_is_named_and_missing_ranks_listed():

@@ -1,0 +1,32 @@
+"""Stop signals caught from a rank's first instruction: never lost, never killing the rank.
+
+Slurm may signal a job at any moment (preemption, the time limit), also while its ranks still
+import Python and torch. A signal whose handler is not installed yet takes its default action:
+SIGUSR1, SIGUSR2 and SIGTERM terminate the rank. So the rank's first module (hpc.rank.entry
+under srun, hpc.rank.main under mpirun) catches them before anything else is imported, and
+hpc.rank.main hands what was caught to the training's stop flag. Standard library only.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+# Every signal cluster.signal accepts (hpc.config.validate), plus Ctrl-C under mpirun.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+_caught: list[tuple[str, float]] = []
+
+
+def _note(signum: int, frame: object) -> None:
+    if not _caught:  # the first signal says why we stop
+        _caught.append((signal.Signals(signum).name, time.time()))
+
+
+def catch_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _note)
+
+
+def caught_early() -> tuple[str, float] | None:
+    """The first stop signal caught before training installed its own flag: (name, when)."""
+    return _caught[0] if _caught else None

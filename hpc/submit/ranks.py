@@ -1,0 +1,93 @@
+"""`python -m hpc.submit.ranks RUN_DIR MPIRUN_COMMAND...`: a local run's ranks, as launch.py and
+the run's command.txt start them.
+
+- mpirun runs in a session of its own, and a Ctrl-C (SIGINT), SIGTERM or SIGHUP that reaches
+  this process goes to the ranks themselves. mpirun would turn a Ctrl-C into SIGTERM and SIGKILL
+  the ranks one second later, maybe in the middle of their checkpoint; this way they stop at a
+  step boundary and save. A second Ctrl-C ends them at once (a save in flight never commits, so
+  the newest committed checkpoint stays the newest).
+- The exit code is the run's: after a clean stop the ranks exit 0 (RESULT_EXIT_VARIABLE tells
+  them to) and this returns the code rank 0 wrote to result.json (75: resumable). A rank that
+  exits non-zero while its peers are still in MPI_Finalize can hang mpirun (Open MPI issue
+  3380); all ranks exiting 0 never takes that path. Failures keep mpirun's own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+
+from hpc.env import RESULT_EXIT_VARIABLE
+from hpc.rundir import RunDir
+
+
+def run_ranks(command: list[str], env: dict[str, str]) -> int:
+    """mpirun `command` in a session of its own, signals forwarded to the ranks; its exit code."""
+    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    interrupts = 0
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupts
+        interrupts += signum == signal.SIGINT
+        if interrupts >= 2:
+            print("\nsecond Ctrl-C: ending the ranks now", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # mpirun leads its session's group: every rank
+            return
+        ranks = child_pids(proc.pid)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signum)
+        if not ranks:  # none seen (yet): mpirun passes the stop on as SIGTERM
+            proc.send_signal(signal.SIGTERM)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (mpirun's are the local ranks); [] when none or unknown."""
+    try:
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [int(word) for word in found.stdout.split() if word.isdigit()]
+
+
+def run_exit_code(mpirun_code: int, run_dir: RunDir) -> int:
+    """mpirun's code, or after a clean stop (mpirun 0, result.json "stopped") the run's own."""
+    if mpirun_code != 0:
+        return mpirun_code
+    try:
+        result = json.loads(run_dir.result.read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(result.get("exit_code", 0)) if isinstance(result, dict) and result.get("status") == "stopped" else 0
+
+
+def main(argv: list[str]) -> int:
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.submit.ranks", __doc__ or "")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (its result.json gives the exit code)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="MPIRUN_COMMAND...", help="mpirun and its arguments")
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.error("give the mpirun command after the run directory")
+    return run_exit_code(run_ranks(args.command, {**os.environ, RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

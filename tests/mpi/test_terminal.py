@@ -1,0 +1,79 @@
+"""`python launch.py` in a terminal (a pseudo-terminal here), as a person runs it: Ctrl-C stops
+the ranks at a step with a committed checkpoint and prints the command that resumes; a second
+Ctrl-C ends them at once; log lines never run on from the end of the progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import ROOT, run_dirs
+from trainers.layout import committed_steps
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+
+def run_in_terminal(cwd: Path, overrides: list[str], keys: bytes, after: bytes, again_after_s: float | None = None, timeout_s: float = 120) -> tuple[str, int]:
+    """launch.py on a pseudo-terminal; `keys` typed once the screen shows `after` (and once more
+    `again_after_s` later: signals do not queue, two at once would arrive as one). Returns what
+    the terminal showed and the exit code."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: launch.py with the terminal as its stdin, stdout and stderr
+        os.chdir(cwd)
+        os.environ["PYTHONPATH"] = str(ROOT)
+        os.execv(sys.executable, [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"])
+    shown, typed, deadline = b"", False, time.monotonic() + timeout_s
+    typed_at: float | None = None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child side closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        if not typed and after in shown:
+            os.write(fd, keys)
+            typed, typed_at = True, time.monotonic()
+        elif again_after_s is not None and typed_at is not None and time.monotonic() >= typed_at + again_after_s:
+            os.write(fd, keys)
+            again_after_s = None
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return shown.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+
+def test_ctrl_c_in_a_terminal_stops_at_a_step_saves_and_prints_the_resume_command(tmp_path):
+    shown, code = run_in_terminal(tmp_path, ["trainer.epochs=30", "checkpoint.every_minutes=null"], b"\x03", after=b"step 30/")
+    assert code == 75, shown[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "stopped" and committed_steps(run_dir / "checkpoints")[-1] == result["steps"] >= 30
+    assert f"stopped by SIGINT at step {result['steps']}, checkpoint committed" in shown
+    assert f"to resume: bash {run_dir / 'command.txt'}" in shown
+    assert "Traceback" not in shown and "Input/output error" not in shown
+    # Every log line starts on a line of its own: the bar is erased first (or a line ended).
+    for line in ("epoch 1/30", f"checkpoint step {result['steps']} committed", "stopped by SIGINT"):
+        at = shown.index(line)
+        assert shown[:at].endswith(("\r\033[K", "\n")), repr(shown[at - 80 : at + 20])
+
+
+def test_a_second_ctrl_c_ends_the_ranks_at_once(tmp_path):
+    """A wide model: a step and the stop's save (about 200 MB) each take far longer than the
+    0.1 s between the two Ctrl-Cs, so the second one lands before the save can commit."""
+    job = ["model.hidden_sizes=[4096,4096]", "trainer.epochs=30", "checkpoint.every_minutes=null", "checkpoint.every_steps=0"]
+    shown, code = run_in_terminal(tmp_path, job, b"\x03", after=b"step 3/", again_after_s=0.1)
+    assert "second Ctrl-C: ending the ranks now" in shown and code not in (0, 75), shown[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    assert committed_steps(run_dir / "checkpoints") == []  # the save in flight never committed
+    assert not re.search(r"stopped by SIGINT at step \d+, checkpoint committed", shown)
