@@ -35,6 +35,13 @@ class StopFlag:
         if self.signal_name is None:
             self.signal_name, self.received_at, self.received_in = signal_name, received_at, phase
 
+    def reclaim(self) -> None:
+        """Install the handler again for the signals it owns: a library that set its own since
+        (NCCL 2.12 caught SIGUSR1 in its proxy thread; RCCL may catch SIGUSR2) would hide a
+        preemption notice from training. Called after the collectives start."""
+        for sig in self._previous:
+            signal.signal(sig, self._handle)
+
     @property
     def raised(self) -> bool:
         return self.signal_name is not None

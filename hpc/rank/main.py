@@ -123,6 +123,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         meet = rendezvous(os.environ) if job.comm.backend in ("gloo", "nccl") else None
         comm = init_collectives(job.comm, rank, node_position, meet)
         started.callback(comm.close)
+        stop.reclaim()  # the stop signals stay ours even if the communication library took one
         if watchdog is not None:  # stopped before the collectives close (closing twice is harmless)
             started.callback(watchdog.close)
         log.info("collectives: %s", describe(comm))

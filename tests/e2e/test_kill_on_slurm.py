@@ -19,7 +19,7 @@ import pytest
 from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts
 from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state
 from tests.conftest import wait_until_done
-from tests.support.runs import logged_steps, run_dirs, run_launch, submit_job
+from tests.support.runs import logged_steps, rank_pids, run_dirs, run_launch, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -43,8 +43,7 @@ RESUMED = "resumed from checkpoint step "
 
 
 def python_ranks(run_dir: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"submitit.core._submit {run_dir}"], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in out if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python")]
+    return rank_pids(run_dir, "hpc.rank.entry")  # what srun runs on every task
 
 
 def rank_of(pid: int) -> int | None:

@@ -87,3 +87,18 @@ def test_the_loop_names_each_phase_it_enters(tmp_path, phase):
 
     train(tmp_path, Regression(), config(max_steps=40, every_steps=5), stop=Watching())
     assert phase in seen
+
+
+def test_a_handler_a_library_installed_over_ours_is_replaced_again():
+    """As NCCL 2.12 did with SIGUSR1: after reclaim() the signal reaches the stop flag again."""
+    flag = StopFlag().install((signal.SIGUSR1,))
+    try:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the library's handler
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert not flag.raised
+        flag.reclaim()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert flag.raised and flag.signal_name == "SIGUSR1"
+    finally:
+        flag.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
