@@ -106,8 +106,11 @@ def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tm
     try:
         poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=75)
         log = (run_dir / "logs" / "rank-00000.log").read_text()
-        assert "time limit: requeueing job" in log and "checkpoint committed" in log, log[-2000:]
-        assert Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).load_latest() is not None
+        assert "time limit: requeueing job" in log, log[-2000:]
+        # Slurm's time-limit check runs periodically: the signal may even come during start-up,
+        # and then the ranks stop before their first step with nothing to save.
+        if "nothing trained yet, nothing to save" not in log:
+            assert "checkpoint committed" in log and Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).load_latest() is not None
     finally:
         subprocess.run(["scancel", job_id], check=False)
         poll(nodes_settled, "nodes to settle after the test")
