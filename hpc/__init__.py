@@ -3,7 +3,8 @@
     config/   login node: schemas, Hydra composition (sweep expansion too), one validate()
     submit/   login node and the batch script's host: local mpirun runs, Slurm through
               submitit, job arrays, frozen code, the hand-typed sbatch path (prepare)
-    rank/     every rank: the entry point, binding, stop and requeue, the watchdog hookup
+    rank/     every rank: stop signals from the first instruction, the entry point, binding,
+              stop and requeue, the watchdog hookup
     fabric/   pure library: node topology, rail-aware mapping, switch trees, the cost model
     tools/    what users run beside their jobs: status, report, topology; nothing imports them
 
