@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from collectives.mpirun import find_mpirun, mpirun_command
@@ -24,6 +22,7 @@ from hpc.config.schema import JobConfig, code_targets
 from hpc.env import TTY_VARIABLE
 from hpc.errors import UserError
 from hpc.rundir import RunDir
+from hpc.submit.ranks import run_in_session
 from hpc.submit.snapshot import freeze_code, user_sources
 
 
@@ -67,18 +66,12 @@ def run_command(command: list[str], env: dict[str, str]) -> int:
     """Run command.txt's command (hpc.submit.ranks) in the foreground, in a session of its own so
     that a terminal's Ctrl-C reaches it once, from here: each SIGINT, SIGTERM or SIGHUP that
     reaches this process is passed on (the first stops the ranks at a step, a second ends them)."""
-    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def forward(signum: int, frame: FrameType | None) -> None:
+    def forward(proc: subprocess.Popen[bytes], signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_in_session(command, env, forward)
 
 
 def free_port() -> int:

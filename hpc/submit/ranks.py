@@ -21,19 +21,31 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from hpc.env import RESULT_EXIT_VARIABLE
 from hpc.rundir import RunDir
 
 
+def run_in_session(command: list[str], env: dict[str, str], on_signal: Callable[[subprocess.Popen[bytes], int], None]) -> int:
+    """`command` in a session of its own (a terminal's Ctrl-C does not reach it), each SIGINT,
+    SIGTERM or SIGHUP that reaches this process handed to `on_signal(process, signum)`; its exit code."""
+    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, frame: on_signal(proc, signum)) for sig in handled}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_ranks(command: list[str], env: dict[str, str]) -> int:
     """mpirun `command` in a session of its own, signals forwarded to the ranks; its exit code."""
-    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     interrupts = 0
 
-    def forward(signum: int, frame: FrameType | None) -> None:
+    def forward(proc: subprocess.Popen[bytes], signum: int) -> None:
         nonlocal interrupts
         interrupts += signum == signal.SIGINT
         if interrupts >= 2:
@@ -48,13 +60,7 @@ def run_ranks(command: list[str], env: dict[str, str]) -> int:
         if not ranks:  # none seen (yet): mpirun passes the stop on as SIGTERM
             proc.send_signal(signal.SIGTERM)
 
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, forward) for sig in handled}
-    try:
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_in_session(command, env, forward)
 
 
 def child_pids(pid: int) -> list[int]:
