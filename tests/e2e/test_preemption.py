@@ -4,7 +4,6 @@ in different ways, and compare it with an uninterrupted run: same per-step losse
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 
@@ -12,7 +11,7 @@ import pytest
 
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
 from tests.conftest import wait_until_done
-from tests.support.runs import ROOT, catches, logged_steps, rank_pids, run_dirs, run_launch, state_hash, step_losses, submit_job
+from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -39,11 +38,11 @@ USER_JOB = (
     "trainer.epochs=3",
     *JOB[5:],
 )
-USER_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")}
 
 
-@pytest.mark.parametrize("job, env", [(JOB, None), (USER_JOB, USER_ENV)], ids=["builtin", "user-task"])
-def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, env):
+@pytest.mark.parametrize("job, user_task", [(JOB, False), (USER_JOB, True)], ids=["builtin", "user-task"])
+def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, user_task):
+    env = fixtures_env() if user_task else None
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     reference = run_launch(*job, "wait=true", cwd=tmp_path / "a", env=env)
@@ -67,7 +66,7 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, j
     assert result["status"] == "completed" and result["restarts"] == 3 and result["resumed_from"] > 0
     assert step_losses(run_dir) == step_losses(ref_dir)
     assert state_hash(run_dir) == state_hash(ref_dir)
-    assert (run_dir / "code" / "mytasks" / "regression.py").is_file() == (env is not None)  # the ranks' copy
+    assert (run_dir / "code" / "mytasks" / "regression.py").is_file() == user_task  # the ranks' copy
     rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
     assert rank0.count("resumed from checkpoint step") == 3  # one run dir, logs appended
     assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0

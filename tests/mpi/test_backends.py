@@ -7,14 +7,13 @@ differ in the last bits: tolerance 1e-5 absolute), and 1 rank with the global ba
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import IN_CI, require
-from tests.support.runs import ROOT, run_dirs, run_launch
+from tests.support.runs import fixtures_env, run_dirs, run_launch
 from trainers.checkpoint import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -29,7 +28,7 @@ def checkpoints(tmp_path: Path, name: str, *overrides: str) -> dict[int, dict]:
     """Train in tmp_path/name; every committed checkpoint's shared state by step."""
     where = tmp_path / name
     where.mkdir()
-    done = run_launch(*overrides, cwd=where, env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")})
+    done = run_launch(*overrides, cwd=where, env=fixtures_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(where)
     return {int(d.name.removeprefix("step-")): load_tensor_file(d / "shared.ckpt") for d in sorted((run_dir / "checkpoints").glob("step-*"))}

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import h5py
 import numpy as np
 import pytest
 
-from tests.support.runs import ROOT, run_dirs, run_launch
+from tests.support.runs import fixtures_env, run_dirs, run_launch
 from trainers.config import DataConfig
 from trainers.datasets import default_dataset_path, resolve_data_path
 from trainers.sampler import ShardSampler
@@ -102,7 +101,7 @@ def test_a_user_tasks_poisoned_sample_is_rolled_back_past_and_training_ends_fini
         "checkpoint.every_minutes=null",
         "checkpoint.async_save=false",
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")},
+        env=fixtures_env(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)

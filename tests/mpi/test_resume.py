@@ -12,7 +12,7 @@ import pytest
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import (
-    ROOT,
+    fixtures_env,
     logged_steps,
     rank_pids,
     resume_command,
@@ -40,12 +40,11 @@ USER_JOB = [
     "checkpoint.every_steps=7",
     "checkpoint.every_minutes=null",
 ]
-FIXTURES = ROOT / "tests" / "fixtures"
 
 
 @pytest.mark.parametrize("job", [JOB, USER_JOB], ids=["builtin", "user-task"])
 def test_three_interruptions_resume_bit_exactly(tmp_path, job):
-    env = {**os.environ, "PYTHONPATH": str(FIXTURES)}
+    env = fixtures_env()
     (tmp_path / "a").mkdir()
     reference = run_launch(*job, cwd=tmp_path / "a", env=env)
     assert reference.returncode == 0, reference.stderr

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.simcluster import end_process
 from hpc.rank.lifecycle import EXIT_STALLED
-from tests.support.runs import ROOT, logged_steps, resume_command, start_launch, wait_for_run
+from tests.support.runs import fixtures_env, logged_steps, resume_command, start_launch, wait_for_run
 from trainers.checkpoint import Checkpointer
 from trainers.watchdog import heartbeat_file
 
@@ -45,7 +45,7 @@ USER_JOB = [
 
 @pytest.mark.parametrize("job", [JOB, USER_JOB], ids=["builtin", "user-task"])
 def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path, job):
-    launched = start_launch(*job, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")})
+    launched = start_launch(*job, cwd=tmp_path, env=fixtures_env())
     run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 12, "12 steps", timeout_s=90)
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 2).read_text())["pid"]
     os.kill(victim, signal.SIGSTOP)

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks.simcluster import parse_job_id
 from trainers.checkpoint import load_tensor_file
@@ -19,6 +20,12 @@ from trainers.checkpoint import load_tensor_file
 ROOT = Path(__file__).resolve().parents[2]
 # Launchers whose command line also names the rank entry point: never a rank themselves.
 LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "srun"}
+
+
+def fixtures_env() -> dict[str, str]:
+    """This process's environment with the tests' user task package (tests/fixtures/mytasks) on
+    PYTHONPATH: outside the toolkit's packages, as a user's own package would be."""
+    return {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")}
 
 
 def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -72,9 +79,14 @@ def submit_job(*overrides: str, cwd: Path, env: dict[str, str] | None = None) ->
     return parse_job_id(submitted.stdout), run_dir
 
 
-def state_hash(run_dir: Path) -> str:
+def newest_shared_state(run_dir: Path) -> dict[str, Any]:
+    """The shared state (model, optimizer, schedule, progress) of the run's newest checkpoint."""
     newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    state = load_tensor_file(newest / "shared.ckpt")
+    return load_tensor_file(newest / "shared.ckpt")
+
+
+def state_hash(run_dir: Path) -> str:
+    state = newest_shared_state(run_dir)
     digest = hashlib.sha256()
     for name, tensor in sorted(state["model"].items()):
         digest.update(name.encode() + tensor.numpy().tobytes())

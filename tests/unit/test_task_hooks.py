@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tests.support.fit_in_process import Regression, config, steps_of, train
-from trainers.checkpoint import load_tensor_file
+from tests.support.runs import newest_shared_state
 from trainers.config import OptimConfig
 from trainers.run import FitConfig
 from trainers.task import TaskError
@@ -42,11 +42,6 @@ class Grouped(Regression):
         return [{"params": weights}, {"params": biases, "lr": 0.0}]
 
 
-def newest_state(run_dir: Path) -> dict[str, Any]:
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    return load_tensor_file(newest / "shared.ckpt")
-
-
 def with_optim(cfg: FitConfig, **changes: Any) -> FitConfig:
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **changes))
 
@@ -55,10 +50,10 @@ def test_parameter_groups_from_the_task_are_what_the_optimizer_steps(tmp_path):
     task = Grouped()
     start = {n: p.detach().clone() for n, p in (torch.manual_seed(0), task.build_model())[1].named_parameters()}
     train(tmp_path, task, config(max_steps=10, every_steps=10))
-    model = newest_state(tmp_path)["model"]
+    model = newest_shared_state(tmp_path)["model"]
     assert all(torch.equal(model[n], start[n]) for n in start if n.endswith("bias"))  # lr 0
     assert not any(torch.equal(model[n], start[n]) for n in start if n.endswith("weight"))
-    assert [group["lr"] for group in newest_state(tmp_path)["optimizer"]["param_groups"]][1] == 0.0
+    assert [group["lr"] for group in newest_shared_state(tmp_path)["optimizer"]["param_groups"]][1] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -84,7 +79,7 @@ CUSTOM = {
 def test_an_optimizer_and_scheduler_named_by_target_train_and_resume_bit_exactly(tmp_path):
     cfg = with_optim(config(every_steps=5), lr=0.01, **CUSTOM)
     whole = train(tmp_path / "whole", Grouped(), cfg)
-    state = newest_state(tmp_path / "whole")
+    state = newest_shared_state(tmp_path / "whole")
     assert state["optimizer"]["param_groups"][0]["alpha"] == 0.95 and "square_avg" in next(iter(state["optimizer"]["state"].values()))
     assert state["schedule"]["step_size"] == 7 and state["schedule"]["last_epoch"] == whole.steps
     stopped = train(tmp_path / "cut", Grouped(), cfg, stop_at=12)
@@ -97,7 +92,7 @@ def test_an_optimizer_and_scheduler_named_by_target_train_and_resume_bit_exactly
 def test_a_scheduler_that_takes_total_steps_is_given_the_runs(tmp_path):
     cfg = with_optim(config(max_steps=9, every_steps=9), scheduler={"_target_": "torch.optim.lr_scheduler.OneCycleLR", "max_lr": 0.3})
     train(tmp_path, Regression(), cfg)  # OneCycleLR refuses to start without total_steps
-    assert newest_state(tmp_path)["schedule"]["total_steps"] == 9
+    assert newest_shared_state(tmp_path)["schedule"]["total_steps"] == 9
 
 
 @pytest.mark.parametrize(
@@ -151,13 +146,13 @@ def test_activation_checkpointing_trains_bit_identically_to_keeping_activations(
     recomputed = train(tmp_path / "recomputed", small_lm(tmp_path, dropout=0.1), lm_config(True, precision))
     assert [s["loss"] for s in steps_of(tmp_path / "recomputed")] == [s["loss"] for s in steps_of(tmp_path / "kept")]
     assert recomputed.test_metrics == kept.test_metrics
-    model_kept, model_recomputed = newest_state(tmp_path / "kept")["model"], newest_state(tmp_path / "recomputed")["model"]
+    model_kept, model_recomputed = newest_shared_state(tmp_path / "kept")["model"], newest_shared_state(tmp_path / "recomputed")["model"]
     assert all(torch.equal(model_kept[name], model_recomputed[name]) for name in model_kept)
 
 
 def test_the_language_model_decays_matrices_only(tmp_path):
     train(tmp_path, small_lm(tmp_path, dropout=0.0), lm_config(False))
-    groups = newest_state(tmp_path)["optimizer"]["param_groups"]
+    groups = newest_shared_state(tmp_path)["optimizer"]["param_groups"]
     assert [group["weight_decay"] for group in groups] == [0.1, 0.0]
     assert len(groups[0]["params"]) == 2 + 2 * 4 + 1  # embeddings, 4 linear weights per block, the head
 
