@@ -23,6 +23,11 @@ TTY_VARIABLE = "HPCTK_TTY"  # "1": launch.py runs in a terminal (rank 0 draws a 
 # Set by hpc.submit.ranks: after a clean stop the ranks exit 0 and it returns result.json's code.
 RESULT_EXIT_VARIABLE = "HPCTK_RESULT_EXIT"
 REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # where rank 0 asks the batch script's EXIT trap to requeue
+# The batch script's step supervisor (hpc.submit.supervise): how many restarts in one allocation,
+# how many nodes a step needs (the rest are spares), and which attempt a step is (exported to the ranks).
+ALLOCATION_RESTARTS_VARIABLE = "HPCTK_ALLOCATION_RESTARTS"
+STEP_NODES_VARIABLE = "HPCTK_STEP_NODES"
+STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
 PORT_BASE, PORT_SPAN = 20000, 20000  # torch.distributed store ports derived from a Slurm job id
 
@@ -200,15 +205,23 @@ def allocation_shape(env: Mapping[str, str]) -> tuple[int, int] | None:
     return nodes, counts.pop()
 
 
+def job_node_list(env: Mapping[str, str]) -> str:
+    """The Slurm job's (allocation's) nodes as a hostlist ("node[1-3]"); empty outside Slurm."""
+    return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+
+
 def rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
     """(address, port) of torch.distributed's store: MASTER_ADDR/PORT where the launcher set
-    them, else the first node of the Slurm job and a port derived from its id and restart count
-    (two jobs on one node, or two starts of one job, do not collide); None without either."""
+    them, else the first node of the Slurm step (of the job outside a step: a spare node or a
+    lost one is in the job's list, not the step's) and a port derived from the job id, its
+    restart count and the step (two jobs on one node, two starts of one job, or a restart inside
+    the allocation while the old step's ports linger, do not collide); None without either."""
     if "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return env["MASTER_ADDR"], _int(env, "MASTER_PORT")
-    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    nodes = env.get("SLURM_STEP_NODELIST") or job_node_list(env)
     job_id = env.get("SLURM_JOB_ID")
     if not nodes or not job_id or not job_id.isdigit():
         return None
     first = hostlist.expand_hostlist(nodes)[0]
-    return first, PORT_BASE + (int(job_id) * 7 + restart_count(env)) % PORT_SPAN
+    step = _int(env, "SLURM_STEP_ID", 0) if env.get("SLURM_STEP_ID", "").isdigit() else 0
+    return first, PORT_BASE + (int(job_id) * 7 + restart_count(env) + step * 3) % PORT_SPAN

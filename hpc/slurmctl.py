@@ -114,6 +114,16 @@ def start_now(job_id: str) -> str | None:
     return None if code == 0 else err.strip() or f"exit code {code}"
 
 
+def kill_wait_s(default: float = 30.0) -> float:
+    """The cluster's KillWait: how long a step's tasks get between SIGTERM and SIGKILL."""
+    code, out, _ = _run(["scontrol", "show", "config"])
+    for line in out.splitlines() if code == 0 else []:
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait" and value.split() and value.split()[0].isdigit():
+            return float(value.split()[0])
+    return default
+
+
 def hostnames(node_list: str) -> list[str]:
     """`scontrol show hostnames`: a Slurm hostlist ("node[1-3]") as names."""
     code, out, _ = _run(["scontrol", "show", "hostnames", node_list])

@@ -51,6 +51,9 @@ class ClusterConfig:
     requeue: bool = True  # sbatch --requeue: a preempted or stopped job goes back to the queue
     # A job whose rank died (killed, OOM, a lost node) requeues itself at most this many times.
     failure_requeues: int = 3
+    # A rank that dies or stalls first restarts the ranks inside the allocation (no queue wait),
+    # at most this many times per start of the job (hpc.submit.supervise); 0: requeue at once.
+    allocation_restarts: int = 3
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun
@@ -70,6 +73,9 @@ class ResourcesConfig:
     cpus_per_task: int = 1
     gpus_per_task: int = 0
     time_min: int | None = None  # None: the cluster's default
+    # Extra nodes allocated beside `nodes` (sbatch --no-kill): a lost or failing node is replaced
+    # by a spare inside the allocation, in seconds, instead of a requeue and a queue wait.
+    spare_nodes: int = 0
 
 
 @dataclass

@@ -42,6 +42,12 @@ def check_resources(job: JobConfig) -> None:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
     if cluster.failure_requeues < 0:
         raise UserError(f"cluster.failure_requeues={cluster.failure_requeues} must be >= 0 (0: a failed job is not requeued)")
+    if cluster.allocation_restarts < 0:
+        raise UserError(f"cluster.allocation_restarts={cluster.allocation_restarts} must be >= 0 (0: a failed step requeues the job at once)")
+    if res.spare_nodes < 0:
+        raise UserError(f"resources.spare_nodes={res.spare_nodes} must be >= 0")
+    if res.spare_nodes and cluster.launcher != "slurm":
+        raise UserError(f"resources.spare_nodes={res.spare_nodes}: spare nodes need a Slurm cluster (cluster.launcher=slurm)")
     if job.run_access not in RUN_ACCESS:
         raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
     if job.sweep.max_parallel is not None and job.sweep.max_parallel < 1:
@@ -50,8 +56,9 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
     if cluster.launcher == "local" and res.nodes > 1:
         raise UserError(f"resources.nodes={res.nodes}: cluster=local runs on this one machine; choose a Slurm cluster for more nodes")
-    if cluster.max_nodes is not None and res.nodes > cluster.max_nodes:
-        raise UserError(f"resources.nodes={res.nodes} is more than the {cluster.max_nodes} nodes of cluster {cluster.name}")
+    if cluster.max_nodes is not None and res.nodes + res.spare_nodes > cluster.max_nodes:
+        asked = f"resources.nodes={res.nodes}" + (f" + resources.spare_nodes={res.spare_nodes}" if res.spare_nodes else "")
+        raise UserError(f"{asked} is more than the {cluster.max_nodes} nodes of cluster {cluster.name}")
     cpus = res.tasks_per_node * res.cpus_per_task
     if cluster.cpus_per_node is not None and cpus > cluster.cpus_per_node:
         raise UserError(

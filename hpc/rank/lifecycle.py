@@ -90,12 +90,28 @@ def request_requeue(env: Mapping[str, str], job_id: str, detail: str) -> Path | 
 def mark_finished(env: Mapping[str, str]) -> Path | None:
     """Tell the batch script's EXIT trap that the training is complete: it never requeues the
     job after that, even if a rank dies while exiting. None outside such a batch script."""
+    return _write_marker(env, "finished", "training complete\n")
+
+
+def note_run_dir(env: Mapping[str, str], run_dir: Path) -> Path | None:
+    """Tell the batch script's step supervisor where this job's checkpoints are (`<id>.run-dir`):
+    it restarts the ranks only while the restarts commit new checkpoints. None outside such a script."""
+    return _write_marker(env, "run-dir", f"{run_dir}\n")
+
+
+def mark_error(env: Mapping[str, str], message: str) -> Path | None:
+    """Tell the batch script's step supervisor that a rank hit an error that would repeat
+    (`<id>.error-<start>`): it does not start the ranks again. None outside such a script."""
+    return _write_marker(env, f"error-{restart_count(env)}", message + "\n")
+
+
+def _write_marker(env: Mapping[str, str], suffix: str, text: str) -> Path | None:
     folder, job_id = env.get(REQUEST_DIR_VARIABLE), slurm_job_id(env)
     if not folder or job_id is None:
         return None
-    marker = Path(folder) / f"{job_id}.finished"
+    marker = Path(folder) / f"{job_id}.{suffix}"
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("training complete\n")
+    marker.write_text(text)
     return marker
 
 

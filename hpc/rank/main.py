@@ -28,9 +28,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
-from hpc.env import RESULT_EXIT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
 from hpc.rank.binding import apply_binding, binding_for
-from hpc.rank.lifecycle import EXIT_RESUMABLE, EXIT_STALLED, forbid_failure_requeue, mark_finished, plan_after_stop, request_requeue, trap_requeues
+from hpc.rank.lifecycle import (
+    EXIT_RESUMABLE,
+    EXIT_STALLED,
+    forbid_failure_requeue,
+    mark_error,
+    mark_finished,
+    note_run_dir,
+    plan_after_stop,
+    request_requeue,
+    trap_requeues,
+)
 from hpc.rank.signals import STOP_SIGNALS, caught_early
 from hpc.rundir import RunDir
 
@@ -96,6 +106,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
     apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
     rank = RankInfo.from_env(os.environ)
     init_rank_logging(run_dir, rank)
+    if rank.is_main:
+        note_run_dir(os.environ, run_dir.path)  # where the batch script's step supervisor sees progress
     with contextlib.ExitStack() as started:
         stop = StopFlag().install(STOP_SIGNALS)  # before anything slow: a signal during start-up is not lost
         started.callback(stop.uninstall)
@@ -191,6 +203,7 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+    mark_error(os.environ, f"rank {rank.rank}: {type(err).__name__}: {err}")  # the step supervisor starts no restart
     job_id = forbid_failure_requeue(os.environ)
     if job_id is not None:
         log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
@@ -244,7 +257,8 @@ def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog 
     def on_stall(message: str) -> None:
         log.error("%s; ending all %d ranks", message, rank.world_size)
         job_id = slurm_job_id(os.environ)
-        if job_id is not None and job.cluster.requeue and slurmctl.available("scontrol"):
+        supervised = STEP_ATTEMPT_VARIABLE in os.environ  # the batch script starts the ranks again in the allocation
+        if job_id is not None and not supervised and job.cluster.requeue and slurmctl.available("scontrol"):
             error = slurmctl.requeue(job_id)
             # Several ranks notice the stall; the first requeue wins, later ones find it pending.
             log.error(

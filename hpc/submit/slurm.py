@@ -18,7 +18,7 @@ from typing import Any
 
 from hpc import slurmctl
 from hpc.config.schema import JobConfig
-from hpc.env import REQUEST_DIR_VARIABLE
+from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
 
@@ -37,18 +37,21 @@ def setup_lines(env: dict[str, str], code_root: Path = PROJECT_ROOT) -> list[str
     return lines
 
 
-def job_setup_lines(env: dict[str, str], code_root: Path) -> list[str]:
+def job_setup_lines(env: dict[str, str], code_root: Path, step_nodes: int = 1, allocation_restarts: int = 0) -> list[str]:
     """What the sbatch script runs before srun. Two lines make the frozen code the code that runs:
     PYTHONSAFEPATH keeps `python -m` from importing the live checkout through the working
     directory, and SLURM_EXPORT_ENV=ALL makes srun hand these exports to the ranks even on
     clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit). Rank 0
-    leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests."""
+    leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests; the
+    step supervisor (hpc.submit.supervise) reads the last two exports."""
     requests = code_root.parent / "slurm" / "requeue-requests"
     return [
         *setup_lines(env, code_root),
         "export PYTHONSAFEPATH=1",
         "export SLURM_EXPORT_ENV=ALL",
         f"export {REQUEST_DIR_VARIABLE}={shlex.quote(str(requests))}",
+        f"export {STEP_NODES_VARIABLE}={int(step_nodes)}",
+        f"export {ALLOCATION_RESTARTS_VARIABLE}={int(allocation_restarts)}",
     ]
 
 
@@ -100,21 +103,29 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
 
 
 def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PROJECT_ROOT) -> dict[str, Any]:
-    setup = job_setup_lines(env, code_root)
-    setup += exit_trap_lines(job.cluster.failure_requeues if job.cluster.requeue else 0)
+    """submitit's parameters. submitit writes no srun line of its own (use_srun=False): the
+    command (`batch_command`) is the step supervisor running srun with `srun_args`."""
     res, cluster = job.resources, job.cluster
+    setup = job_setup_lines(env, code_root, res.nodes, cluster.allocation_restarts)
+    setup += exit_trap_lines(cluster.failure_requeues if cluster.requeue else 0)
+    srun_args = list(cluster.srun_args)
+    if res.spare_nodes:  # the step runs on `nodes` of the nodes + spares allocated
+        srun_args = [f"--nodes={res.nodes}", f"--ntasks={res.nodes * res.tasks_per_node}", f"--ntasks-per-node={res.tasks_per_node}", *srun_args]
     params: dict[str, Any] = {
         "job_name": job.name,
-        "nodes": res.nodes,
+        "nodes": res.nodes + res.spare_nodes,
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "time": res.time_min if res.time_min is not None else cluster.time_min,
-        "srun_args": list(cluster.srun_args),
+        "srun_args": srun_args,
+        "use_srun": False,
         "setup": setup + list(cluster.setup),
         "stderr_to_stdout": False,
         # Every rank gets the signal (no "B:"); the ranks agree on a step, save and requeue.
         "additional_parameters": {"signal": f"{cluster.signal}@{cluster.signal_seconds}", **({"requeue": True} if cluster.requeue else {})},
     }
+    if res.spare_nodes:  # a lost node leaves the allocation instead of ending the job
+        params["additional_parameters"]["no-kill"] = True
     optional = {"partition": cluster.partition, "account": cluster.account, "qos": cluster.qos, "constraint": cluster.constraint}
     params.update({key: value for key, value in optional.items() if value})
     if cluster.mem_gb:
@@ -128,17 +139,28 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     return params
 
 
-def submitit_command(folder: Path) -> str:
-    """The ranks' command: submitit's job runner behind hpc.rank.entry, which catches the stop
-    signals before anything is imported (and keeps submitit's own handlers out)."""
-    return " ".join([shlex.quote(sys.executable), "-u -m hpc.rank.entry", shlex.quote(str(folder))])
+def batch_command(folder: Path, srun_args: list[str], array: bool = False) -> str:
+    """The batch script's command: the step supervisor (hpc.submit.supervise, which restarts the
+    ranks inside the allocation) running srun, whose ranks run submitit's job runner behind
+    hpc.rank.entry (it catches the stop signals before anything is imported, and keeps submitit's
+    own handlers out). The per-task logs are named as submitit names them."""
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder=folder)
+    stdout, stderr = str(paths.stdout), str(paths.stderr)
+    if array:
+        stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
+    python = shlex.quote(sys.executable)
+    srun = shlex.join(["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args])
+    return f"{python} -u -m hpc.submit.supervise {srun} {python} -u -m hpc.rank.entry {shlex.quote(str(folder))}"
 
 
 def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = run_dir.submitit / "%j"
-    return _make_sbatch_string(command=submitit_command(folder), folder=folder, **sbatch_parameters(job, env, run_dir.code))
+    params = sbatch_parameters(job, env, run_dir.code)
+    return _make_sbatch_string(command=batch_command(folder, params["srun_args"]), folder=folder, **params)
 
 
 def render_array_sbatch(params: dict[str, Any], folder: Path, tasks: int) -> str:
@@ -146,7 +168,7 @@ def render_array_sbatch(params: dict[str, Any], folder: Path, tasks: int) -> str
     from submitit.slurm.slurm import _make_sbatch_string
 
     task_folder = folder / "%j"
-    return _make_sbatch_string(command=submitit_command(task_folder), folder=task_folder, map_count=tasks, **params)
+    return _make_sbatch_string(command=batch_command(task_folder, params["srun_args"], array=True), folder=task_folder, map_count=tasks, **params)
 
 
 def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
@@ -166,8 +188,8 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
 
     class Executor(submitit.SlurmExecutor):
         @property
-        def _submitit_command_str(self) -> str:  # the srun line: hpc.rank.entry, as render_sbatch shows it
-            return submitit_command(self.folder)
+        def _submitit_command_str(self) -> str:  # the supervisor's srun line, as render_sbatch shows it
+            return batch_command(self.folder, params["srun_args"], array=len(run_dirs) > 1)
 
     executor = Executor(folder=folder / "%j", python=shlex.quote(sys.executable))
     executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))

@@ -29,8 +29,18 @@ def test_resources_become_sbatch_flags():
 
 def test_ranks_start_with_srun_pmix_and_the_run_dir_is_quoted():
     text = render(nodes=2)
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert "--mpi=pmix" in srun and "-m hpc.rank.entry '/runs/a b/slurm/%j'" in srun
+    command = next(line for line in text.splitlines() if "-m hpc.submit.supervise srun " in line)
+    assert "--mpi=pmix" in command and command.endswith("-m hpc.rank.entry '/runs/a b/slurm/%j'")
+    assert "--nodes=" not in command and "#SBATCH --no-kill" not in text  # the step takes the whole allocation
+
+
+def test_spare_nodes_are_allocated_beside_the_step_which_runs_on_the_others():
+    job = JobConfig(cluster=CLUSTER, resources=ResourcesConfig(nodes=2, tasks_per_node=3, spare_nodes=1))
+    text = render_sbatch(job, {}, RunDir(Path("/runs/x")))
+    assert "#SBATCH --nodes=3" in sbatch_lines(text) and "#SBATCH --no-kill" in sbatch_lines(text)
+    command = next(line for line in text.splitlines() if "-m hpc.submit.supervise srun " in line)
+    assert "--nodes=2 --ntasks=6 --ntasks-per-node=3" in command
+    assert "export HPCTK_STEP_NODES=2" in text and "export HPCTK_ALLOCATION_RESTARTS=3" in text
 
 
 def test_env_values_are_passed_literally_never_executed(tmp_path):

@@ -1,0 +1,296 @@
+"""`python -m hpc.submit.supervise srun ARGS...`: what the batch script runs in place of a bare srun.
+
+It runs the ranks' step. When a rank dies or stalls, it starts the ranks again in the same
+allocation at once, and they resume from the newest committed checkpoint: no requeue, no queue
+wait. It restarts only when srun failed and no rank finished the training, asked for a requeue
+(a preemption, the time limit) or hit an error that would repeat. Nodes that no longer answer,
+and a node where the first rank died in two steps in a row, are left out of the next step
+(`srun --exclude`). So a job submitted with `resources.spare_nodes=K` (K extra nodes, sbatch
+--no-kill) replaces a lost node by a spare.
+
+Bounded: at most HPCTK_ALLOCATION_RESTARTS restarts in one start of the job, and none after
+NO_PROGRESS_LIMIT restarts in a row that committed no new checkpoint. When it gives up it
+returns srun's exit code and the EXIT trap falls back to requeueing the job
+(hpc.submit.slurm.exit_trap_lines), which counts against `cluster.failure_requeues`.
+
+A lost node hangs srun: Slurm ends the step only once it declares the node DOWN (SlurmdTimeout,
+60 to 300 s). So after srun has reported a failed task it gets the cluster's KillWait (the ranks
+blocked in a collective with the dead one go only at its SIGKILL) and HUNG_STEP_MARGIN_S to end
+the step. Then
+the nodes are probed (a one-task step on each, PROBE_S at most), srun is killed, and the next
+step starts on the nodes that answered. Every restart runs with --overlap, because a hung step
+still holds its CPUs in Slurm's books.
+
+Each step's record (launch, first failure, end, exit code, what was decided) is appended to
+`<requests dir>/<job id>.steps.jsonl`, where rank 0 reads the cost of an interruption.
+Standard library only (and hpc's leaves): it starts before the ranks and must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpc import slurmctl
+from hpc.env import (
+    ALLOCATION_RESTARTS_VARIABLE,
+    REQUEST_DIR_VARIABLE,
+    STEP_ATTEMPT_VARIABLE,
+    STEP_NODES_VARIABLE,
+    job_node_list,
+    restart_count,
+    slurm_job_id,
+)
+
+# After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
+# running HUNG_STEP_MARGIN_S after that waits on a lost node.
+HUNG_STEP_MARGIN_S = 10.0
+PROBE_S = 30.0  # a node whose one-task probe step has not ended by then is taken as lost
+NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
+# srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
+# "srun: error: node1: task 3: Exited with exit code 1". The first names where the failure began.
+FAILED_TASKS = re.compile(r"srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P<what>.+)")
+LOST_NODE = re.compile(r"srun: error: Node failure on (?P<node>[^\s,]+)")
+
+
+@dataclass
+class StepRecord:
+    """One srun step, as appended to `<id>.steps.jsonl` (times: Unix seconds)."""
+
+    start: int  # SLURM_RESTART_COUNT: which start of the job
+    attempt: int  # 0, then one more per restart in this allocation
+    nodes_excluded: list[str]
+    launched: float
+    failed: float | None = None  # srun's first report of a failed task or a lost node
+    failure: str = ""  # that report
+    first_failed_node: str | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    hung: bool = False  # srun did not end the step by itself: killed after the probes
+    decision: str = ""  # "restart" or why not
+    lost_nodes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What is known once a step has ended, to decide whether to start the ranks again."""
+
+    exit_code: int
+    finished: bool  # rank 0 marked the training complete
+    stop_requested: bool  # rank 0 asked the EXIT trap for a requeue (preemption, time limit)
+    error: bool  # a rank hit an error that would repeat (hpc.rank.main.abort_job)
+    job_running: bool
+    restarts: int  # done so far in this start of the job
+    max_restarts: int
+    steps_without_progress: int  # restarts in a row, this one included, that committed no new checkpoint
+    usable_nodes: int
+    needed_nodes: int
+
+
+def why_not_restart(outcome: StepOutcome) -> str | None:
+    """None: start the ranks again in this allocation; otherwise the reason not to."""
+    if outcome.finished:
+        return "the training is complete"
+    if outcome.stop_requested:
+        return "the ranks stopped and asked for a requeue"
+    if outcome.exit_code == 0:
+        return "the step ended cleanly"
+    if outcome.error:
+        return "a rank hit an error that would repeat"
+    if not outcome.job_running:
+        return "the job is no longer running"
+    if outcome.restarts >= outcome.max_restarts:
+        return f"all {outcome.max_restarts} restarts in this allocation are spent"
+    if outcome.steps_without_progress >= NO_PROGRESS_LIMIT:
+        return f"the last {outcome.steps_without_progress} restarts committed no new checkpoint"
+    if outcome.usable_nodes < outcome.needed_nodes:
+        return f"{outcome.usable_nodes} usable nodes left, the step needs {outcome.needed_nodes} (no spare left)"
+    return None
+
+
+def with_options(srun: Sequence[str], options: Sequence[str]) -> list[str]:
+    """`srun` with `options` put right after the word srun (before the program and its arguments)."""
+    return [srun[0], *options, *srun[1:]]
+
+
+def probe_nodes(nodes: Sequence[str], timeout_s: float = PROBE_S) -> list[str]:
+    """The nodes of `nodes` that do not run a one-task step within `timeout_s`, all probed at once."""
+    probes = {
+        node: subprocess.Popen(
+            ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", f"--nodelist={node}", "--overlap", "--quiet", "true"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for node in nodes
+    }
+    deadline = time.monotonic() + timeout_s
+    lost = []
+    for node, probe in probes.items():
+        try:
+            code = probe.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+            code = -1
+        if code != 0:
+            lost.append(node)
+    return lost
+
+
+class StepWatch:
+    """Runs one srun and reads its stderr (passed on unchanged) for the first failed task."""
+
+    def __init__(self, command: list[str], env: Mapping[str, str], record: StepRecord) -> None:
+        self.record = record
+        self.failed = threading.Event()
+        self.process = subprocess.Popen(command, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace")
+        self.reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.reader.start()
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if self.failed.is_set():
+                continue
+            found = FAILED_TASKS.search(line) or LOST_NODE.search(line)
+            if found:
+                self.record.failed = time.time()
+                self.record.failure = line.strip().removeprefix("srun: error: ")
+                self.record.first_failed_node = found.group("node")
+                self.failed.set()
+
+    def wait(self, allocation_nodes: Callable[[], list[str]]) -> int:
+        """srun's exit code. A step that has not ended KillWait + HUNG_STEP_MARGIN_S after its
+        first failed task waits on a lost node: probe the nodes, then kill srun (exit code -9)."""
+        while self.process.poll() is None:
+            if self.failed.wait(timeout=1.0) and self._hung(slurmctl.kill_wait_s() + HUNG_STEP_MARGIN_S):
+                self.record.hung = True
+                self.record.lost_nodes = probe_nodes(allocation_nodes())
+                self.process.kill()
+                break
+        code = self.process.wait()
+        self.reader.join(timeout=5)
+        return code
+
+    def _hung(self, hung_after_s: float) -> bool:
+        deadline = time.monotonic() + hung_after_s
+        while self.process.poll() is None:
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.2)  # srun's end has no event to wait on but its exit
+        return False
+
+
+class Supervisor:
+    def __init__(self, srun: list[str], env: Mapping[str, str]) -> None:
+        self.srun = srun
+        self.env = env
+        self.job_id = slurm_job_id(env) or "local"
+        self.start = restart_count(env)
+        self.requests = Path(env[REQUEST_DIR_VARIABLE]) if env.get(REQUEST_DIR_VARIABLE) else None
+        self.max_restarts = int(env.get(ALLOCATION_RESTARTS_VARIABLE) or 0)
+        self.needed_nodes = int(env.get(STEP_NODES_VARIABLE) or 0)
+
+    def marker(self, suffix: str) -> Path | None:
+        return self.requests / f"{self.job_id}.{suffix}" if self.requests else None
+
+    def exists(self, suffix: str) -> bool:
+        marker = self.marker(suffix)
+        return marker is not None and marker.exists()
+
+    def allocation_nodes(self) -> list[str]:
+        """The job's nodes as Slurm has them now (a lost node leaves a --no-kill job's list)."""
+        node_list = slurmctl.job_fields(self.job_id).get("NodeList") or job_node_list(self.env)
+        return slurmctl.hostnames(node_list) if node_list else []
+
+    def newest_checkpoint(self) -> int:
+        """The newest committed step of the run (rank 0 names its run dir in `<id>.run-dir`)."""
+        from trainers.layout import committed_steps
+
+        pointer = self.marker("run-dir")
+        if pointer is None or not pointer.is_file():
+            return -1
+        return max(committed_steps(Path(pointer.read_text().strip()) / "checkpoints"), default=0)
+
+    def append(self, record: StepRecord) -> None:
+        log = self.marker("steps.jsonl")
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as f:
+                f.write(json.dumps(asdict(record)) + "\n")
+
+    def run(self) -> int:
+        excluded: list[str] = []
+        restarts = without_progress = 0
+        repeat_offender: str | None = None
+        while True:
+            options = [*(["--overlap"] if restarts else []), *([f"--exclude={','.join(excluded)}"] if excluded else [])]
+            record = StepRecord(self.start, restarts, list(excluded), time.time())
+            checkpoint_before = self.newest_checkpoint()
+            watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record)
+            code = watch.wait(lambda: [n for n in self.allocation_nodes() if n not in excluded])
+            record.ended, record.exit_code = time.time(), code
+            without_progress = without_progress + 1 if restarts and self.newest_checkpoint() <= checkpoint_before else 0
+            # A node where the first rank died in two steps in a row is failing: leave it out while a spare is left.
+            failing = record.first_failed_node if record.first_failed_node == repeat_offender else None
+            repeat_offender = record.first_failed_node
+            alive = [n for n in self.allocation_nodes() if n not in excluded and n not in record.lost_nodes]
+            if failing in alive and len(alive) > self.needed_nodes:
+                alive.remove(failing)
+                record.lost_nodes.append(failing)
+            outcome = StepOutcome(
+                exit_code=code,
+                finished=self.exists("finished"),
+                stop_requested=self.exists(f"restart-{self.start}"),
+                error=self.exists(f"error-{self.start}"),
+                job_running=slurmctl.job_state(self.job_id) == "RUNNING",
+                restarts=restarts,
+                max_restarts=self.max_restarts,
+                steps_without_progress=without_progress,
+                usable_nodes=len(alive),
+                needed_nodes=self.needed_nodes or len(alive),
+            )
+            reason = why_not_restart(outcome)
+            record.decision = reason or "restart"
+            self.append(record)
+            if reason is not None:
+                if code != 0 and restarts:
+                    say(f"not restarting job {self.job_id} in its allocation: {reason}")
+                return code
+            excluded += [n for n in record.lost_nodes if n not in excluded]
+            restarts += 1
+            left_out = f", leaving out {', '.join(excluded)}" if excluded else ""
+            say(
+                f"the ranks failed ({record.failure or f'srun exit {code}'}): starting them again in this allocation"
+                f" from the last committed checkpoint (restart {restarts} of {self.max_restarts}{left_out})"
+            )
+
+
+def say(message: str) -> None:
+    print(f"hpc-toolkit: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m hpc.submit.supervise srun [SRUN OPTIONS] PROGRAM [ARGS]\n\n" + (__doc__ or ""), file=sys.stderr)
+        return 2
+    # The batch shell's --signal (B:) is not ours: never let a stray user signal end the supervisor.
+    for name in ("SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), lambda signum, frame: None)
+    code = Supervisor(argv, os.environ).run()
+    return code if 0 <= code < 256 else 128 + abs(code) % 128
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,141 @@
+"""The batch script's step supervisor (hpc.submit.supervise): when it starts the ranks again in
+the allocation and when it leaves the job to the EXIT trap. The decision is a pure function; the
+loop runs here against stand-in srun and scontrol scripts (the real Slurm runs it in
+tests/e2e/test_allocation_restart_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpc.submit.supervise import NO_PROGRESS_LIMIT, StepOutcome, why_not_restart, with_options
+
+FAILED = StepOutcome(
+    exit_code=137,
+    finished=False,
+    stop_requested=False,
+    error=False,
+    job_running=True,
+    restarts=0,
+    max_restarts=3,
+    steps_without_progress=0,
+    usable_nodes=2,
+    needed_nodes=2,
+)
+
+
+def test_a_failed_step_is_started_again_while_restarts_and_nodes_are_left():
+    assert why_not_restart(FAILED) is None
+    assert why_not_restart(replace(FAILED, restarts=2, usable_nodes=3)) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (dict(finished=True), "the training is complete"),
+        (dict(stop_requested=True), "asked for a requeue"),
+        (dict(exit_code=0), "ended cleanly"),
+        (dict(error=True), "an error that would repeat"),
+        (dict(job_running=False), "no longer running"),
+        (dict(restarts=3), "all 3 restarts"),
+        (dict(steps_without_progress=NO_PROGRESS_LIMIT), "committed no new checkpoint"),
+        (dict(usable_nodes=1), "1 usable nodes left, the step needs 2"),
+    ],
+)
+def test_no_restart_when(change, reason):
+    assert reason in (why_not_restart(replace(FAILED, **change)) or "")
+
+
+def test_options_go_right_after_the_word_srun():
+    assert with_options(["srun", "--mpi=pmix", "python", "-m", "x"], ["--overlap"]) == ["srun", "--overlap", "--mpi=pmix", "python", "-m", "x"]
+
+
+FAKE_SRUN = """#!/bin/bash
+# Stand-in srun: step N exits with the N-th code of $FAKE_CODES, and a failing step says so as srun does.
+echo "$*" >> "$FAKE_DIR/calls"
+n=$(wc -l < "$FAKE_DIR/calls")
+code=$(echo $FAKE_CODES | cut -d' ' -f$n)
+if [[ $1 == --nodes=1 ]]; then exit 0; fi  # a node probe
+if [[ -n $FAKE_COMMIT ]]; then mkdir -p "$FAKE_DIR/run/checkpoints/step-00000000$n" && touch "$FAKE_DIR/run/checkpoints/step-00000000$n/COMMITTED"; fi
+if [[ -n $FAKE_ERROR && $n == 1 ]]; then echo "rank 1: ValueError" > "$HPCTK_REQUEUE_DIR/7.error-0"; fi
+echo "attempt $HPCTK_STEP_ATTEMPT" >> "$FAKE_DIR/attempts"
+if (( code != 0 )); then echo "srun: error: node2: task 1: Exited with exit code $code" >&2; fi
+exit $code
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1 $2" in
+"show job") echo "JobId=7 JobState=RUNNING Requeue=1 NodeList=node[1-2]" ;;
+"show hostnames") echo node1; echo node2 ;;
+"show config") echo "KillWait                = 1 sec" ;;
+esac
+"""
+
+
+def run_supervisor(tmp_path: Path, codes: str, scontrol: str = FAKE_SCONTROL, **extra: str) -> tuple[int, list[dict[str, object]], list[str], str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", scontrol), ("squeue", "#!/bin/bash\necho RUNNING\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    requests = tmp_path / "requests"
+    requests.mkdir()
+    (requests / "7.run-dir").write_text(str(tmp_path / "run"))
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_DIR": str(tmp_path),
+        "FAKE_CODES": codes,
+        "SLURM_JOB_ID": "7",
+        "HPCTK_REQUEUE_DIR": str(requests),
+        "HPCTK_STEP_NODES": "2",
+        "HPCTK_ALLOCATION_RESTARTS": "3",
+        **extra,
+    }
+    done = subprocess.run([sys.executable, "-m", "hpc.submit.supervise", "srun", "--mpi=pmix", "ranks"], env=env, capture_output=True, text=True, timeout=60)
+    steps = [json.loads(line) for line in (requests / "7.steps.jsonl").read_text().splitlines()]
+    return done.returncode, steps, (tmp_path / "calls").read_text().splitlines(), done.stderr
+
+
+def test_a_failed_step_restarts_with_overlap_until_it_succeeds(tmp_path):
+    code, steps, calls, err = run_supervisor(tmp_path, "137 1 0", FAKE_COMMIT="1")
+    assert code == 0, err
+    assert [s["attempt"] for s in steps] == [0, 1, 2] and [s["decision"] for s in steps] == ["restart", "restart", "the step ended cleanly"]
+    assert calls == ["--mpi=pmix ranks", "--overlap --mpi=pmix ranks", "--overlap --mpi=pmix ranks"]
+    assert (tmp_path / "attempts").read_text().split("\n")[:3] == ["attempt 0", "attempt 1", "attempt 2"]
+    assert "restart 2 of 3" in err and steps[0]["failure"] == "node2: task 1: Exited with exit code 137"
+
+
+def test_a_node_where_the_first_rank_died_twice_is_left_out_while_a_spare_is_left(tmp_path):
+    scontrol = FAKE_SCONTROL.replace("NodeList=node[1-2]", "NodeList=node[1-3]").replace("echo node2 ;;", "echo node2; echo node3 ;;")
+    code, steps, calls, err = run_supervisor(tmp_path, "1 1 0", scontrol, FAKE_COMMIT="1")
+    assert code == 0, err
+    assert calls == ["--mpi=pmix ranks", "--overlap --mpi=pmix ranks", "--overlap --exclude=node2 --mpi=pmix ranks"]
+    assert steps[1]["lost_nodes"] == ["node2"] and "leaving out node2" in err
+
+
+def test_no_node_is_left_out_without_a_spare(tmp_path):
+    code, steps, calls, err = run_supervisor(tmp_path, "1 1 0", FAKE_COMMIT="1")
+    assert code == 0 and not any("--exclude" in call for call in calls), calls
+
+
+def test_restarts_end_when_they_are_spent_and_srun_s_code_goes_to_the_trap(tmp_path):
+    code, steps, calls, err = run_supervisor(tmp_path, "9 9 9 9 9", FAKE_COMMIT="1")
+    assert code == 9 and len(calls) == 4
+    assert steps[-1]["decision"] == "all 3 restarts in this allocation are spent" and "not restarting job 7" in err
+
+
+def test_restarts_that_commit_nothing_end_early(tmp_path):
+    code, steps, calls, err = run_supervisor(tmp_path, "9 9 9 9 9")
+    assert code == 9 and len(calls) == 1 + NO_PROGRESS_LIMIT
+    assert "committed no new checkpoint" in steps[-1]["decision"]
+
+
+def test_an_error_that_would_repeat_is_not_restarted(tmp_path):
+    code, steps, calls, err = run_supervisor(tmp_path, "1 0", FAKE_ERROR="1")
+    assert code == 1 and len(calls) == 1 and steps[0]["decision"] == "a rank hit an error that would repeat"
