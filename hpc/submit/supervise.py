@@ -239,7 +239,7 @@ class Supervisor:
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
             watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record)
-            code = watch.wait(lambda: [n for n in self.allocation_nodes() if n not in excluded])
+            code = watch.wait(lambda left_out=tuple(excluded): [n for n in self.allocation_nodes() if n not in left_out])
             record.ended, record.exit_code = time.time(), code
             without_progress = without_progress + 1 if restarts and self.newest_checkpoint() <= checkpoint_before else 0
             # A node where the first rank died in two steps in a row is failing: leave it out while a spare is left.
