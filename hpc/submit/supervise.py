@@ -28,6 +28,7 @@ Standard library only (and hpc's leaves): it starts before the ranks and must st
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -214,6 +215,9 @@ class Supervisor:
         node_list = slurmctl.job_fields(self.job_id).get("NodeList") or job_node_list(self.env)
         return slurmctl.hostnames(node_list) if node_list else []
 
+    def nodes_left(self, excluded: tuple[str, ...]) -> list[str]:
+        return [node for node in self.allocation_nodes() if node not in excluded]
+
     def newest_checkpoint(self) -> int:
         """The newest committed step of the run (rank 0 names its run dir in `<id>.run-dir`)."""
         from trainers.layout import committed_steps
@@ -239,7 +243,7 @@ class Supervisor:
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
             watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record)
-            code = watch.wait(lambda left_out=tuple(excluded): [n for n in self.allocation_nodes() if n not in left_out])
+            code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)))
             record.ended, record.exit_code = time.time(), code
             without_progress = without_progress + 1 if restarts and self.newest_checkpoint() <= checkpoint_before else 0
             # A node where the first rank died in two steps in a row is failing: leave it out while a spare is left.
