@@ -117,7 +117,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
         torch.set_num_threads(max(1, job.trainer.threads_per_rank))
         log.info(
-            "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d)",
+            "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d%s)",
             rank.rank,
             rank.local_rank,
             rank.node_rank,
@@ -125,6 +125,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             rank.host,
             rank.launcher,
             restart_count(os.environ),
+            f", restart {os.environ[STEP_ATTEMPT_VARIABLE]} in this allocation" if os.environ.get(STEP_ATTEMPT_VARIABLE, "0") != "0" else "",
         )
         log.info("%s", binding_line)
         log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)

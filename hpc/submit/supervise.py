@@ -55,6 +55,9 @@ from hpc.env import (
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
 HUNG_STEP_MARGIN_S = 10.0
+# The ranks' watchdog threads rewrite their heartbeat every poll (5 s by default): three polls
+# missed means the process or its node is gone, not a slow step.
+HEARTBEAT_SILENT_S = 15.0
 PROBE_S = 30.0  # a node whose one-task probe step has not ended by then is taken as lost
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
 # srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
@@ -171,18 +174,43 @@ class StepWatch:
                 self.record.first_failed_node = found.group("node")
                 self.failed.set()
 
-    def wait(self, allocation_nodes: Callable[[], list[str]]) -> int:
-        """srun's exit code. A step that has not ended KillWait + HUNG_STEP_MARGIN_S after its
-        first failed task waits on a lost node: probe the nodes, then kill srun (exit code -9)."""
+    def wait(self, allocation_nodes: Callable[[], list[str]], heartbeats: Callable[[], Path | None]) -> int:
+        """srun's exit code. The step has failed when srun reports a failed task, or when a rank
+        of this step stops rewriting its heartbeat (a lost node: srun says nothing until Slurm
+        declares the node DOWN). Then the nodes are probed, and a step that has not ended
+        KillWait + HUNG_STEP_MARGIN_S later waits on a lost node: srun is killed (exit code -9)."""
         while self.process.poll() is None:
-            if self.failed.wait(timeout=1.0) and self._hung(slurmctl.kill_wait_s() + HUNG_STEP_MARGIN_S):
-                self.record.hung = True
-                self.record.lost_nodes = probe_nodes(allocation_nodes())
-                self.process.kill()
+            if self.failed.wait(timeout=1.0) or self._silent_rank(heartbeats()):
+                probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
+                if self._hung(slurmctl.kill_wait_s() + HUNG_STEP_MARGIN_S):
+                    self.record.hung = True
+                    self.process.kill()
+                self.record.lost_nodes = probing.result()
                 break
         code = self.process.wait()
         self.reader.join(timeout=5)
         return code
+
+    def _silent_rank(self, folder: Path | None) -> bool:
+        """A rank that wrote a heartbeat in this step and then none for HEARTBEAT_SILENT_S: its
+        process or node is gone. srun is asked to end the step (two SIGINTs: Slurm kills the tasks)."""
+        now = time.time()
+        for path in folder.glob("rank-*.json") if folder is not None and folder.is_dir() else []:
+            try:
+                beat = json.loads(path.read_text())
+                written, host, rank = float(beat["time"]), str(beat["host"]), int(beat["rank"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being rewritten, or not ours
+            if written >= self.record.launched and now - written > HEARTBEAT_SILENT_S:
+                self.record.failed = now
+                self.record.failure = f"rank {rank} on {host} silent for {now - written:.0f} s"
+                self.record.first_failed_node = host
+                self.failed.set()
+                for _ in range(2):  # srun: a second Ctrl-C within a second ends the step
+                    self.process.send_signal(signal.SIGINT)
+                    time.sleep(0.2)
+                return True
+        return False
 
     def _hung(self, hung_after_s: float) -> bool:
         deadline = time.monotonic() + hung_after_s
@@ -191,6 +219,19 @@ class StepWatch:
                 return True
             time.sleep(0.2)  # srun's end has no event to wait on but its exit
         return False
+
+
+class ThreadWithResult:
+    """Run `work` in a thread now; `result()` waits for what it returned."""
+
+    def __init__(self, work: Callable[[], list[str]]) -> None:
+        self._result: list[str] = []
+        self._thread = threading.Thread(target=lambda: self._result.extend(work()), daemon=True)
+        self._thread.start()
+
+    def result(self) -> list[str]:
+        self._thread.join()
+        return self._result
 
 
 class Supervisor:
@@ -218,14 +259,21 @@ class Supervisor:
     def nodes_left(self, excluded: tuple[str, ...]) -> list[str]:
         return [node for node in self.allocation_nodes() if node not in excluded]
 
+    def run_dir(self) -> Path | None:
+        """The run dir, which rank 0 names in `<id>.run-dir` as it starts."""
+        pointer = self.marker("run-dir")
+        return Path(pointer.read_text().strip()) if pointer is not None and pointer.is_file() else None
+
+    def heartbeats(self) -> Path | None:
+        run_dir = self.run_dir()
+        return run_dir / "heartbeats" if run_dir is not None else None
+
     def newest_checkpoint(self) -> int:
         """The newest committed step of the run (rank 0 names its run dir in `<id>.run-dir`)."""
         from trainers.layout import committed_steps
 
-        pointer = self.marker("run-dir")
-        if pointer is None or not pointer.is_file():
-            return -1
-        return max(committed_steps(Path(pointer.read_text().strip()) / "checkpoints"), default=0)
+        run_dir = self.run_dir()
+        return -1 if run_dir is None else max(committed_steps(run_dir / "checkpoints"), default=0)
 
     def append(self, record: StepRecord) -> None:
         log = self.marker("steps.jsonl")
@@ -243,7 +291,7 @@ class Supervisor:
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
             watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record)
-            code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)))
+            code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)), self.heartbeats)
             record.ended, record.exit_code = time.time(), code
             without_progress = without_progress + 1 if restarts and self.newest_checkpoint() <= checkpoint_before else 0
             # A node where the first rank died in two steps in a row is failing: leave it out while a spare is left.

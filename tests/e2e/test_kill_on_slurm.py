@@ -24,7 +24,8 @@ from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
-# failure_requeues=6: room for the 3 kills and for stale step kills (below) on top.
+# failure_requeues=6: room for the 3 kills and for stale step kills (below) on top. No restarts
+# inside the allocation: these tests are of the requeue that follows (test_allocation_restart_slurm).
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
@@ -35,10 +36,18 @@ JOB = (
     "checkpoint.every_minutes=null",
     "checkpoint.keep=3",
     "cluster.failure_requeues=6",
+    "cluster.allocation_restarts=0",
 )
 KILLS = 3
 # One node, two ranks, long enough never to finish by itself within a test.
-ENDLESS = ("cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=1000", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+ENDLESS = (
+    "cluster=simulated",
+    "resources.tasks_per_node=2",
+    "trainer.epochs=1000",
+    "checkpoint.every_steps=5",
+    "checkpoint.every_minutes=null",
+    "cluster.allocation_restarts=0",
+)
 RESUMED = "resumed from checkpoint step "
 
 

@@ -4,6 +4,7 @@ in different ways, and compare it with an uninterrupted run: same per-step losse
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 
@@ -24,6 +25,10 @@ JOB = (
     "trainer.epochs=8",
     "checkpoint.every_steps=5",
     "checkpoint.every_minutes=null",
+    # Fewer failure requeues than preemptions, and none inside the allocation: the rank killed
+    # after three preemptions must still be requeued (preemptions use none of the failure budget).
+    "cluster.failure_requeues=2",
+    "cluster.allocation_restarts=0",
 )
 
 # The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks, found on
@@ -41,7 +46,7 @@ USER_JOB = (
 
 
 @pytest.mark.parametrize("job, user_task", [(JOB, False), (USER_JOB, True)], ids=["builtin", "user-task"])
-def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, user_task):
+def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, user_task):
     env = fixtures_env() if user_task else None
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -60,17 +65,22 @@ def test_three_preemptions_end_bit_identical_to_an_uninterrupted_run(tmp_path, j
         poll(lambda at_step=at_step: logged_steps(run_dir) >= at_step, f"step {at_step}")
         subprocess.run(command, check=True, capture_output=True)
         release_when_requeued(job_id, count)
+    poll(lambda: logged_steps(run_dir) >= 36, "step 36")
+    os.kill(rank_pids(run_dir, "hpc.rank.entry")[-1], signal.SIGKILL)  # after 3 preemptions, with failure_requeues=2
+    release_when_requeued(job_id, 3)
 
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["restarts"] == 3 and result["resumed_from"] > 0
+    assert result["status"] == "completed" and result["restarts"] == 4 and result["resumed_from"] > 0
+    (failures,) = (run_dir / "slurm" / "requeue-requests").glob("*.failures")
+    assert failures.read_text().strip() == "1"  # the kill; the preemptions counted none
     assert step_losses(run_dir) == step_losses(ref_dir)
     assert state_hash(run_dir) == state_hash(ref_dir)
     assert (run_dir / "code" / "mytasks" / "regression.py").is_file() == user_task  # the ranks' copy
     rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
-    assert rank0.count("resumed from checkpoint step") == 3  # one run dir, logs appended
+    assert rank0.count("resumed from checkpoint step") == 4  # one run dir, logs appended
     assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0
-    assert all(f"restart {n}" in rank0 for n in (1, 2, 3))
+    assert all(f"restart {n}" in rank0 for n in (1, 2, 3, 4))
 
 
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):

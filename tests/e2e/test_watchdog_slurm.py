@@ -1,6 +1,7 @@
 """A rank stalled inside a collective on the real Slurm (SIGSTOP): the watchdog on the other
-ranks names it, requeues the job and ends the step; the job resumes from its last committed
-checkpoint and completes, instead of hanging until its time limit."""
+ranks names it and ends the step; the batch script's step supervisor starts the ranks again in
+the allocation, they resume from the last committed checkpoint and complete, instead of hanging
+until the time limit."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import signal
 
 import pytest
 
-from benchmarks.simcluster import poll, release_when_requeued, restarts
+from benchmarks.simcluster import poll, restarts
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, submit_job
 from trainers.watchdog import heartbeat_file
@@ -30,27 +31,31 @@ JOB = (
 )
 
 
-def test_a_stalled_rank_requeues_the_job_which_resumes_and_completes(tmp_path):
+def restarted_in_allocation(run_dir) -> bool:
+    return any('"decision": "restart"' in log.read_text() for log in (run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl"))
+
+
+def test_a_stalled_rank_restarts_the_ranks_in_the_allocation_which_resume_and_complete(tmp_path):
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 12, "step 12")
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 3).read_text())
     os.kill(victim["pid"], signal.SIGSTOP)  # rank 3 on the second node stops dead
     try:
-        poll(lambda: restarts(job_id) >= 1, f"job {job_id} to be requeued by the watchdog", timeout_s=60)
+        poll(lambda: restarted_in_allocation(run_dir), "the watchdog to end the step and the ranks to start again", timeout_s=90)
     finally:
         try:
             os.kill(victim["pid"], signal.SIGCONT)  # Slurm kills it; do not leave it stopped if not
         except ProcessLookupError:
             pass
-    release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
+    assert restarts(job_id) == 0  # never requeued
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 10
+    assert result["status"] == "completed" and result["resumed_from"] >= 10
     # Whichever rank's watchdog fires first logs the verdict; srun may end the others first.
     log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
     assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
     assert "resumed from checkpoint step" in log
     # The rank whose watchdog fired exits with 70 (EX_SOFTWARE), and srun says so in the batch
-    # script's stderr (kept across the requeue: Slurm appends for a requeued job).
+    # script's stderr.
     batch_err = "".join(path.read_text() for path in (run_dir / "slurm").glob("*/*_0_log.err"))
     assert re.search(r"srun: error: \S+: tasks? [0-9,-]+: Exited with exit code 70$", batch_err, re.M), batch_err[-3000:]

@@ -58,10 +58,10 @@ def test_options_go_right_after_the_word_srun():
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in srun: step N exits with the N-th code of $FAKE_CODES, and a failing step says so as srun does.
+if [[ $1 == --nodes=1 ]]; then echo "${*: -2:1}" >> "$FAKE_DIR/probes"; exit 0; fi  # a node probe: every node answers
 echo "$*" >> "$FAKE_DIR/calls"
 n=$(wc -l < "$FAKE_DIR/calls")
 code=$(echo $FAKE_CODES | cut -d' ' -f$n)
-if [[ $1 == --nodes=1 ]]; then exit 0; fi  # a node probe
 if [[ -n $FAKE_COMMIT ]]; then mkdir -p "$FAKE_DIR/run/checkpoints/step-00000000$n" && touch "$FAKE_DIR/run/checkpoints/step-00000000$n/COMMITTED"; fi
 if [[ -n $FAKE_ERROR && $n == 1 ]]; then echo "rank 1: ValueError" > "$HPCTK_REQUEUE_DIR/7.error-0"; fi
 echo "attempt $HPCTK_STEP_ATTEMPT" >> "$FAKE_DIR/attempts"

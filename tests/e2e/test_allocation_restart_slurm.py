@@ -1,0 +1,84 @@
+"""Restarts inside the allocation on the real Slurm (hpc.submit.supervise): a SIGKILLed rank, and
+a lost node with one spare, cost a new job step in the same allocation, not a requeue. The run
+completes with the same per-step losses and the same final weights as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.simcluster import SIM, job_hosts, newest_committed_step, poll, restarts
+from hpc.slurmctl import job_fields
+from tests.conftest import wait_until_done
+from tests.support.runs import logged_steps, rank_pids, state_hash, step_losses, submit_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+JOB = (
+    "cluster=simulated",
+    "resources.nodes=2",
+    "resources.tasks_per_node=2",
+    "model.hidden_sizes=[1024,1024]",
+    "trainer.epochs=3",
+    "checkpoint.every_steps=2",
+    "checkpoint.every_minutes=null",
+    "cluster.failure_requeues=0",  # a requeue would end the job FAILED: only a restart in the allocation can save it
+)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path_factory.mktemp("reference"))
+    assert wait_until_done(job_id) == "COMPLETED"
+    return run_dir
+
+
+def step_records(run_dir: Path) -> list[dict[str, object]]:
+    (log,) = (run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl")
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def assert_same_training(run_dir: Path, reference: Path) -> None:
+    assert step_losses(run_dir) == step_losses(reference)
+    assert state_hash(run_dir) == state_hash(reference)
+
+
+def test_a_sigkilled_rank_restarts_inside_the_allocation_and_matches_an_uninterrupted_run(tmp_path, reference):
+    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 6 and newest_committed_step(run_dir) >= 4, "step 6 and a committed checkpoint", 180)
+    committed = newest_committed_step(run_dir)
+    os.kill(rank_pids(run_dir, "hpc.rank.entry")[-1], signal.SIGKILL)
+
+    assert wait_until_done(job_id) == "COMPLETED"
+    assert restarts(job_id) == 0  # never requeued
+    first, second = step_records(run_dir)
+    assert first["decision"] == "restart" and "Killed" in str(first["failure"]) and second["attempt"] == 1
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["resumed_from"] >= committed
+    assert_same_training(run_dir, reference)
+
+
+def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, reference):
+    job_id, run_dir = submit_job(*JOB, "resources.spare_nodes=1", cwd=tmp_path)
+    poll(lambda: logged_steps(run_dir) >= 6 and newest_committed_step(run_dir) >= 4, "step 6 and a committed checkpoint", 180)
+    fields = job_fields(job_id)
+    allocated = job_hosts(fields["NodeList"])
+    assert len(allocated) == 3
+    rank_hosts = {line.split(" on ")[1].split()[0] for line in (run_dir / "logs" / "rank-00003.log").read_text().splitlines() if "local_rank" in line}
+    (lost,) = rank_hosts - {fields["BatchHost"]}  # a node of the step that is not the batch script's
+    subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
+    try:
+        assert wait_until_done(job_id, timeout_s=300) == "COMPLETED"
+    finally:
+        subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
+    assert restarts(job_id) == 0  # never requeued: the spare took the lost node's place
+    first, second = step_records(run_dir)
+    assert first["hung"] and lost in first["lost_nodes"] and second["nodes_excluded"] == [lost]
+    restarted = [line for line in (run_dir / "logs" / "rank-00003.log").read_text().splitlines() if "restart 1 in this allocation" in line]
+    assert restarted and f" on {lost} " not in restarted[0]  # the restarted ranks run on the other two nodes
+    assert_same_training(run_dir, reference)
