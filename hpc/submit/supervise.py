@@ -56,7 +56,7 @@ from hpc.env import (
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
 HUNG_STEP_MARGIN_S = 10.0
 # The ranks' watchdog threads rewrite their heartbeat every poll (5 s by default): three polls
-# missed means the process or its node is gone, not a slow step.
+# missed means the process or its node is gone, not a slow step (HPCTK_HEARTBEAT_SILENT_S overrides).
 HEARTBEAT_SILENT_S = 15.0
 PROBE_S = 30.0  # a node whose one-task probe step has not ended by then is taken as lost
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
@@ -155,6 +155,7 @@ class StepWatch:
 
     def __init__(self, command: list[str], env: Mapping[str, str], record: StepRecord) -> None:
         self.record = record
+        self.silent_after_s = float(env.get("HPCTK_HEARTBEAT_SILENT_S") or HEARTBEAT_SILENT_S)
         self.failed = threading.Event()
         self.process = subprocess.Popen(command, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace")
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)
@@ -201,7 +202,7 @@ class StepWatch:
                 written, host, rank = float(beat["time"]), str(beat["host"]), int(beat["rank"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # being rewritten, or not ours
-            if written >= self.record.launched and now - written > HEARTBEAT_SILENT_S:
+            if written >= self.record.launched and now - written > self.silent_after_s:
                 self.record.failed = now
                 self.record.failure = f"rank {rank} on {host} silent for {now - written:.0f} s"
                 self.record.first_failed_node = host

@@ -58,7 +58,7 @@ def test_options_go_right_after_the_word_srun():
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in srun: step N exits with the N-th code of $FAKE_CODES, and a failing step says so as srun does.
-if [[ $1 == --nodes=1 ]]; then echo "${*: -2:1}" >> "$FAKE_DIR/probes"; exit 0; fi  # a node probe: every node answers
+if [[ $1 == --nodes=1 ]]; then exit 0; fi  # a node probe: every node answers
 echo "$*" >> "$FAKE_DIR/calls"
 n=$(wc -l < "$FAKE_DIR/calls")
 code=$(echo $FAKE_CODES | cut -d' ' -f$n)
@@ -77,10 +77,10 @@ esac
 """
 
 
-def run_supervisor(tmp_path: Path, codes: str, scontrol: str = FAKE_SCONTROL, **extra: str) -> tuple[int, list[dict[str, object]], list[str], str]:
+def run_supervisor(tmp_path: Path, codes: str, scontrol: str = FAKE_SCONTROL, srun: str | None = None, **extra: str) -> tuple[int, list[dict[str, object]], list[str], str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", scontrol), ("squeue", "#!/bin/bash\necho RUNNING\n")):
+    for name, text in (("srun", srun or FAKE_SRUN), ("scontrol", scontrol), ("squeue", "#!/bin/bash\necho RUNNING\n")):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     requests = tmp_path / "requests"
@@ -139,3 +139,28 @@ def test_restarts_that_commit_nothing_end_early(tmp_path):
 def test_an_error_that_would_repeat_is_not_restarted(tmp_path):
     code, steps, calls, err = run_supervisor(tmp_path, "1 0", FAKE_ERROR="1")
     assert code == 1 and len(calls) == 1 and steps[0]["decision"] == "a rank hit an error that would repeat"
+
+
+SILENT_SRUN = """#!/bin/bash
+# Stand-in srun whose rank 1 wrote one heartbeat and went silent (its node lost): it runs until
+# interrupted twice (srun then ends the step), as srun waits for a node Slurm has not declared DOWN yet.
+if [[ $1 == --nodes=1 ]]; then [[ $4 == --nodelist=node2 ]] && exit 1; exit 0; fi  # node2 does not answer
+echo "$*" >> "$FAKE_DIR/calls"
+if [[ $(wc -l < "$FAKE_DIR/calls") == 1 ]]; then
+    mkdir -p "$FAKE_DIR/run/heartbeats"
+    now=$(date +%s)
+    echo "{\\"rank\\": 1, \\"step\\": 3, \\"host\\": \\"node2\\", \\"pid\\": 1, \\"time\\": $now.9}" > "$FAKE_DIR/run/heartbeats/rank-00001.json"
+    trap 'echo interrupted >> "$FAKE_DIR/interrupts"; [[ $(wc -l < "$FAKE_DIR/interrupts") == 2 ]] && exit 130' INT
+    while true; do sleep 0.1; done
+fi
+exit 0
+"""
+
+
+def test_a_rank_whose_heartbeat_went_silent_ends_the_step_and_its_unanswering_node_is_left_out(tmp_path):
+    scontrol = FAKE_SCONTROL.replace("NodeList=node[1-2]", "NodeList=node[1-3]").replace("echo node2 ;;", "echo node2; echo node3 ;;")
+    code, steps, calls, err = run_supervisor(tmp_path, "0", scontrol, SILENT_SRUN, HPCTK_HEARTBEAT_SILENT_S="2")
+    assert code == 0, err
+    assert steps[0]["failure"].startswith("rank 1 on node2 silent for") and steps[0]["lost_nodes"] == ["node2"]
+    assert calls[1] == "--overlap --exclude=node2 --mpi=pmix ranks"
+    assert (tmp_path / "interrupts").read_text().count("interrupted") == 2  # srun was asked to end the step
