@@ -247,6 +247,7 @@ class Loop:
             log.warning("%s", straggler.line())
             record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
         self.run.steps.report(record)
+        self.run.milestones.stepped(progress.step, self.resumed_from)
         if self.run.watchdog is not None:
             self.run.watchdog.beat(progress.step)
 
@@ -382,7 +383,9 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
     task_target = str(task.describe().get("task", CLASSIFY_TASK))
     run.stop.phase = "resume"
+    load_began = time.time()
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
+    run.milestones.loaded(load_began, time.time())
     log.info(
         "training %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",

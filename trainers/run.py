@@ -4,8 +4,11 @@ restarts and how it learns it must stop (RunContext), and the figures it ends wi
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
@@ -39,6 +42,25 @@ class FitResult:
     test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation: "loss" and the task's metrics
 
 
+class Milestones:
+    """When this start of the ranks had model, data and checkpoint ready, how long reading the
+    checkpoint took, and its first step: handed once, after that step, to `on_first_step`
+    (hpc.rank.main measures what an interruption cost with it). Times: Unix seconds."""
+
+    def __init__(self, on_first_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._on_first_step = on_first_step
+        self._times: dict[str, Any] = {}
+
+    def loaded(self, began: float, ended: float) -> None:
+        self._times.update(loaded=ended, load_s=ended - began)
+
+    def stepped(self, step: int, resumed_from: int | None) -> None:
+        if self._on_first_step is None or "first_step" in self._times:
+            return
+        self._times.update(first_step=time.time(), first_step_no=step, resumed_from=resumed_from)
+        self._on_first_step(dict(self._times))
+
+
 @dataclass
 class RunContext:
     """Where a run keeps its state across restarts, and how it learns it must stop."""
@@ -49,3 +71,4 @@ class RunContext:
     steps: StepReporter = field(default_factory=lambda: StepReporter(None))
     host: str = field(default_factory=socket.gethostname)  # named in straggler reports
     watchdog: Watchdog | None = None  # told of every finished step
+    milestones: Milestones = field(default_factory=Milestones)

@@ -41,7 +41,8 @@ from hpc.rank.lifecycle import (
     request_requeue,
     trap_requeues,
 )
-from hpc.rank.signals import STOP_SIGNALS, caught_early
+from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
+from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir
 
 if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
@@ -169,7 +170,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
-    from trainers.run import FitConfig, RunContext
+    from trainers.run import FitConfig, Milestones, RunContext
     from trainers.tasks import build_task
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
@@ -187,6 +188,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         ),
         host=rank.host,
         watchdog=watchdog,
+        milestones=Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if rank.is_main else None),
     )
     data_path = Path(job.data.path) if job.data.path else None  # launch.py pins the built-in task's file
     task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
@@ -231,6 +233,7 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
     summary["exit_code"] = exit_code
     run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
+    Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(str(result.stopped_by), received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
     hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
     saved = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
     stopped = f"stopped by {result.stopped_by}{hit} at step {result.steps}, {saved}"

@@ -14,6 +14,7 @@ import time
 
 # Every signal cluster.signal accepts (hpc.config.validate), plus Ctrl-C under mpirun.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+PROCESS_STARTED = time.time()  # the rank's first module: about when the process started (hpc.rank.timeline)
 _caught: list[tuple[str, float]] = []
 
 

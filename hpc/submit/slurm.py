@@ -65,6 +65,8 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
       requeue in this start (one left by an earlier start that never reached its trap cannot
       requeue a later one): requeue now. From here, not from a rank: requeueing a running step
       makes Slurm kill its tasks, and srun would report a clean stop as "Terminated".
+    - `<id>.requeued-<SLURM_RESTART_COUNT>`: when this trap requeued the job (Unix time), for
+      the cost of the interruption (hpc.rank.timeline).
     - `<id>.failures`: how many times this trap requeued the job after a rank died (killed, OOM,
       a lost node) while the job still runs, so that it resumes from its last committed
       checkpoint; at most `max_failure_requeues` (0: never). Preemptions and time limits do not
@@ -89,12 +91,14 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         '    elif [[ -f "$request" ]]; then',
         '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
         '        rm -f "$request"',
+        '        date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
         '        scontrol requeue "$id"',
         f"    elif (( rc != 0 && failures < {int(max_failure_requeues)} )) &&",
         '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
         '        [[ -n $dir ]] && mkdir -p "$dir" && echo $(( failures + 1 )) > "$dir/$id.failures"',
         f'        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint'
         f' (failure requeue $(( failures + 1 )) of {int(max_failure_requeues)})" >&2',
+        '        [[ -n $dir ]] && date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
         '        scontrol requeue "$id"',
         "    fi",
         "}",

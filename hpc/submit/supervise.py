@@ -335,13 +335,17 @@ def say(message: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m hpc.submit.supervise srun [SRUN OPTIONS] PROGRAM [ARGS]\n\n" + (__doc__ or ""), file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hpc.submit.supervise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("srun", nargs=argparse.REMAINDER, metavar="srun [SRUN OPTIONS] PROGRAM [ARGS]", help="the ranks' srun line")
+    srun = parser.parse_args(argv).srun
+    if not srun or Path(srun[0]).name != "srun":
+        parser.error("the command to supervise must be an srun line (the batch script's command)")
     # The batch shell's --signal (B:) is not ours: never let a stray user signal end the supervisor.
     for name in ("SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), lambda signum, frame: None)
-    code = Supervisor(argv, os.environ).run()
+    code = Supervisor(srun, os.environ).run()
     return code if 0 <= code < 256 else 128 + abs(code) % 128
 
 

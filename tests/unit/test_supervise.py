@@ -77,7 +77,9 @@ esac
 """
 
 
-def run_supervisor(tmp_path: Path, codes: str, scontrol: str = FAKE_SCONTROL, srun: str | None = None, **extra: str) -> tuple[int, list[dict[str, object]], list[str], str]:
+def run_supervisor(
+    tmp_path: Path, codes: str, scontrol: str = FAKE_SCONTROL, srun: str | None = None, **extra: str
+) -> tuple[int, list[dict[str, object]], list[str], str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", srun or FAKE_SRUN), ("scontrol", scontrol), ("squeue", "#!/bin/bash\necho RUNNING\n")):

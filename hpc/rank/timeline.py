@@ -1,0 +1,128 @@
+"""Rank 0's timeline of the run (`<run_dir>/timeline.jsonl`): a `stop` event when the ranks stop
+on a signal, a `start` event after the first step of every start of the ranks, with the cost of
+the interruption it recovered from (hpc.interruptions), which rank 0's log says in one line.
+
+What the ranks cannot see themselves comes from files beside them: the step supervisor's records
+(`<requests dir>/<id>.steps.jsonl`: the launch, a failure), the EXIT trap's requeue time
+(`<id>.requeued-<start>`), and Slurm's EligibleTime and StartTime after a requeue."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hpc import slurmctl
+from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, restart_count, slurm_job_id
+from hpc.interruptions import TIMELINE, Cost, cost_of_interruption
+from hpc.rundir import RunDir
+
+log = logging.getLogger("hpc.rank")
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl file, skipping a torn last line; empty when it is missing."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+def append(path: Path, event: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def _slurm_time(value: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(value).timestamp() if value and value[0].isdigit() else None
+    except ValueError:
+        return None
+
+
+class Timeline:
+    """Where this start of the ranks stands: which start of the job, which restart inside its
+    allocation, and the files that tell what came before."""
+
+    def __init__(self, run_dir: RunDir, env: Mapping[str, str], process_started: float) -> None:
+        self.path = run_dir.path / TIMELINE
+        self.steps_file = run_dir.steps
+        self.job_id = slurm_job_id(env)
+        self.start = restart_count(env)
+        self.attempt = int(env.get(STEP_ATTEMPT_VARIABLE) or 0)
+        self.requests = Path(env[REQUEST_DIR_VARIABLE]) if env.get(REQUEST_DIR_VARIABLE) and self.job_id else None
+        self.process_started = process_started
+
+    def _request_file(self, suffix: str) -> Path | None:
+        return self.requests / f"{self.job_id}.{suffix}" if self.requests is not None else None
+
+    def supervisor_records(self) -> list[dict[str, Any]]:
+        path = self._request_file("steps.jsonl")
+        return read_lines(path) if path is not None else []
+
+    def requeued_at(self, start: int) -> float | None:
+        path = self._request_file(f"requeued-{start}")
+        try:
+            return float(path.read_text().split()[0]) if path is not None else None
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def record_stop(self, signal_name: str, received: float, phase: str | None, reason: str, stopped_step: int) -> None:
+        """After the stop's checkpoint committed (or nothing was trained): rank 0 only."""
+        last = read_lines(self.steps_file)[-1:] if stopped_step else []
+        agreed = float(last[0]["time"]) if last and int(last[0].get("step", -1)) == stopped_step else None
+        event = {
+            "event": "stop",
+            "start": self.start,
+            "attempt": self.attempt,
+            "signal": signal_name,
+            "received": received,
+            "phase": phase,
+            "reason": reason,
+            "step": stopped_step,
+            "agreed": agreed,
+            "committed": time.time(),
+        }
+        append(self.path, event)
+
+    def record_start(self, milestones: dict[str, Any]) -> None:
+        """After the first step of this start (trainers.run.Milestones): rank 0 only."""
+        mine = [r for r in self.supervisor_records() if r.get("start") == self.start]
+        launched = next((float(r["launched"]) for r in mine if r.get("attempt") == self.attempt), self.process_started)
+        event: dict[str, Any] = {"event": "start", "start": self.start, "attempt": self.attempt, "launched": launched, **milestones}
+        if self.job_id is not None and self.attempt == 0 and self.start > 0:
+            fields = slurmctl.job_fields(self.job_id)
+            event["eligible"], event["job_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
+        timeline = read_lines(self.path)
+        previous = next((e for e in reversed(timeline) if e.get("event") == "start"), None)
+        if previous is not None or self.start or self.attempt:
+            cost = self._cost(event, previous, timeline)
+            if cost is not None:
+                event["cost"] = cost.as_dict()
+                log.info("interruption cost: %s", cost.line())
+        append(self.path, event)
+
+    def _cost(self, event: dict[str, Any], previous: dict[str, Any] | None, timeline: list[dict[str, Any]]) -> Cost | None:
+        since = float(previous["launched"]) if previous is not None else None
+        stop = next((e for e in reversed(timeline) if e.get("event") == "stop" and (since is None or float(e["received"]) >= since)), None)
+        if self.attempt > 0:  # restarted inside the allocation: the step before failed
+            failure = next((r for r in self.supervisor_records() if r.get("start") == self.start and r.get("attempt") == self.attempt - 1), None)
+            requeued = None
+        else:  # requeued: the last step of the start before
+            failure = next((r for r in reversed(self.supervisor_records()) if r.get("start") == self.start - 1), None)
+            requeued = self.requeued_at(self.start - 1)
+        if stop is not None:
+            failure = {"ended": failure.get("ended")} if failure else None  # a clean stop: only when its step ended
+        how = "restart in the allocation" if self.attempt else "requeue" if previous is None or self.start > int(previous["start"]) else "a new launch"
+        return cost_of_interruption(event, how, since, stop, failure, requeued, read_lines(self.steps_file))
