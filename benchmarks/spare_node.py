@@ -12,8 +12,10 @@ kill-node), as when a node loses power:
            2 minutes), and the benchmark skips that hold by starting it at once
            (`scontrol update starttime=now`). The hold is not in the figure, and queue waits are
            zero here (an idle cluster); both add to every requeue on a real one.
-Printed per trial: seconds from the kill to the first resumed step (a step logged after the
-kill), and the steps redone (trained before the kill, trained again after it).
+Printed per trial: seconds from the kill to the first resumed step (rank 0's timeline: the first
+step of the first start launched after the kill), the steps redone (trained before the kill,
+trained again after it), and the interruption's total as rank 0 logged it (from the failure as
+detected, not from the kill).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import SIM, newest_committed_step, nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
+from hpc.interruptions import TIMELINE  # noqa: E402
+from hpc.rundir import read_jsonl  # noqa: E402
 from hpc.slurmctl import job_fields, job_state  # noqa: E402
 
 JOB = (
@@ -47,6 +51,11 @@ JOB = (
 def step_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "steps.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def resumed_start(run_dir: Path, killed_at: float) -> dict | None:
+    """Rank 0's timeline event for the first start launched after the kill (hpc.rank.timeline)."""
+    return next((e for e in read_jsonl(run_dir / TIMELINE) if e.get("event") == "start" and float(e["launched"]) > killed_at), None)
 
 
 def step_nodes(run_dir: Path) -> set[str]:
@@ -78,16 +87,18 @@ def trial(work: Path, spare: bool) -> dict:
             poll(lambda: job_state(job_id) == "PENDING", "the job to pend")
             poll(lambda: nodes_settled(except_node=lost), "the other nodes to settle", 300)
             start_job_now(job_id)
-        poll(lambda: any(row["time"] > killed_at for row in step_rows(run_dir)), "the first resumed step", 400)
+        poll(lambda: resumed_start(run_dir, killed_at) is not None, "the first resumed step", 400)
     finally:
         subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
-    resumed = next(row for row in step_rows(run_dir) if row["time"] > killed_at)
+    resumed = resumed_start(run_dir, killed_at)
+    assert resumed is not None
     poll(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), "the job to end", 400)
     result = json.loads((run_dir / "result.json").read_text())
     return {
         "path": "spare" if spare else "requeue",
-        "to_first_step_s": resumed["time"] - killed_at,
+        "to_first_step_s": float(resumed["first_step"]) - killed_at,
         "redone_steps": before - result["resumed_from"],
+        "logged_cost": resumed.get("cost", {}).get("total_s"),
         "requeues": restarts(job_id),
         "completed": result["status"] == "completed",
     }

@@ -85,6 +85,22 @@ class RunDir:
         return json.loads(path.read_text())
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl file (metrics, steps, timeline); a line cut by a killed job
+    is skipped, and a missing file is empty."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def last_record(path: Path) -> dict[str, Any] | None:
     """The last complete JSON line of a metrics file (read from its end: files grow long), or None."""
     try:

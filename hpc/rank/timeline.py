@@ -19,24 +19,9 @@ from typing import Any
 from hpc import slurmctl
 from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, restart_count, slurm_job_id
 from hpc.interruptions import TIMELINE, Cost, cost_of_interruption
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, read_jsonl
 
 log = logging.getLogger("hpc.rank")
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a .jsonl file, skipping a torn last line; empty when it is missing."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
 
 
 def append(path: Path, event: dict[str, Any]) -> None:
@@ -69,7 +54,7 @@ class Timeline:
 
     def supervisor_records(self) -> list[dict[str, Any]]:
         path = self._request_file("steps.jsonl")
-        return read_lines(path) if path is not None else []
+        return read_jsonl(path) if path is not None else []
 
     def requeued_at(self, start: int) -> float | None:
         path = self._request_file(f"requeued-{start}")
@@ -80,7 +65,7 @@ class Timeline:
 
     def record_stop(self, signal_name: str, received: float, phase: str | None, reason: str, stopped_step: int) -> None:
         """After the stop's checkpoint committed (or nothing was trained): rank 0 only."""
-        last = read_lines(self.steps_file)[-1:] if stopped_step else []
+        last = read_jsonl(self.steps_file)[-1:] if stopped_step else []
         agreed = float(last[0]["time"]) if last and int(last[0].get("step", -1)) == stopped_step else None
         event = {
             "event": "stop",
@@ -104,7 +89,7 @@ class Timeline:
         if self.job_id is not None and self.attempt == 0 and self.start > 0:
             fields = slurmctl.job_fields(self.job_id)
             event["eligible"], event["job_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
-        timeline = read_lines(self.path)
+        timeline = read_jsonl(self.path)
         previous = next((e for e in reversed(timeline) if e.get("event") == "start"), None)
         if previous is not None or self.start or self.attempt:
             cost = self._cost(event, previous, timeline)
@@ -114,15 +99,21 @@ class Timeline:
         append(self.path, event)
 
     def _cost(self, event: dict[str, Any], previous: dict[str, Any] | None, timeline: list[dict[str, Any]]) -> Cost | None:
+        """The interruption since the previous start event. Several stops in a row (a stop during
+        start-up, before any first step) are one interruption, from the first of them."""
         since = float(previous["launched"]) if previous is not None else None
-        stop = next((e for e in reversed(timeline) if e.get("event") == "stop" and (since is None or float(e["received"]) >= since)), None)
-        if self.attempt > 0:  # restarted inside the allocation: the step before failed
-            failure = next((r for r in self.supervisor_records() if r.get("start") == self.start and r.get("attempt") == self.attempt - 1), None)
+        stop = next((e for e in timeline if e.get("event") == "stop" and (since is None or float(e["received"]) >= since)), None)
+        records = self.supervisor_records()
+        failure: dict[str, Any] | None
+        if stop is not None:  # its step's end, and the requeue that followed
+            step = next((r for r in records if r.get("start") == stop.get("start") and r.get("attempt") == stop.get("attempt")), None)
+            failure = {"ended": step.get("ended")} if step else None
+            requeued = self.requeued_at(int(stop.get("start", self.start)))
+        elif self.attempt > 0:  # restarted inside the allocation: the step before failed
+            failure = next((r for r in records if r.get("start") == self.start and r.get("attempt") == self.attempt - 1), None)
             requeued = None
         else:  # requeued: the last step of the start before
-            failure = next((r for r in reversed(self.supervisor_records()) if r.get("start") == self.start - 1), None)
+            failure = next((r for r in reversed(records) if r.get("start") == self.start - 1), None)
             requeued = self.requeued_at(self.start - 1)
-        if stop is not None:
-            failure = {"ended": failure.get("ended")} if failure else None  # a clean stop: only when its step ended
         how = "restart in the allocation" if self.attempt else "requeue" if previous is None or self.start > int(previous["start"]) else "a new launch"
-        return cost_of_interruption(event, how, since, stop, failure, requeued, read_lines(self.steps_file))
+        return cost_of_interruption(event, how, since, stop, failure, requeued, read_jsonl(self.steps_file))

@@ -8,6 +8,8 @@ Throughput is the mean samples/s over a run's epochs, leaving out the first when
 more (start-up and first-touch costs). Only when the rank count varies: speedup against the mean
 throughput of the runs with the fewest ranks, efficiency = speedup / (ranks / those fewest
 ranks), and scaling.png; between runs on equal ranks these numbers would mean nothing.
+A second table gives every interruption of every run (preemption, time limit, failure): each
+stretch from the cause to the first resumed step, and the steps redone.
 Login-node code: no torch.
 """
 
@@ -20,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import UserError
-from hpc.rundir import RunDir, find_runs
+from hpc.interruptions import TIMELINE, costs
+from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.tools.status import swept_label, swept_values
 
 
@@ -39,16 +42,6 @@ class RunFigures:
     @property
     def label(self) -> str:
         return swept_label(self.swept) or self.run
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a killed job
-    return records
 
 
 def throughput(epochs: list[dict[str, Any]]) -> float:
@@ -106,6 +99,36 @@ def render_table(figures: list[RunFigures]) -> str:
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
         cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
         lines.append(_row(cells))
+    return "\n".join(lines)
+
+
+INTERRUPTION_COLUMNS = (
+    ("signal->stop", "to_stop_s"),
+    ("->commit", "to_commit_s"),
+    ("->exit", "to_exit_s"),
+    ("->relaunch", "relaunch_s"),
+    ("held", "held_s"),
+    ("queued", "queued_s"),
+    ("start-up", "start_up_s"),
+    ("load", "load_s"),
+    ("first step", "first_step_s"),
+    ("total", "total_s"),
+)
+
+
+def render_interruptions(runs: list[RunDir]) -> str | None:
+    """Markdown, one row per interruption of every run (rank 0's timeline, hpc.interruptions):
+    its cause, how the run came back, the seconds of each stretch from the cause to the first
+    resumed step (Slurm's requeue hold and the queue wait apart), and the steps redone. None
+    when no run was interrupted."""
+    rows = [(run, number, cost) for run in runs for number, cost in enumerate(costs(read_jsonl(run.path / TIMELINE)), 1)]
+    if not rows:
+        return None
+    names = ["run", "#", "cause", "how", *(name for name, _ in INTERRUPTION_COLUMNS), "steps redone"]
+    lines = [_row(names), _row(["---", "---:", "---", "---", *["---:"] * len(INTERRUPTION_COLUMNS), "---:"])]
+    for run, number, cost in rows:
+        seconds = ["-" if cost.get(key) is None else f"{float(cost[key]):.1f}" for _, key in INTERRUPTION_COLUMNS]
+        lines.append(_row([run.path.name, str(number), str(cost["cause"]).replace("|", "/"), str(cost["how"]), *seconds, str(cost["redone_steps"])]))
     return "\n".join(lines)
 
 
@@ -176,6 +199,9 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     table = render_table(figures)
+    interruptions = render_interruptions(runs)
+    if interruptions is not None:
+        table += "\n\nInterruptions (seconds from the cause to the first resumed step):\n\n" + interruptions
     print(table)
     if not varies_ranks(figures):
         print(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")

@@ -6,7 +6,8 @@
 State comes from Slurm (squeue, then sacct where accounting runs), and from the run directory
 once Slurm has forgotten the job; restarts, the last step, the newest committed checkpoint and
 the current samples/s, the last step's loss and the task's metrics (by the task's names) come from
-the run directory. Login-node code: no torch.
+the run directory. A run that was interrupted ends its line with what the interruptions cost in
+all (`python -m hpc.report RUN_DIR` has the table). Login-node code: no torch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 from hpc import slurmctl
 from hpc.errors import UserError
-from hpc.rundir import RunDir, find_runs, last_record
+from hpc.interruptions import TIMELINE, total_line
+from hpc.rundir import RunDir, find_runs, last_record, read_jsonl
 from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
 
@@ -42,6 +44,8 @@ class RunStatus:
     reason: str = ""
     swept: str = ""  # what sets this sweep point apart from the others: "optim.lr=0.1 model=cnn"
     metrics: str = ""  # the last step's loss and the task's metrics, by the task's names: "loss=0.31 accuracy=0.91"
+    # What the interruptions cost in all (hpc.interruptions): "2 interruptions: 41s from cause to resumed step, 3 steps redone"
+    interrupted: str = ""
 
     def line(self, swept_width: int = 0, metrics_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
@@ -51,7 +55,8 @@ class RunStatus:
         state = f"{self.state}({self.reason})" if self.reason else self.state
         swept = f"{self.swept or '-':<{swept_width}} " if swept_width else ""
         metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
-        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}"
+        interrupted = f"  ({self.interrupted})" if self.interrupted else ""
+        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}{interrupted}"
 
 
 def header(swept_width: int = 0, metrics_width: int = 0) -> str:
@@ -163,6 +168,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         reason,
         swept,
         step_metrics(step),
+        total_line(read_jsonl(run_dir.path / TIMELINE)) or "",
     )
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import SIM, job_hosts, newest_committed_step, poll, restarts
+from hpc.interruptions import TIMELINE, costs
+from hpc.rundir import read_jsonl
 from hpc.slurmctl import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, rank_pids, state_hash, step_losses, submit_job
@@ -48,6 +50,16 @@ def assert_same_training(run_dir: Path, reference: Path) -> None:
     assert state_hash(run_dir) == state_hash(reference)
 
 
+def assert_one_cost_logged(run_dir: Path, cause: str) -> dict[str, object]:
+    """Rank 0 logged what the interruption cost, and the timeline keeps it (hpc.interruptions)."""
+    rank0 = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert rank0.count("interruption cost: ") == 1 and f"interruption cost: failure ({cause}" in rank0, rank0[-3000:]
+    (cost,) = costs(read_jsonl(run_dir / TIMELINE))
+    assert cost["how"] == "restart in the allocation" and cost["held_s"] is None
+    assert 0 < float(cost["total_s"]) < 300 and int(cost["redone_steps"]) <= 2  # checkpoint.every_steps=2
+    return cost
+
+
 def test_a_sigkilled_rank_restarts_inside_the_allocation_and_matches_an_uninterrupted_run(tmp_path, reference):
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 6 and newest_committed_step(run_dir) >= 4, "step 6 and a committed checkpoint", 180)
@@ -61,6 +73,7 @@ def test_a_sigkilled_rank_restarts_inside_the_allocation_and_matches_an_uninterr
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from"] >= committed
     assert_same_training(run_dir, reference)
+    assert_one_cost_logged(run_dir, "node")  # srun's "nodeN: task 3: Killed"
 
 
 def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, reference):
@@ -82,3 +95,4 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
     restarted = [line for line in (run_dir / "logs" / "rank-00003.log").read_text().splitlines() if "restart 1 in this allocation" in line]
     assert restarted and f" on {lost} " not in restarted[0]  # the restarted ranks run on the other two nodes
     assert_same_training(run_dir, reference)
+    assert_one_cost_logged(run_dir, "rank")  # "rank 3 on nodeN silent for 15 s": the heartbeat went silent

@@ -11,6 +11,9 @@ import subprocess
 import pytest
 
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
+from hpc.interruptions import TIMELINE, costs
+from hpc.rundir import read_jsonl
+from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, run_dirs, run_launch, state_hash, step_losses, submit_job
 from trainers.checkpoint import Checkpointer
@@ -81,6 +84,17 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
     assert rank0.count("resumed from checkpoint step") == 4  # one run dir, logs appended
     assert "external signal: requeueing job" in rank0 and "requeue in progress: Slurm requeues job" in rank0
     assert all(f"restart {n}" in rank0 for n in (1, 2, 3, 4))
+    # What each interruption cost, end to end (hpc.interruptions): rank 0 logs it, status totals it.
+    found = costs(read_jsonl(run_dir / TIMELINE))
+    assert rank0.count("interruption cost: ") == len(found) == 4, rank0[-3000:]
+    assert [c["cause"].split()[0] for c in found] == ["SIGUSR1", "SIGTERM", "SIGUSR1", "failure"]
+    assert all(c["how"] == "requeue" for c in found)
+    # Slurm's hold and queue wait, apart, where the EXIT trap requeued (not after `scontrol requeue` from outside)
+    assert [c["held_s"] is not None and c["queued_s"] is not None for c in found] == [True, False, True, True]
+    assert all(c["to_commit_s"] is not None and c["redone_steps"] == 0 for c in found[:3])  # a stop saves where it stops
+    assert found[3]["redone_steps"] <= 5  # checkpoint.every_steps=5
+    (status,) = statuses(run_dir)
+    assert status.interrupted.startswith("4 interruptions: ") and status.interrupted in status.line()
 
 
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):

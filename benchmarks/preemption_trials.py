@@ -1,0 +1,218 @@
+#!/usr/bin/env python
+"""Real preemptions on the simulated Slurm, at random moments or on a fixed period: every run must
+complete bit-identical to an uninterrupted one; the cost of each interruption and the goodput.
+
+    python benchmarks/preemption_trials.py random [--preemptions 20] [--seeds 1 2 3] [--window 20]
+    python benchmarks/preemption_trials.py every --period 60 [--epochs 300]
+
+A preemption is a real one: a job in partition `high` asking for every node (exclusive) preempts
+ours (PreemptMode=REQUEUE, preempt_send_user_signal: USR1 to every rank, GraceTime 20 s). The
+ranks stop, save and the job requeues. The benchmark starts it again at once: Slurm's requeue hold
+(BeginTime, about 2 minutes) and the queue wait are left out, and the goodput counts them apart.
+- random: after every start of the job (its StartTime), a moment drawn uniformly from
+  [0, --window) s, so start-up, checkpoint loading, saves, evaluation and training are all hit.
+  Then --preemptions of them, for each seed.
+- every: a preemption --period seconds after every start of the job.
+Checked per run: completed; per-step losses and final weights equal to the uninterrupted run's
+(run first, same job); no interruption redid more than one checkpoint interval. Reported: the
+median of each stretch of rank 0's interruption costs (hpc.interruptions), and goodput = the
+time in steps that count (each step's last run) / the wall time from the first start to the end,
+Slurm's hold and queue wait excluded; the uninterrupted run's goodput beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.simcluster import nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
+from hpc.interruptions import TIMELINE, costs  # noqa: E402
+from hpc.rundir import read_jsonl  # noqa: E402
+from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state  # noqa: E402
+
+EVERY_STEPS = 5
+
+
+def job_overrides(epochs: int, seed: int) -> list[str]:
+    return [
+        "cluster=simulated",
+        "resources.nodes=2",
+        "resources.tasks_per_node=2",
+        "model.hidden_sizes=[512,512]",
+        f"trainer.epochs={epochs}",
+        f"trainer.seed={seed}",
+        f"checkpoint.every_steps={EVERY_STEPS}",
+        "checkpoint.every_minutes=null",
+    ]
+
+
+def submit(work: Path, overrides: list[str]) -> tuple[str, Path]:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={work / 'runs'}"], cwd=work, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-500:])
+    job_id = parse_job_id(done.stdout)
+    poll(lambda: bool(list(work.glob("runs/*/*/config.yaml"))), "the run dir")
+    (config,) = work.glob("runs/*/*/config.yaml")
+    return job_id, config.parent
+
+
+def started_at(job_id: str) -> float:
+    value = job_fields(job_id).get("StartTime", "")
+    return datetime.fromisoformat(value).timestamp() if value[:1].isdigit() else time.time()
+
+
+def preempt_and_restart(job_id: str) -> bool:
+    """A real preemption; False when the job ended (completed) before it was preempted."""
+    before = restarts(job_id)
+    preemptor = subprocess.run(
+        ["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    poll(lambda: restarts(job_id) > before or job_state(job_id) in TERMINAL_STATES, "the preemption", 180)
+    poll(lambda: job_state(preemptor) in TERMINAL_STATES, "the preemptor to run", 180)
+    if restarts(job_id) <= before:
+        return False
+    poll(lambda: job_state(job_id) == "PENDING", "the job to pend")
+    poll(nodes_settled, "the nodes to settle", 180)
+    start_job_now(job_id)  # Slurm's requeue hold and the queue wait: left out, counted apart
+    poll(lambda: job_state(job_id) != "PENDING", "the job to start", 180)
+    return True
+
+
+def wait_done(job_id: str, timeout_s: float = 3600) -> str:
+    poll(lambda: job_state(job_id) in TERMINAL_STATES, f"job {job_id} to end", timeout_s)
+    return job_state(job_id)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {int(row["step"]): float(row["loss"]) for row in read_jsonl(run_dir / "steps.jsonl")}
+
+
+def weights_digest(run_dir: Path) -> str:
+    """sha256 of the newest checkpoint's model tensors (torch imported only here)."""
+    import hashlib
+
+    from trainers.tensorfile import load_tensor_file
+
+    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    state = load_tensor_file(newest / "shared.ckpt")
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def goodput(run_dir: Path, first_start: float, ended: float, waited_s: float) -> float:
+    """Seconds in steps that count (each step's last run) over the wall time, waits excluded."""
+    counted = {int(row["step"]): float(row["step_ms"]) / 1000 for row in read_jsonl(run_dir / "steps.jsonl")}
+    return sum(counted.values()) / max(ended - first_start - waited_s, 1e-9)
+
+
+def run_job(work: Path, overrides: list[str], next_delay: Callable[[int], float | None]) -> dict:
+    """Submit, preempt whenever `next_delay(since_start)` says (None: no more), finish; figures."""
+    job_id, run_dir = submit(work, overrides)
+    poll(lambda: job_state(job_id) == "RUNNING", "the job to run", 300)
+    first_start = started_at(job_id)
+    preemptions = 0
+    while True:
+        delay = next_delay(preemptions)
+        if delay is None:
+            break
+        this_start = started_at(job_id)
+        while time.time() < this_start + delay and job_state(job_id) == "RUNNING":
+            time.sleep(0.05)  # the moment is chosen in advance: a clock, not a condition
+        if job_state(job_id) != "RUNNING":
+            break
+        if not preempt_and_restart(job_id):
+            break
+        preemptions += 1
+    state = wait_done(job_id)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    ended = max(float(row["time"]) for row in read_jsonl(run_dir / "steps.jsonl"))
+    return {
+        "job_id": job_id,
+        "run_dir": run_dir,
+        "state": state,
+        "completed": result.get("status") == "completed",
+        "preemptions": preemptions,
+        "costs": costs(read_jsonl(run_dir / TIMELINE)),
+        "goodput": goodput(run_dir, first_start, ended, 0.0),  # released at once: Slurm's hold and the queue wait are not in the wall time
+        "wall_s": ended - first_start,
+    }
+
+
+def summarize(label: str, run: dict, reference: dict) -> dict:
+    same_losses = losses(run["run_dir"]) == losses(reference["run_dir"])
+    same_weights = weights_digest(run["run_dir"]) == weights_digest(reference["run_dir"])
+    redone = [int(c["redone_steps"]) for c in run["costs"]]
+    stretches = {}
+    for key in ("to_stop_s", "to_commit_s", "to_exit_s", "relaunch_s", "start_up_s", "load_s", "first_step_s", "total_s"):
+        values = [float(c[key]) for c in run["costs"] if c.get(key) is not None]
+        stretches[key] = round(statistics.median(values), 2) if values else None
+    causes: dict[str, int] = {}
+    for c in run["costs"]:
+        causes[str(c["cause"])] = causes.get(str(c["cause"]), 0) + 1
+    row = {
+        "label": label,
+        "completed": run["completed"],
+        "preemptions": run["preemptions"],
+        "costs_logged": len(run["costs"]),
+        "identical_losses": same_losses,
+        "identical_weights": same_weights,
+        "max_redone_steps": max(redone, default=0),
+        "redone_within_interval": all(r <= EVERY_STEPS for r in redone),
+        "median_s": stretches,
+        "causes": causes,
+        "goodput": round(run["goodput"], 3),
+        "reference_goodput": round(reference["goodput"], 3),
+        "wall_s": round(run["wall_s"], 1),
+        "reference_wall_s": round(reference["wall_s"], 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("random", "every"))
+    parser.add_argument("--preemptions", type=int, default=20, help="random: preemptions per run (default 20)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="random: one run per seed (default 1 2 3)")
+    parser.add_argument("--window", type=float, default=20.0, help="random: preempt within this many seconds of each start (default 20)")
+    parser.add_argument("--period", type=float, default=60.0, help="every: seconds between preemptions (default 60)")
+    parser.add_argument("--epochs", type=int, default=60, help="the job's epochs (default 60)")
+    args = parser.parse_args()
+    rows = []
+    for seed in args.seeds if args.mode == "random" else args.seeds[:1]:
+        with tempfile.TemporaryDirectory() as ref_work, tempfile.TemporaryDirectory() as work:
+            overrides = job_overrides(args.epochs, seed)
+            poll(nodes_settled, "an idle cluster", 300)
+            reference = run_job(Path(ref_work), overrides, lambda n: None)
+            poll(nodes_settled, "an idle cluster", 300)
+            rng = random.Random(seed)
+            if args.mode == "random":
+                run = run_job(Path(work), overrides, lambda n, rng=rng: rng.uniform(0, args.window) if n < args.preemptions else None)
+                label = f"random seed {seed}, window {args.window:.0f} s"
+            else:
+                run = run_job(Path(work), overrides, lambda n: args.period)
+                label = f"every {args.period:.0f} s"
+            rows.append(summarize(label, run, reference))
+    ok = all(r["completed"] and r["identical_losses"] and r["identical_weights"] and r["redone_within_interval"] for r in rows)
+    print(f"{'all runs completed bit-identically' if ok else 'FAILED'}: {len(rows)} runs, {sum(r['preemptions'] for r in rows)} preemptions")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
