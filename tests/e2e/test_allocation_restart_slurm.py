@@ -56,7 +56,8 @@ def assert_one_cost_logged(run_dir: Path, cause: str) -> dict[str, object]:
     assert rank0.count("interruption cost: ") == 1 and f"interruption cost: failure ({cause}" in rank0, rank0[-3000:]
     (cost,) = costs(read_jsonl(run_dir / TIMELINE))
     assert cost["how"] == "restart in the allocation" and cost["held_s"] is None
-    assert 0 < float(cost["total_s"]) < 300 and int(cost["redone_steps"]) <= 2  # checkpoint.every_steps=2
+    # checkpoint.every_steps=2, saved asynchronously: one interval, and the save still in flight
+    assert 0 < float(cost["total_s"]) < 300 and int(cost["redone_steps"]) <= 2 * 2
     return cost
 
 
