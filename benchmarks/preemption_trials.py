@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.simcluster import nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
 from hpc.interruptions import TIMELINE, costs  # noqa: E402
 from hpc.rundir import read_jsonl  # noqa: E402
-from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state  # noqa: E402
+from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state, submit_wrapped  # noqa: E402
 
 EVERY_STEPS = 5
 
@@ -78,9 +78,9 @@ def started_at(job_id: str) -> float:
 def preempt_and_restart(job_id: str) -> bool:
     """A real preemption; False when the job ended (completed) before it was preempted."""
     before = restarts(job_id)
-    preemptor = subprocess.run(
-        ["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    preemptor, error = submit_wrapped("true", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null")
+    if preemptor is None:
+        raise RuntimeError(f"sbatch of the preemptor: {error}")
     poll(lambda: restarts(job_id) > before or job_state(job_id) in TERMINAL_STATES, "the preemption", 180)
     poll(lambda: job_state(preemptor) in TERMINAL_STATES, "the preemptor to run", 180)
     if restarts(job_id) <= before:
@@ -105,10 +105,11 @@ def weights_digest(run_dir: Path) -> str:
     """sha256 of the newest checkpoint's model tensors (torch imported only here)."""
     import hashlib
 
+    from trainers.layout import SHARED, committed_steps, step_dir_name
     from trainers.tensorfile import load_tensor_file
 
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    state = load_tensor_file(newest / "shared.ckpt")
+    newest = run_dir / "checkpoints" / step_dir_name(committed_steps(run_dir / "checkpoints")[-1])
+    state = load_tensor_file(newest / SHARED)
     digest = hashlib.sha256()
     for name, tensor in sorted(state["model"].items()):
         digest.update(name.encode() + tensor.numpy().tobytes())

@@ -137,6 +137,13 @@ def node_states(partition: str, node: str | None = None) -> dict[str, str]:
     return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
 
 
+def submit_wrapped(command: str, *sbatch_args: str) -> tuple[str | None, str]:
+    """`sbatch --parsable [ARGS] --wrap COMMAND` (a job that is not a run of ours, e.g. a
+    preemptor in the benchmarks): (its job id or None, sbatch's error text)."""
+    code, out, err = _run(["sbatch", "--parsable", *sbatch_args, "--wrap", command])
+    return (out.strip().split(";")[0] or None, "") if code == 0 else (None, err.strip() or f"exit code {code}")
+
+
 def cancel(job_id: str, signal: str | None = None) -> str | None:
     """`scancel` the job, or with `signal` only signal its processes (as preemption's
     send_user_signal does); returns the error text, or None."""
