@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "tests")
-LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli"}
+LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions"}
 # `python -m hpc.status` and friends: public command names forwarding to hpc.tools, and the two
 # names sbatch scripts written before the split still run (a requeued job reruns its script).
 COMMANDS = {
