@@ -14,12 +14,14 @@ returns srun's exit code and the EXIT trap falls back to requeueing the job
 (hpc.submit.slurm.exit_trap_lines), which counts against `cluster.failure_requeues`.
 
 A lost node hangs srun: Slurm ends the step only once it declares the node DOWN (SlurmdTimeout,
-60 to 300 s). So after srun has reported a failed task it gets the cluster's KillWait (the ranks
-blocked in a collective with the dead one go only at its SIGKILL) and HUNG_STEP_MARGIN_S to end
-the step. Then
-the nodes are probed (a one-task step on each, PROBE_S at most), srun is killed, and the next
-step starts on the nodes that answered. Every restart runs with --overlap, because a hung step
-still holds its CPUs in Slurm's books.
+60 to 300 s), and until then srun reports nothing, while the ranks left wait in a collective. So
+the step has also failed when a rank that wrote a heartbeat in this step (the watchdog's, every
+5 s) writes none for HEARTBEAT_SILENT_S: srun is then asked to end the step (two SIGINTs). From a
+failure on, the nodes are probed (a one-task step on each, PROBE_S at most). srun gets the
+cluster's KillWait (the ranks blocked in a collective go only at its SIGKILL) plus
+HUNG_STEP_MARGIN_S to end the step, or KillWait plus 2 s once a probe found a lost node; then it
+is killed, and the next step starts on the nodes that answered. Every restart runs with
+--overlap, because a hung step still holds its CPUs in Slurm's books.
 
 Each step's record (launch, first failure, end, exit code, what was decided) is appended to
 `<requests dir>/<job id>.steps.jsonl`, where rank 0 reads the cost of an interruption.
@@ -183,7 +185,7 @@ class StepWatch:
         while self.process.poll() is None:
             if self.failed.wait(timeout=1.0) or self._silent_rank(heartbeats()):
                 probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
-                if self._hung(slurmctl.kill_wait_s() + HUNG_STEP_MARGIN_S):
+                if self._hung(slurmctl.kill_wait_s(), probing):
                     self.record.hung = True
                     self.process.kill()
                 self.record.lost_nodes = probing.result()
@@ -213,10 +215,13 @@ class StepWatch:
                 return True
         return False
 
-    def _hung(self, hung_after_s: float) -> bool:
-        deadline = time.monotonic() + hung_after_s
+    def _hung(self, kill_wait_s: float, probing: ThreadWithResult) -> bool:
+        """Whether srun is still running KillWait + HUNG_STEP_MARGIN_S from now, or KillWait + 2 s
+        once the probes found a lost node (the tasks on the others are gone by then)."""
+        began = time.monotonic()
         while self.process.poll() is None:
-            if time.monotonic() >= deadline:
+            waited = time.monotonic() - began
+            if waited >= kill_wait_s + HUNG_STEP_MARGIN_S or (waited >= kill_wait_s + 2 and probing.done() and probing.result()):
                 return True
             time.sleep(0.2)  # srun's end has no event to wait on but its exit
         return False
@@ -229,6 +234,9 @@ class ThreadWithResult:
         self._result: list[str] = []
         self._thread = threading.Thread(target=lambda: self._result.extend(work()), daemon=True)
         self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
 
     def result(self) -> list[str]:
         self._thread.join()
