@@ -17,7 +17,8 @@ A lost node hangs srun: Slurm ends the step only once it declares the node DOWN 
 60 to 300 s), and until then srun reports nothing, while the ranks left wait in a collective. So
 the step has also failed when a rank that wrote a heartbeat in this step (the watchdog's, every
 5 s) writes none for HEARTBEAT_SILENT_S: srun is then asked to end the step (two SIGINTs). From a
-failure on, the nodes are probed (a one-task step on each, PROBE_S at most). srun gets the
+failure on, the nodes are probed (a one-task step on each; a node is lost once it is several times
+slower to answer than the slowest node that did, PROBE_S at most). srun gets the
 cluster's KillWait (the ranks blocked in a collective go only at its SIGKILL) plus
 HUNG_STEP_MARGIN_S to end the step, or KillWait plus 2 s once a probe found a lost node; then it
 is killed, and the next step starts on the nodes that answered. Every restart runs with
@@ -60,7 +61,12 @@ HUNG_STEP_MARGIN_S = 10.0
 # The ranks' watchdog threads rewrite their heartbeat every poll (5 s by default): three polls
 # missed means the process or its node is gone, not a slow step (HPCTK_HEARTBEAT_SILENT_S overrides).
 HEARTBEAT_SILENT_S = 15.0
-PROBE_S = 30.0  # a node whose one-task probe step has not ended by then is taken as lost
+# A node whose one-task probe step has not ended is taken as lost after PROBE_S at most, and as
+# soon as it is PROBE_SLOWER times slower than the slowest node that answered (never before
+# PROBE_FLOOR_S): healthy nodes answer within a second or two, a lost one never does.
+PROBE_S = 30.0
+PROBE_FLOOR_S = 8.0
+PROBE_SLOWER = 4.0
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
 # srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
 # "srun: error: node1: task 3: Exited with exit code 1". The first names where the failure began.
@@ -128,9 +134,19 @@ def with_options(srun: Sequence[str], options: Sequence[str]) -> list[str]:
     return [srun[0], *options, *srun[1:]]
 
 
-def probe_nodes(nodes: Sequence[str], timeout_s: float = PROBE_S) -> list[str]:
-    """The nodes of `nodes` that do not run a one-task step within `timeout_s`, all probed at once."""
-    probes = {
+def probe_deadline(answered_after: Sequence[float]) -> float:
+    """Seconds from the probes' launch after which a node that has not answered is taken as lost,
+    given how long the nodes that did answer took."""
+    if not answered_after:
+        return PROBE_S
+    return min(PROBE_S, max(PROBE_FLOOR_S, PROBE_SLOWER * max(answered_after)))
+
+
+def probe_nodes(nodes: Sequence[str]) -> list[str]:
+    """The nodes of `nodes` that fail a one-task step, or do not end it by `probe_deadline`; all
+    probed at once."""
+    began = time.monotonic()
+    pending = {
         node: subprocess.Popen(
             ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", f"--nodelist={node}", "--overlap", "--quiet", "true"],
             stdout=subprocess.DEVNULL,
@@ -138,18 +154,26 @@ def probe_nodes(nodes: Sequence[str], timeout_s: float = PROBE_S) -> list[str]:
         )
         for node in nodes
     }
-    deadline = time.monotonic() + timeout_s
+    answered_after: list[float] = []
     lost = []
-    for node, probe in probes.items():
-        try:
-            code = probe.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            probe.kill()
-            probe.wait()
-            code = -1
-        if code != 0:
-            lost.append(node)
-    return lost
+    while pending:
+        elapsed = time.monotonic() - began
+        for node, probe in list(pending.items()):
+            code = probe.poll()
+            if code is not None:
+                del pending[node]
+                if code == 0:
+                    answered_after.append(elapsed)
+                else:
+                    lost.append(node)
+        if pending and elapsed >= probe_deadline(answered_after):
+            for node, probe in pending.items():
+                probe.kill()
+                probe.wait()
+                lost.append(node)
+            break
+        time.sleep(0.05)  # several children, no single exit to wait on
+    return sorted(lost, key=list(nodes).index)
 
 
 class StepWatch:

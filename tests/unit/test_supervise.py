@@ -9,12 +9,24 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hpc.submit.supervise import NO_PROGRESS_LIMIT, StepOutcome, why_not_restart, with_options
+from hpc.submit import supervise
+from hpc.submit.supervise import (
+    NO_PROGRESS_LIMIT,
+    PROBE_FLOOR_S,
+    PROBE_S,
+    PROBE_SLOWER,
+    StepOutcome,
+    probe_deadline,
+    probe_nodes,
+    why_not_restart,
+    with_options,
+)
 
 FAILED = StepOutcome(
     exit_code=137,
@@ -166,3 +178,30 @@ def test_a_rank_whose_heartbeat_went_silent_ends_the_step_and_its_unanswering_no
     assert steps[0]["failure"].startswith("rank 1 on node2 silent for") and steps[0]["lost_nodes"] == ["node2"]
     assert calls[1] == "--overlap --exclude=node2 --mpi=pmix ranks"
     assert (tmp_path / "interrupts").read_text().count("interrupted") == 2  # srun was asked to end the step
+
+
+def test_an_unanswered_probe_waits_for_several_times_the_slowest_answer_within_bounds():
+    assert probe_deadline([]) == PROBE_S  # nothing to compare with: the full wait
+    assert probe_deadline([0.3, 0.5]) == PROBE_FLOOR_S  # fast answers: never sooner than the floor
+    assert probe_deadline([0.5, 2.0 * PROBE_FLOOR_S / PROBE_SLOWER]) == 2.0 * PROBE_FLOOR_S  # a slow cluster: waits longer
+    assert probe_deadline([PROBE_S]) == PROBE_S  # never beyond the bound
+
+
+def test_a_node_that_never_answers_its_probe_is_lost_once_the_others_answered(tmp_path, monkeypatch):
+    """node2's probe hangs (a lost node), node3's fails, node1 answers: only node1 is usable, and the
+    hanging probe is given up on from node1's answer, not after PROBE_S (set to 10 minutes here)."""
+    srun = tmp_path / "srun"
+    srun.write_text(
+        '#!/bin/bash\ncase "$4" in\n--nodelist=node2) exec sleep 600 ;;\n--nodelist=node3) exit 1 ;;\nesac\necho "$4" >> "$(dirname "$0")/answered"\n'
+    )
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(supervise, "PROBE_S", 600.0)
+    monkeypatch.setattr(supervise, "PROBE_FLOOR_S", 0.5)
+    found: list[list[str]] = []
+    probing = threading.Thread(target=lambda: found.append(probe_nodes(["node1", "node2", "node3"])), daemon=True)
+    probing.start()
+    probing.join(timeout=60)
+    assert found == [["node2", "node3"]], "the probe of the lost node was waited on for PROBE_S"
+    assert (tmp_path / "answered").read_text().split() == ["--nodelist=node1"]
+    assert not subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True).stdout, "the hanging probe was left running"
