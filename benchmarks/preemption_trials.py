@@ -3,7 +3,7 @@
 complete bit-identical to an uninterrupted one; the cost of each interruption and the goodput.
 
     python benchmarks/preemption_trials.py random [--preemptions 20] [--seeds 1 2 3] [--window 20]
-    python benchmarks/preemption_trials.py every --period 60 [--epochs 300]
+    python benchmarks/preemption_trials.py every --period 60 300 [--epochs 300]
 
 A preemption is a real one: a job in partition `high` asking for every node (exclusive) preempts
 ours (PreemptMode=REQUEUE, preempt_send_user_signal: USR1 to every rank, GraceTime 20 s). The
@@ -11,10 +11,11 @@ ranks stop, save and the job requeues. The benchmark starts it again at once: Sl
 (BeginTime, about 2 minutes) and the queue wait are left out, and the goodput counts them apart.
 - random: after every start of the job (its StartTime), a moment drawn uniformly from
   [0, --window) s, so start-up, checkpoint loading, saves, evaluation and training are all hit.
-  Then --preemptions of them, for each seed.
-- every: a preemption --period seconds after every start of the job.
+  Then --preemptions of them, for each seed (the seed draws the moments; the training is the same).
+- every: a preemption --period seconds after every start of the job, one run per period.
 Checked per run: completed; per-step losses and final weights equal to the uninterrupted run's
-(run first, same job); no interruption redid more than one checkpoint interval. Reported: the
+(run once first, same job, shared by every run); no interruption redid more than one checkpoint
+interval. Reported: the
 median of each stretch of rank 0's interruption costs (hpc.interruptions), and goodput = the
 time in steps that count (each step's last run) / the wall time from the first start to the end,
 Slurm's hold and queue wait excluded; the uninterrupted run's goodput beside it.
@@ -43,16 +44,16 @@ from hpc.rundir import read_jsonl  # noqa: E402
 from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state, submit_wrapped  # noqa: E402
 
 EVERY_STEPS = 5
+STRETCHES = ("to_stop_s", "to_commit_s", "to_exit_s", "relaunch_s", "held_s", "queued_s", "start_up_s", "load_s", "first_step_s", "total_s")
 
 
-def job_overrides(epochs: int, seed: int) -> list[str]:
+def job_overrides(epochs: int) -> list[str]:
     return [
         "cluster=simulated",
         "resources.nodes=2",
         "resources.tasks_per_node=2",
         "model.hidden_sizes=[512,512]",
         f"trainer.epochs={epochs}",
-        f"trainer.seed={seed}",
         f"checkpoint.every_steps={EVERY_STEPS}",
         "checkpoint.every_minutes=null",
     ]
@@ -160,7 +161,7 @@ def summarize(label: str, run: dict, reference: dict) -> dict:
     same_weights = weights_digest(run["run_dir"]) == weights_digest(reference["run_dir"])
     redone = [int(c["redone_steps"]) for c in run["costs"]]
     stretches = {}
-    for key in ("to_stop_s", "to_commit_s", "to_exit_s", "relaunch_s", "start_up_s", "load_s", "first_step_s", "total_s"):
+    for key in STRETCHES:
         values = [float(c[key]) for c in run["costs"] if c.get(key) is not None]
         stretches[key] = round(statistics.median(values), 2) if values else None
     causes: dict[str, int] = {}
@@ -186,30 +187,50 @@ def summarize(label: str, run: dict, reference: dict) -> dict:
     return row
 
 
+def markdown_row(row: dict) -> str:
+    """One line of docs/reliability.md's table."""
+    m = row["median_s"]
+    shown = " / ".join("-" if m[key] is None else f"{m[key]:.1f}" for key in STRETCHES)
+    same = "yes" if row["identical_losses"] and row["identical_weights"] else "NO"
+    return (
+        f"| {row['label']} | {row['preemptions']} | {'yes' if row['completed'] else 'NO'} | {same} | {row['max_redone_steps']} | {shown} | "
+        f"{row['goodput']:.3f} ({row['reference_goodput']:.3f}) | {row['wall_s']:.0f} ({row['reference_wall_s']:.0f}) |"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=("random", "every"))
     parser.add_argument("--preemptions", type=int, default=20, help="random: preemptions per run (default 20)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="random: one run per seed (default 1 2 3)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="random: one run per seed of the moments (default 1 2 3)")
     parser.add_argument("--window", type=float, default=20.0, help="random: preempt within this many seconds of each start (default 20)")
-    parser.add_argument("--period", type=float, default=60.0, help="every: seconds between preemptions (default 60)")
+    parser.add_argument("--period", type=float, nargs="+", default=[60.0], help="every: seconds between preemptions, one run each (default 60)")
     parser.add_argument("--epochs", type=int, default=60, help="the job's epochs (default 60)")
     args = parser.parse_args()
+    if min(args.preemptions, args.epochs, *args.seeds, *(int(p) for p in args.period)) < 1 or args.window <= 0:
+        parser.error("--preemptions, --epochs, --seeds, --period and --window must be positive")
+    overrides = job_overrides(args.epochs)
     rows = []
-    for seed in args.seeds if args.mode == "random" else args.seeds[:1]:
-        with tempfile.TemporaryDirectory() as ref_work, tempfile.TemporaryDirectory() as work:
-            overrides = job_overrides(args.epochs, seed)
-            poll(nodes_settled, "an idle cluster", 300)
-            reference = run_job(Path(ref_work), overrides, lambda n: None)
-            poll(nodes_settled, "an idle cluster", 300)
-            rng = random.Random(seed)
-            if args.mode == "random":
-                run = run_job(Path(work), overrides, lambda n, rng=rng: rng.uniform(0, args.window) if n < args.preemptions else None)
-                label = f"random seed {seed}, window {args.window:.0f} s"
-            else:
-                run = run_job(Path(work), overrides, lambda n: args.period)
-                label = f"every {args.period:.0f} s"
-            rows.append(summarize(label, run, reference))
+    with tempfile.TemporaryDirectory() as ref_work:
+        poll(nodes_settled, "an idle cluster", 300)
+        reference = run_job(Path(ref_work), overrides, lambda n: None)
+        print(f"uninterrupted: {reference['wall_s']:.1f} s, goodput {reference['goodput']:.3f}", flush=True)
+        plans: list[tuple[str, Callable[[int], float | None]]] = []
+        if args.mode == "random":
+            for seed in args.seeds:
+                rng = random.Random(seed)
+                label = f"random moments, seed {seed}, window {args.window:.0f} s"
+                plans.append((label, lambda n, rng=rng: rng.uniform(0, args.window) if n < args.preemptions else None))
+        else:
+            plans = [(f"every {period:.0f} s", lambda n, period=period: period) for period in args.period]
+        for label, next_delay in plans:
+            with tempfile.TemporaryDirectory() as work:
+                poll(nodes_settled, "an idle cluster", 300)
+                rows.append(summarize(label, run_job(Path(work), overrides, next_delay), reference))
+    stretches = " / ".join(STRETCHES)
+    print(f"| run | preemptions | completed | bit-identical | max steps redone | median s: {stretches} | goodput (uninterrupted) | wall s (uninterrupted) |")
+    for row in rows:
+        print(markdown_row(row))
     ok = all(r["completed"] and r["identical_losses"] and r["identical_weights"] and r["redone_within_interval"] for r in rows)
     print(f"{'all runs completed bit-identically' if ok else 'FAILED'}: {len(rows)} runs, {sum(r['preemptions'] for r in rows)} preemptions")
     return 0 if ok else 1
