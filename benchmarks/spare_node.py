@@ -49,8 +49,7 @@ JOB = (
 
 
 def step_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(run_dir / "steps.jsonl")
 
 
 def resumed_start(run_dir: Path, killed_at: float) -> dict | None:
