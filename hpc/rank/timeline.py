@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,15 @@ def _slurm_time(value: str | None) -> float | None:
         return datetime.fromisoformat(value).timestamp() if value and value[0].isdigit() else None
     except ValueError:
         return None
+
+
+def best_effort(record: Callable[..., None], *args: Any) -> None:
+    """Run `record`; a disk that is full or a record that was cut or edited costs the timeline
+    entry (a warning), never the run."""
+    try:
+        record(*args)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        log.warning("interruption timeline not recorded: %s: %s", type(err).__name__, err)
 
 
 class Timeline:
@@ -64,7 +73,16 @@ class Timeline:
             return None
 
     def record_stop(self, signal_name: str, received: float, phase: str | None, reason: str, stopped_step: int) -> None:
-        """After the stop's checkpoint committed (or nothing was trained): rank 0 only."""
+        """After the stop's checkpoint committed (or nothing was trained): rank 0 only. Best effort:
+        the requeue that follows must happen whatever the disk or the records say."""
+        best_effort(self._record_stop, signal_name, received, phase, reason, stopped_step)
+
+    def record_start(self, milestones: dict[str, Any]) -> None:
+        """After the first step of this start (trainers.run.Milestones): rank 0 only. Best effort:
+        it runs inside the training loop."""
+        best_effort(self._record_start, milestones)
+
+    def _record_stop(self, signal_name: str, received: float, phase: str | None, reason: str, stopped_step: int) -> None:
         last = read_jsonl(self.steps_file)[-1:] if stopped_step else []
         agreed = float(last[0]["time"]) if last and int(last[0].get("step", -1)) == stopped_step else None
         event = {
@@ -81,8 +99,7 @@ class Timeline:
         }
         append(self.path, event)
 
-    def record_start(self, milestones: dict[str, Any]) -> None:
-        """After the first step of this start (trainers.run.Milestones): rank 0 only."""
+    def _record_start(self, milestones: dict[str, Any]) -> None:
         mine = [r for r in self.supervisor_records() if r.get("start") == self.start]
         launched = next((float(r["launched"]) for r in mine if r.get("attempt") == self.attempt), self.process_started)
         event: dict[str, Any] = {"event": "start", "start": self.start, "attempt": self.attempt, "launched": launched, **milestones}

@@ -5,12 +5,14 @@ test_preemption.py read the line rank 0 logs."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from hpc.interruptions import TIMELINE, Cost, cost_of_interruption, costs, duration, total_line
-from hpc.rundir import RunDir
+from hpc.rank.timeline import Timeline
+from hpc.rundir import RunDir, read_jsonl
 from hpc.tools.report import render_interruptions
 
 STEPS = [{"step": n, "time": 100.0 + n, "step_ms": 1000.0} for n in range(1, 11)]  # one step a second up to step 10 at t=110
@@ -72,3 +74,35 @@ def test_the_report_has_a_row_per_interruption(tmp_path: Path):
     assert "held" in header and "queued" in header and "steps redone" in header
     assert row == "| 0 | 1 | SIGUSR1 (preemption) | requeue | 0.4 | 0.5 | 0.5 | 1.0 | 120.0 | 3.0 | 5.0 | 1.0 | 0.5 | 131.9 | 0 |"
     assert render_interruptions([RunDir(tmp_path)]) is None
+
+
+def test_rank_0_records_a_stop_and_the_cost_of_the_start_after_it(tmp_path: Path):
+    """Through hpc.rank.timeline as rank 0 of a local run uses it: a first start, a stop at step 10
+    (its checkpoint commits now), then the new launch that resumed from it."""
+    now = time.time()
+    steps = [{"step": n, "time": now - 20 + n, "step_ms": 1000.0} for n in range(1, 11)]  # step 10 ten seconds ago
+    run = RunDir(tmp_path)
+    Timeline(run, {}, now - 30).record_start({"loaded": now - 22, "load_s": 0.5, "first_step": now - 19, "resumed_from": None})
+    run.steps.write_text("".join(json.dumps(row) + "\n" for row in steps))
+    Timeline(run, {}, now - 30).record_stop("SIGUSR1", now - 10.4, "training", "preemption", 10)
+    Timeline(run, {}, now + 5).record_start({"loaded": now + 9, "load_s": 1.0, "first_step": now + 9.5, "resumed_from": 10})
+    first, stop, resumed = read_jsonl(tmp_path / TIMELINE)
+    assert "cost" not in first and (stop["event"], stop["agreed"]) == ("stop", now - 10)
+    cost = resumed["cost"]
+    assert (cost["cause"], cost["how"], cost["redone_steps"]) == ("SIGUSR1 (preemption)", "a new launch", 0)
+    assert cost["to_stop_s"] == pytest.approx(0.4) and cost["total_s"] == pytest.approx(19.9)
+    assert cost["start_up_s"] == pytest.approx(3.0) and cost["load_s"] == 1.0
+
+
+def test_a_timeline_that_cannot_be_written_or_read_costs_a_warning_never_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """The stop is recorded between result.json and the requeue, the start inside the training loop:
+    a full disk or an edited record must not raise there (the requeue would be lost)."""
+    unwritable = RunDir(tmp_path / "a")
+    (unwritable.path / TIMELINE).mkdir(parents=True)  # appending to it raises IsADirectoryError
+    Timeline(unwritable, {}, 0.0).record_stop("SIGUSR1", 1.0, None, "preemption", 0)
+    edited = RunDir(tmp_path / "b")
+    edited.path.mkdir()
+    (edited.path / TIMELINE).write_text(json.dumps({"event": "start", "launched": "noon"}) + "\n")  # not a time
+    Timeline(edited, {}, 0.0).record_start({"loaded": 2.0, "load_s": 1.0, "first_step": 3.0, "resumed_from": 0})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all(w.startswith("interruption timeline not recorded: ") for w in warnings), warnings
