@@ -233,10 +233,12 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
     summary["exit_code"] = exit_code
     run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
-    Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(str(result.stopped_by), received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
+    # Another rank's signal may have ended the step before rank 0's own came (during the save): name that one.
+    stopped_by = stop.signal_name or str(result.stopped_by)
+    Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
     hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
     saved = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
-    stopped = f"stopped by {result.stopped_by}{hit} at step {result.steps}, {saved}"
+    stopped = f"stopped by {stopped_by}{hit} at step {result.steps}, {saved}"
     if requeue_id is None:
         log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
     elif request_requeue(os.environ, requeue_id, stopped):

@@ -85,6 +85,8 @@ class Timeline:
     def _record_stop(self, signal_name: str, received: float, phase: str | None, reason: str, stopped_step: int) -> None:
         last = read_jsonl(self.steps_file)[-1:] if stopped_step else []
         agreed = float(last[0]["time"]) if last and int(last[0].get("step", -1)) == stopped_step else None
+        if agreed is not None:
+            received = min(received, agreed)  # the ranks agreed on a stop some rank had received by then
         event = {
             "event": "stop",
             "start": self.start,

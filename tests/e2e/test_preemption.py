@@ -48,6 +48,12 @@ USER_JOB = (
 )
 
 
+def steps_in_this_start(run_dir, steps: int) -> None:
+    """Wait until the ranks started last (the ones running now) have logged `steps` steps."""
+    before = logged_steps(run_dir)
+    poll(lambda: logged_steps(run_dir) >= before + steps, f"{steps} more steps")
+
+
 @pytest.mark.parametrize("job, user_task", [(JOB, False), (USER_JOB, True)], ids=["builtin", "user-task"])
 def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupted_run(tmp_path, job, user_task):
     env = fixtures_env() if user_task else None
@@ -59,16 +65,18 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
 
     job_id, run_dir = submit_job(*job, cwd=tmp_path / "b", env=env)
 
+    # (steps into the current start, then what interrupts it): counted from the lines logged when
+    # the start began, as the stop before may land several steps after its signal was sent.
     interruptions = [
         (9, ["scancel", "--signal=USR1", job_id]),  # what preempt_send_user_signal delivers
-        (17, ["scontrol", "requeue", job_id]),  # Slurm requeues: SIGTERM to every rank
-        (29, ["scancel", "--signal=USR1", job_id]),
+        (8, ["scontrol", "requeue", job_id]),  # Slurm requeues: SIGTERM to every rank
+        (12, ["scancel", "--signal=USR1", job_id]),
     ]
-    for count, (at_step, command) in enumerate(interruptions):
-        poll(lambda at_step=at_step: logged_steps(run_dir) >= at_step, f"step {at_step}")
+    for count, (steps_in, command) in enumerate(interruptions):
+        steps_in_this_start(run_dir, steps_in)
         subprocess.run(command, check=True, capture_output=True)
         release_when_requeued(job_id, count)
-    poll(lambda: logged_steps(run_dir) >= 36, "step 36")
+    steps_in_this_start(run_dir, 7)
     os.kill(rank_pids(run_dir, "hpc.rank.entry")[-1], signal.SIGKILL)  # after 3 preemptions, with failure_requeues=2
     release_when_requeued(job_id, 3)
 

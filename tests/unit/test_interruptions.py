@@ -94,6 +94,17 @@ def test_rank_0_records_a_stop_and_the_cost_of_the_start_after_it(tmp_path: Path
     assert cost["start_up_s"] == pytest.approx(3.0) and cost["load_s"] == 1.0
 
 
+def test_a_stop_rank_0_heard_of_from_another_rank_begins_no_later_than_the_agreement(tmp_path: Path):
+    """Rank 0's own signal came during the save after the step the ranks agreed on: the stop had
+    reached some rank by that step, so the cost counts from there, not from rank 0's signal."""
+    now = time.time()
+    run = RunDir(tmp_path)
+    run.steps.write_text("".join(json.dumps({"step": n, "time": now - 20 + n, "step_ms": 1000.0}) + "\n" for n in range(1, 11)))
+    Timeline(run, {}, now - 30).record_stop("SIGTERM", now - 9.8, "the final save", "requeue in progress", 10)
+    (stop,) = read_jsonl(tmp_path / TIMELINE)
+    assert (stop["signal"], stop["received"], stop["agreed"]) == ("SIGTERM", now - 10, now - 10)
+
+
 def test_a_timeline_that_cannot_be_written_or_read_costs_a_warning_never_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     """The stop is recorded between result.json and the requeue, the start inside the training loop:
     a full disk or an edited record must not raise there (the requeue would be lost)."""

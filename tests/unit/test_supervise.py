@@ -162,8 +162,8 @@ if [[ $1 == --nodes=1 ]]; then [[ $4 == --nodelist=node2 ]] && exit 1; exit 0; f
 echo "$*" >> "$FAKE_DIR/calls"
 if [[ $(wc -l < "$FAKE_DIR/calls") == 1 ]]; then
     mkdir -p "$FAKE_DIR/run/heartbeats"
-    now=$(date +%s)
-    echo "{\\"rank\\": 1, \\"step\\": 3, \\"host\\": \\"node2\\", \\"pid\\": 1, \\"time\\": $now.9}" > "$FAKE_DIR/run/heartbeats/rank-00001.json"
+    now=$(date +%s.%N)
+    echo "{\\"rank\\": 1, \\"step\\": 3, \\"host\\": \\"node2\\", \\"pid\\": 1, \\"time\\": $now}" > "$FAKE_DIR/run/heartbeats/rank-00001.json"
     trap 'echo interrupted >> "$FAKE_DIR/interrupts"; [[ $(wc -l < "$FAKE_DIR/interrupts") == 2 ]] && exit 130' INT
     while true; do sleep 0.1; done
 fi
