@@ -107,10 +107,10 @@ def weights_digest(run_dir: Path) -> str:
     import hashlib
 
     from trainers.layout import SHARED, committed_steps, step_dir_name
-    from trainers.tensorfile import load_tensor_file
+    from trainers.tensorfile import read_tensor_file
 
     newest = run_dir / "checkpoints" / step_dir_name(committed_steps(run_dir / "checkpoints")[-1])
-    state = load_tensor_file(newest / SHARED)
+    state = read_tensor_file(newest / SHARED)
     digest = hashlib.sha256()
     for name, tensor in sorted(state["model"].items()):
         digest.update(name.encode() + tensor.numpy().tobytes())
