@@ -337,13 +337,18 @@ class Loop:
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is not None:
-            self.run.stop.phase = "the final save" if synchronous else "an asynchronous save"
-            self.coordinator.save(
-                self.progress.step,
-                lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
-                {"rng": rng_state()},
-                synchronous,
-            )
+            # The phase is what the main thread does: an asynchronous save goes on in the background
+            # once its snapshot is taken, and training with it.
+            before, self.run.stop.phase = self.run.stop.phase, "the final save" if synchronous else "an asynchronous save"
+            try:
+                self.coordinator.save(
+                    self.progress.step,
+                    lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
+                    {"rng": rng_state()},
+                    synchronous,
+                )
+            finally:
+                self.run.stop.phase = before
 
     def close(self) -> None:
         if self.coordinator is not None:

@@ -75,8 +75,7 @@ def test_a_signal_during_evaluation_is_named_so_and_stops_at_the_next_step(tmp_p
     assert committed_steps(tmp_path / "checkpoints")[-1] == result.steps
 
 
-@pytest.mark.parametrize("phase", ["resume", "training", "evaluation", "the final save"])
-def test_the_loop_names_each_phase_it_enters(tmp_path, phase):
+def phases_of_a_run(tmp_path) -> list[str]:
     seen: list[str] = []
 
     class Watching(StopFlag):
@@ -86,7 +85,20 @@ def test_the_loop_names_each_phase_it_enters(tmp_path, phase):
             super().__setattr__(name, value)
 
     train(tmp_path, Regression(), config(max_steps=40, every_steps=5), stop=Watching())
-    assert phase in seen
+    return seen
+
+
+@pytest.mark.parametrize("phase", ["resume", "training", "evaluation", "an asynchronous save", "the final save"])
+def test_the_loop_names_each_phase_it_enters(tmp_path, phase):
+    assert phase in phases_of_a_run(tmp_path)
+
+
+def test_training_goes_on_as_training_once_an_asynchronous_save_is_handed_off(tmp_path):
+    """A signal between two saves hits training, not the save before it (its writing goes on in
+    the background while the steps go on)."""
+    seen = phases_of_a_run(tmp_path)
+    handed_off = [i for i, phase in enumerate(seen) if phase == "an asynchronous save"]
+    assert len(handed_off) >= 2 and all(seen[i + 1] == "training" for i in handed_off)
 
 
 def test_a_handler_a_library_installed_over_ours_is_replaced_again():
