@@ -41,6 +41,10 @@ def fit(
             loop.progress.next_epoch()
         if loop.progress.step > (loop.resumed_from or 0):  # nothing trained since the start or the checkpoint resumed: nothing to save
             loop.save(synchronous=True)  # the last save before exit is synchronous
+        elif stopped_by is None and loop.resumed_from is not None and not epoch_end.test:
+            # Resumed from the final checkpoint (the ranks ended after saving it, before reporting):
+            # the result still gives the model's test metrics. The last epoch's training loss is in metrics.jsonl.
+            epoch_end = EpochEnd(test=loop.evaluate())
     finally:
         loop.close()
     progress = loop.progress

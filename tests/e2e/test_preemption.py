@@ -43,7 +43,7 @@ USER_JOB = (
     "+task.samples=8192",
     "data.batch_size=128",
     "optim=adamw",
-    "trainer.epochs=3",
+    "trainer.epochs=6",  # 96 steps: the rank death after three preemptions comes before the end
     *JOB[5:],
 )
 
