@@ -9,6 +9,7 @@ satisfies) and where to meet.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # importing this package must not import torch (login nodes read its config)
@@ -31,16 +32,25 @@ class Place(Protocol):
     def local_rank(self) -> int: ...
 
 
-def init_collectives(cfg: CommConfig, place: Place, node_position: int | None = None, rendezvous: tuple[str, int] | None = None) -> Collectives:
+def init_collectives(
+    cfg: CommConfig, place: Place, node_position: int | None = None, rendezvous: tuple[str, int] | None = None, pinned_table: Path | None = None
+) -> Collectives:
     """`node_position`: this node's place in the switch-ordered ring (None: node order).
-    `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl."""
+    `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl.
+    `pinned_table`: the job's own copy of auto's tuning table (its run dir), read before the
+    shared cache and written at the first start, so that a resumed job sums exactly as before."""
     from collectives.base import CollectivesError
 
     if cfg.backend == "mpi":
         from collectives.mpi import MpiCollectives
 
         node_rank, local_rank = node_layout(cfg, place)
-        comm: Collectives = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank, node_position)
+        engine = MpiCollectives.from_world(cfg.algorithm, node_rank, local_rank, node_position)
+        if cfg.autotune and cfg.algorithm in ("auto", "hierarchical"):
+            from collectives.tuning import default_cache_dir
+
+            engine.tune(default_cache_dir() if cfg.tuning_cache is None else cfg.tuning_cache or None, pinned_table)
+        comm: Collectives = engine
     elif cfg.backend in ("gloo", "nccl"):
         from collectives.torchdist import TorchDistCollectives
 

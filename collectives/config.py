@@ -12,9 +12,12 @@ COMPRESSIONS = ("none", "fp16", "bf16", "topk")
 @dataclass
 class CommConfig:
     backend: str = "mpi"  # mpi (ours) | gloo, nccl (torch.distributed + DDP) | horovod
-    # auto: recursive halving/doubling below the measured crossover, ring above it;
+    # auto: the fastest of the others at each size, timed on the job's ranks (autotune);
     # hierarchical: inside the node, then across nodes on each rail; mpi: MPI_Allreduce itself.
     algorithm: str = "auto"
+    autotune: bool = True  # time the algorithms at start-up (once per host type and job shape)
+    # where those timings are kept: null = $HPC_TOOLKIT_CACHE or ~/.cache/hpc-toolkit; "" = nowhere
+    tuning_cache: str | None = None
     bucket_mb: float = 4.0  # gradient fusion bucket size; 0 = one allreduce per tensor
     overlap: bool = True  # start a bucket's allreduce while backward still runs
     compression: str = "none"  # none | fp16 | bf16 | topk (top-k with error feedback)

@@ -1,29 +1,36 @@
 """The `mpi` backend: the toolkit's own collective engine on mpi4py.
 
-One communication thread runs every collective in submission order (so ranks always agree on
-the order, and MPI is only ever entered from one thread at a time); `allreduce_async` returns
-at once with a handle, which lets gradient buckets travel while backward still computes.
+One communication thread runs every asynchronous collective in submission order (so ranks
+always agree on the order, and MPI is only ever entered from one thread at a time);
+`allreduce_async` returns at once with a handle, which lets gradient buckets travel while
+backward still computes. A blocking call made while that thread has nothing queued runs on the
+caller's own thread instead: the hand-off to the comm thread and back cost 20-30 us per call on
+a 2-core machine, 10-15% of a 1-4 MiB allreduce.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
-from collectives import algorithms
+from collectives import algorithms, tuning
 from collectives.algorithms import ReduceOp
 from collectives.base import CollectivesError, Deferred
 from collectives.config import ALGORITHMS
 
 log = logging.getLogger("collectives")
+T = TypeVar("T")
 
-# auto's choice by the bytes of each rank's buffer, from `python -m collectives.bench` on 2 and
-# 4 ranks (docs/benchmarks.md): MPI_Allreduce has about half our latency up to 512 KiB (no
-# comm-thread handoff, tuned small-message paths); recursive halving/doubling matches or beats
-# the ring up to 2 MiB; from 8 MiB the ring (and hierarchical) is faster than both.
+# auto's choice when it was not tuned on the job's ranks (comm.autotune=false, or before tune()):
+# crossovers once measured on 2 and 4 ranks of the development VM. MPI_Allreduce has about half
+# our latency up to 512 KiB; recursive halving/doubling beat the ring up to 2 MiB.
 MPI_MAX_BYTES = 1 << 20
 RHD_MAX_BYTES = 4 << 20
 
@@ -44,11 +51,16 @@ class MpiCollectives:
         self.algorithm = algorithm
         # Our ring algorithms run on a copy of the world ordered by switch position, so ring
         # neighbours share a leaf switch; ranks, roots and everything else keep the world's order.
+        self._node_rank = node_rank
         self._ring_comm = comm
         if node_position is not None and local_rank is not None:
             self._ring_comm = comm.Split(color=0, key=node_position * self.world_size + local_rank)
         self._node_comm, self._rail_comm = self._split_hierarchy(node_rank, local_rank, node_position)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpi-comm")
+        self._order = threading.Lock()  # held while MPI is entered outside the comm thread
+        self._queued = 0  # submitted to the comm thread and not finished yet
+        self.table: tuning.TuningTable | None = None  # auto's measured choices (tune())
+        self.tuned_from = ""  # where that table came from, for the log and the tests
 
     @classmethod
     def from_world(
@@ -77,30 +89,98 @@ class MpiCollectives:
             return None, None
         return node_comm, rail_comm
 
+    # --- auto, by measurement ------------------------------------------------------------------
+
+    def candidates(self) -> list[str]:
+        """The algorithms auto chooses among on this job's layout."""
+        return ["mpi", "rhd", "ring", *(["hierarchical"] if self._nodes() > 1 else [])]
+
+    def tune(self, cache_dir: str | None, pinned: Path | None = None) -> tuning.TuningTable | None:
+        """Collective: time every candidate on these ranks, so that auto runs the fastest at every
+        size. A table already pinned for this job (`pinned`, read first: a restart must choose
+        as the first start did), or cached in `cache_dir` for this host type, world size and node
+        shape, is used instead; a measured one is written to both."""
+        if self.world_size == 1:
+            return None
+        from mpi4py import MPI
+
+        candidates = self.candidates()
+        node_of_rank = self._comm.allgather(self._node_rank)
+        node_sizes = tuple(Counter(node_of_rank).values()) if None not in node_of_rank else ()
+        key = tuning.tuning_key(tuning.host_type(), self.world_size, node_sizes, MPI.Get_library_version().split(",")[0].strip(), candidates)
+        found, where = None, ""
+        if self.rank == 0:
+            for source, path in (("pinned to this job", pinned), ("cached", tuning.cache_file(cache_dir, key) if cache_dir else None)):
+                found = tuning.read_table(path, key) if path is not None else None
+                if found is not None:
+                    where = f"{source} in {path}"
+                    break
+        text, where = self._comm.bcast((found.to_json() if found else None, where), root=0)  # one table for all ranks
+        if text is not None:
+            self.table = tuning.TuningTable.from_json(text, key)
+        else:
+            self.table = tuning.measure_table(self._comm, self._run_now, candidates, key)
+            where = f"measured in {self.table.tuned_in_s:.2f} s"
+            if self.rank == 0 and cache_dir and tuning.write_table(tuning.cache_file(cache_dir, key), self.table):
+                where += f", cached in {tuning.cache_file(cache_dir, key)}"
+        if self.rank == 0 and pinned is not None and not where.startswith("pinned"):
+            tuning.write_table(pinned, self.table)
+        self.tuned_from = where
+        if self.rank == 0:
+            log.info("allreduce auto on %d ranks (%s): %s", self.world_size, where, tuning.describe(self.table, tuning.TUNED_SIZES, candidates))
+        return self.table
+
+    def _run_now(self, buffer: torch.Tensor, algorithm: str) -> None:
+        self._call(self._allreduce_now, buffer, "sum", algorithm)
+
+    def _nodes(self) -> int:
+        return self._rail_comm.Get_size() if self._rail_comm is not None else 0
+
     # --- what callers use ---------------------------------------------------------------------
 
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
-        self.allreduce_async(buffer, op).wait()
+        self._call(self._allreduce_now, _flat_view(buffer), op, self.algorithm)
 
     def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum", algorithm: str | None = None) -> Deferred:
         flat = _flat_view(buffer)
-        return Deferred(self._worker.submit(self._allreduce_now, flat, op, algorithm or self.algorithm).result)
+        return Deferred(self._submit(self._allreduce_now, flat, op, algorithm or self.algorithm).result)
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
-        flat = _flat_view(buffer)
-        self._worker.submit(algorithms.broadcast, self._comm, flat, root).result()
+        self._call(algorithms.broadcast, self._comm, _flat_view(buffer), root)
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
-        return self.allgather_async(mine).wait()
+        return self._call(algorithms.allgather, self._comm, _flat_view(mine))
 
     def allgather_async(self, mine: torch.Tensor) -> Deferred:
-        return Deferred(self._worker.submit(algorithms.allgather, self._comm, _flat_view(mine)).result)
+        return Deferred(self._submit(algorithms.allgather, self._comm, _flat_view(mine)).result)
 
     def reduce_scatter(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        return self._worker.submit(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op).result()
+        return self._call(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op)
 
     def barrier(self) -> None:
-        self._worker.submit(self._comm.Barrier).result()
+        self._call(self._comm.Barrier)
+
+    # --- ordering: every collective in the order callers issued it ----------------------------
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        with self._order:
+            self._queued += 1
+            return self._worker.submit(self._counted, fn, *args)
+
+    def _counted(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            with self._order:
+                self._queued -= 1
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Blocking: on this thread when the comm thread has nothing queued (the lock keeps a
+        submission from another thread behind it), else behind what is queued."""
+        with self._order:
+            if self._queued == 0:
+                return fn(*args)
+        return self._submit(fn, *args).result()
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now: one rank's failure must not leave the others waiting."""
@@ -117,7 +197,12 @@ class MpiCollectives:
     # --- on the comm thread -------------------------------------------------------------------
 
     def choose(self, nbytes: int, algorithm: str, dtype: torch.dtype = torch.float32) -> str:
-        nodes = self._rail_comm.Get_size() if self._rail_comm is not None else 0
+        nodes = self._nodes()
+        if self.table is not None and algorithm in ("auto", "hierarchical") and not (algorithm == "hierarchical" and nodes):
+            eligible = [name for name in self.candidates() if name != "mpi" or dtype in MPI_DTYPES]
+            chosen = self.table.fastest(nbytes, eligible)
+            if chosen is not None:
+                return chosen
         return choose_algorithm(nbytes, algorithm, dtype, nodes)
 
     def _allreduce_now(self, buf: torch.Tensor, op: ReduceOp, algorithm: str) -> None:

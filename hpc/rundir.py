@@ -73,6 +73,11 @@ class RunDir:
     def code(self) -> Path:
         return self.path / "code"
 
+    @property
+    def allreduce_table(self) -> Path:
+        """auto's tuning table as this job first used it: a restart must sum in the same order."""
+        return self.path / "allreduce-table.json"
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank:05d}.log"
 

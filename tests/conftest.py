@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +15,12 @@ import pytest
 from hpc.slurmctl import TERMINAL_STATES, job_state
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """auto's tuning tables go to one cache for the session (inherited by mpirun ranks and Slurm
+    jobs), never to the home of whoever runs the tests."""
+    os.environ.setdefault("HPC_TOOLKIT_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
 
 
 def require(condition: bool, what: str) -> None:

@@ -135,7 +135,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         if watchdog is not None:
             started.callback(watchdog.close)
         meet = rendezvous(os.environ) if job.comm.backend in ("gloo", "nccl") else None
-        comm = init_collectives(job.comm, rank, node_position, meet)
+        comm = init_collectives(job.comm, rank, node_position, meet, pinned_table=run_dir.allreduce_table)
         started.callback(comm.close)
         stop.reclaim()  # the stop signals stay ours even if the communication library took one
         if watchdog is not None:  # stopped before the collectives close (closing twice is harmless)

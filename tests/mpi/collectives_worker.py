@@ -4,6 +4,9 @@
     collectives_worker.py auto PER_NODE NODES   which algorithm `auto` runs at realistic sizes when ranks
                                                 are grouped PER_NODE to a node (0: the launcher's layout);
                                                 NODES: the hierarchy expected (0: none, unequal nodes)
+    collectives_worker.py tuned PER_NODE NODES CACHE_DIR
+                                                auto tuned on these ranks: one table on every rank,
+                                                cached, pinned, and the fastest entry run
 
 Exits non-zero (failing the pytest that launched it) on the first mismatch.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -138,9 +143,10 @@ AUTO_CASES = (  # (bytes per rank, dtype, auto's choice where there is no hierar
 
 
 def check_auto_choice(info: RankInfo, per_node: int, nodes: int) -> None:
+    """Untuned (comm.autotune=false): the fallback crossovers."""
     calls = record_algorithms()
     world = info.world_size
-    comm = init_collectives(CommConfig(algorithm="auto", ranks_per_node=per_node or None), info)
+    comm = init_collectives(CommConfig(algorithm="auto", autotune=False, ranks_per_node=per_node or None), info)
     for nbytes, dtype, flat_choice in AUTO_CASES:
         expected = "hierarchical" if flat_choice == "ring" and nodes > 1 else flat_choice
         assert choose_algorithm(nbytes, "auto", dtype, nodes) == expected, ("choose_algorithm", nbytes, dtype, nodes)
@@ -165,10 +171,59 @@ def check_auto_choice(info: RankInfo, per_node: int, nodes: int) -> None:
         print(f"auto ok on {world} ranks, {per_node or 'launcher'} per node, {nodes} nodes")
 
 
+def check_tuned_choice(info: RankInfo, per_node: int, nodes: int, cache_dir: str) -> None:
+    """Measured once, then cached; a pinned table wins over the cache; every rank holds the same
+    table; and the engine runs the table's fastest eligible algorithm, with a correct sum."""
+    cfg = CommConfig(algorithm="auto", ranks_per_node=per_node or None, tuning_cache=cache_dir)
+    first = init_collectives(cfg, info)
+    assert first.tuned_from.startswith("measured"), first.tuned_from
+    from mpi4py import MPI
+
+    tables = MPI.COMM_WORLD.allgather(first.table.to_json())
+    assert len(set(tables)) == 1, "ranks hold different tables"
+    candidates = set(first.table.seconds)
+    assert candidates == {"mpi", "rhd", "ring"} | ({"hierarchical"} if nodes > 1 else set()), candidates
+    first.close()
+    again = init_collectives(cfg, info)
+    assert again.tuned_from.startswith("cached"), again.tuned_from
+    assert again.table == first.table
+    again.close()
+    pinned = Path(cache_dir) / "job" / "allreduce-table.json"
+    third = init_collectives(cfg, info, pinned_table=pinned)  # first start of a job: pins the cached table
+    assert third.tuned_from.startswith("cached") and third.table == first.table
+    third.close()
+    if info.rank == 0:
+        assert pinned.exists()
+        for cached in Path(cache_dir).glob("allreduce-*.json"):
+            cached.write_text("{ not json")  # the shared cache is damaged: the job's own copy still holds
+    MPI.COMM_WORLD.Barrier()
+    resumed = init_collectives(cfg, info, pinned_table=pinned)
+    assert resumed.tuned_from.startswith("pinned") and resumed.table == first.table, resumed.tuned_from
+    calls = record_algorithms()
+    count = (1 << 20) // 4
+    for favourite in sorted(candidates):
+        for dtype in (torch.float32, torch.bfloat16):
+            seconds = {name: tuple(1.0 if name == favourite else 2.0 + i for i, _ in enumerate(first.table.sizes)) for name in candidates}
+            resumed.table = replace(first.table, seconds=seconds)
+            expected = favourite if favourite != "mpi" or dtype == torch.float32 else "rhd"  # a tie: the first eligible
+            buffer = large_values(resumed.rank, count, dtype)
+            calls.clear()
+            resumed.allreduce_(buffer, op="sum")
+            assert (calls[0] if calls else "mpi") == expected, ("tuned auto ran", calls[:1], "expected", expected, dtype)
+            want = sum(large_values(r, count, dtype).to(torch.float64) for r in range(info.world_size)).to(dtype)
+            assert torch.equal(buffer, want), ("tuned result", favourite, dtype)
+    resumed.close()
+    if info.rank == 0:
+        print(f"tuned ok on {info.world_size} ranks")
+
+
 def main() -> None:
     info = RankInfo.from_env(os.environ)
     if sys.argv[1:2] == ["auto"]:
         check_auto_choice(info, int(sys.argv[2]), int(sys.argv[3]))
+        return
+    if sys.argv[1:2] == ["tuned"]:
+        check_tuned_choice(info, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
         return
     check_algorithms(info)
     comm = init_collectives(CommConfig(), info)

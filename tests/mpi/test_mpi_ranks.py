@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -25,13 +28,21 @@ def test_collectives_are_correct(ranks):
     [(6, 2, 3), (3, 2, 0), (2, 0, 1)],
     ids=["3 nodes x 2", "unequal nodes 2+1", "one node from the launcher"],
 )
-def test_auto_runs_the_algorithm_its_size_and_node_layout_call_for(ranks, per_node, nodes):
-    """Buffers of 1 KiB to 6 MiB: MPI_Allreduce, halving/doubling, then hierarchical across
-    nodes or the ring where there is no hierarchy (one node, or nodes of unequal size)."""
+def test_untuned_auto_runs_the_algorithm_its_size_and_node_layout_call_for(ranks, per_node, nodes):
+    """comm.autotune=false, buffers of 1 KiB to 6 MiB: MPI_Allreduce, halving/doubling, then
+    hierarchical across nodes or the ring where there is no hierarchy (one node, or nodes of
+    unequal size)."""
     result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"), "auto", str(per_node), str(nodes))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"auto ok on {ranks} ranks" in result.stdout
     assert ("unequal rank counts" in result.stderr) == (nodes == 0)
+
+
+@pytest.mark.parametrize(("ranks", "per_node", "nodes"), [(4, 2, 2), (3, 0, 1)], ids=["2 nodes x 2", "3 ranks, one node"])
+def test_tuned_auto_is_one_table_on_every_rank_cached_pinned_and_obeyed(ranks, per_node, nodes, tmp_path):
+    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"), "tuned", str(per_node), str(nodes), str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"tuned ok on {ranks} ranks" in result.stdout
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -41,16 +52,37 @@ def test_distributed_optimizer_matches_single_process_sgd(ranks):
     assert f"optimizer ok on {ranks} ranks" in result.stdout
 
 
-def test_bench_runs_every_implementation_and_writes_its_reports(tmp_path):
+def test_bench_in_one_launch_runs_every_implementation_and_writes_its_reports(tmp_path):
     out = tmp_path / "bench"
-    result = mpirun(4, "-m", "collectives.bench", "-b", "8", "-e", "1M", "-f", "32", "-w", "1", "-n", "2", "--ranks-per-node", "2", "--out", str(out))
+    result = mpirun(4, "-m", "collectives.bench", "-b", "8", "-e", "1M", "-f", "32", "-w", "1", "-n", "2", "--rounds", "2", "--ranks-per-node", "2", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "bench.json").read_text())
-    impls = {r["impl"] for r in report["results"]}
-    assert {"ring", "rhd", "auto", "hierarchical", "mpi", "gloo"} <= impls
-    assert {r["bytes"] for r in report["results"]} == {8, 256, 8192, 262144}
-    assert max(r["max_error"] for r in report["results"]) == 0.0
-    assert (out / "bench.md").read_text().count("\n| ") >= 5 and (out / "bench.png").stat().st_size > 1000
+    rows = report["summary"]["rows"]
+    assert {"ring", "rhd", "auto", "hierarchical", "mpi", "gloo"} <= {r["impl"] for r in rows}
+    assert {r["bytes"] for r in rows} == {8, 256, 8192, 262144} and {r["rounds"] for r in rows} == {2}
+    assert max(r["max_error"] for r in rows) == 0.0
+    assert set(report["summary"]["bound"]) == {"8", "256", "8192", "262144"}  # JSON keys
+    assert report["meta"]["layout"] == "all in one launch" and report["meta"]["auto_choices"]
+    assert (out / "bench.md").read_text().count("\n| ") >= 10 and (out / "bench.png").stat().st_size > 1000
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, cwd=ROOT)
+
+
+def test_bench_with_np_gives_each_implementation_a_launch_of_its_own(tmp_path):
+    out = tmp_path / "bench"
+    result = run_module("collectives.bench", "--np", "2", "--algos", "auto,mpi", "--rounds", "2", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "2", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "bench.json").read_text())
+    launches = report["launches"]
+    assert sorted((launch["impl"], launch["round"]) for launch in launches) == [("auto", 0), ("auto", 1), ("mpi", 0), ("mpi", 1)]
+    assert [launch["impl"] for launch in launches] == ["auto", "mpi", "mpi", "auto"]  # rounds rotate
+    assert all(len(launch["memory"]) == 3 for launch in launches)  # the bound, measured in every launch
+    tuned = [launch for launch in launches if launch["impl"] == "auto"]
+    assert all("1 KiB" in launch["choices"] for launch in tuned) and tuned[0]["tuned_in_s"] == tuned[1]["tuned_in_s"]  # tuned once
+    assert report["meta"]["layout"] == "one launch per implementation"
+    assert "auto's speed against each" in result.stdout and "| 8 KiB |" in result.stdout
 
 
 def test_embedded_default_trains_on_two_ranks(tmp_path):

@@ -1,8 +1,10 @@
 import argparse
+from pathlib import Path
 
 import pytest
 
-from collectives.bench import bus_bandwidth, crossover, human, parse_args, parse_size, render_markdown, sizes_between
+from collectives.bench import launch_argv, parse_args, parse_size, rotated, sizes_between
+from collectives.bench_report import bound_busbw, bus_bandwidth, crossover, human, render_markdown, summarize
 
 
 @pytest.mark.parametrize("text, size", [("8", 8), ("64K", 65536), ("16M", 16 << 20), ("1G", 1 << 30), ("2kb", 2048)])
@@ -48,14 +50,68 @@ def test_crossover_is_the_size_from_which_ring_always_wins():
     assert crossover([row("ring", 1, 9), row("rhd", 1, 5)]) is None
 
 
-def test_markdown_table_has_a_row_per_size_and_a_column_per_implementation():
-    meta = {"world_size": 2, "hosts": "h", "date": "d", "command": "c", "not_run": ["horovod"]}
-    text = render_markdown([row("ring", 1024, 10.0), row("mpi", 1024, 12.0), row("ring", 2048, 11.0), row("mpi", 2048, 13.0)], meta)
-    assert "| size | ring | mpi |" in text and "| 1 KiB | 1.50 (10) | 1.50 (12) |" in text and "not run: horovod" in text
+def launch(impl, round_, times, memory=None):
+    sizes = (1 << 20, 4 << 20)
+    record = {"impl": impl, "round": round_, "results": [{"bytes": n, "time_us": t, "max_error": 0.0} for n, t in zip(sizes, times, strict=True)]}
+    if memory:
+        record["memory"] = [{"bytes": n, "copy_gbs": c, "add_gbs": a} for n, (c, a) in zip(sizes, memory, strict=True)]
+    return record
+
+
+def test_the_bound_is_what_reading_peers_in_place_allows():
+    assert bound_busbw(10.0, 10.0) == pytest.approx(10.0)
+    assert bound_busbw(12.0, 6.0) == pytest.approx(8.0)  # 2 / (1/6 + 1/12)
+    assert bound_busbw(0.0, 5.0) == 0.0
+
+
+def test_summary_takes_medians_over_rounds_and_pairs_ratios_by_round():
+    launches = [
+        launch("auto", 0, (100, 400), memory=((10, 10), (8, 8))),
+        launch("mpi", 0, (150, 400)),
+        launch("auto", 1, (200, 500)),
+        launch("mpi", 1, (200, 1000), memory=((10, 10), (4, 4))),
+        launch("auto", 2, (120, 410)),
+        launch("mpi", 2, (110, 410)),
+    ]
+    summary = summarize(launches, world=2)
+    rows = {(r["impl"], r["bytes"]): r for r in summary["rows"]}
+    assert rows["auto", 1 << 20]["time_us"] == 120 and rows["mpi", 1 << 20]["time_us"] == 150
+    assert rows["mpi", 4 << 20]["time_us_max"] == 1000 and rows["mpi", 4 << 20]["rounds"] == 3
+    bound = summary["bound"]
+    assert bound[1 << 20]["bound_busbw_gbs"] == pytest.approx(10.0) and bound[4 << 20]["copy_gbs"] == pytest.approx(6.0)
+    auto_1m = rows["auto", 1 << 20]
+    assert auto_1m["of_bound"] == pytest.approx(auto_1m["busbw_gbs"] / 10.0)
+    ratio = next(r for r in summary["auto_ratios"] if r["vs"] == "mpi" and r["bytes"] == 1 << 20)
+    assert ratio["median"] == pytest.approx(1.0) and ratio["min"] == pytest.approx(110 / 120) and ratio["max"] == pytest.approx(1.5)
+
+
+def test_markdown_has_a_row_per_size_the_bound_and_autos_ratios():
+    launches = [launch("auto", 0, (100, 400), memory=((10, 10), (8, 8))), launch("mpi", 0, (150, 400)), launch("gloo", 0, (300, 900))]
+    meta = {"world_size": 2, "hosts": "h", "cpu_count": 2, "date": "d", "command": "c", "rounds": 1, "layout": "one launch per implementation", "not_run": ["horovod"]}
+    text = render_markdown(summarize(launches, 2), meta)
+    assert "| size | auto | mpi | gloo | bound (copy, add) |" in text
+    assert "| 1 MiB | 10.49 (1.05) | 6.99 (0.70) | 3.50 (0.35) | 10.0 (10.0, 10.0) |" in text
+    assert "| 1 MiB | 1.50 (1.50-1.50) | 3.00 (3.00-3.00) |" in text and "not run: horovod" in text
     assert human(3 << 20) == "3 MiB" and human(100) == "100 B"
 
 
-@pytest.mark.parametrize("argv", [["--algos", "ring,warp"], ["-n", "0"], ["-b", "64", "-e", "8"]])
+def test_rounds_rotate_so_no_implementation_always_runs_first():
+    names = ["ring", "mpi", "horovod"]
+    assert [rotated(names, r)[0] for r in range(4)] == ["ring", "mpi", "horovod", "ring"]
+    assert sorted(rotated(names, 2)) == sorted(names)
+
+
+def test_each_launch_runs_one_implementation_with_the_same_sizes():
+    args = parse_args(["--np", "4", "--ranks-per-node", "2", "-b", "1M", "-e", "4M", "--tuning-cache", "/t"])
+    argv = launch_argv(args, "hierarchical", 2, Path("/r.json"))
+    again = parse_args(argv)
+    assert again.algos == ["hierarchical"] and again.np_ is None and again.rounds == 1 and again.first_round == 2
+    assert (again.begin, again.end, again.ranks_per_node, again.tuning_cache) == (1 << 20, 4 << 20, 2, "/t")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--algos", "ring,warp"], ["-n", "0"], ["-b", "64", "-e", "8"], ["--rounds", "0"], ["--np", "3", "--ranks-per-node", "2"], ["--np", "0"]]
+)
 def test_bad_arguments_exit_with_a_message(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
