@@ -1,0 +1,166 @@
+"""2-rank scaling of a plain training loop: our distributed optimizer against Horovod's
+DistributedOptimizer and torch DDP (Gloo) on the same loop, each variant in a launch of its own,
+in interleaved rounds.
+
+    python benchmarks/plain_loop.py [--rounds 3] [--steps 60] [--hidden 1024] [--batch 64]
+
+The loop: an MLP of about 3M parameters (1024 -> 1024 -> 1024 -> 1024 -> 10), one fixed batch
+of 64 per rank (no data loading), SGD with momentum, one thread per rank. Weak scaling:
+efficiency = samples/s of 2 ranks / (2 x samples/s of 1 rank).
+
+The bound: "2 ranks, no communication" trains the same loop on 2 ranks that never talk. What it
+loses against 2 x 1 rank is what the machine takes (memory bandwidth and caches shared by the
+ranks, other tenants), not communication; no allreduce can scale better than it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {  # name: (ranks, how gradients are averaged)
+    "1 rank": (1, "none"),
+    "2 ranks, no communication": (2, "none"),
+    "2 ranks, ours": (2, "ours"),
+    "2 ranks, Horovod": (2, "horovod"),
+    "2 ranks, DDP (Gloo)": (2, "ddp"),
+}
+
+
+# --- one launch -----------------------------------------------------------------------------------
+
+
+def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path) -> None:
+    import torch
+    from mpi4py import MPI
+    from torch import nn
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    generator = torch.Generator().manual_seed(comm.Get_rank())
+    inputs, labels = torch.randn(batch, 1024, generator=generator), torch.randint(0, 10, (batch,), generator=generator)
+    close = lambda: None  # noqa: E731
+    if sync == "ours":
+        from collectives.base import broadcast_module
+        from collectives.config import CommConfig
+        from collectives.mpi import MpiCollectives
+        from collectives.optimizer import apply_distributed_optimizer
+        from collectives.tuning import default_cache_dir
+
+        engine = MpiCollectives.from_world("auto")
+        engine.tune(default_cache_dir())
+        broadcast_module(engine, model)
+        optimizer = apply_distributed_optimizer(optimizer, model, engine, CommConfig())
+        close = engine.close
+    elif sync == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    elif sync == "ddp":
+        import torch.distributed as dist
+
+        from collectives.bench import _gloo
+
+        _gloo(comm)
+        model = nn.parallel.DistributedDataParallel(model)
+        close = dist.destroy_process_group
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for step in range(warmup + steps):
+        comm.Barrier() if step == warmup else None
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss_fn(model(inputs), labels).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    per_step = statistics.median(times[warmup:])
+    slowest = comm.allreduce(per_step, op=MPI.MAX)
+    close()
+    if comm.Get_rank() == 0:
+        params = sum(p.numel() for p in model.parameters())
+        out.write_text(json.dumps({"step_s": slowest, "samples_s": comm.Get_size() * batch / slowest, "params": params, "loss": float(loss_fn(model(inputs), labels))}))
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+
+def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> dict[str, float]:
+    from collectives.mpirun import mpirun_command, root_environment
+
+    ranks, sync = VARIANTS[name]
+    out = scratch / f"{sync}-{ranks}-{round_}.json"
+    program = [sys.executable, __file__, "--worker", sync, "--steps", str(args.steps), "--hidden", str(args.hidden), "--batch", str(args.batch), "--out", str(out)]
+    env = {**os.environ, **root_environment(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(mpirun_command(ranks, program), env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 or not out.exists():
+        raise SystemExit(f"error: {name} failed (exit {done.returncode}): {done.stderr.strip()[-600:]}")
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per launch (after 10 warm-up steps)")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=64, help="per rank")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: " + ", ".join(VARIANTS))
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        sys.path.insert(0, str(ROOT))
+        train(args.worker, args.steps, 10, args.hidden, args.batch, args.out)
+        return 0
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or args.rounds < 1 or args.steps < 1:
+        parser.error(f"unknown variants {unknown}" if unknown else "--rounds and --steps must be >= 1")
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError:
+        names = [n for n in names if VARIANTS[n][1] != "horovod"]
+        print("plain_loop: Horovod does not import; its variant is left out", file=sys.stderr)
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="plain-loop-") as scratch:
+        for round_ in range(args.rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                results[name].append(launch(name, args, Path(scratch), round_))
+                print(f"round {round_}  {name:<28s} {results[name][-1]['samples_s']:9.0f} samples/s", flush=True)
+    single = [r["samples_s"] for r in results.get("1 rank", [])]
+    params = next(iter(results.values()))[0]["params"]
+    print(f"\n{params / 1e6:.2f}M parameters, batch {args.batch} per rank, {args.steps} timed steps, median over {args.rounds} rounds\n")
+    print("| variant | samples/s | step ms | efficiency (vs 2 x 1 rank, paired by round) |\n| --- | --- | --- | --- |")
+    for name, rows in results.items():
+        ranks = VARIANTS[name][0]
+        samples = statistics.median(r["samples_s"] for r in rows)
+        step_ms = statistics.median(r["step_s"] for r in rows) * 1e3
+        cell = ""
+        if single and ranks > 1:
+            paired = [r["samples_s"] / (ranks * s) for r, s in zip(rows, single, strict=False)]
+            cell = f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
+        print(f"| {name} | {samples:,.0f} | {step_ms:.1f} | {cell} |")
+    ours = results.get("2 ranks, ours")
+    for other in ("2 ranks, Horovod", "2 ranks, DDP (Gloo)", "2 ranks, no communication"):
+        if ours and results.get(other):
+            paired = [a["samples_s"] / b["samples_s"] for a, b in zip(ours, results[other], strict=False)]
+            print(f"\nours / {other.removeprefix('2 ranks, ')}: {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})", end="")
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
