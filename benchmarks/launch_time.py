@@ -70,13 +70,18 @@ def main(argv: list[str]) -> int:
         jobs = []
         try:
             for run in range(args.runs):
-                order = [("launch.py", launch_command(Path(scratch) / "runs")), ("plain submitit", [sys.executable, "-c", PLAIN_SUBMITIT, str(Path(scratch) / "submitit")])]
+                order = [
+                    ("launch.py", launch_command(Path(scratch) / "runs")),
+                    ("plain submitit", [sys.executable, "-c", PLAIN_SUBMITIT, str(Path(scratch) / "submitit")]),
+                ]
                 for name, command in order if run % 2 == 0 else order[::-1]:
                     seconds, job_id = timed(command)
                     times[name].append(seconds)
                     jobs.append(job_id)
                     subprocess.run(["scancel", job_id], capture_output=True)
-            profile = subprocess.run([sys.executable, "-X", "importtime", *launch_command(Path(scratch) / "runs")[1:]], capture_output=True, text=True, cwd=ROOT)
+            profile = subprocess.run(
+                [sys.executable, "-X", "importtime", *launch_command(Path(scratch) / "runs")[1:]], capture_output=True, text=True, cwd=ROOT
+            )
             jobs.append(parse_job_id(profile.stdout))
         finally:
             subprocess.run(["scancel", *jobs], capture_output=True)

@@ -8,7 +8,7 @@ The loop: an MLP of about 3M parameters (1024 -> 1024 -> 1024 -> 1024 -> 10), on
 of 64 per rank (no data loading), SGD with momentum, one thread per rank. Weak scaling:
 efficiency = samples/s of 2 ranks / (2 x samples/s of 1 rank).
 
-The bound: "2 ranks, no communication" trains the same loop on 2 ranks that never talk. What it
+The bound: "nocomm" (2 ranks, no communication) trains the same loop on 2 ranks that never talk. What it
 loses against 2 x 1 rank is what the machine takes (memory bandwidth and caches shared by the
 ranks, other tenants), not communication; no allreduce can scale better than it does.
 """
@@ -27,11 +27,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {  # name: (ranks, how gradients are averaged)
-    "1 rank": (1, "none"),
-    "2 ranks, no communication": (2, "none"),
-    "2 ranks, ours": (2, "ours"),
-    "2 ranks, Horovod": (2, "horovod"),
-    "2 ranks, DDP (Gloo)": (2, "ddp"),
+    "single": (1, "none"),
+    "nocomm": (2, "none"),
+    "ours": (2, "ours"),
+    "ours-nooverlap": (2, "ours-nooverlap"),
+    "horovod": (2, "horovod"),
+    "ddp": (2, "ddp"),
+}
+TITLES = {
+    "single": "1 rank",
+    "nocomm": "2 ranks, no communication (the bound)",
+    "ours": "2 ranks, ours",
+    "ours-nooverlap": "2 ranks, ours, comm.overlap=false",
+    "horovod": "2 ranks, Horovod",
+    "ddp": "2 ranks, DDP (Gloo)",
 }
 
 
@@ -51,7 +60,7 @@ def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path
     generator = torch.Generator().manual_seed(comm.Get_rank())
     inputs, labels = torch.randn(batch, 1024, generator=generator), torch.randint(0, 10, (batch,), generator=generator)
     close = lambda: None  # noqa: E731
-    if sync == "ours":
+    if sync.startswith("ours"):
         from collectives.base import broadcast_module
         from collectives.config import CommConfig
         from collectives.mpi import MpiCollectives
@@ -61,7 +70,7 @@ def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path
         engine = MpiCollectives.from_world("auto")
         engine.tune(default_cache_dir())
         broadcast_module(engine, model)
-        optimizer = apply_distributed_optimizer(optimizer, model, engine, CommConfig())
+        optimizer = apply_distributed_optimizer(optimizer, model, engine, CommConfig(overlap=sync == "ours"))
         close = engine.close
     elif sync == "horovod":
         import horovod.torch as hvd
@@ -91,7 +100,9 @@ def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path
     close()
     if comm.Get_rank() == 0:
         params = sum(p.numel() for p in model.parameters())
-        out.write_text(json.dumps({"step_s": slowest, "samples_s": comm.Get_size() * batch / slowest, "params": params, "loss": float(loss_fn(model(inputs), labels))}))
+        out.write_text(
+            json.dumps({"step_s": slowest, "samples_s": comm.Get_size() * batch / slowest, "params": params, "loss": float(loss_fn(model(inputs), labels))})
+        )
 
 
 # --- the driver -----------------------------------------------------------------------------------
@@ -102,7 +113,20 @@ def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> d
 
     ranks, sync = VARIANTS[name]
     out = scratch / f"{sync}-{ranks}-{round_}.json"
-    program = [sys.executable, __file__, "--worker", sync, "--steps", str(args.steps), "--hidden", str(args.hidden), "--batch", str(args.batch), "--out", str(out)]
+    program = [
+        sys.executable,
+        __file__,
+        "--worker",
+        sync,
+        "--steps",
+        str(args.steps),
+        "--hidden",
+        str(args.hidden),
+        "--batch",
+        str(args.batch),
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, **root_environment(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(mpirun_command(ranks, program), env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or not out.exists():
@@ -116,7 +140,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per launch (after 10 warm-up steps)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64, help="per rank")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of: " + ", ".join(f"{k} ({v})" for k, v in TITLES.items()))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -139,8 +163,8 @@ def main(argv: list[str]) -> int:
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
                 results[name].append(launch(name, args, Path(scratch), round_))
-                print(f"round {round_}  {name:<28s} {results[name][-1]['samples_s']:9.0f} samples/s", flush=True)
-    single = [r["samples_s"] for r in results.get("1 rank", [])]
+                print(f"round {round_}  {TITLES[name]:<40s} {results[name][-1]['samples_s']:9.0f} samples/s", flush=True)
+    single = [r["samples_s"] for r in results.get("single", [])]
     params = next(iter(results.values()))[0]["params"]
     print(f"\n{params / 1e6:.2f}M parameters, batch {args.batch} per rank, {args.steps} timed steps, median over {args.rounds} rounds\n")
     print("| variant | samples/s | step ms | efficiency (vs 2 x 1 rank, paired by round) |\n| --- | --- | --- | --- |")
@@ -152,13 +176,13 @@ def main(argv: list[str]) -> int:
         if single and ranks > 1:
             paired = [r["samples_s"] / (ranks * s) for r, s in zip(rows, single, strict=False)]
             cell = f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
-        print(f"| {name} | {samples:,.0f} | {step_ms:.1f} | {cell} |")
-    ours = results.get("2 ranks, ours")
-    for other in ("2 ranks, Horovod", "2 ranks, DDP (Gloo)", "2 ranks, no communication"):
+        print(f"| {TITLES[name]} | {samples:,.0f} | {step_ms:.1f} | {cell} |")
+    ours = results.get("ours")
+    print()
+    for other in ("horovod", "ddp", "nocomm"):
         if ours and results.get(other):
             paired = [a["samples_s"] / b["samples_s"] for a, b in zip(ours, results[other], strict=False)]
-            print(f"\nours / {other.removeprefix('2 ranks, ')}: {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})", end="")
-    print()
+            print(f"ours / {TITLES[other].removeprefix('2 ranks, ')}: {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})")
     return 0
 
 

@@ -52,25 +52,28 @@ class Bucket:
     wire: Any = None  # what was sent: a compressed tensor, or (indices, values) for topk
     residual: torch.Tensor | None = None  # topk error feedback
 
-    def pack(self) -> None:
+    def pack(self, scale: float = 1.0) -> None:
+        """Gradients into the bucket, times `scale` in the same pass (pre-averaging: dividing the
+        sum afterwards would cost another pass over the bucket)."""
         offset = 0
         for p in self.params:
             n = p.numel()
+            part = self.buffer[offset : offset + n]
             if p.grad is None:
-                self.buffer[offset : offset + n].zero_()
-            else:
-                self.buffer[offset : offset + n].copy_(p.grad.reshape(-1))
+                part.zero_()
+            elif scale != 1.0:
+                torch.mul(p.grad.reshape(-1), scale, out=part)
+            elif p.grad.data_ptr() != part.data_ptr():  # not already the bucket's view (unpack)
+                part.copy_(p.grad.reshape(-1))
             offset += n
 
     def unpack(self) -> None:
+        """Every gradient becomes its slice of the bucket (no copy back): the optimizer steps on
+        the averaged values where they lie; zero_grad(set_to_none=True) lets go of them."""
         offset = 0
         for p in self.params:
             n = p.numel()
-            averaged = self.buffer[offset : offset + n].view_as(p)
-            if p.grad is None:
-                p.grad = averaged.clone()
-            else:
-                p.grad.copy_(averaged)
+            p.grad = self.buffer[offset : offset + n].view_as(p)
             offset += n
 
 
@@ -86,9 +89,9 @@ class Compressor:
 
     def launch(self, comm: Any, bucket: Bucket) -> None:
         buf = bucket.buffer
-        if self.kind == "none":
+        if self.kind == "none":  # packed pre-scaled by 1/world: the sum is the average
             bucket.wire = buf
-            bucket.handles = [comm.allreduce_async(buf, op="avg")]
+            bucket.handles = [comm.allreduce_async(buf, op="sum")]
         elif self.kind in ("fp16", "bf16"):
             half = torch.float16 if self.kind == "fp16" else torch.bfloat16
             bucket.wire = (buf / self.world_size).to(half)  # pre-scaled: the sum cannot overflow
@@ -166,7 +169,7 @@ class _DistributedOptimizer:
     def _launch_in_order(self, everything: bool = False) -> None:
         while self._next_bucket < len(self._buckets) and (everything or self._next_bucket in self._complete):
             bucket = self._buckets[self._next_bucket]
-            bucket.pack()
+            bucket.pack(1.0 / self._comm.world_size if self._compressor.kind == "none" else 1.0)
             self._compressor.launch(self._comm, bucket)
             self._next_bucket += 1
 

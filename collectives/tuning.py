@@ -152,7 +152,7 @@ def write_table(path: Path, table: TuningTable) -> bool:
 
 def iterations_for(nbytes: int) -> int:
     """Timed iterations per size: more where a scheduler tick can swamp a single call."""
-    return 7 if nbytes <= 1 << 20 else 5 if nbytes <= 16 << 20 else 3
+    return 15 if nbytes <= 1 << 20 else 11 if nbytes <= 16 << 20 else 5
 
 
 def measure_table(comm: Any, run: Callable[[torch.Tensor, str], None], candidates: list[str], key: str, sizes: tuple[int, ...] = TUNED_SIZES) -> TuningTable:
