@@ -10,6 +10,7 @@ python launch.py -m optim.lr=0.1,0.2 cluster=simulated sweep.max_parallel=1   # 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, register_schemas, sweep_points
+from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, compose_run, initialized, register_schemas, sweep_points
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
@@ -34,11 +35,12 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig, checked: JobConfig | None = None) -> None:
+    """The job Hydra composed, in the run dir Hydra made for it (HydraConfig). `checked`: the
+    same config, already typed and validated."""
     run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
     try:
-        job = to_job_config(cfg)
+        job = checked or to_job_config(cfg)
         code = launch(job, run_dir)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
     except UserError as err:
@@ -51,6 +53,9 @@ def main(cfg: DictConfig) -> None:
         discard(run_dir)
     if code:
         sys.exit(code)
+
+
+main = hydra.main(version_base="1.3", config_path="conf", config_name="config")(run)
 
 
 def discard(run_dir: RunDir) -> None:
@@ -102,21 +107,76 @@ def check_command(args: argparse.Namespace) -> list[JobConfig]:
     return [job for _, job in points]
 
 
+def restrict_access(jobs: list[JobConfig]) -> None:
+    """Before Hydra creates the run (or sweep) dir: it and all in it get this access only."""
+    access = {job.run_access for job in jobs}
+    if access - set(RUN_ACCESS):
+        raise UserError(f"run_access={min(access - set(RUN_ACCESS))!r} is not one of {', '.join(RUN_ACCESS)}")
+    for job in jobs:
+        note_run_root(job.run_root)  # the folders a dry run may remove again stop here
+    apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
+
+
+def run_single(args: argparse.Namespace) -> bool:
+    """One job with one Hydra composition: the config that is checked is the one that runs
+    (hydra.main would compose it twice more: once for the run mode, once for the run). False,
+    having done nothing, where the config itself asks for a multirun (hydra.mode=MULTIRUN)."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict, read_write
+
+    try:
+        source = config_source(args)
+    except UserError as err:
+        fail(str(err), err.exit_code)
+    with initialized(source) as hydra_app:
+        try:
+            cfg = compose_run(hydra_app, args.overrides, source)
+            if cfg.hydra.mode == RunMode.MULTIRUN:
+                return False
+            job = validated(cfg)
+            restrict_access([job])
+        except UserError as err:
+            fail(str(err), err.exit_code)
+        with read_write(cfg.hydra), open_dict(cfg.hydra):  # as Hydra's own run records it
+            cfg.hydra.mode = RunMode.RUN
+            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=source.config_name)
+        context = HydraContext(config_loader=hydra_app.config_loader, callbacks=callbacks)
+        done = run_job(task_function=functools.partial(run, checked=job), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        callbacks.on_run_end(config=cfg, config_name=source.config_name, job_return=done)
+        done.return_value  # noqa: B018  (re-raises what the run raised, as Hydra's own run does)
+    return True
+
+
+def validated(cfg: DictConfig) -> JobConfig:
+    from omegaconf import OmegaConf, open_dict
+
+    task = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    with open_dict(task):
+        job = to_job_config(task)
+    validate_job(job)
+    return job
+
+
 def cli() -> None:
     register_schemas()
     args = parse_args(sys.argv[1:])
+    if not info_only(args) and not args.multirun:
+        try:
+            if run_single(args):
+                sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
+                return
+        except BrokenPipeError:
+            end_on_closed_stdout()
+            return
     if not info_only(args):
         try:
-            jobs = check_command(args)
-            access = {job.run_access for job in jobs}
-            if access - set(RUN_ACCESS):
-                raise UserError(f"run_access={min(access - set(RUN_ACCESS))!r} is not one of {', '.join(RUN_ACCESS)}")
+            restrict_access(check_command(args))
         except UserError as err:
             fail(str(err), err.exit_code)
-        for job in jobs:
-            note_run_root(job.run_root)  # the folders a dry run may remove again stop here
-        # Before Hydra creates the run (or sweep) dir: it and all in it get this access only.
-        apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
     try:
         main()
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import parse_job_id  # noqa: E402
+from hpc.slurmctl import cancel  # noqa: E402
 
 PLAIN_SUBMITIT = """
 import sys, submitit
@@ -52,7 +53,7 @@ def cumulative_imports(stderr: str, top: int) -> list[tuple[float, str]]:
     """The top-level imports (not their children) with the largest cumulative time, in seconds."""
     rows = []
     for line in stderr.splitlines():
-        found = re.match(r"import time:\s+\d+\s+\|\s+(\d+)\s+\|( *)(\S+)", line)
+        found = re.match(r"import time:\s+\d+\s+\|\s+(\d+)\s+\| ( *)(\S+)", line)
         if found and not found.group(2):  # no indent: imported by the program itself
             rows.append((int(found.group(1)) / 1e6, found.group(3)))
     return sorted(rows, reverse=True)[:top]
@@ -78,13 +79,14 @@ def main(argv: list[str]) -> int:
                     seconds, job_id = timed(command)
                     times[name].append(seconds)
                     jobs.append(job_id)
-                    subprocess.run(["scancel", job_id], capture_output=True)
+                    cancel(job_id)
             profile = subprocess.run(
                 [sys.executable, "-X", "importtime", *launch_command(Path(scratch) / "runs")[1:]], capture_output=True, text=True, cwd=ROOT
             )
             jobs.append(parse_job_id(profile.stdout))
         finally:
-            subprocess.run(["scancel", *jobs], capture_output=True)
+            for job_id in jobs:
+                cancel(job_id)
     print(f"## to a job id, {args.runs} runs each, interleaved (seconds, median (min-max))\n")
     print("| command | wall s |\n| --- | --- |")
     for name, values in times.items():

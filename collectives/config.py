@@ -16,7 +16,7 @@ class CommConfig:
     # hierarchical: inside the node, then across nodes on each rail; mpi: MPI_Allreduce itself.
     algorithm: str = "auto"
     autotune: bool = True  # time the algorithms at start-up (once per host type and job shape)
-    # where those timings are kept: null = $HPC_TOOLKIT_CACHE or ~/.cache/hpc-toolkit; "" = nowhere
+    # where those timings are kept: null = $HPCTK_CACHE or ~/.cache/hpc-toolkit; "" = nowhere
     tuning_cache: str | None = None
     bucket_mb: float = 4.0  # gradient fusion bucket size; 0 = one allreduce per tensor
     overlap: bool = True  # start a bucket's allreduce while backward still runs

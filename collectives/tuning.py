@@ -38,9 +38,9 @@ TUNED_SIZES = tuple(1 << k for k in range(10, 27, 2))  # bytes per rank: 1 KiB, 
 
 
 def default_cache_dir() -> str:
-    """$HPC_TOOLKIT_CACHE, else $XDG_CACHE_HOME/hpc-toolkit, else ~/.cache/hpc-toolkit; then
+    """$HPCTK_CACHE, else $XDG_CACHE_HOME/hpc-toolkit, else ~/.cache/hpc-toolkit; then
     allreduce/. On a cluster, home is shared: the key keeps host types apart."""
-    root = os.environ.get("HPC_TOOLKIT_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "hpc-toolkit")
+    root = os.environ.get("HPCTK_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "hpc-toolkit")
     return os.path.join(os.path.expanduser(root), "allreduce")
 
 

@@ -20,7 +20,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 def pytest_configure(config: pytest.Config) -> None:
     """auto's tuning tables go to one cache for the session (inherited by mpirun ranks and Slurm
     jobs), never to the home of whoever runs the tests."""
-    os.environ.setdefault("HPC_TOOLKIT_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
+    os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
 
 
 def require(condition: bool, what: str) -> None:

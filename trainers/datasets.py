@@ -9,14 +9,19 @@ attribute, or max(y)+1. Image models (cnn, resnet50) need N x C x H x W (check_m
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import h5py
-import numpy as np
+from typing import TYPE_CHECKING
 
 from trainers.config import DataConfig
+
+if TYPE_CHECKING:  # h5py and numpy cost about 90 ms to import: launch.py avoids them (inspect_known)
+    import h5py
 
 DIGITS_FILE = "digits.h5"
 
@@ -44,6 +49,9 @@ def default_dataset_path() -> Path:
 
 def build_digits_hdf5(path: Path, test_fraction: float = 0.2, seed: int = 0) -> Path:
     """scikit-learn's bundled digits (no network) -> HDF5, written atomically."""
+    import h5py
+    import numpy as np
+
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -77,7 +85,37 @@ def resolve_data_path(cfg: DataConfig) -> Path:
     return Path(cfg.path).expanduser().resolve()
 
 
+def inspect_known(path: Path, cfg: DataConfig) -> DatasetInfo:
+    """inspect_hdf5, remembered across processes in the cache dir for this version of the file
+    (path, inode, size, mtime) and these names: launch.py then neither imports h5py nor reads
+    every label again for a data set it checked before. The ranks inspect the file themselves."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return inspect_hdf5(path, cfg)  # names the missing file
+    version = [str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y]
+    record = cache_dir() / "checked" / (hashlib.sha256(json.dumps(version).encode()).hexdigest()[:24] + ".json")
+    try:
+        known = json.loads(record.read_text())
+        if known["version"] == version:
+            return DatasetInfo(**{**known["info"], "input_shape": tuple(known["info"]["input_shape"])})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: inspect the file
+    info = inspect_hdf5(path, cfg)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as tmp:
+            json.dump({"version": version, "info": dataclasses.asdict(info)}, tmp)
+        os.replace(tmp.name, record)
+    except OSError:
+        pass  # a read-only cache only costs the next launch the inspection
+    return info
+
+
 def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
+    import h5py
+    import numpy as np
+
     if not path.exists():
         raise DataError(f"data.path {str(path)!r} does not exist")
     if not path.is_file() or not h5py.is_hdf5(path):
@@ -111,7 +149,7 @@ def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
         return DatasetInfo(str(path), train_x.shape[0], test_x.shape[0], tuple(train_x.shape[1:]), num_classes)
 
 
-def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
+def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:  # noqa: F821
     """(min, max) of a non-empty label array, read a slice at a time: labels may be large."""
     low, high = None, None
     for start in range(0, labels.shape[0], chunk):

@@ -25,7 +25,15 @@ def _config_groups_help() -> str:
     return render_group_help(search_dirs()).replace("$", "$$")  # Hydra then fills the template with string.Template
 
 
+_registered = False
+
+
 def register_schemas() -> None:
+    """Once per process: storing the schema converts the dataclasses, 20-40 ms each time."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -58,7 +66,7 @@ DEFAULT_SOURCE = ConfigSource()
 
 
 @contextmanager
-def initialized(source: ConfigSource) -> Iterator[None]:
+def initialized(source: ConfigSource) -> Iterator[Any]:
     """Hydra's compose API set up with the search path `launch.py` with these flags gets (as
     hydra.initialize_config_dir does, plus --config-dir where Hydra's own parser puts it)."""
     from hydra import version
@@ -73,9 +81,9 @@ def initialized(source: ConfigSource) -> Iterator[None]:
     search_path = create_config_search_path(search_path_dir=source.config_path)
     if source.config_dir is not None:  # after the primary dir, before the structured schemas
         search_path.prepend(provider="command-line", path=f"file://{source.config_dir}", anchor=SearchPathQuery(provider="schema"))
-    Hydra.create_main_hydra2(task_name="launch", config_search_path=search_path)
+    app = Hydra.create_main_hydra2(task_name="launch", config_search_path=search_path)
     try:
-        yield
+        yield app
     finally:
         restore_gh_from_backup(backup)
 
@@ -188,6 +196,22 @@ def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE)
     except MissingConfigException as err:  # the primary config itself (--config-name, --config-path)
         raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
     return jobs
+
+
+def compose_run(app: Any, overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> Any:
+    """The whole config of one run (`hydra` node included, command-line `hydra.*` overrides
+    applied) as Hydra's own run composes it, inside `initialized(source)`; UserError, one line."""
+    from hydra.errors import MissingConfigException
+    from hydra.types import RunMode
+
+    try:
+        return app.compose_config(source.config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+    except MissingConfigException as err:
+        if err.missing_cfg_file == source.config_name or not str(err.missing_cfg_file or "").count("/"):
+            raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
+        raise UserError(explain_composition_error(err, overrides, source)) from None
+    except Exception as err:  # hydra and omegaconf raise many types; all become one line
+        raise UserError(explain_composition_error(err, overrides, source)) from None
 
 
 def sweeper_params(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> dict[str, str]:

@@ -26,7 +26,7 @@ from trainers.config import (
     DataConfig,
     accumulation_steps,
 )
-from trainers.datasets import DataError, DatasetInfo, check_model_input, inspect_hdf5, resolve_data_path
+from trainers.datasets import DataError, DatasetInfo, check_model_input, inspect_known, resolve_data_path
 
 # Control characters (C0, DEL, C1 such as NEL) and Unicode line/paragraph separators: each can
 # end a line for some reader of the sbatch script (Python's splitlines, editors, log viewers).
@@ -211,7 +211,7 @@ def check_data(job: JobConfig) -> DatasetInfo:
 def _inspect_once(path: Path, version: tuple[int, int] | None, *names: str) -> DatasetInfo:
     """inspect_hdf5 once per file version: launch.py checks a job before Hydra makes its run dir
     and again when it runs it, and a sweep's points share their data; every label is read."""
-    return inspect_hdf5(path, DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
+    return inspect_known(path, DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
 
 
 def _file_version(path: Path) -> tuple[int, int] | None:

@@ -98,8 +98,8 @@ def test_write_is_atomic_and_a_read_only_place_only_warns(tmp_path, caplog):
 
 
 def test_the_cache_lives_where_the_environment_says(monkeypatch, tmp_path):
-    monkeypatch.setenv("HPC_TOOLKIT_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("HPCTK_CACHE", str(tmp_path / "c"))
     assert default_cache_dir() == str(tmp_path / "c" / "allreduce")
-    monkeypatch.delenv("HPC_TOOLKIT_CACHE")
+    monkeypatch.delenv("HPCTK_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert default_cache_dir() == str(tmp_path / "x" / "hpc-toolkit" / "allreduce")
