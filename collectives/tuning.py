@@ -33,7 +33,7 @@ import torch
 
 log = logging.getLogger("collectives")
 
-FORMAT = 1  # bump when an algorithm changes: older tables no longer describe it
+FORMAT = 2  # bump when an algorithm changes: older tables no longer describe it
 TUNED_SIZES = tuple(1 << k for k in range(10, 27, 2))  # bytes per rank: 1 KiB, 4 KiB ... 64 MiB
 
 
@@ -151,13 +151,16 @@ def write_table(path: Path, table: TuningTable) -> bool:
 
 
 def iterations_for(nbytes: int) -> int:
-    """Timed iterations per size: more where a scheduler tick can swamp a single call."""
-    return 15 if nbytes <= 1 << 20 else 11 if nbytes <= 16 << 20 else 5
+    """Timed calls per block (two blocks per candidate and size): more where a scheduler tick
+    can swamp a single call."""
+    return 8 if nbytes <= 1 << 20 else 6 if nbytes <= 16 << 20 else 3
 
 
 def measure_table(comm: Any, run: Callable[[torch.Tensor, str], None], candidates: list[str], key: str, sizes: tuple[int, ...] = TUNED_SIZES) -> TuningTable:
-    """Collective: time `run(buffer, algorithm)` for every candidate at every size, interleaved
-    (so drift on a shared machine hits every candidate alike); the slowest rank's median."""
+    """Collective: time `run(buffer, algorithm)` for every candidate at every size; the slowest
+    rank's median. Each candidate runs in blocks of back-to-back calls (the steady state of a
+    training loop, which repeats the same bucket sizes), in two rounds of opposite order, so that
+    drift on a shared machine hits every candidate alike."""
     from mpi4py import MPI
 
     started = time.perf_counter()
@@ -166,14 +169,15 @@ def measure_table(comm: Any, run: Callable[[torch.Tensor, str], None], candidate
         source = torch.full((nbytes // 4,), float(comm.Get_rank() + 1))
         buffer = source.clone()
         samples: dict[str, list[float]] = {name: [] for name in candidates}
-        for iteration in range(1 + iterations_for(nbytes)):  # the first round warms up
-            for name in candidates:
-                buffer.copy_(source)
-                comm.Barrier()
-                begin = time.perf_counter()
-                run(buffer, name)
-                if iteration:
-                    samples[name].append(time.perf_counter() - begin)
+        for order in (candidates, candidates[::-1]):
+            for name in order:
+                for call in range(1 + iterations_for(nbytes)):  # the first call of a block warms up
+                    buffer.copy_(source)
+                    comm.Barrier()
+                    begin = time.perf_counter()
+                    run(buffer, name)
+                    if call:
+                        samples[name].append(time.perf_counter() - begin)
         slowest = torch.tensor([max(statistics.median(samples[name]), 1e-9) for name in candidates], dtype=torch.float64)
         comm.Allreduce(MPI.IN_PLACE, slowest.numpy(), op=MPI.MAX)
         for name, value in zip(candidates, slowest.tolist(), strict=True):
