@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,34 +76,43 @@ def load_tensor_file(path: Path) -> Any:
         raise CheckpointError(f"{path} cannot be loaded safely: {' '.join(str(err).split())[:200]}") from None
 
 
+Deferred = list[tuple[torch.Tensor, torch.Tensor]]  # (host buffer, live tensor) still to copy
+
+
 class HostCopies:
     """Host copies of the state for async saves, kept between saves: after the first one a
-    snapshot is a copy into memory that is already allocated and mapped (no page faults), which
-    is most of what a save costs the training thread. Costs one extra copy of the state in host
-    memory (pinned for CUDA tensors, so the device-to-host copy runs at full speed)."""
+    snapshot is a copy into memory that is already allocated and mapped (no page faults). Costs
+    one extra copy of the state in host memory (pinned for CUDA tensors, so the device-to-host
+    copy runs at full speed)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
 
-    def snapshot(self, obj: Any, key: tuple[Any, ...] = ()) -> Any:
-        """A copy whose tensors training will not touch while a background thread writes them.
-        Only safe to call once the previous save from these buffers has been written."""
-        copy = self._copy(obj, key)
+    def snapshot(self, obj: Any, key: tuple[Any, ...] = (), later: Callable[[torch.Tensor], bool] | None = None) -> tuple[Any, Deferred]:
+        """A copy whose tensors training will not touch while a background thread writes them,
+        and the (host buffer, live tensor) pairs left to copy: the CPU tensors `later` names,
+        which the caller promises not to change until they are copied. Only safe to call
+        once the previous save from these buffers has been written."""
+        deferred: Deferred = []
+        copy = self._copy(obj, key, later, deferred)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking device-to-host copies have landed
-        return copy
+        return copy, deferred
 
-    def _copy(self, obj: Any, key: tuple[Any, ...]) -> Any:
+    def _copy(self, obj: Any, key: tuple[Any, ...], later: Callable[[torch.Tensor], bool] | None, deferred: Deferred) -> Any:
         if isinstance(obj, torch.Tensor):
             buffer = self._buffers.get(key)
             if buffer is None or buffer.shape != obj.shape or buffer.dtype != obj.dtype:
                 buffer = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=obj.is_cuda)
                 self._buffers[key] = buffer
+            if later is not None and not obj.is_cuda and later(obj):
+                deferred.append((buffer, obj.detach()))
+                return buffer
             return buffer.copy_(obj.detach(), non_blocking=obj.is_cuda)
         if isinstance(obj, dict):
-            return {name: self._copy(value, (*key, name)) for name, value in obj.items()}
+            return {name: self._copy(value, (*key, name), later, deferred) for name, value in obj.items()}
         if isinstance(obj, list | tuple):
-            return type(obj)(self._copy(value, (*key, i)) for i, value in enumerate(obj))
+            return type(obj)(self._copy(value, (*key, i), later, deferred) for i, value in enumerate(obj))
         return obj
 
 
@@ -143,6 +153,8 @@ class Checkpointer:
         self.root, self.rank, self.world_size, self.keep = root, rank, world_size, keep
         self._writer: threading.Thread | None = None
         self._host_copies = HostCopies()
+        self._copied = threading.Event()  # the pending save's deferred copies are done
+        self._copied.set()
         self._deleter: threading.Thread | None = None
         self._error: BaseException | None = None
         self.pending_step: int | None = None
@@ -161,17 +173,33 @@ class Checkpointer:
     def tmp_dir(self, step: int) -> Path:
         return self.root / f".tmp-{step_dir_name(step)}"
 
-    def begin_save(self, step: int, shared: dict[str, Any] | None, own: dict[str, Any], asynchronous: bool) -> None:
+    def begin_save(
+        self, step: int, shared: dict[str, Any] | None, own: dict[str, Any], asynchronous: bool, later: Callable[[torch.Tensor], bool] | None = None
+    ) -> None:
         """Write this rank's files for `step` (rank 0 also the shared state). An asynchronous
-        save first copies the state, so training may go on changing the live tensors."""
+        save first copies the state, so training may go on changing the live tensors. The CPU
+        tensors `later` names (parameters and optimizer state: only the optimizer step changes
+        them) are copied by the writer thread instead, while training computes the next step;
+        the caller must pass `fence()` before it changes them."""
         self.wait_written()
+        deferred: Deferred = []
         if asynchronous:
-            shared, own = self._host_copies.snapshot(shared, ("shared",)), self._host_copies.snapshot(own, ("own",))
+            shared, deferred = self._host_copies.snapshot(shared, ("shared",), later)
+            own, _ = self._host_copies.snapshot(own, ("own",))
         tmp = self.tmp_dir(step)
         tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
         self.pending_step = step
+        copied = self._copied = threading.Event()
 
         def write() -> None:
+            try:
+                for buffer, live in deferred:
+                    buffer.copy_(live)
+            except BaseException as err:  # reported on the training thread by wait_written()
+                self._error = err
+                return
+            finally:
+                copied.set()
             try:
                 save_tensor_file(tmp / rank_file(self.rank), own)
                 if shared is not None:
@@ -184,6 +212,15 @@ class Checkpointer:
             self._writer.start()
         else:
             write()
+
+    def fence(self) -> float:
+        """Block until the pending save holds its own copy of every tensor it deferred; seconds
+        waited. Call before the optimizer step that follows an asynchronous save."""
+        if self._copied.is_set():
+            return 0.0
+        started = time.perf_counter()
+        self._copied.wait()
+        return time.perf_counter() - started
 
     def written(self) -> bool:
         """True when this rank's part of the pending save is on disk (or failed)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,6 +211,8 @@ class Loop:
         if finite and self.cfg.trainer.clip_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.clip_grad_norm)
         if finite:
+            if self.coordinator is not None:
+                self.coordinator.fence()  # an asynchronous save still copying what this step changes
             with self.sync.step_context():
                 scaler.step(self.optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
         scaler.update()
@@ -346,9 +349,17 @@ class Loop:
                     lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
                     {"rng": rng_state()},
                     synchronous,
+                    later=self.stepped_tensors(),
                 )
             finally:
                 self.run.stop.phase = before
+
+    def stepped_tensors(self) -> Callable[[torch.Tensor], bool]:
+        """Whether a tensor of the state is a parameter or optimizer state: only the optimizer
+        step changes those (buffers change in forward, and are copied at once)."""
+        live = {p.data_ptr() for p in self.model.parameters()}
+        live |= {t.data_ptr() for state in self.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
+        return lambda tensor: tensor.numel() > 0 and tensor.data_ptr() in live
 
     def close(self) -> None:
         if self.coordinator is not None:

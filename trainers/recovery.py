@@ -39,6 +39,8 @@ def roll_back(
 ) -> Progress:
     """Back to the newest committed checkpoint after too many non-finite steps in a row; the
     data of those steps is skipped from now on (the record travels in every later checkpoint)."""
+    if coordinator is not None:
+        coordinator.fence()  # a pending asynchronous save still copying the weights restore() overwrites
     restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
     agree_on_newest(comm, restored[0] if restored else None)
     if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)

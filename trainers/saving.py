@@ -50,7 +50,9 @@ class SaveCoordinator:
         self.comm.barrier()  # every rank has written its part
         self._commit()
 
-    def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool) -> None:
+    def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool, later: Callable[[Any], bool] | None = None) -> None:
+        """`later`: the tensors only the next optimizer step changes, copied in the background
+        (Checkpointer.begin_save); `fence()` must come before that step."""
         if step == self.last_step:  # e.g. a periodic save on the last step, then the final one:
             self.finish_pending()  # saving the same step twice would race on its directory
             return
@@ -58,10 +60,14 @@ class SaveCoordinator:
         self.last_step = step
         rank0_state = shared() if self.comm.rank == 0 else None
         asynchronous = self.cfg.async_save and not synchronous
-        self.checkpointer.begin_save(step, rank0_state, own, asynchronous)
+        self.checkpointer.begin_save(step, rank0_state, own, asynchronous, later)
         self._last_save_time = time.monotonic()
         if not asynchronous:
             self.finish_pending()
+
+    def fence(self) -> float:
+        """Before the optimizer step: the pending save's own copy of the state is complete."""
+        return self.checkpointer.fence()
 
     def _commit(self) -> None:
         step = self.checkpointer.pending_step

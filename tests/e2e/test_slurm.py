@@ -35,7 +35,11 @@ def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
     assert "resources:\n  nodes: 2\n  tasks_per_node: 2" in (run_dir / "config.yaml").read_text()
     hydra_record = (run_dir / ".hydra" / "hydra.yaml").read_text()  # as Hydra's own run writes it
     assert "  mode: RUN\n" in hydra_record and "- hydra.mode=RUN" in hydra_record and f"output_dir: {run_dir}\n" in hydra_record
-    assert (run_dir / ".hydra" / "overrides.yaml").read_text().splitlines()[:3] == ["- cluster=simulated", "- resources.nodes=2", "- resources.tasks_per_node=2"]
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text().splitlines()[:3] == [
+        "- cluster=simulated",
+        "- resources.nodes=2",
+        "- resources.tasks_per_node=2",
+    ]
     assert len(read_metrics(run_dir / "metrics.jsonl")) == 20
 
     hosts = {}

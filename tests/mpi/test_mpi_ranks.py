@@ -54,7 +54,9 @@ def test_distributed_optimizer_matches_single_process_sgd(ranks):
 
 def test_bench_in_one_launch_runs_every_implementation_and_writes_its_reports(tmp_path):
     out = tmp_path / "bench"
-    result = mpirun(4, "-m", "collectives.bench", "-b", "8", "-e", "1M", "-f", "32", "-w", "1", "-n", "2", "--rounds", "2", "--ranks-per-node", "2", "--out", str(out))
+    result = mpirun(
+        4, "-m", "collectives.bench", "-b", "8", "-e", "1M", "-f", "32", "-w", "1", "-n", "2", "--rounds", "2", "--ranks-per-node", "2", "--out", str(out)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "bench.json").read_text())
     rows = report["summary"]["rows"]
@@ -72,7 +74,9 @@ def run_module(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bench_with_np_gives_each_implementation_a_launch_of_its_own(tmp_path):
     out = tmp_path / "bench"
-    result = run_module("collectives.bench", "--np", "2", "--algos", "auto,mpi", "--rounds", "2", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "2", "--out", str(out))
+    result = run_module(
+        "collectives.bench", "--np", "2", "--algos", "auto,mpi", "--rounds", "2", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-n", "2", "--out", str(out)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "bench.json").read_text())
     launches = report["launches"]

@@ -87,7 +87,16 @@ def test_summary_takes_medians_over_rounds_and_pairs_ratios_by_round():
 
 def test_markdown_has_a_row_per_size_the_bound_and_autos_ratios():
     launches = [launch("auto", 0, (100, 400), memory=((10, 10), (8, 8))), launch("mpi", 0, (150, 400)), launch("gloo", 0, (300, 900))]
-    meta = {"world_size": 2, "hosts": "h", "cpu_count": 2, "date": "d", "command": "c", "rounds": 1, "layout": "one launch per implementation", "not_run": ["horovod"]}
+    meta = {
+        "world_size": 2,
+        "hosts": "h",
+        "cpu_count": 2,
+        "date": "d",
+        "command": "c",
+        "rounds": 1,
+        "layout": "one launch per implementation",
+        "not_run": ["horovod"],
+    }
     text = render_markdown(summarize(launches, 2), meta)
     assert "| size | auto | mpi | gloo | bound (copy, add) |" in text
     assert "| 1 MiB | 10.49 (1.05) | 6.99 (0.70) | 3.50 (0.35) | 10.0 (10.0, 10.0) |" in text

@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 import struct
+import threading
 
 import pytest
 import torch
@@ -151,6 +152,57 @@ def test_async_saves_reuse_host_copies_and_never_see_later_changes(tmp_path):
         step_loaded, shared, _ = ckpt.load_latest()
         assert step_loaded == step and torch.equal(shared["w"], torch.full((1000,), float(step)))
     assert len(ckpt._host_copies._buffers) == 2  # one per tensor, reused by the second save
+
+
+def test_deferred_tensors_are_copied_by_the_writer_and_the_fence_keeps_the_step_out(tmp_path, monkeypatch):
+    """Parameters and optimizer state are copied on the writer thread: begin_save returns before
+    they are copied, buffers are copied at once, and after fence() the live tensors are free."""
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    weight, buffer = torch.full((1000,), 1.0), torch.full((10,), 5.0)
+    release, copy_started = threading.Event(), threading.Event()
+    original_copy = torch.Tensor.copy_
+
+    def slow_copy(self, src, *args, **kwargs):  # the writer's copy waits until the test lets it go
+        if src.data_ptr() == weight.data_ptr():
+            copy_started.set()
+            assert release.wait(10)
+        return original_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", slow_copy)
+    ckpt.begin_save(1, {"w": weight, "running_mean": buffer}, {"rng": torch.tensor([1])}, asynchronous=True, later=lambda t: t.data_ptr() == weight.data_ptr())
+    assert copy_started.wait(10)  # begin_save returned with the weight not yet copied
+    buffer.fill_(-5.0)  # forward changes buffers at once: they were copied before begin_save returned
+    assert not ckpt._copied.is_set()
+    release.set()
+    waited = ckpt.fence()
+    assert waited >= 0.0 and ckpt._copied.is_set()
+    weight.fill_(-1.0)  # the optimizer step, after the fence
+    monkeypatch.undo()
+    ckpt.wait_written()
+    ckpt.commit()
+    _, shared, _ = ckpt.load_latest()
+    assert torch.equal(shared["w"], torch.full((1000,), 1.0)) and torch.equal(shared["running_mean"], torch.full((10,), 5.0))
+    assert ckpt.fence() == 0.0  # nothing pending
+
+
+def test_a_failed_deferred_copy_never_hangs_the_fence_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    save(ckpt, 1, 1.0)
+    weight = torch.zeros(8)
+    original_copy = torch.Tensor.copy_
+
+    def failing(self, src, *args, **kwargs):
+        if src.data_ptr() == weight.data_ptr():
+            raise RuntimeError("out of memory")
+        return original_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", failing)
+    ckpt.begin_save(2, {"w": weight}, {"rng": torch.tensor([2])}, asynchronous=True, later=lambda t: t.data_ptr() == weight.data_ptr())
+    ckpt.fence()  # returns: the writer gave up
+    with pytest.raises(CheckpointError, match="writing the checkpoint failed: out of memory; the previous committed checkpoint is intact"):
+        ckpt.wait_written()
+    monkeypatch.undo()
+    assert ckpt.load_latest()[0] == 1
 
 
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
