@@ -52,7 +52,7 @@ def summarize(launches: list[dict[str, Any]], world: int) -> dict[str, Any]:
             key = (launch["impl"], r["bytes"])
             times.setdefault(key, {})[launch["round"]] = r["time_us"]
             errors[key] = max(errors.get(key, 0.0), r["max_error"])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (impl, nbytes), by_round in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         median_us = statistics.median(by_round.values())
         algbw, busbw = bus_bandwidth(nbytes, median_us / 1e6, world)
@@ -75,12 +75,12 @@ def summarize(launches: list[dict[str, Any]], world: int) -> dict[str, Any]:
             slot = memory.setdefault(m["bytes"], {"copy": [], "add": []})
             slot["copy"].append(m["copy_gbs"])
             slot["add"].append(m["add_gbs"])
-    bound = {}
+    bound: dict[int, dict[str, float]] = {}
     for nbytes, slot in sorted(memory.items()):
         copy, add = statistics.median(slot["copy"]), statistics.median(slot["add"])
         bound[nbytes] = {"copy_gbs": copy, "add_gbs": add, "bound_busbw_gbs": bound_busbw(copy, add)}
     for row in rows:
-        limit = bound.get(row["bytes"], {}).get("bound_busbw_gbs", 0.0)
+        limit = bound[row["bytes"]]["bound_busbw_gbs"] if row["bytes"] in bound else 0.0
         row["of_bound"] = row["busbw_gbs"] / limit if limit else None
     return {"rows": rows, "bound": bound, "auto_ratios": ratios(times, "auto")}
 
