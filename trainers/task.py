@@ -58,7 +58,9 @@ class Task(Protocol):
         the batch the steps take, on `device`."""
 
     def train_step(self, model: nn.Module, batch: Any) -> StepOutput:
-        """Forward on a batch; the toolkit runs backward on `loss` under its precision policy."""
+        """Forward on a batch; the toolkit runs backward on `loss` under its precision policy.
+        Parameters must not change here (only the optimizer step changes them): an asynchronous
+        checkpoint copies them while this step runs."""
 
     def eval_step(self, model: nn.Module, batch: Any) -> StepOutput:
         """Forward without gradients; `sums` become the evaluation metrics."""
