@@ -67,8 +67,12 @@ def sizes_between(begin: int, end: int, factor: int) -> list[int]:
 # --- implementations: each returns fn(buffer) reducing a float32 tensor in place (sum) ---------
 
 
-def make_implementation(name: str, ranks_per_node: int | None, tuning_cache: str | None) -> tuple[Callable[[torch.Tensor], None] | None, dict[str, Any]]:
-    """(fn, notes) for one implementation; fn is None where it cannot run here (notes say why)."""
+Implementation = tuple[Callable[[torch.Tensor], None] | None, dict[str, Any], Callable[[], None]]
+
+
+def make_implementation(name: str, ranks_per_node: int | None, tuning_cache: str | None) -> Implementation:
+    """(fn, notes, close) for one implementation; fn is None where it cannot run here (notes say
+    why). Gloo and Horovod stay initialised for later rounds: close() leaves them be."""
     from mpi4py import MPI
 
     from collectives.mpi import MpiCollectives
@@ -76,7 +80,7 @@ def make_implementation(name: str, ranks_per_node: int | None, tuning_cache: str
     comm = MPI.COMM_WORLD
     if name in ("ring", "rhd", "auto", "hierarchical", "mpi"):
         if name == "hierarchical" and not ranks_per_node:
-            return None, {"skipped": "needs --ranks-per-node"}
+            return None, {"skipped": "needs --ranks-per-node"}, _nothing
         rank = comm.Get_rank()
         node_rank, local_rank = (rank // ranks_per_node, rank % ranks_per_node) if ranks_per_node else (None, None)
         engine = MpiCollectives(comm, name, node_rank, local_rank)
@@ -87,11 +91,15 @@ def make_implementation(name: str, ranks_per_node: int | None, tuning_cache: str
                 from collectives import tuning
 
                 notes = {"tuned_in_s": table.tuned_in_s, "choices": tuning.describe(table, tuning.TUNED_SIZES, engine.candidates())}
-        return functools.partial(engine.allreduce_, op="sum"), notes
+        return functools.partial(engine.allreduce_, op="sum"), notes, engine.close  # its thread and communicators
     if name == "gloo":
-        return _gloo(comm), {}
+        return _gloo(comm), {}, _nothing
     horovod = _horovod()
-    return horovod, {} if horovod else {"skipped": "horovod does not import"}
+    return horovod, {} if horovod else {"skipped": "horovod does not import"}, _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 def _gloo(comm: Any) -> Callable[[torch.Tensor], None]:
@@ -178,21 +186,27 @@ def run_launch(args: argparse.Namespace, names: list[str], round_: int) -> list[
     sizes = sizes_between(args.begin, args.end, args.factor)
     records = []
     for name in names:
-        impl, notes = make_implementation(name, args.ranks_per_node, args.tuning_cache)
+        impl, notes, close = make_implementation(name, args.ranks_per_node, args.tuning_cache)
         record: dict[str, Any] = {"impl": name, "round": round_, "results": [], **notes}
         records.append(record)
         if impl is None:
             continue
-        for nbytes in sizes:
-            seconds, error = measure(comm, impl, nbytes, args.warmup, args.iters)
-            size = max(nbytes // 4, 1) * 4
-            record["results"].append({"bytes": size, "time_us": seconds * 1e6, "max_error": error})
-            if comm.Get_rank() == 0:
-                algbw, busbw = bus_bandwidth(size, seconds, world)
-                print(f"round {round_}  {size:>11d} B  {name:<13s} {seconds * 1e6:>10.1f} us  busbw {busbw:7.3f} GB/s  err {error:.1e}", flush=True)
+        measure_sizes(comm, impl, sizes, args, record, world)
+        close()
     if records:
         records[-1]["memory"] = [{"bytes": max(n // 4, 1) * 4, **measure_memory(comm, n, 2, max(args.iters // 2, 3))} for n in sizes]
     return records
+
+
+def measure_sizes(comm: Any, impl: Callable[[torch.Tensor], None], sizes: list[int], args: argparse.Namespace, record: dict[str, Any], world: int) -> None:
+    name, round_ = record["impl"], record["round"]
+    for nbytes in sizes:
+        seconds, error = measure(comm, impl, nbytes, args.warmup, args.iters)
+        size = max(nbytes // 4, 1) * 4
+        record["results"].append({"bytes": size, "time_us": seconds * 1e6, "max_error": error})
+        if comm.Get_rank() == 0:
+            algbw, busbw = bus_bandwidth(size, seconds, world)
+            print(f"round {round_}  {size:>11d} B  {name:<13s} {seconds * 1e6:>10.1f} us  busbw {busbw:7.3f} GB/s  err {error:.1e}", flush=True)
 
 
 # --- driving: one launch per implementation, interleaved rounds ---------------------------------
