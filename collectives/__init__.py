@@ -86,9 +86,9 @@ def describe(comm: Collectives) -> str:
 
         return f"horovod {horovod.__version__} over {'MPI' if hvd.mpi_enabled() else 'Gloo'}"
     if kind == "MpiCollectives":
-        from mpi4py import MPI
+        from collectives.mpi import mpi_library
 
-        return f"mpi4py {MPI.Get_library_version().split(',')[0].strip()} (the toolkit's engine)"
+        return f"mpi4py {mpi_library()} (the toolkit's engine)"
     return kind
 
 

@@ -331,6 +331,8 @@ def main(argv: list[str]) -> int:
         return 0
     from mpi4py import MPI
 
+    from collectives.mpi import mpi_library
+
     comm = MPI.COMM_WORLD
     if args.ranks_per_node and comm.Get_size() % args.ranks_per_node:
         if comm.Get_rank() == 0:
@@ -347,7 +349,7 @@ def main(argv: list[str]) -> int:
     if args.raw is not None:
         args.raw.write_text(json.dumps(launches))
         return 0
-    write_reports(launches, args, argv, comm.Get_size(), sorted(set(all_hosts or [])), MPI.Get_library_version().split(",")[0].strip())
+    write_reports(launches, args, argv, comm.Get_size(), sorted(set(all_hosts or [])), mpi_library())
     return 0
 
 

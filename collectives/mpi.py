@@ -112,15 +112,14 @@ class MpiCollectives:
         shape, is used instead; a measured one is written to both."""
         if self.world_size == 1:
             return None
-        from mpi4py import MPI
-
         candidates = self.candidates()
         node_of_rank = self._comm.allgather(self._node_rank)
         node_sizes = tuple(Counter(node_of_rank).values()) if None not in node_of_rank else ()
-        key = tuning.tuning_key(tuning.host_type(), self.world_size, node_sizes, MPI.Get_library_version().split(",")[0].strip(), candidates)
+        key = tuning.tuning_key(tuning.host_type(), self.world_size, node_sizes, mpi_library(), candidates)
+        cached = tuning.cache_file(cache_dir, key) if cache_dir else None
         found, where = None, ""
         if self.rank == 0:
-            for source, path in (("pinned to this job", pinned), ("cached", tuning.cache_file(cache_dir, key) if cache_dir else None)):
+            for source, path in (("pinned to this job", pinned), ("cached", cached)):
                 found = tuning.read_table(path, key) if path is not None else None
                 if found is not None:
                     where = f"{source} in {path}"
@@ -131,8 +130,8 @@ class MpiCollectives:
         else:
             self.table = tuning.measure_table(self._comm, self._run_now, candidates, key)
             where = f"measured in {self.table.tuned_in_s:.2f} s"
-            if self.rank == 0 and cache_dir and tuning.write_table(tuning.cache_file(cache_dir, key), self.table):
-                where += f", cached in {tuning.cache_file(cache_dir, key)}"
+            if self.rank == 0 and cached is not None and tuning.write_table(cached, self.table):
+                where += f", cached in {cached}"
         if self.rank == 0 and pinned is not None and not where.startswith("pinned"):
             tuning.write_table(pinned, self.table)
         self.tuned_from = where
@@ -255,6 +254,13 @@ def choose_algorithm(nbytes: int, algorithm: str = "auto", dtype: torch.dtype = 
             return "rhd"
         return "hierarchical" if nodes > 1 else "ring"
     return algorithm
+
+
+def mpi_library() -> str:
+    """The MPI library's name and version ('Open MPI v4.1.4'), as MPI itself reports it."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().split(",")[0].strip()
 
 
 def _flat_view(buffer: torch.Tensor) -> torch.Tensor:

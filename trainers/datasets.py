@@ -149,7 +149,7 @@ def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
         return DatasetInfo(str(path), train_x.shape[0], test_x.shape[0], tuple(train_x.shape[1:]), num_classes)
 
 
-def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:  # noqa: F821
+def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
     """(min, max) of a non-empty label array, read a slice at a time: labels may be large."""
     low, high = None, None
     for start in range(0, labels.shape[0], chunk):
