@@ -23,10 +23,22 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    # None: the built-in handwritten-digits set, converted once to HDF5 in the cache dir.
-    path: str | None = None
+    # None: the built-in handwritten-digits set, converted once to HDF5 in the cache dir. Else
+    # an HDF5 file, a directory of shards, a glob ("/data/in1k/train-*.h5") or a list of these
+    # (python -m trainers.convert writes shards from numpy arrays or a folder of images).
+    path: Any = None
     batch_size: int = 32  # per rank
     eval_batch_size: int = 512
+    # Loader processes per rank (h5py holds a global lock: threads cannot read in parallel).
+    # 0: one prefetch thread in the rank. Batches arrive in the sampler's order either way.
+    workers: int = 0
+    prefetch: int = 2  # batches read ahead of the step, per rank
+    # Augmentation on the training device (task=classify), drawn from each rank's torch RNG,
+    # which checkpoints keep: a random crop of this size after zero padding by crop_padding
+    # (evaluation: the centre crop), and a random horizontal flip.
+    crop: int | None = None
+    crop_padding: int = 0
+    flip: bool = False
     # Datasets the HDF5 file must hold (N x ... inputs, N integer labels).
     train_x: str = "train/x"
     train_y: str = "train/y"

@@ -1,8 +1,14 @@
-"""Reading batches from an HDF5 data set: raw (uint8 stays uint8) on a prefetch thread, decoded
-to float on the training device, so a GPU gets a quarter of the bytes and never waits for the file."""
+"""Reading batches from HDF5 data sets (one file or many shards): raw (uint8 stays uint8), read
+ahead on a thread or on worker processes (trainers.loader), decoded to float on the training
+device, so a GPU gets a quarter of the bytes and never waits for the file.
+
+Rows of a contiguous, uncompressed dataset (what trainers.convert writes) are read with
+`os.preadv` straight into the batch's buffer: no HDF5 call, no global lock, one copy. Chunked or
+compressed datasets are read through h5py."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -31,27 +37,58 @@ class RawBatch:
         return RawBatch(self.x.pin_memory(), self.y.pin_memory(), self.scale)
 
 
-class H5Split:
-    """One split (inputs x, labels y) of an HDF5 file, a map-style data set whose
-    `__getitems__(indices)` reads a whole batch at once; `read(indices)` decodes one."""
+@dataclass(frozen=True)
+class _Shard:
+    path: Path
+    rows: int
+    offset: int | None  # the inputs' byte offset in the file, when they can be read directly
 
-    def __init__(self, path: Path, x_name: str, y_name: str) -> None:
-        self._file = h5py.File(path, "r")
-        self._x = self._file[x_name]
-        self._y = self._file[y_name]
-        self.scale = float(self._x.attrs.get("scale", 1.0 / 255.0 if self._x.dtype == np.uint8 else 1.0))
-        self._cached_x = self._x[:] if self._x.nbytes <= IN_MEMORY_LIMIT_BYTES else None
-        self._cached_y = self._y[:]
+
+class H5Split:
+    """One split (inputs x, labels y) of an HDF5 file or of shards read as one (rows in shard
+    order), a map-style data set whose `__getitems__(indices)` reads a whole batch at once and
+    whose `read_into(indices, out)` fills a buffer the caller owns (the worker processes' shared
+    slots). Files are opened per process, so a forked worker never shares a handle."""
+
+    def __init__(self, files: Path | Sequence[Path], x_name: str, y_name: str) -> None:
+        self.x_name, self.y_name = x_name, y_name
+        shards: list[_Shard] = []
+        labels: list[np.ndarray] = []
+        for path in [files] if isinstance(files, Path) else [Path(f) for f in files]:
+            with h5py.File(path, "r") as f:
+                if x_name not in f:
+                    continue  # a shard of the other split
+                x = f[x_name]
+                if not shards:
+                    self.sample_shape, self.dtype = tuple(x.shape[1:]), np.dtype(x.dtype)
+                    self.scale = float(x.attrs.get("scale", 1.0 / 255.0 if x.dtype == np.uint8 else 1.0))
+                direct = x.chunks is None and x.compression is None and np.dtype(x.dtype).isnative
+                shards.append(_Shard(path, int(x.shape[0]), x.id.get_offset() if direct else None))
+                labels.append(f[y_name][:].astype(np.int64))
+        if not shards:
+            raise FileNotFoundError(f"no file holds {x_name}")
+        self._shards = shards
+        self._starts = np.cumsum([0] + [s.rows for s in shards])
+        self._labels = np.concatenate(labels)
+        self.row_bytes = int(np.prod(self.sample_shape)) * self.dtype.itemsize
+        self._opened: dict[int, tuple[int, list[Any]]] = {}  # pid -> (pid, per-shard fd or h5py dataset)
+        self._in_memory = None
+        if self.row_bytes * len(self) <= IN_MEMORY_LIMIT_BYTES:
+            whole = np.empty((len(self), *self.sample_shape), self.dtype)
+            self.read_into(np.arange(len(self)), whole)
+            self.close()
+            self._in_memory = whole
 
     def __len__(self) -> int:
-        return int(self._y.shape[0])
+        return int(self._starts[-1])
 
     def __getitem__(self, index: int) -> RawBatch:
         return self.__getitems__([index])
 
-    def __getitems__(self, indices: Sequence[int]) -> RawBatch:
-        x, y = self.read_raw(np.asarray(indices, dtype=np.int64))
-        return RawBatch(x, y, self.scale)
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> RawBatch:
+        rows = np.asarray(indices, dtype=np.int64)
+        x = np.empty((len(rows), *self.sample_shape), self.dtype)
+        return RawBatch(torch.from_numpy(x), torch.from_numpy(self.read_into(rows, x)), self.scale)
 
     def read(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch decoded to float32 on the CPU."""
@@ -66,17 +103,72 @@ class H5Split:
 
     def read_raw(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch as stored (uint8 images stay uint8) and its int64 labels, on the CPU."""
-        if self._cached_x is not None:
-            x = self._cached_x[indices]
-        else:
-            # h5py reads fancy indices only in increasing order: sort, read, restore the order.
-            order = np.argsort(indices)
-            x = np.empty((len(indices), *self._x.shape[1:]), dtype=self._x.dtype)
-            x[order] = self._x[indices[order]]
-        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(self._cached_y[indices].astype(np.int64))
+        batch = self.__getitems__(indices)
+        return batch.x, batch.y
+
+    def sample_layout(self) -> tuple[tuple[int, ...], np.dtype]:
+        """One sample's shape and type: what `read_into` writes per index."""
+        return self.sample_shape, self.dtype
+
+    def read_into(self, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows `indices` into out[:len(indices)] (in the order given); returns their labels."""
+        indices = np.asarray(indices, dtype=np.int64)
+        outside = indices[(indices < 0) | (indices >= len(self))]
+        if len(outside):
+            raise IndexError(f"sample index {outside[0]} is outside 0..{len(self) - 1}")
+        if self._in_memory is not None:
+            np.take(self._in_memory, indices, axis=0, out=out[: len(indices)])
+            return self._labels[indices]
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        handles = self._handles()
+        for shard in np.unique(shard_of):
+            at = np.flatnonzero(shard_of == shard)
+            local = indices[at] - self._starts[shard]
+            order = np.argsort(local)  # ascending offsets: the disk and readahead see a forward scan
+            at, local = at[order], local[order]
+            offset, handle = self._shards[shard].offset, handles[shard]
+            if offset is None:  # chunked or compressed: h5py reads increasing indices only
+                out[at] = handle[local]
+                continue
+            for j, row in zip(at.tolist(), local.tolist(), strict=True):
+                if os.preadv(handle, [out[j]], offset + row * self.row_bytes) != self.row_bytes:
+                    raise OSError(f"{self._shards[shard].path}: row {row} of {self.x_name} is cut short (the file was truncated?)")
+        return self._labels[indices]
+
+    def will_need(self, indices: np.ndarray) -> None:
+        """Ask the kernel to start reading these rows now (a worker calls it for the batches it
+        holds next, so a cold cache reads with many requests in flight)."""
+        if self._in_memory is not None:
+            return
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        handles = self._handles()
+        for index, shard in zip(np.asarray(indices).tolist(), shard_of.tolist(), strict=True):
+            offset = self._shards[shard].offset
+            if offset is not None:
+                row = index - int(self._starts[shard])
+                os.posix_fadvise(handles[shard], offset + row * self.row_bytes, self.row_bytes, os.POSIX_FADV_WILLNEED)
+
+    def _handles(self) -> list[Any]:
+        pid = os.getpid()
+        if pid not in self._opened:  # first read in this process (a forked worker opens its own)
+            handles: list[Any] = []
+            for shard in self._shards:
+                if shard.offset is not None:
+                    handles.append(os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC))
+                else:
+                    handles.append(h5py.File(shard.path, "r")[self.x_name])
+            self._opened[pid] = (pid, handles)
+        return self._opened[pid][1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_opened": {}}  # handles stay with the process that opened them
 
     def close(self) -> None:
-        self._file.close()
+        for handle in self._opened.pop(os.getpid(), (0, []))[1]:
+            if isinstance(handle, int):
+                os.close(handle)
+            else:
+                handle.file.close()
 
 
 class Prefetcher:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ class DatasetInfo:
     num_test: int
     input_shape: tuple[int, ...]
     num_classes: int
+    files: tuple[str, ...] = ()  # every shard, in row order (one file: that file)
 
 
 def cache_dir() -> Path:
@@ -75,33 +77,72 @@ def build_digits_hdf5(path: Path, test_fraction: float = 0.2, seed: int = 0) -> 
     return path
 
 
+GLOB_CHARACTERS = "*?["
+SHARD_SUFFIXES = (".h5", ".hdf5")
+
+
 def resolve_data_path(cfg: DataConfig) -> Path:
-    """The absolute path ranks will read; builds the built-in set when no path is given."""
+    """The one file ranks read (the built-in set, built when missing); see resolve_data_files."""
+    return resolve_data_files(cfg)[0]
+
+
+def resolve_data_files(cfg: DataConfig) -> list[Path]:
+    """data.path as the absolute HDF5 files ranks read, in order: one file, a directory (its .h5
+    and .hdf5 files), a glob, or a list of these. A directory's or glob's files are sorted by
+    name, so every rank and every restart sees the same row order."""
     if cfg.path is None:
         path = default_dataset_path()
         if not path.exists():
             build_digits_hdf5(path)
-        return path
-    return Path(cfg.path).expanduser().resolve()
+        return [path]
+    entries = [cfg.path] if isinstance(cfg.path, str | os.PathLike) else cfg.path
+    if not isinstance(entries, list | tuple) or not entries or not all(isinstance(e, str | os.PathLike) for e in entries):
+        raise DataError(f"data.path must be a file, a directory, a glob or a list of these, not {cfg.path!r}")
+    files: list[Path] = []
+    for entry in entries:
+        files += _expand(str(entry))
+    repeated = sorted({str(f) for f in files if files.count(f) > 1})
+    if repeated:
+        raise DataError(f"data.path names {repeated[0]} more than once; list each shard once")
+    return files
 
 
-def inspect_known(path: Path, cfg: DataConfig) -> DatasetInfo:
-    """inspect_hdf5, remembered across processes in the cache dir for this version of the file
+def _expand(entry: str) -> list[Path]:
+    path = Path(entry).expanduser()
+    if any(c in entry for c in GLOB_CHARACTERS):
+        anchor = Path(path.anchor) if path.is_absolute() else Path.cwd()
+        pattern = str(path.relative_to(path.anchor)) if path.is_absolute() else str(path)
+        matched = sorted(p.resolve() for p in anchor.glob(pattern) if p.is_file())
+        if not matched:
+            raise DataError(f"data.path {entry!r} matches no file")
+        return matched
+    if path.is_dir():
+        shards = sorted(p.resolve() for p in path.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file())
+        if not shards:
+            raise DataError(f"data.path {entry!r} is a directory with no .h5 or .hdf5 file in it")
+        return shards
+    return [path.resolve()]
+
+
+def inspect_known(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
+    """inspect_hdf5, remembered across processes in the cache dir for this version of the files
     (path, inode, size, mtime) and these names: launch.py then neither imports h5py nor reads
-    every label again for a data set it checked before. The ranks inspect the file themselves."""
+    every label again for a data set it checked before. The ranks inspect the files themselves."""
+    files = [path] if isinstance(path, Path) else list(path)
     try:
-        stat = path.stat()
+        stats = [(str(f), f.stat()) for f in files]
     except OSError:
-        return inspect_hdf5(path, cfg)  # names the missing file
-    version = [str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y]
+        return inspect_hdf5(files, cfg)  # names the missing file
+    version = [[name, st.st_ino, st.st_size, st.st_mtime_ns] for name, st in stats] + [cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y]
     record = cache_dir() / "checked" / (hashlib.sha256(json.dumps(version).encode()).hexdigest()[:24] + ".json")
     try:
         known = json.loads(record.read_text())
         if known["version"] == version:
-            return DatasetInfo(**{**known["info"], "input_shape": tuple(known["info"]["input_shape"])})
+            info = known["info"]
+            return DatasetInfo(**{**info, "input_shape": tuple(info["input_shape"]), "files": tuple(info["files"])})
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: inspect the file
-    info = inspect_hdf5(path, cfg)
+        pass  # none yet, or unreadable: inspect the files
+    info = inspect_hdf5(files, cfg)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as tmp:
@@ -112,41 +153,74 @@ def inspect_known(path: Path, cfg: DataConfig) -> DatasetInfo:
     return info
 
 
-def inspect_hdf5(path: Path, cfg: DataConfig) -> DatasetInfo:
+def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
+    """Checks one HDF5 file, or shards whose splits are read as one: a split's rows are its
+    dataset's rows in every shard that holds it, in the shards' order (a shard may hold only
+    the train or only the test split)."""
     import h5py
     import numpy as np
 
-    if not path.exists():
-        raise DataError(f"data.path {str(path)!r} does not exist")
-    if not path.is_file() or not h5py.is_hdf5(path):
-        raise DataError(f"data.path {str(path)!r} is not an HDF5 file")
-    with h5py.File(path, "r") as f:
-        missing = [name for name in (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y) if not isinstance(f.get(name), h5py.Dataset)]
-        if missing:
-            raise DataError(f"{path} lacks the dataset(s) {', '.join(missing)} (set data.train_x/... to the names it has)")
-        train_x, train_y, test_x, test_y = (f[name] for name in (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y))
-        for x, y in ((train_x, train_y), (test_x, test_y)):
+    files = [path] if isinstance(path, Path) else list(path)
+    parents = {f.parent for f in files}
+    shown = str(files[0]) if len(files) == 1 else f"{parents.pop() if len(parents) == 1 else files[0].parent} ({len(files)} shards)"
+    names = (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y)
+    splits: dict[str, list[tuple[h5py.Dataset, h5py.Dataset]]] = {cfg.train_x: [], cfg.test_x: []}
+    handles = []
+    try:
+        for file in files:
+            if not file.exists():
+                raise DataError(f"data.path {str(file)!r} does not exist")
+            if not file.is_file() or not h5py.is_hdf5(file):
+                raise DataError(f"data.path {str(file)!r} is not an HDF5 file")
+            f = h5py.File(file, "r")
+            handles.append(f)
+            held = [name for name in names if isinstance(f.get(name), h5py.Dataset)]
+            if len(files) == 1 and len(held) < 4:
+                raise DataError(f"{file} lacks the dataset(s) {', '.join(n for n in names if n not in held)} (set data.train_x/... to the names it has)")
+            if not held:
+                raise DataError(f"{file} holds none of {', '.join(names)} (set data.train_x/... to the names it has)")
+            for x_name, y_name in ((cfg.train_x, cfg.train_y), (cfg.test_x, cfg.test_y)):
+                if (x_name in held) != (y_name in held):
+                    has, lacks = (x_name, y_name) if x_name in held else (y_name, x_name)
+                    raise DataError(f"{file} holds {has} without {lacks}; a shard holds a split's inputs and labels together")
+                if x_name in held:
+                    splits[x_name].append((f[x_name], f[y_name]))
+        for x_name in (cfg.train_x, cfg.test_x):
+            if not splits[x_name]:
+                raise DataError(f"none of the {len(files)} files of data.path holds {x_name} (set data.train_x/... to the names they have)")
+        for x, y in (pair for pairs in splits.values() for pair in pairs):
+            where = f"{x.file.filename}: " if len(files) > 1 else f"{shown}: "
             if x.shape[0] != y.shape[0] or y.ndim != 1:
-                raise DataError(f"{path}: {x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
+                raise DataError(f"{where}{x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
             if not np.issubdtype(y.dtype, np.integer):
-                raise DataError(f"{path}: labels {y.name} must be integers, not {y.dtype}")
+                raise DataError(f"{where}labels {y.name} must be integers, not {y.dtype}")
             if not (np.issubdtype(x.dtype, np.number) and x.ndim >= 2):
-                raise DataError(f"{path}: inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
-        if train_x.shape[1:] != test_x.shape[1:]:
-            raise DataError(f"{path}: train inputs {train_x.shape[1:]} and test inputs {test_x.shape[1:]} differ in shape")
-        if train_x.shape[0] == 0:
-            raise DataError(f"{path}: {cfg.train_x} is empty")
-        ranges = {y.name.lstrip("/"): label_range(y) for y in (train_y, test_y) if y.shape[0]}
-        declared = int(f.attrs.get("num_classes", 0))
-        num_classes = declared or max(high for _, high in ranges.values()) + 1
-        for name, (low, high) in ranges.items():
+                raise DataError(f"{where}inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
+        first = splits[cfg.train_x][0][0]
+        for x, _ in (pair for pairs in splits.values() for pair in pairs):
+            if x.shape[1:] != first.shape[1:]:
+                kind = "train inputs" if x.name.lstrip("/") == cfg.train_x else "test inputs"
+                raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kind} {x.shape[1:]} in {x.file.filename} differ in shape")
+            if x.dtype != first.dtype:
+                raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
+        num_train, num_test = (sum(x.shape[0] for x, _ in splits[name]) for name in (cfg.train_x, cfg.test_x))
+        if num_train == 0:
+            raise DataError(f"{shown}: {cfg.train_x} is empty")
+        labels = [y for pairs in splits.values() for _, y in pairs if y.shape[0]]
+        ranges = [(f"{y.file.filename}:{y.name.lstrip('/')}" if len(files) > 1 else y.name.lstrip("/"), label_range(y)) for y in labels]
+        declared = max(int(f.attrs.get("num_classes", 0)) for f in handles)
+        num_classes = declared or max(high for _, (_, high) in ranges) + 1
+        for name, (low, high) in ranges:
             if low < 0 or high >= num_classes:
                 where = "the file's num_classes attribute" if declared else "max label + 1"
                 raise DataError(
-                    f"{path}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
+                    f"{shown}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
                     f"({where}); store labels 0..num_classes-1"
                 )
-        return DatasetInfo(str(path), train_x.shape[0], test_x.shape[0], tuple(train_x.shape[1:]), num_classes)
+        return DatasetInfo(shown, num_train, num_test, tuple(first.shape[1:]), num_classes, tuple(str(f) for f in files))
+    finally:
+        for f in handles:
+            f.close()
 
 
 def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
@@ -163,6 +237,23 @@ def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:
 # Models that read images N x C x H x W (trainers.models); mlp flattens any N x ... input.
 IMAGE_MODELS = ("cnn", "resnet50")
 CHANNEL_COUNTS = (1, 3, 4)  # grey, RGB, RGBA: a small last axis after a larger one is channels-last
+
+
+def augmented_shape(cfg: DataConfig, info: DatasetInfo) -> tuple[int, ...]:
+    """The model's input shape once data.crop has cut the images; a crop or flip the inputs
+    cannot take is refused (torch-free, from shapes)."""
+    if cfg.crop is None and not cfg.flip:
+        return info.input_shape
+    shape = " x ".join(["N", *map(str, info.input_shape)])
+    if len(info.input_shape) != 3:
+        raise DataError(f"{info.path}: data.crop and data.flip take images N x C x H x W, but the inputs are {shape}")
+    if cfg.crop is None:
+        return info.input_shape
+    channels, height, width = info.input_shape
+    largest = min(height, width) + 2 * cfg.crop_padding
+    if cfg.crop > largest:
+        raise DataError(f"{info.path}: data.crop={cfg.crop} is larger than the {height} x {width} images padded by {cfg.crop_padding}; crop at most {largest}")
+    return (channels, cfg.crop, cfg.crop)
 
 
 def check_model_input(model: str, info: DatasetInfo, x_name: str = "train/x") -> None:

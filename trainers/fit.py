@@ -14,7 +14,7 @@ from trainers.tasks import build_task
 
 
 def fit(
-    cfg: FitConfig, comm: Collectives, data_path: Path | None, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None
+    cfg: FitConfig, comm: Collectives, data_path: Path | list[Path] | None, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None
 ) -> FitResult:
     """Train `task` (by default the built-in classification of the HDF5 file at `data_path`)."""
     if task is None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +22,7 @@ from trainers.config import CLASSIFY_TASK, accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
+from trainers.loader import Pass, WorkerLoader
 from trainers.metrics import MetricsWriter
 from trainers.optim import build_optimizer, build_schedule
 from trainers.recompute import recompute_in_backward
@@ -122,6 +124,7 @@ class Loop:
     watch: StragglerWatch
     autocast_dtype: torch.dtype | None = None
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
+    loader: WorkerLoader | None = None  # data.workers > 0: the processes reading batches
 
     @property
     def device(self) -> torch.device:
@@ -138,11 +141,7 @@ class Loop:
         self.optimizer.zero_grad()  # set_to_none by default (Horovod's wrapper takes no arguments)
         skip_past(progress)  # data of rolled-back steps is never trained on again
         ended = PassEnd()
-        batches = Prefetcher(
-            lambda indices: read_items(self.train, indices),
-            self.sampler.batches(progress.epoch, start=progress.position),
-            pin=pin if self.device.type == "cuda" else None,
-        )
+        batches = self.batches(self.sampler.batches(progress.epoch, start=progress.position))
         step = LocalStep(batches.wait_s)
         try:
             for micro, items in enumerate(batches, start=1):
@@ -158,6 +157,17 @@ class Loop:
         ended.data_wait_s += batches.wait_s
         self.progress.epoch_seconds += time.perf_counter() - started
         return ended
+
+    def batches(self, indices: Iterator[np.ndarray]) -> Prefetcher | Pass:
+        """The pass's batches read ahead: on worker processes (data.workers), started at the first
+        pass and kept for the run, or on a thread."""
+        page_locked = pin if self.device.type == "cuda" else None
+        data = self.cfg.data
+        if data.workers == 0:
+            return Prefetcher(lambda rows: read_items(self.train, rows), indices, depth=data.prefetch, pin=page_locked)
+        if self.loader is None:
+            self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch)
+        return self.loader.epoch(indices, pin=page_locked)
 
     def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:
         batch = self.task.batch(items, self.device)
@@ -362,6 +372,8 @@ class Loop:
         return lambda tensor: tensor.numel() > 0 and tensor.data_ptr() in live
 
     def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
         if self.coordinator is not None:
             self.coordinator.checkpointer.wait_pruned()
         for data in (self.train, self.test):

@@ -26,7 +26,7 @@ from trainers.config import (
     DataConfig,
     accumulation_steps,
 )
-from trainers.datasets import DataError, DatasetInfo, check_model_input, inspect_known, resolve_data_path
+from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
 
 # Control characters (C0, DEL, C1 such as NEL) and Unicode line/paragraph separators: each can
 # end a line for some reader of the sbatch script (Python's splitlines, editors, log viewers).
@@ -132,6 +132,7 @@ def check_training(job: JobConfig) -> None:
     for name, number in positive.items():
         if number < 1:
             raise UserError(f"{name}={number} must be >= 1")
+    check_loading(job.data)
     comm = job.comm
     for key, value, allowed in (("comm.algorithm", comm.algorithm, ALGORITHMS), ("comm.compression", comm.compression, COMPRESSIONS)):
         if value not in allowed:
@@ -169,6 +170,15 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
 
 
+def check_loading(data: DataConfig) -> None:
+    if data.workers < 0 or data.prefetch < 1:
+        raise UserError(f"data.workers={data.workers} must be >= 0 (0: a thread in the rank) and data.prefetch={data.prefetch} >= 1")
+    if data.crop is not None and data.crop < 1 or data.crop_padding < 0:
+        raise UserError(f"data.crop={data.crop} must be >= 1 (or null for none) and data.crop_padding={data.crop_padding} >= 0")
+    if data.crop_padding and data.crop is None:
+        raise UserError(f"data.crop_padding={data.crop_padding} pads for a random crop: set data.crop too (e.g. the image size)")
+
+
 def check_backend(job: JobConfig) -> None:
     """A backend that cannot start is refused here, naming the fix, before any rank starts."""
     comm = job.comm
@@ -196,9 +206,10 @@ def check_backend(job: JobConfig) -> None:
 
 def check_data(job: JobConfig) -> DatasetInfo:
     try:
-        path = resolve_data_path(job.data)
-        info = _inspect_once(path, _file_version(path), job.data.train_x, job.data.train_y, job.data.test_x, job.data.test_y)
+        files = tuple(resolve_data_files(job.data))
+        info = _inspect_once(files, tuple(_file_version(f) for f in files), job.data.train_x, job.data.train_y, job.data.test_x, job.data.test_y)
         check_model_input(job.model.name, info, job.data.train_x)
+        augmented_shape(job.data, info)
     except DataError as err:
         raise UserError(str(err)) from None
     world = job.resources.nodes * job.resources.tasks_per_node
@@ -208,10 +219,10 @@ def check_data(job: JobConfig) -> DatasetInfo:
 
 
 @functools.lru_cache(maxsize=8)
-def _inspect_once(path: Path, version: tuple[int, int] | None, *names: str) -> DatasetInfo:
+def _inspect_once(files: tuple[Path, ...], version: tuple[tuple[int, int] | None, ...], *names: str) -> DatasetInfo:
     """inspect_hdf5 once per file version: launch.py checks a job before Hydra makes its run dir
     and again when it runs it, and a sweep's points share their data; every label is read."""
-    return inspect_known(path, DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
+    return inspect_known(list(files), DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
 
 
 def _file_version(path: Path) -> tuple[int, int] | None:

@@ -190,7 +190,8 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         watchdog=watchdog,
         milestones=Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if rank.is_main else None),
     )
-    data_path = Path(job.data.path) if job.data.path else None  # launch.py pins the built-in task's file
+    # launch.py pins the built-in task's files: one path, or the list of shards a glob matched
+    data_path = [Path(p) for p in job.data.path] if isinstance(job.data.path, list | tuple) else Path(job.data.path) if job.data.path else None
     task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
     return fit(fit_cfg, comm, data_path, MetricsWriter(run_dir.metrics if rank.is_main else None), context, task)
 

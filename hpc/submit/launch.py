@@ -43,7 +43,8 @@ def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
     """The built-in tasks' input files, made absolute (and the embedded ones built, once, here
     rather than by every rank at once): classify's data.path, lm's task.tokens."""
     if info is not None:
-        job = replace(job, data=replace(job.data, path=str(Path(info.path))))
+        files = info.files or (info.path,)  # a glob or a directory pinned to the shards it matched now
+        job = replace(job, data=replace(job.data, path=str(Path(files[0])) if len(files) == 1 else [str(Path(f)) for f in files]))
     if task_target(job) == LM_TASK:
         from trainers.tokens import TokenDataError, resolve_token_path
 

@@ -7,7 +7,10 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
@@ -24,6 +27,8 @@ from tests.support.runs import (
     step_losses,
     wait_for_run,
 )
+from trainers.convert import main as convert
+from trainers.datasets import build_digits_hdf5
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -39,12 +44,29 @@ USER_JOB = [
     "trainer.epochs=4",
     "checkpoint.every_steps=7",
     "checkpoint.every_minutes=null",
+    "data.workers=2",  # its items are pickled back from worker processes
 ]
 
 
-@pytest.mark.parametrize("job", [JOB, USER_JOB], ids=["builtin", "user-task"])
+# The built-in job on shards the converter wrote, read by worker processes, cropped and flipped
+SHARDED_JOB = [*JOB, "data.workers=2", "data.crop=8", "data.crop_padding=1", "data.flip=true"]
+
+
+def digits_shards(directory: Path) -> str:
+    """The built-in digits as numpy arrays, converted to small shards (several per split)."""
+    with h5py.File(build_digits_hdf5(directory / "digits.h5")) as f:
+        for name in ("train/x", "train/y", "test/x", "test/y"):
+            np.save(directory / (name.replace("/", "_") + ".npy"), f[name][:])
+    arrays = [f"--{flag}={directory / name}.npy" for flag, name in (("x", "train_x"), ("y", "train_y"), ("test-x", "test_x"), ("test-y", "test_y"))]
+    assert convert(["numpy", *arrays, "--scale", str(1 / 16), "--shard-mb", "0.03", f"--out={directory / 'shards'}"]) == 0
+    return str(directory / "shards" / "*.h5")
+
+
+@pytest.mark.parametrize("job", [JOB, USER_JOB, SHARDED_JOB], ids=["builtin", "user-task-workers", "sharded-workers-augmented"])
 def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     env = fixtures_env()
+    if job is SHARDED_JOB:
+        job = [*job, f"data.path={digits_shards(tmp_path)}"]
     (tmp_path / "a").mkdir()
     reference = run_launch(*job, cwd=tmp_path / "a", env=env)
     assert reference.returncode == 0, reference.stderr

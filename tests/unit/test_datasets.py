@@ -64,3 +64,73 @@ def test_missing_datasets_are_named(tmp_path):
 def test_wrong_shapes_or_dtypes_are_refused(tmp_path, datasets, message):
     with pytest.raises(DataError, match=message):
         inspect_hdf5(write(tmp_path / "bad.h5", **datasets), DataConfig())
+
+
+def shard(path, **datasets):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write(path, **datasets)
+
+
+def test_shards_read_as_one_split_in_order_through_h5py_when_chunked(tmp_path, monkeypatch):
+    from trainers import data as data_module
+
+    monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 4)).astype(np.float32), np.arange(50) % 5
+    a = tmp_path / "a.h5"
+    with h5py.File(a, "w") as f:  # chunked and compressed: read by h5py
+        f.create_dataset("train/x", data=x[:20], chunks=(4, 4), compression="gzip")
+        f["train/y"] = y[:20]
+    b = shard(tmp_path / "b.h5", train__x=x[20:], train__y=y[20:])  # contiguous: read by pread
+    c = shard(tmp_path / "c.h5", test__x=x[:3], test__y=y[:3])
+    info = inspect_hdf5([a, b, c], DataConfig())
+    assert (info.num_train, info.num_test, info.num_classes, info.files) == (50, 3, 5, (str(a), str(b), str(c)))
+    split = H5Split([a, b, c], "train/x", "train/y")
+    picks = np.array([49, 0, 19, 20, 7, 33])
+    batch = split.__getitems__(picks)
+    assert np.array_equal(batch.x.numpy(), x[picks]) and batch.y.tolist() == y[picks].tolist()
+    split.close()
+
+
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (dict(train__x=np.zeros((4, 3), np.float32), train__y=np.zeros(4, int)), "inputs are float64 in .* but float32"),
+        (dict(train__x=np.zeros((4, 5)), train__y=np.zeros(4, int)), "differ in shape"),
+        (dict(train__x=np.zeros((4, 3))), "holds train/x without train/y"),
+        (dict(other=np.zeros(3)), "holds none of train/x"),
+    ],
+)
+def test_shards_that_do_not_fit_together_are_refused(tmp_path, second, message):
+    first = shard(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int), test__x=np.zeros((2, 3)), test__y=np.zeros(2, int))
+    with pytest.raises(DataError, match=message):
+        inspect_hdf5([first, shard(tmp_path / "b.h5", **second)], DataConfig())
+
+
+def test_a_split_no_shard_holds_is_named(tmp_path):
+    a = shard(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
+    b = shard(tmp_path / "b.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
+    with pytest.raises(DataError, match="none of the 2 files of data.path holds test/x"):
+        inspect_hdf5([a, b], DataConfig())
+
+
+def test_data_path_takes_a_directory_a_glob_or_a_list(tmp_path, monkeypatch):
+    from trainers.datasets import resolve_data_files
+
+    for name in ("b-1.h5", "a-2.hdf5", "b-0.h5"):
+        shard(tmp_path / "d" / name, train__x=np.zeros((2, 3)), train__y=np.zeros(2, int))
+    (tmp_path / "d" / "notes.txt").write_text("x")
+    d = tmp_path / "d"
+    assert [p.name for p in resolve_data_files(DataConfig(path=str(d)))] == ["a-2.hdf5", "b-0.h5", "b-1.h5"]
+    assert [p.name for p in resolve_data_files(DataConfig(path=str(d / "b-*.h5")))] == ["b-0.h5", "b-1.h5"]
+    monkeypatch.chdir(tmp_path)
+    listed = resolve_data_files(DataConfig(path=["d/b-1.h5", "d/a-*"]))
+    assert listed == [d / "b-1.h5", d / "a-2.hdf5"] and all(p.is_absolute() for p in listed)
+    for path, message in (
+        ("d/z-*.h5", "matches no file"),
+        (str(tmp_path), "no .h5 or .hdf5 file"),
+        (["d/b-0.h5", "d/b-*"], "more than once"),
+        (7, "must be a file"),
+    ):
+        with pytest.raises(DataError, match=message):
+            resolve_data_files(DataConfig(path=path))

@@ -76,3 +76,17 @@ def test_two_ranks_with_half_the_batch_train_as_one_rank_with_all_of_it(tmp_path
     assert losses_two == pytest.approx(losses_one, abs=1e-5)
     assert two[0].test_accuracy == pytest.approx(one[0].test_accuracy, abs=1e-6)
     assert len({round(loss, 3) for loss in losses_two.values()}) == steps  # training moves: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("augment", [{}, {"crop": 8, "crop_padding": 1, "flip": True}], ids=["plain", "crop-flip"])
+def test_worker_processes_train_exactly_as_the_prefetch_thread(tmp_path, augment):
+    """The same batches in the same order: bit-identical results with data read on 2 worker
+    processes or on the rank's thread, with and without augmentation on the device."""
+    results = []
+    for workers in (0, 2):
+        cfg = fit_config(8, batch_size=256)  # 5 steps per epoch: the workers serve two passes
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, workers=workers, **augment), trainer=dataclasses.replace(cfg.trainer, epochs=2))
+        run = RunContext(checkpoint_dir=tmp_path / f"w{workers}" / "checkpoints")
+        results.append(fit(cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(None), run))
+    assert results[0].steps == results[1].steps == 8
+    assert (results[0].loss, results[0].test_accuracy) == (results[1].loss, results[1].test_accuracy)

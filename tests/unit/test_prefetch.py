@@ -39,5 +39,5 @@ def test_closing_early_stops_the_thread_and_errors_reach_the_reader(split):
     next(iter(prefetcher))
     prefetcher.close()
     assert not any(t.name == "h5-prefetch" and t.is_alive() for t in threading.enumerate())
-    with pytest.raises(IndexError, match="index 400 is out of bounds"):
+    with pytest.raises(IndexError, match="index 400 is outside 0..39"):
         list(Prefetcher(split.__getitems__, [np.array([400])]))

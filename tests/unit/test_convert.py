@@ -1,0 +1,120 @@
+"""The converters write shards the data sets read back exactly, atomically, from numpy arrays
+(never unpickled) and from folders of images (decoded once to uint8)."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+
+from trainers import data as data_module
+from trainers.config import DataConfig
+from trainers.convert import main
+from trainers.data import H5Split
+from trainers.datasets import inspect_hdf5, resolve_data_files
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (1000, 3, 6, 6), dtype=np.uint8), rng.integers(0, 7, 1000)
+    tx, ty = rng.integers(0, 256, (90, 3, 6, 6), dtype=np.uint8), rng.integers(0, 7, 90)
+    for name, value in (("x", x), ("y", y), ("tx", tx), ("ty", ty)):
+        np.save(tmp_path / f"{name}.npy", value)
+    return tmp_path, x, y, tx, ty
+
+
+def test_numpy_arrays_become_shards_read_back_exactly(arrays, monkeypatch, capsys):
+    monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)  # read each row from its shard
+    d, x, y, tx, ty = arrays
+    out = d / "shards"
+    args = ["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy")]
+    assert main([*args, "--out", str(out), "--shard-mb", "0.03"]) == 0
+    assert f"data.path={out}" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir())
+    assert names[0] == "test-00000.h5" and names[-1] == "train-00003.h5" and len(names) == 5  # 108 B rows, ~291 per shard
+    with h5py.File(out / "train-00000.h5") as f:
+        assert f["train/x"].chunks is None and f["train/x"].compression is None  # rows can be read directly
+    files = resolve_data_files(DataConfig(path=str(out)))
+    info = inspect_hdf5(files, DataConfig())
+    assert (info.num_train, info.num_test, info.input_shape, info.num_classes) == (1000, 90, (3, 6, 6), int(max(y.max(), ty.max())) + 1)
+    train = H5Split(files, "train/x", "train/y")
+    picks = np.array([999, 0, 290, 291, 582, 5])
+    batch = train.__getitems__(picks)
+    assert np.array_equal(batch.x.numpy(), x[picks]) and batch.y.tolist() == y[picks].tolist()
+    test = H5Split(files, "test/x", "test/y")
+    assert np.array_equal(test.__getitems__(np.arange(90)).x.numpy(), tx)
+    train.close()
+    test.close()
+
+
+def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
+    d, *_ = arrays
+    np.save(d / "objects.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    np.save(d / "floats.npy", np.zeros(1000))
+    cases = [
+        (["--x", str(d / "objects.npy"), "--y", str(d / "y.npy")], "is not a plain .npy array"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "floats.npy")], "labels must be a 1-D integer array"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "ty.npy")], "has 1000 rows but"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy")], "give --test-x and --test-y together"),
+        (["--x", str(d / "missing.npy"), "--y", str(d / "y.npy")], "does not exist"),
+    ]
+    for args, message in cases:
+        assert main(["numpy", *args, "--out", str(d / "out")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+        assert not (d / "out").exists() and not list(d.glob(".out.*"))
+    (d / "taken").mkdir()
+    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--out", str(d / "taken")]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_an_interrupted_conversion_leaves_nothing(arrays, monkeypatch):
+    d, *_ = arrays
+    from trainers import convert
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert, "_write_split", fail)
+    with pytest.raises(KeyboardInterrupt):
+        main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--out", str(d / "out")])
+    assert sorted(p.name for p in d.iterdir()) == ["tx.npy", "ty.npy", "x.npy", "y.npy"]
+
+
+def image_folder(root, sizes):
+    rng = np.random.default_rng(1)
+    for label, name in enumerate(("cat", "dog", "eel")):
+        (root / name).mkdir(parents=True)
+        for i, (h, w) in enumerate(sizes):
+            pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            pixels[..., 0] = 40 * label  # the class is visible in the red channel
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    return root
+
+
+def test_an_image_folder_is_decoded_once_to_uint8_shards(tmp_path):
+    folder = image_folder(tmp_path / "images", [(20, 30), (33, 17), (16, 16), (40, 40)])
+    (folder / "cat" / "notes.txt").write_text("not an image")  # skipped: not an image suffix
+    out = tmp_path / "shards"
+    assert main(["images", str(folder), "--size", "16", "--test-fraction", "0.25", "--workers", "2", "--out", str(out)]) == 0
+    files = resolve_data_files(DataConfig(path=str(out / "*.h5")))
+    info = inspect_hdf5(files, DataConfig())
+    assert (info.num_train, info.num_test, info.input_shape, info.num_classes) == (9, 3, (3, 16, 16), 3)
+    with h5py.File(files[-1]) as f:
+        assert json.loads(f.attrs["classes"]) == ["cat", "dog", "eel"]
+        x, y = f["train/x"][:], f["train/y"][:]
+        assert x.dtype == np.uint8 and f["train/x"].attrs["scale"] == pytest.approx(1 / 255)
+    assert np.array_equal(x[:, 0].reshape(len(y), -1).max(axis=1), 40 * y)  # labels follow the folders
+
+
+def test_an_undecodable_image_is_named(tmp_path, capsys):
+    folder = image_folder(tmp_path / "images", [(8, 8)])
+    (folder / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    assert main(["images", str(folder), "--size", "8", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "broken.jpg cannot be decoded as an image" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

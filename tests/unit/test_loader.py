@@ -1,0 +1,201 @@
+"""Worker processes reading batches: the sampler's exact order whatever the worker count, the
+shared-slot path and the pickled path (a user's data set), passes closed early, and workers
+that fail, die or outlive their rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from trainers import data as data_module
+from trainers.data import H5Split
+from trainers.loader import DataWorkerError, WorkerLoader
+from trainers.sampler import ShardSampler
+
+ROWS = 300
+
+
+@pytest.fixture(params=["direct", "in-memory"])
+def shards(request, tmp_path, monkeypatch):
+    """Three shards of one split; 'direct' reads rows with pread, 'in-memory' keeps them."""
+    if request.param == "direct":
+        monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (ROWS, 3, 5, 5), dtype=np.uint8)
+    y = rng.integers(0, 10, ROWS)
+    paths = []
+    for i, (lo, hi) in enumerate([(0, 100), (100, 220), (220, ROWS)]):
+        paths.append(tmp_path / f"train-{i}.h5")
+        with h5py.File(paths[-1], "w") as f:
+            f["train/x"], f["train/y"] = x[lo:hi], y[lo:hi]
+    split = H5Split(paths, "train/x", "train/y")
+    yield split, x, y
+    split.close()
+
+
+def expected(x, y, sampler, epoch, start=0):
+    return [(x[i], y[i]) for i in sampler.batches(epoch, start)]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_batches_arrive_in_the_samplers_order_pass_after_pass(shards, workers):
+    split, x, y = shards
+    sampler = ShardSampler(ROWS, 16, rank=1, world_size=2, seed=3)
+    loader = WorkerLoader(split, workers, batch_size=16, prefetch=2)
+    try:
+        for epoch, start in ((0, 0), (1, 64), (2, 0)):  # the second pass resumes mid-epoch
+            batches = loader.epoch(sampler.batches(epoch, start))
+            got = [(b.x.numpy().copy(), b.y.numpy().copy(), b.scale) for b in batches]
+            batches.close()
+            want = expected(x, y, sampler, epoch, start)
+            assert len(got) == len(want) > 0
+            for (gx, gy, scale), (wx, wy) in zip(got, want, strict=True):
+                assert np.array_equal(gx, wx) and np.array_equal(gy, wy) and scale == pytest.approx(1 / 255)
+    finally:
+        loader.close()
+
+
+def test_a_batch_stays_valid_while_the_next_is_used(shards):
+    split, x, _ = shards
+    sampler = ShardSampler(ROWS, 8, 0, 1, seed=0)
+    loader = WorkerLoader(split, 2, batch_size=8, prefetch=2)
+    try:
+        batches = iter(loader.epoch(sampler.batches(0)))
+        previous = next(batches)
+        for indices in list(sampler.batches(0))[1:]:
+            current = next(batches)
+            assert np.array_equal(current.x.numpy(), x[indices])
+            assert previous.x.shape == current.x.shape  # its slot has not been refilled yet
+            previous = current
+    finally:
+        loader.close()
+
+
+def test_a_pass_closed_early_leaves_the_next_pass_exact(shards):
+    split, x, y = shards
+    sampler = ShardSampler(ROWS, 10, 0, 1, seed=1)
+    loader = WorkerLoader(split, 2, batch_size=10, prefetch=3)
+    try:
+        cut = loader.epoch(sampler.batches(0))
+        next(iter(cut))  # the stop vote ends the pass with batches still being read
+        cut.close()
+        again = loader.epoch(sampler.batches(0, start=10))
+        assert [b.y.tolist() for b in again] == [y[i].tolist() for i in sampler.batches(0, start=10)]
+        again.close()
+    finally:
+        loader.close()
+    assert all(not p.is_alive() for p in loader._processes)
+
+
+class Pairs:
+    """A user's data set: items are (tensor, dict) pairs, read one at a time."""
+
+    def __init__(self, n: int) -> None:
+        self.values = torch.arange(n, dtype=torch.float32) * 0.5
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, int]]:
+        if index == 13:
+            raise KeyError("sample 13 is missing")
+        return self.values[index : index + 1].clone(), {"index": index, "pid": os.getpid()}
+
+
+def test_a_users_data_set_is_read_on_the_workers_in_order():
+    sampler = ShardSampler(12, 4, 0, 1, seed=2)
+    loader = WorkerLoader(Pairs(12), 2, batch_size=4)
+    try:
+        items = list(loader.epoch(sampler.batches(0)))
+    finally:
+        loader.close()
+    assert [[meta["index"] for _, meta in batch] for batch in items] == [b.tolist() for b in sampler.batches(0)]
+    assert all(float(t) == 0.5 * meta["index"] for batch in items for t, meta in batch)
+    assert os.getpid() not in {meta["pid"] for batch in items for _, meta in batch}  # read elsewhere
+
+
+def test_an_error_in_a_worker_reaches_the_rank_with_its_batch():
+    loader = WorkerLoader(Pairs(16), 2, batch_size=4)
+    try:
+        with pytest.raises(DataWorkerError, match=r"batch 3: KeyError: 'sample 13 is missing'"):
+            list(loader.epoch(iter([np.arange(0, 4), np.arange(4, 8), np.arange(8, 12), np.arange(12, 16)])))
+    finally:
+        loader.close()
+
+
+def test_a_killed_worker_is_named_instead_of_a_hang(shards):
+    split, _, _ = shards
+    loader = WorkerLoader(split, 2, batch_size=4)
+    try:
+        os.kill(loader._processes[1].pid, signal.SIGKILL)
+        loader._processes[1].join(timeout=10)
+        with pytest.raises(DataWorkerError, match="data worker 1 died \\(killed by SIGKILL, often the out-of-memory killer\\)"):
+            list(loader.epoch(iter([np.arange(4)] * 6)))
+    finally:
+        loader.close()
+
+
+def test_workers_leave_stop_signals_to_their_rank():
+    """Slurm signals every process of a step; the rank decides when to stop, its workers read on."""
+    sampler = ShardSampler(12, 4, 0, 1, seed=2)
+    loader = WorkerLoader(Pairs(12), 2, batch_size=4)
+    try:
+        for pid in (p.pid for p in loader._processes):
+            for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+                os.kill(pid, stop)
+        for epoch in range(2):
+            assert len(list(loader.epoch(sampler.batches(epoch)))) == 3
+        assert all(p.is_alive() for p in loader._processes)
+    finally:
+        loader.close()
+
+
+def test_workers_end_with_their_rank(tmp_path):
+    """A rank killed outright (the watchdog, the OOM killer) takes its workers with it."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            from tests.unit.test_loader import Pairs
+            from trainers.loader import WorkerLoader
+            loader = WorkerLoader(Pairs(8), 2, batch_size=2)
+            print(" ".join(str(p.pid) for p in loader._processes), flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        pids = [int(p) for p in rank.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        rank.kill()
+        rank.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        rank.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_loader_needs_a_worker(shards):
+    with pytest.raises(ValueError, match="workers >= 1"):
+        WorkerLoader(shards[0], 0, batch_size=4)
