@@ -124,8 +124,8 @@ class Pass:
     def __init__(self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, pin: Callable[[Any], Any] | None) -> None:
         self._loader, self._batches, self._number = loader, batches, number
         self._free = collections.deque(range(loader.in_flight + HELD)) if loader._slots is not None else None
-        self._held: collections.deque[int] = collections.deque()
-        self._ready: dict[int, Any] = {}
+        self._held: collections.deque[int] = collections.deque()  # slots of delivered batches, oldest first
+        self._ready: dict[int, tuple[Any, int | None]] = {}  # received out of order: batch -> (items, slot)
         self._sent = self._delivered = 0
         self._exhausted = False
         self._own_wait_s = 0.0
@@ -150,15 +150,17 @@ class Pass:
                 for worker in loader._wait():
                     self._receive(worker)
             self._own_wait_s += time.perf_counter() - started
-            result = self._ready.pop(self._delivered)
+            result, slot = self._ready.pop(self._delivered)
             self._delivered += 1
+            if slot is not None:
+                self._held.append(slot)
             yield result
 
     def _submit(self) -> None:
         loader = self._loader
         while not self._exhausted and self._sent - self._delivered < loader.in_flight:
             if self._free is not None:
-                while len(self._held) >= HELD:  # the rank is done with the batch before the last two
+                while len(self._held) >= HELD:  # the rank asks for batch k: batch k-2's slot is free
                     self._free.append(self._held.popleft())
             indices = next(self._batches, None)
             if indices is None:
@@ -178,10 +180,9 @@ class Pass:
             return
         if slot is not None:
             slots, (labels, scale) = self._loader._slots, payload
-            assert slots is not None and self._free is not None
-            self._held.append(slot)
+            assert slots is not None
             payload = RawBatch(slots[slot, : len(labels)], torch.from_numpy(labels), scale)
-        self._ready[k] = payload
+        self._ready[k] = (payload, slot)
 
     def close(self) -> None:
         """Stop early (a stop signal, the end of a run): the batches still being read are
