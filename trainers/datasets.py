@@ -1,7 +1,8 @@
-"""HDF5 data sets on disk: building the built-in one and checking any one. No torch here, so
-the login node can check a data set before it submits anything.
+"""HDF5 data sets on disk: building the built-in one, finding the shards data.path names, and
+checking them. No torch here, so the login node can check a data set before it submits anything.
 
-Layout of a data set file: `train/x`, `train/y`, `test/x`, `test/y` (names configurable).
+Layout: `train/x`, `train/y`, `test/x`, `test/y` (names configurable), in one file or spread over
+shards (a directory, a glob or a list; a split is the rows of every shard holding it, in order).
 x is N x C x H x W (or N x D); uint8 inputs are scaled by the dataset's `scale` attribute
 (default 1/255); y holds integer class labels 0..num_classes-1. `num_classes` is a file
 attribute, or max(y)+1. Image models (cnn, resnet50) need N x C x H x W (check_model_input).

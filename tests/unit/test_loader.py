@@ -202,3 +202,28 @@ def alive(pid: int) -> bool:
 def test_a_worker_loader_needs_a_worker(shards):
     with pytest.raises(ValueError, match="workers >= 1"):
         WorkerLoader(shards[0], 0, batch_size=4)
+
+
+def test_batches_for_a_gpu_are_copied_on_a_thread_in_order(shards):
+    """With a GPU the batches are made page-locked on a thread (here: a copy that marks them)."""
+    split, x, y = shards
+    sampler = ShardSampler(ROWS, 12, 0, 1, seed=4)
+    loader = WorkerLoader(split, 2, batch_size=12)
+    copied = []
+
+    def pin(batch):
+        copied.append(batch.x.data_ptr())
+        return type(batch)(batch.x.clone(), batch.y.clone(), batch.scale)
+
+    try:
+        batches = loader.epoch(sampler.batches(0), pin=pin)
+        got = [(b.x, b.y) for b in batches]
+        batches.close()
+        assert len(copied) == len(got) == sampler.steps_per_epoch
+        assert all(np.array_equal(gx.numpy(), x[i]) and gy.tolist() == y[i].tolist() for (gx, gy), i in zip(got, sampler.batches(0), strict=True))
+        cut = loader.epoch(sampler.batches(1), pin=pin)
+        next(iter(cut))
+        cut.close()  # the copying thread stops, then the workers are drained
+        assert [b.y.tolist() for b in loader.epoch(sampler.batches(2))] == [y[i].tolist() for i in sampler.batches(2)]
+    finally:
+        loader.close()
