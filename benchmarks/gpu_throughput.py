@@ -1,6 +1,7 @@
 """The trainer's images/s against a raw PyTorch loop, same machine, same run (issue 6).
 
     python benchmarks/gpu_throughput.py [--n 5120] [--batch 256] [--model resnet50] [--steps 20]
+    python benchmarks/gpu_throughput.py --workers 4 --augment   # loader processes, crop + flip on the GPU
     python benchmarks/gpu_throughput.py --device cpu --model cnn --shape 3,32,32 --batch 32 --n 512   # plumbing check
 
 1. Writes synthetic images as uint8 to an HDF5 file (N x C x H x W, random labels).
@@ -70,7 +71,7 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
     return batch * steps / (time.perf_counter() - started)
 
 
-def trainer(data: Path, model_name: str, batch: int, device: torch.device, workdir: Path) -> dict[str, float]:
+def trainer(data: Path, model_name: str, batch: int, device: torch.device, workdir: Path, loading: list[str]) -> dict[str, float]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     overrides = [
         f"comm={backend}",
@@ -86,6 +87,7 @@ def trainer(data: Path, model_name: str, batch: int, device: torch.device, workd
         "optim.schedule=constant",
         f"run_root={workdir / 'runs'}",
         f"trainer.threads_per_rank={torch.get_num_threads()}",  # as many threads as the raw loop
+        *loading,
     ]
     if device.type == "cuda":
         overrides += ["resources.gpus_per_task=1", "cluster.gpus_per_node=1"]
@@ -106,6 +108,8 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--workers", type=int, default=0, help="the trainer's data.workers (loader processes)")
+    parser.add_argument("--augment", action="store_true", help="the trainer crops (data.crop = the image size) and flips on the device")
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     device = torch.device(args.device)
@@ -114,13 +118,15 @@ def main() -> None:
         data = workdir / "images.h5"
         write_images(data, args.n, shape, args.classes)
         raw = raw_loop(args.model, shape, args.classes, args.batch, args.steps, device)
-        ours = trainer(data, args.model, args.batch, device, workdir)
+        loading = [f"data.workers={args.workers}", *([f"data.crop={shape[-1]}", "data.flip=true"] if args.augment else [])]
+        ours = trainer(data, args.model, args.batch, device, workdir, loading)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{args.model}, batch {args.batch}, bf16, channels_last, {shape} uint8 HDF5, {name}")
     print("| figure | value |")
     print("| --- | --- |")
     print(f"| raw PyTorch loop (batch on the device) | {raw:,.0f} img/s |")
-    print(f"| trainer, comm={'nccl' if device.type == 'cuda' else 'gloo'}, 1 rank, HDF5 loader | {ours['images_per_s']:,.0f} img/s |")
+    loader = f"data.workers={args.workers}" + (", crop + flip" if args.augment else "")
+    print(f"| trainer, comm={'nccl' if device.type == 'cuda' else 'gloo'}, 1 rank, HDF5 loader ({loader}) | {ours['images_per_s']:,.0f} img/s |")
     print(f"| trainer / raw | {ours['images_per_s'] / raw:.2f}x |")
     print(f"| trainer's step time waiting for data | {ours['data_wait_share']:.1%} |")
 
