@@ -201,7 +201,8 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
         for x, _ in (pair for pairs in splits.values() for pair in pairs):
             if x.shape[1:] != first.shape[1:]:
                 kind = "train inputs" if x.name.lstrip("/") == cfg.train_x else "test inputs"
-                raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kind} {x.shape[1:]} in {x.file.filename} differ in shape")
+                where = f" in {x.file.filename}" if len(files) > 1 else ""
+                raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kind} {x.shape[1:]}{where} differ in shape")
             if x.dtype != first.dtype:
                 raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
         num_train, num_test = (sum(x.shape[0] for x, _ in splits[name]) for name in (cfg.train_x, cfg.test_x))

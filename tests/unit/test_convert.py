@@ -77,10 +77,10 @@ def test_an_interrupted_conversion_leaves_nothing(arrays, monkeypatch):
     from trainers import convert
 
     def fail(*args, **kwargs):
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt("Ctrl-C mid-shard")
 
     monkeypatch.setattr(convert, "_write_split", fail)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="Ctrl-C mid-shard"):
         main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--out", str(d / "out")])
     assert sorted(p.name for p in d.iterdir()) == ["tx.npy", "ty.npy", "x.npy", "y.npy"]
 
