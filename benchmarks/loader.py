@@ -64,10 +64,12 @@ def make_shards(directory: Path, images: int) -> list[Path]:
         x.flush()
         del x
         np.save(directory / "y.npy", rng.integers(0, 1000, images))
-        command = [sys.executable, "-m", "trainers.convert", "numpy", f"--x={directory / 'x.npy'}", f"--y={directory / 'y.npy'}", f"--out={shards}"]
-        subprocess.run(command, check=True, cwd=ROOT)
-        for name in ("x.npy", "y.npy"):
-            (directory / name).unlink()
+        np.save(directory / "tx.npy", rng.integers(0, 256, (256, *SHAPE), dtype=np.uint8))
+        np.save(directory / "ty.npy", rng.integers(0, 1000, 256))
+        arrays = [f"--{flag}={directory / name}.npy" for flag, name in (("x", "x"), ("y", "y"), ("test-x", "tx"), ("test-y", "ty"))]
+        subprocess.run([sys.executable, "-m", "trainers.convert", "numpy", *arrays, f"--out={shards}"], check=True, cwd=ROOT)
+        for name in ("x", "y", "tx", "ty"):
+            (directory / f"{name}.npy").unlink()
     return sorted(shards.glob("train-*.h5"))
 
 

@@ -34,4 +34,5 @@ def centre_crop(images: torch.Tensor, size: int) -> torch.Tensor:
 def random_flip(images: torch.Tensor) -> torch.Tensor:
     """Each image mirrored left-right with probability 1/2."""
     flipped = torch.rand(images.shape[0], device=images.device) < 0.5
-    return torch.where(flipped[:, None, None, None], images.flip(-1), images)
+    mirrored = images.index_select(-1, torch.arange(images.shape[-1] - 1, -1, -1, device=images.device))  # flip() lacks uint16/32/64
+    return torch.where(flipped[:, None, None, None], mirrored, images)

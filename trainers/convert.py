@@ -1,6 +1,6 @@
 """Write the sharded HDF5 layout the loader reads fastest, from numpy arrays or a folder of images.
 
-    python -m trainers.convert numpy --x train_x.npy --y train_y.npy [--test-x .. --test-y ..] --out DIR
+    python -m trainers.convert numpy --x train_x.npy --y train_y.npy --test-x .. --test-y .. --out DIR
     python -m trainers.convert images TRAIN_FOLDER [--test TEST_FOLDER | --test-fraction 0.02] --size 256 --out DIR
 
 DIR receives train-00000.h5, ... (train/x, train/y) and test-00000.h5, ... (test/x, test/y),
@@ -9,8 +9,8 @@ each about --shard-mb; point data.path at DIR. Inputs are stored contiguous and 
 shorter side is --size, centre-cropped to --size x --size and stored as uint8 N x 3 x S x S;
 an image folder holds one sub-folder per class (ImageFolder's layout), classes in name order.
 
-The shards are written into a temporary directory renamed to DIR at the end: an interrupted
-conversion leaves nothing that looks finished. numpy files are loaded memory-mapped, never
+The shards are written into a temporary directory, fsynced, and renamed to DIR at the end: an
+interrupted conversion (Ctrl-C, SIGTERM) leaves nothing behind, and nothing that looks finished. numpy files are loaded memory-mapped, never
 unpickled. No torch here: it runs on a login node.
 """
 
@@ -20,7 +20,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -52,19 +54,36 @@ def write_shards(out: Path, splits: Sequence[Split], shard_mb: float, attrs: dic
     """Every split's rows into shards of about `shard_mb`, atomically as a directory."""
     if out.exists():
         raise ConvertError(f"{out} exists; remove it or choose another --out (shards are never overwritten)")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.mkdir(parents=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as err:
+        raise ConvertError(f"cannot create {out}: {err.strerror}") from None
     written: list[Path] = []
     try:
         for split in splits:
             row_bytes = int(np.prod(split.shape, dtype=np.int64)) * split.dtype.itemsize
             per_shard = max(1, int(shard_mb * (1 << 20)) // max(1, row_bytes))
             written += _write_split(tmp, split, per_shard, attrs)
-        os.rename(tmp, out)
+        for path in [*written, tmp]:  # on disk before the name says the shards are complete
+            _fsync(path)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            raise ConvertError(f"{out} appeared while converting; remove it or choose another --out") from None
+        _fsync(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [out / path.name for path in written]
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_split(tmp: Path, split: Split, per_shard: int, attrs: dict[str, object]) -> list[Path]:
@@ -123,11 +142,16 @@ def numpy_split(name: str, x_path: Path, y_path: Path, block_rows: int = 4096) -
 
 def _load(path: Path) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise ConvertError(f"{path} does not exist") from None
+    except OSError as err:
+        raise ConvertError(f"{path} cannot be read ({err.strerror or err})") from None
     except ValueError as err:
-        raise ConvertError(f"{path} is not a plain .npy array ({err})") from None
+        raise ConvertError(f"{path} is not a plain .npy array ({' '.join(str(err).split())})") from None
+    if not isinstance(loaded, np.ndarray):
+        raise ConvertError(f"{path} is not a .npy array (an .npz archive? save each array with numpy.save)")
+    return loaded
 
 
 # a folder of images
@@ -202,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--out", type=Path, required=True, help="directory to create for the shards")
         sub.add_argument("--shard-mb", type=float, default=1024.0, help="about this many MiB per shard")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stopped)  # a batch job's time limit: clean up like Ctrl-C
     try:
         splits, attrs = _plan(args)
         paths = write_shards(args.out, splits, args.shard_mb, attrs)
@@ -217,11 +242,9 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
     if args.shard_mb <= 0:
         raise ConvertError(f"--shard-mb={args.shard_mb} must be > 0")
     if args.source == "numpy":
-        if (args.test_x is None) != (args.test_y is None):
-            raise ConvertError("give --test-x and --test-y together")
-        splits = [numpy_split("train", args.x, args.y)]
-        if args.test_x is not None:
-            splits.append(numpy_split("test", args.test_x, args.test_y))
+        if args.test_x is None or args.test_y is None:
+            raise ConvertError("give --test-x and --test-y: training evaluates on a test split")
+        splits = [numpy_split("train", args.x, args.y), numpy_split("test", args.test_x, args.test_y)]
         if splits[0].count == 0:
             raise ConvertError(f"{args.x} holds no rows")
         if args.scale is not None:
@@ -231,6 +254,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
         raise ConvertError(f"--size={args.size} and --workers={args.workers} must be >= 1")
     if not 0.0 <= args.test_fraction < 1.0:
         raise ConvertError(f"--test-fraction={args.test_fraction} must be in [0, 1)")
+    if args.test is None and args.test_fraction == 0.0:
+        raise ConvertError("give --test TEST_FOLDER or --test-fraction F: training evaluates on a test split")
     classes, files = list_images(args.folder)
     if args.test is not None:
         test_classes, test = list_images(args.test)
@@ -239,10 +264,14 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
         train = files
     else:
         train, test = held_out(files, args.test_fraction, args.seed)
-    splits = [image_split("train", train, args.size, args.workers)]
-    if test:
-        splits.append(image_split("test", test, args.size, args.workers))
+    if not test or not train:
+        raise ConvertError(f"--test-fraction={args.test_fraction} of {len(files)} images leaves an empty split; change the fraction")
+    splits = [image_split("train", train, args.size, args.workers), image_split("test", test, args.size, args.workers)]
     return splits, {"num_classes": len(classes), "classes": json.dumps(classes)}
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

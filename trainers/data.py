@@ -60,7 +60,8 @@ class H5Split:
                     continue  # a shard of the other split
                 x = f[x_name]
                 if not shards:
-                    self.sample_shape, self.dtype = tuple(x.shape[1:]), np.dtype(x.dtype)
+                    # in this machine's byte order: h5py converts on reading, the direct path takes native rows only
+                    self.sample_shape, self.dtype = tuple(x.shape[1:]), np.dtype(x.dtype).newbyteorder("=")
                     self.scale = float(x.attrs.get("scale", 1.0 / 255.0 if x.dtype == np.uint8 else 1.0))
                 direct = x.chunks is None and x.compression is None and np.dtype(x.dtype).isnative
                 shards.append(_Shard(path, int(x.shape[0]), x.id.get_offset() if direct else None))
@@ -71,11 +72,12 @@ class H5Split:
         self._starts = np.cumsum([0] + [s.rows for s in shards])
         self._labels = np.concatenate(labels)
         self.row_bytes = int(np.prod(self.sample_shape)) * self.dtype.itemsize
-        self._opened: dict[int, tuple[int, list[Any]]] = {}  # pid -> (pid, per-shard fd or h5py dataset)
+        self._opened: dict[int, dict[int, Any]] = {}  # pid -> shard -> fd or h5py dataset, opened on first use
         self._in_memory = None
         if self.row_bytes * len(self) <= IN_MEMORY_LIMIT_BYTES:
             whole = np.empty((len(self), *self.sample_shape), self.dtype)
-            self.read_into(np.arange(len(self)), whole)
+            for shard, (start, end) in enumerate(zip(self._starts[:-1], self._starts[1:], strict=True)):
+                self._read_shard(shard, whole[start:end])
             self.close()
             self._in_memory = whole
 
@@ -120,13 +122,12 @@ class H5Split:
             np.take(self._in_memory, indices, axis=0, out=out[: len(indices)])
             return self._labels[indices]
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        handles = self._handles()
         for shard in np.unique(shard_of):
             at = np.flatnonzero(shard_of == shard)
             local = indices[at] - self._starts[shard]
             order = np.argsort(local)  # ascending offsets: the disk and readahead see a forward scan
             at, local = at[order], local[order]
-            offset, handle = self._shards[shard].offset, handles[shard]
+            offset, handle = self._shards[shard].offset, self._handle(shard)
             if offset is None:  # chunked or compressed: h5py reads increasing indices only
                 out[at] = handle[local]
                 continue
@@ -141,30 +142,42 @@ class H5Split:
         if self._in_memory is not None:
             return
         shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        handles = self._handles()
         for index, shard in zip(np.asarray(indices).tolist(), shard_of.tolist(), strict=True):
             offset = self._shards[shard].offset
             if offset is not None:
                 row = index - int(self._starts[shard])
-                os.posix_fadvise(handles[shard], offset + row * self.row_bytes, self.row_bytes, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(self._handle(shard), offset + row * self.row_bytes, self.row_bytes, os.POSIX_FADV_WILLNEED)
 
-    def _handles(self) -> list[Any]:
-        pid = os.getpid()
-        if pid not in self._opened:  # first read in this process (a forked worker opens its own)
-            handles: list[Any] = []
-            for shard in self._shards:
-                if shard.offset is not None:
-                    handles.append(os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC))
-                else:
-                    handles.append(h5py.File(shard.path, "r")[self.x_name])
-            self._opened[pid] = (pid, handles)
-        return self._opened[pid][1]
+    def _handle(self, shard: int) -> Any:
+        """This process's handle on a shard (a forked worker opens its own), opened on first use:
+        a process holds only the shards it has read."""
+        opened = self._opened.setdefault(os.getpid(), {})
+        if shard not in opened:
+            info = self._shards[shard]
+            if info.offset is not None:
+                opened[shard] = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)
+            else:
+                opened[shard] = h5py.File(info.path, "r")[self.x_name]
+        return opened[shard]
+
+    def _read_shard(self, shard: int, out: np.ndarray) -> None:
+        """A whole shard's inputs, in one read."""
+        offset, handle = self._shards[shard].offset, self._handle(shard)
+        if offset is None:
+            out[:] = handle[:]
+            return
+        view, done = memoryview(out).cast("B"), 0  # type: ignore[arg-type]  # numpy arrays are buffers
+        while done < len(view):  # one read returns at most ~2 GiB
+            read = os.preadv(handle, [view[done:]], offset + done)
+            if read == 0:
+                raise OSError(f"{self._shards[shard].path}: {self.x_name} is cut short (the file was truncated?)")
+            done += read
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_opened": {}}  # handles stay with the process that opened them
 
     def close(self) -> None:
-        for handle in self._opened.pop(os.getpid(), (0, []))[1]:
+        for handle in self._opened.pop(os.getpid(), {}).values():
             if isinstance(handle, int):
                 os.close(handle)
             else:

@@ -102,27 +102,35 @@ def resolve_data_files(cfg: DataConfig) -> list[Path]:
     files: list[Path] = []
     for entry in entries:
         files += _expand(str(entry))
-    repeated = sorted({str(f) for f in files if files.count(f) > 1})
-    if repeated:
-        raise DataError(f"data.path names {repeated[0]} more than once; list each shard once")
+    seen: set[Path] = set()
+    for file in files:
+        if file in seen:
+            raise DataError(f"data.path names {file} more than once; list each shard once")
+        seen.add(file)
     return files
 
 
 def _expand(entry: str) -> list[Path]:
+    """One entry's files, absolute, in name order (symlinks kept: a shard's name, not its
+    target, sets the row order)."""
     path = Path(entry).expanduser()
-    if any(c in entry for c in GLOB_CHARACTERS):
+    if any(c in entry for c in GLOB_CHARACTERS) and not path.exists():  # a name may hold [ ] * ? too
         anchor = Path(path.anchor) if path.is_absolute() else Path.cwd()
         pattern = str(path.relative_to(path.anchor)) if path.is_absolute() else str(path)
-        matched = sorted(p.resolve() for p in anchor.glob(pattern) if p.is_file())
+        matched = sorted(_absolute(p) for p in anchor.glob(pattern) if p.is_file())
         if not matched:
-            raise DataError(f"data.path {entry!r} matches no file")
+            raise DataError(f"data.path {entry!r} matches no file (a name holding [ ] * or ? is matched literally only if it exists)")
         return matched
     if path.is_dir():
-        shards = sorted(p.resolve() for p in path.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file())
+        shards = sorted(_absolute(p) for p in path.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file())
         if not shards:
             raise DataError(f"data.path {entry!r} is a directory with no .h5 or .hdf5 file in it")
         return shards
-    return [path.resolve()]
+    return [_absolute(path)]
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))  # '..' removed, symlinks kept
 
 
 def inspect_known(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
@@ -205,6 +213,9 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
                 raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kind} {x.shape[1:]}{where} differ in shape")
             if x.dtype != first.dtype:
                 raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
+            if x.attrs.get("scale") != first.attrs.get("scale"):
+                scales = f"{first.attrs.get('scale')} in {first.file.filename} but {x.attrs.get('scale')} in {x.file.filename}"
+                raise DataError(f"{shown}: the inputs' scale attribute is {scales}; store every shard alike")
         num_train, num_test = (sum(x.shape[0] for x, _ in splits[name]) for name in (cfg.train_x, cfg.test_x))
         if num_train == 0:
             raise DataError(f"{shown}: {cfg.train_x} is empty")

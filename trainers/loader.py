@@ -8,6 +8,8 @@ the workers finish in, so a resumed run reads exactly what the interrupted one w
   as trainers.data.H5Split does) is read straight into shared-memory slots made once and
   reused: no pickling, no new shared memory per batch, no copy on the way to the rank. A batch
   handed out stays valid while the next `HELD - 1` batches are used, then its slot is reused.
+- The indices of a batch travel in shared memory too, so what goes down a pipe is a few bytes
+  each way and neither side can block the other, whatever the batch size.
 - Any other map-style data set (a user task's) is read with `read_items` in the worker and its
   items come back pickled, tensors through shared memory, as with torch's DataLoader.
 
@@ -27,6 +29,8 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -45,24 +49,40 @@ class DataWorkerError(RuntimeError):
     """A loader worker failed (the message names the worker, the batch and the cause)."""
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """Shared memory, one row per slot: the batch's indices, and for a data set read in place
+    its inputs and labels."""
+
+    indices: torch.Tensor  # slots x batch_size int64
+    inputs: torch.Tensor | None  # slots x batch_size x sample shape
+    labels: torch.Tensor | None  # slots x batch_size int64
+
+
 class WorkerLoader:
     def __init__(self, dataset: MapDataset, workers: int, batch_size: int, prefetch: int = 2) -> None:
         if workers < 1:
             raise ValueError(f"a worker loader needs workers >= 1, not {workers}")
-        self.dataset, self.workers = dataset, workers
+        self.dataset, self.workers, self.batch_size = dataset, workers, batch_size
         self.in_flight = max(prefetch, 2 * workers)  # each worker reads one batch and holds the next
-        direct = callable(getattr(dataset, "read_into", None)) and callable(getattr(dataset, "sample_layout", None))
-        self._slots: torch.Tensor | None = None
-        if direct:
+        slots = self.in_flight + HELD
+        inputs = labels = None
+        if callable(getattr(dataset, "read_into", None)) and callable(getattr(dataset, "sample_layout", None)):
             shape, dtype = dataset.sample_layout()  # type: ignore[attr-defined]
-            self._slots = torch.from_numpy(np.empty((self.in_flight + HELD, batch_size, *shape), dtype)).share_memory_()
+            inputs = torch.from_numpy(np.empty((slots, batch_size, *shape), dtype)).share_memory_()
+            labels = torch.empty((slots, batch_size), dtype=torch.int64).share_memory_()
+        self.shared = _Shared(torch.empty((slots, batch_size), dtype=torch.int64).share_memory_(), inputs, labels)
+        self.free = collections.deque(range(slots))  # slots no batch occupies
+        self.broken: str | None = None  # a worker died: no further pass
+        self._current: Pass | None = None
+        self._pass = 0
         context = torch.multiprocessing.get_context("fork")
         self._connections: list[multiprocessing.connection.Connection] = []
         self._processes = []
         parent = os.getpid()
         for worker in range(workers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(dataset, theirs, self._slots, worker, parent), name=f"data-worker-{worker}", daemon=True)
+            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent), name=f"data-worker-{worker}", daemon=True)
             # Held (not lost) in the rank while it forks; the worker starts with them blocked and ignores them.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
@@ -72,36 +92,46 @@ class WorkerLoader:
             theirs.close()
             self._connections.append(ours)
             self._processes.append(process)
-        self._pass = 0
 
     def epoch(self, batches: Iterable[np.ndarray], pin: Callable[[Any], Any] | None = None) -> Pass:
         """One pass over `batches` (sample indices per step); `pin` makes page-locked copies on a
         thread, for a GPU."""
+        if self._current is not None:
+            self._current.close()
+        if self.broken is not None:
+            raise DataWorkerError(self.broken)
         self._pass += 1
-        return Pass(self, iter(batches), self._pass, pin)
+        self._current = Pass(self, iter(batches), self._pass, pin)
+        return self._current
 
-    def _send(self, worker: int, message: tuple[int, int, np.ndarray, int | None]) -> None:
+    def send(self, worker: int, message: tuple[int, int, int, int]) -> None:
         try:
             self._connections[worker].send(message)
         except OSError:
-            raise self._died(worker) from None
+            raise self.died(worker) from None
 
-    def _wait(self) -> list[int]:
-        """The workers with a result ready; a dead worker raises."""
+    def receive(self, worker: int) -> tuple[int, int, int, int, Any]:
+        try:
+            return self._connections[worker].recv()
+        except (EOFError, OSError):
+            raise self.died(worker) from None
+
+    def wait(self) -> list[int]:
+        """The workers with a message ready (a dead worker's closed pipe is one: receive names it)."""
         sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
         ready = multiprocessing.connection.wait([*self._connections, *sentinels])
-        for item in ready:
-            if item in sentinels and not self._connections[sentinels[item]].poll():
-                raise self._died(sentinels[item])
-        return [i for i, c in enumerate(self._connections) if c in ready or c.poll()]
+        dead = [sentinels[item] for item in ready if item in sentinels]
+        return sorted({i for i, c in enumerate(self._connections) if c in ready} | set(dead))
 
-    def _died(self, worker: int) -> DataWorkerError:
+    def died(self, worker: int) -> DataWorkerError:
         process = self._processes[worker]
         process.join(timeout=1.0)
-        reason = _exit_reason(process.exitcode)
-        return DataWorkerError(f"data worker {worker} died ({reason}); lower data.workers or the batch size if memory is short")
+        self.broken = f"data worker {worker} died ({_exit_reason(process.exitcode)})"
+        return DataWorkerError(self.broken)
 
     def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
         for connection in self._connections:
             try:
                 connection.send(None)
@@ -123,11 +153,11 @@ class Pass:
 
     def __init__(self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, pin: Callable[[Any], Any] | None) -> None:
         self._loader, self._batches, self._number = loader, batches, number
-        self._free = collections.deque(range(loader.in_flight + HELD)) if loader._slots is not None else None
         self._held: collections.deque[int] = collections.deque()  # slots of delivered batches, oldest first
-        self._ready: dict[int, tuple[Any, int | None]] = {}  # received out of order: batch -> (items, slot)
+        self._ready: dict[int, tuple[int, int, Any]] = {}  # received out of order: batch -> (slot, rows, items)
+        self._outstanding: set[int] = set()  # batches sent and not yet received
         self._sent = self._delivered = 0
-        self._exhausted = False
+        self._exhausted = self._closed = False
         self._own_wait_s = 0.0
         self._items = self._ordered()
         self._pinned = Prefetcher(lambda batch: batch, self._items, depth=1, pin=pin) if pin is not None else None
@@ -144,70 +174,87 @@ class Pass:
         while True:
             self._submit()
             if self._delivered == self._sent:
+                self._release(keep=1)  # the rank may still use the last batch
                 return
             started = time.perf_counter()
             while self._delivered not in self._ready:
-                for worker in loader._wait():
+                for worker in loader.wait():
                     self._receive(worker)
             self._own_wait_s += time.perf_counter() - started
-            result, slot = self._ready.pop(self._delivered)
+            slot, rows, payload = self._ready.pop(self._delivered)
             self._delivered += 1
-            if slot is not None:
-                self._held.append(slot)
-            yield result
+            self._held.append(slot)
+            if isinstance(payload, _Failure):
+                raise DataWorkerError(f"data worker {payload.worker}, batch {self._delivered - 1}: {payload.text}")
+            shared = loader.shared
+            if shared.inputs is not None and shared.labels is not None:
+                payload = RawBatch(shared.inputs[slot, :rows], shared.labels[slot, :rows], payload)
+            yield payload
 
     def _submit(self) -> None:
-        loader = self._loader
+        loader, indices_of = self._loader, self._loader.shared.indices
         while not self._exhausted and self._sent - self._delivered < loader.in_flight:
-            if self._free is not None:
-                while len(self._held) >= HELD:  # the rank asks for batch k: batch k-2's slot is free
-                    self._free.append(self._held.popleft())
+            self._release(keep=HELD - 1)  # the rank asks for batch k: batch k-2's slot is free
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
                 return
-            slot = self._free.popleft() if self._free is not None else None
-            loader._send(self._sent % loader.workers, (self._number, self._sent, np.asarray(indices, dtype=np.int64), slot))
+            rows = len(indices)
+            if rows > loader.batch_size:
+                raise ValueError(f"a batch of {rows} samples does not fit the loader's {loader.batch_size}")
+            slot = loader.free.popleft()  # in_flight + HELD slots: never short
+            indices_of[slot, :rows] = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+            loader.send(self._sent % loader.workers, (self._number, self._sent, slot, rows))
+            self._outstanding.add(self._sent)
             self._sent += 1
 
+    def _release(self, keep: int) -> None:
+        while len(self._held) > keep:
+            self._loader.free.append(self._held.popleft())
+
     def _receive(self, worker: int) -> None:
-        number, k, slot, payload = self._loader._connections[worker].recv()
-        if isinstance(payload, _Failure):
-            raise DataWorkerError(f"data worker {worker}, batch {k}: {payload.text}")
-        if number != self._number:  # a batch of a pass that was closed early
-            if slot is not None and self._free is not None:
-                self._free.append(slot)
+        number, k, slot, rows, payload = self._loader.receive(worker)
+        if number != self._number:  # a pass closed before its batches came back
+            self._loader.free.append(slot)
             return
-        if slot is not None:
-            slots, (labels, scale) = self._loader._slots, payload
-            assert slots is not None
-            payload = RawBatch(slots[slot, : len(labels)], torch.from_numpy(labels), scale)
-        self._ready[k] = (payload, slot)
+        if isinstance(payload, _Failure):
+            payload.worker = worker
+        self._outstanding.discard(k)
+        self._ready[k] = (slot, rows, payload)
 
     def close(self) -> None:
         """Stop early (a stop signal, the end of a run): the batches still being read are
-        collected, so the next pass starts with every worker idle."""
+        collected, so the next pass starts with every worker idle and every slot free."""
+        if self._closed:
+            return
+        self._closed = True
         if self._pinned is not None:
             self._pinned.close()
         self._items.close()
         self._exhausted = True
         try:
-            while len(self._ready) + self._delivered < self._sent:
-                for worker in self._loader._wait():
+            while self._outstanding:
+                for worker in self._loader.wait():
                     self._receive(worker)
         except DataWorkerError:
-            pass  # the run is ending on another error already, or the next pass reports it
+            pass  # the loader is broken: its next pass raises
+        for slot, _, _ in self._ready.values():
+            self._loader.free.append(slot)
         self._ready.clear()
+        self._release(keep=0)
 
 
 class _Failure:
-    """An exception in a worker, as text (the exception itself may not pickle)."""
+    """An exception in a worker, as one line of text (the exception itself may not pickle)."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, err: BaseException) -> None:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+        self.text = f"{type(err).__name__}: {' '.join(str(err).split())}{where}"
+        self.worker = -1
 
 
-def _serve(dataset: Any, connection: multiprocessing.connection.Connection, slots: torch.Tensor | None, worker: int, parent: int) -> None:
+def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int) -> None:
     """A worker's life: read the batches it is sent, in order, until told to stop."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
@@ -219,7 +266,7 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, slot
     if os.getppid() != parent:
         return  # the rank died before the worker was ready
     torch.set_num_threads(1)
-    held: collections.deque[tuple[int, int, np.ndarray, int | None]] = collections.deque()
+    held: collections.deque[tuple[int, int, int, int]] = collections.deque()
     will_need = getattr(dataset, "will_need", None)
     while True:
         try:
@@ -229,28 +276,40 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, slot
                     return
                 held.append(message)
                 if will_need is not None:
-                    will_need(message[2])
+                    _hint(will_need, shared.indices[message[2], : message[3]].numpy())
         except (EOFError, OSError):
             return  # the rank is gone
-        number, k, indices, slot = held.popleft()
+        number, k, slot, rows = held.popleft()
         try:
-            if slot is not None:
-                assert slots is not None
-                labels = dataset.read_into(indices, slots[slot].numpy())
-                payload: Any = (labels, getattr(dataset, "scale", 1.0))
+            indices = shared.indices[slot, :rows].numpy().copy()
+            if shared.inputs is not None and shared.labels is not None:
+                shared.labels[slot, :rows] = torch.from_numpy(dataset.read_into(indices, shared.inputs[slot].numpy()))
+                payload: Any = float(getattr(dataset, "scale", 1.0))
             else:
                 payload = read_items(dataset, indices)
-        except BaseException as err:
-            last = traceback.extract_tb(err.__traceback__)[-1]
-            payload = _Failure(f"{type(err).__name__}: {err} ({os.path.basename(last.filename)}:{last.lineno})")
+            reply = ForkingPickler.dumps((number, k, slot, rows, payload))
+        except BaseException as err:  # reading, or items that cannot be sent back
+            reply = ForkingPickler.dumps((number, k, slot, rows, _Failure(err)))
         try:
-            connection.send((number, k, slot, payload))
+            connection.send_bytes(reply)
         except (EOFError, OSError):
             return
 
 
+def _hint(will_need: Callable[[np.ndarray], None], indices: np.ndarray) -> None:
+    try:
+        will_need(indices)
+    except Exception:  # only a hint: the read itself reports what is wrong
+        pass
+
+
 def _exit_reason(code: int | None) -> str:
-    if code is not None and code < 0:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
         name = signal.Signals(-code).name
-        return f"killed by {name}" + (", often the out-of-memory killer" if -code == signal.SIGKILL else "")
-    return f"exit code {code}"
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL:
+        return f"killed by {name}, often the out-of-memory killer; lower data.workers or the batch size if memory is short"
+    return f"killed by {name}"

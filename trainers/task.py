@@ -103,8 +103,9 @@ def to_device(value: Any, device: torch.device) -> Any:
 
 
 def pin(value: Any) -> Any:
-    """Page-locked copies of the tensors in a batch, for copies to a GPU that do not wait."""
-    if isinstance(value, torch.Tensor):
+    """Page-locked copies of the tensors in a batch, for copies to a GPU that do not wait (an
+    object with its own `pin_memory()`, as torch's DataLoader honours, makes its own)."""
+    if isinstance(value, torch.Tensor) or callable(getattr(value, "pin_memory", None)):
         return value.pin_memory()
     if isinstance(value, dict):
         return {key: pin(item) for key, item in value.items()}

@@ -52,3 +52,10 @@ def test_centre_crop_and_crops_that_do_not_fit():
     assert torch.equal(centre_crop(batch, 5), batch[..., 2:7, 3:8])
     with pytest.raises(ValueError, match="a crop of 10 does not fit 9 x 11"):
         random_crop(batch, 10)
+
+
+def test_sixteen_bit_images_flip_too():
+    batch = torch.arange(2 * 3 * 4, dtype=torch.int32).reshape(2, 1, 3, 4).to(torch.uint16)
+    torch.manual_seed(0)
+    out = random_flip(batch)
+    assert all(torch.equal(out[i], batch[i]) or torch.equal(out[i].int(), batch[i].int().flip(-1)) for i in range(2))

@@ -55,20 +55,25 @@ def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
     d, *_ = arrays
     np.save(d / "objects.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     np.save(d / "floats.npy", np.zeros(1000))
+    np.savez(d / "archive.npz", x=np.zeros((3, 2)))
     cases = [
         (["--x", str(d / "objects.npy"), "--y", str(d / "y.npy")], "is not a plain .npy array"),
         (["--x", str(d / "x.npy"), "--y", str(d / "floats.npy")], "labels must be a 1-D integer array"),
         (["--x", str(d / "x.npy"), "--y", str(d / "ty.npy")], "has 1000 rows but"),
-        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy")], "give --test-x and --test-y together"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy")], "give --test-x and --test-y"),
         (["--x", str(d / "missing.npy"), "--y", str(d / "y.npy")], "does not exist"),
+        (["--x", str(d), "--y", str(d / "y.npy")], "cannot be read"),
+        (["--x", str(d / "archive.npz"), "--y", str(d / "y.npy")], "an .npz archive?"),
     ]
+    tests = ["--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy")]
     for args, message in cases:
-        assert main(["numpy", *args, "--out", str(d / "out")]) == 2
+        given = args if "--test-x" in args else [*args, *tests]
+        assert main(["numpy", *given, "--out", str(d / "out")]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
         assert not (d / "out").exists() and not list(d.glob(".out.*"))
     (d / "taken").mkdir()
-    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--out", str(d / "taken")]) == 2
+    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), *tests, "--out", str(d / "taken")]) == 2
     assert "exists" in capsys.readouterr().err
 
 
@@ -81,7 +86,7 @@ def test_an_interrupted_conversion_leaves_nothing(arrays, monkeypatch):
 
     monkeypatch.setattr(convert, "_write_split", fail)
     with pytest.raises(KeyboardInterrupt, match="Ctrl-C mid-shard"):
-        main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--out", str(d / "out")])
+        main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy"), "--out", str(d / "out")])
     assert sorted(p.name for p in d.iterdir()) == ["tx.npy", "ty.npy", "x.npy", "y.npy"]
 
 
@@ -115,6 +120,8 @@ def test_an_undecodable_image_is_named(tmp_path, capsys):
     folder = image_folder(tmp_path / "images", [(8, 8)])
     (folder / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     assert main(["images", str(folder), "--size", "8", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
+    assert "give --test TEST_FOLDER or --test-fraction" in capsys.readouterr().err  # evaluation needs one
+    assert main(["images", str(folder), "--size", "8", "--test-fraction", "0.5", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "broken.jpg cannot be decoded as an image" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()

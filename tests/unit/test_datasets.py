@@ -134,3 +134,32 @@ def test_data_path_takes_a_directory_a_glob_or_a_list(tmp_path, monkeypatch):
     ):
         with pytest.raises(DataError, match=message):
             resolve_data_files(DataConfig(path=path))
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 30], ids=["direct", "in-memory"])
+def test_inputs_stored_big_endian_are_read_as_their_values(tmp_path, monkeypatch, limit):
+    from trainers import data as data_module
+
+    monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", limit)
+    values = np.arange(24, dtype=">f4").reshape(6, 4)
+    path = write(tmp_path / "be.h5", x=values, y=np.arange(6))
+    split = H5Split(path, "x", "y")
+    batch = split.__getitems__(np.array([4, 1]))
+    assert batch.x.tolist() == values[[4, 1]].astype(np.float32).tolist()
+    split.close()
+
+
+def test_names_holding_glob_characters_and_symlinked_shards(tmp_path):
+    from trainers.datasets import resolve_data_files
+
+    literal = shard(tmp_path / "run[1]" / "data.h5", train__x=np.zeros((2, 3)), train__y=np.zeros(2, int))
+    assert resolve_data_files(DataConfig(path=str(literal))) == [literal]
+    assert resolve_data_files(DataConfig(path=str(literal.parent))) == [literal]
+    store = tmp_path / "store"
+    for name in ("zz.h5", "aa.h5"):
+        shard(store / name, train__x=np.zeros((2, 3)), train__y=np.zeros(2, int))
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "train-0.h5").symlink_to(store / "zz.h5")
+    (tmp_path / "links" / "train-1.h5").symlink_to(store / "aa.h5")
+    # The shards' names set the row order, whatever they point to.
+    assert [p.name for p in resolve_data_files(DataConfig(path=str(tmp_path / "links")))] == ["train-0.h5", "train-1.h5"]

@@ -141,7 +141,7 @@ def test_a_killed_worker_is_named_instead_of_a_hang(shards):
     try:
         os.kill(loader._processes[1].pid, signal.SIGKILL)
         loader._processes[1].join(timeout=10)
-        with pytest.raises(DataWorkerError, match="data worker 1 died \\(killed by SIGKILL, often the out-of-memory killer\\)"):
+        with pytest.raises(DataWorkerError, match="data worker 1 died \\(killed by SIGKILL, often the out-of-memory killer"):
             list(loader.epoch(iter([np.arange(4)] * 6)))
     finally:
         loader.close()
@@ -227,3 +227,109 @@ def test_batches_for_a_gpu_are_copied_on_a_thread_in_order(shards):
         assert [b.y.tolist() for b in loader.epoch(sampler.batches(2))] == [y[i].tolist() for i in sampler.batches(2)]
     finally:
         loader.close()
+
+
+class Exits:
+    """A data set whose item 9 ends its process (a crash in native code, an os._exit)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> int:
+        if index == 9:
+            os._exit(3)
+        return index
+
+
+def test_a_worker_dying_mid_pass_is_named_and_the_loader_refuses_more():
+    loader = WorkerLoader(Exits(), 2, batch_size=4)
+    try:
+        batches = loader.epoch(iter([np.arange(0, 4), np.arange(4, 8), np.arange(8, 12), np.arange(12, 16)]))
+        with pytest.raises(DataWorkerError, match=r"^data worker 0 died \(exit code 3\)$"):
+            list(batches)
+        batches.close()  # collects what it can, raises nothing more
+        with pytest.raises(DataWorkerError, match="data worker 0 died"):
+            loader.epoch(iter([np.arange(4)]))
+    finally:
+        loader.close()
+
+
+class Unsendable:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> object:
+        return lambda: index  # cannot be pickled back to the rank
+
+
+def test_items_that_cannot_be_sent_back_are_named():
+    loader = WorkerLoader(Unsendable(), 1, batch_size=4)
+    try:
+        with pytest.raises(DataWorkerError, match=r"data worker 0, batch 0: .*(Pickl|pickle)"):
+            list(loader.epoch(iter([np.arange(4)])))
+    finally:
+        loader.close()
+
+
+def test_a_shard_gone_after_the_start_is_named_by_the_read(shards, tmp_path):
+    split, _, _ = shards
+    if split._in_memory is not None:
+        pytest.skip("in-memory splits read their shards at the start")
+    (tmp_path / "train-1.h5").rename(tmp_path / "moved.h5")
+    loader = WorkerLoader(split, 1, batch_size=4)
+    try:
+        with pytest.raises(DataWorkerError, match=r"batch 0: FileNotFoundError: .*train-1.h5"):
+            list(loader.epoch(iter([np.array([150, 3])])))
+    finally:
+        loader.close()
+
+
+def test_batches_larger_than_a_pipe_holds_never_block(tmp_path):
+    """Indices and labels travel in shared memory: 60,000 per batch (480 kB each way) pass."""
+    path = tmp_path / "many.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = np.arange(120_000, dtype=np.int32)[:, None], np.arange(120_000) % 7
+    split = H5Split(path, "x", "y")
+    sampler = ShardSampler(120_000, 60_000, 0, 1, seed=0)
+    loader = WorkerLoader(split, 1, batch_size=60_000)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the loader blocked"))
+    signal.alarm(60)
+    try:
+        got = [b.x[:, 0].tolist() for b in loader.epoch(sampler.batches(0))]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        loader.close()
+    assert got == [b.tolist() for b in sampler.batches(0)]
+
+
+def test_a_pass_ended_by_failed_batches_leaves_every_slot_to_the_next(shards):
+    """Failed batches and a pass closed with reads in flight never leave a slot counted twice:
+    the next passes read exact batches."""
+    split, x, y = shards
+    sampler = ShardSampler(ROWS, 10, 0, 1, seed=5)
+    loader = WorkerLoader(split, 2, batch_size=10, prefetch=3)
+    try:
+        for _ in range(3):
+            broken = [np.arange(10), np.full(10, ROWS + 1), np.arange(10, 20), np.full(10, -1), np.arange(20, 30)]
+            with pytest.raises(DataWorkerError, match=r"batch 1: IndexError: sample index 301 is outside 0..299"):
+                list(loader.epoch(iter(broken)))
+        for epoch in range(2):
+            batches = loader.epoch(sampler.batches(epoch))
+            for batch, indices in zip(batches, sampler.batches(epoch), strict=True):
+                assert np.array_equal(batch.x.numpy(), x[indices]) and batch.y.tolist() == y[indices].tolist()
+            assert sorted(loader.free) != [] and len(set(loader.free)) == len(loader.free)
+    finally:
+        loader.close()
+
+
+def test_pin_makes_a_batch_objects_own_page_locked_copy():
+    """trainers.task.pin honours a batch's own pin_memory (RawBatch's), as torch's DataLoader does."""
+    from trainers.task import pin
+
+    class Marked:
+        def pin_memory(self):
+            return "pinned copy"
+
+    assert pin(Marked()) == "pinned copy"
+    assert pin({"batch": [Marked(), 3]}) == {"batch": ["pinned copy", 3]}
