@@ -382,4 +382,7 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
         check_launcher_tools(job)
     check_optim_targets(job)
     builtin = check_task(job)
+    augmenting = [key for key, value in (("data.crop", job.data.crop), ("data.flip", job.data.flip)) if value]
+    if augmenting and not builtin:
+        raise UserError(f"{augmenting[0]} augments the built-in classify task only; in your own task call trainers.augment.random_crop or random_flip")
     return check_data(job) if builtin else None  # a user's data sets are known on the ranks only

@@ -124,6 +124,27 @@ def test_data_that_does_not_fit_the_model_is_refused_before_anything_is_made(tmp
         validate_job(job)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.crop=12"], "data.crop=12 is larger than the 8 x 8 images padded by 0; crop at most 8"),
+        (["data.crop_padding=2"], "data.crop_padding=2 pads for a random crop: set data.crop too"),
+        (["data.workers=-1"], "data.workers=-1 must be >= 0"),
+        (["data.prefetch=0"], "data.prefetch=0 >= 1"),
+        (["data.path=/nonexistent/shards-*.h5"], "data.path '/nonexistent/shards-*.h5' matches no file"),
+        (["task=lm", "data.flip=true"], "data.flip augments the built-in classify task only"),
+    ],
+)
+def test_loading_and_augmentation_settings_are_checked_before_anything_runs(overrides, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        validate_job(compose_job(overrides))
+
+
+def test_a_crop_with_padding_may_take_the_whole_image(tmp_path):
+    path = write_h5(tmp_path / "ok.h5", np.zeros((64, 3, 8, 8), np.uint8), np.arange(64) % 4, num_classes=4)
+    assert validate_job(compose_job([f"data.path={path}", "model=cnn", "data.batch_size=4", "data.crop=10", "data.crop_padding=1"])) is not None
+
+
 def test_images_in_the_right_layout_pass_for_every_model(tmp_path):
     path = write_h5(tmp_path / "ok.h5", np.zeros((64, 3, 8, 8), np.uint8), np.arange(64) % 4, num_classes=4)
     for model in ("mlp", "cnn"):
