@@ -100,7 +100,9 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
     # Slurm's hold and queue wait, apart, where the EXIT trap requeued (not after `scontrol requeue` from outside)
     assert [c["held_s"] is not None and c["queued_s"] is not None for c in found] == [True, False, True, True]
     assert all(c["to_commit_s"] is not None and c["redone_steps"] == 0 for c in found[:3])  # a stop saves where it stops
-    assert found[3]["redone_steps"] <= 5  # checkpoint.every_steps=5
+    # checkpoint.every_steps=5, plus up to 5 more when the kill lands while the newest async save
+    # is still being written (seen in CI: killed at step 51 with step 50 uncommitted, 6 redone)
+    assert found[3]["redone_steps"] <= 10
     (status,) = statuses(run_dir)
     assert status.interrupted.startswith("4 interruptions: ") and status.interrupted in status.line()
 
