@@ -271,15 +271,19 @@ def test_items_that_cannot_be_sent_back_are_named():
         loader.close()
 
 
-def test_a_shard_gone_after_the_start_is_named_by_the_read(shards, tmp_path):
-    split, _, _ = shards
-    if split._in_memory is not None:
-        pytest.skip("in-memory splits read their shards at the start")
-    (tmp_path / "train-1.h5").rename(tmp_path / "moved.h5")
+def test_a_shard_gone_after_the_start_is_named_by_the_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)  # shards are opened when first read
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"train-{i}.h5")
+        with h5py.File(paths[-1], "w") as f:
+            f["train/x"], f["train/y"] = np.zeros((10, 3), np.uint8), np.zeros(10, int)
+    split = H5Split(paths, "train/x", "train/y")
+    paths[1].rename(tmp_path / "moved.h5")
     loader = WorkerLoader(split, 1, batch_size=4)
     try:
         with pytest.raises(DataWorkerError, match=r"batch 0: FileNotFoundError: .*train-1.h5"):
-            list(loader.epoch(iter([np.array([150, 3])])))
+            list(loader.epoch(iter([np.array([15, 3])])))
     finally:
         loader.close()
 
