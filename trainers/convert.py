@@ -10,8 +10,8 @@ shorter side is --size, centre-cropped to --size x --size and stored as uint8 N 
 an image folder holds one sub-folder per class (ImageFolder's layout), classes in name order.
 
 The shards are written into a temporary directory, fsynced, and renamed to DIR at the end: an
-interrupted conversion (Ctrl-C, SIGTERM) leaves nothing behind, and nothing that looks finished. numpy files are loaded memory-mapped, never
-unpickled. No torch here: it runs on a login node.
+interrupted conversion (Ctrl-C, SIGTERM) leaves nothing behind, and nothing that looks finished.
+numpy files are loaded memory-mapped, never unpickled. No torch here: it runs on a login node.
 """
 
 from __future__ import annotations

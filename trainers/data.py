@@ -94,19 +94,14 @@ class H5Split:
 
     def read(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch decoded to float32 on the CPU."""
-        x, y = self.read_raw(indices)
-        return self.decode(x), y
+        batch = self.__getitems__(indices)
+        return self.decode(batch.x), batch.y
 
     def decode(self, x: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
         """Stored values -> float32 inputs, on `device` (the copy moves the compact stored type)."""
         if device is not None:
             x = x.to(device, non_blocking=True)
         return x.to(torch.float32).mul_(self.scale)
-
-    def read_raw(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch as stored (uint8 images stay uint8) and its int64 labels, on the CPU."""
-        batch = self.__getitems__(indices)
-        return batch.x, batch.y
 
     def sample_layout(self) -> tuple[tuple[int, ...], np.dtype]:
         """One sample's shape and type: what `read_into` writes per index."""
@@ -121,10 +116,10 @@ class H5Split:
         if self._in_memory is not None:
             np.take(self._in_memory, indices, axis=0, out=out[: len(indices)])
             return self._labels[indices]
-        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        shard_of, rows = self._locate(indices)
         for shard in np.unique(shard_of):
             at = np.flatnonzero(shard_of == shard)
-            local = indices[at] - self._starts[shard]
+            local = rows[at]
             order = np.argsort(local)  # ascending offsets: the disk and readahead see a forward scan
             at, local = at[order], local[order]
             offset, handle = self._shards[shard].offset, self._handle(shard)
@@ -141,12 +136,16 @@ class H5Split:
         holds next, so a cold cache reads with many requests in flight)."""
         if self._in_memory is not None:
             return
-        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
-        for index, shard in zip(np.asarray(indices).tolist(), shard_of.tolist(), strict=True):
+        shard_of, rows = self._locate(np.asarray(indices, dtype=np.int64))
+        for shard, row in zip(shard_of.tolist(), rows.tolist(), strict=True):
             offset = self._shards[shard].offset
             if offset is not None:
-                row = index - int(self._starts[shard])
                 os.posix_fadvise(self._handle(shard), offset + row * self.row_bytes, self.row_bytes, os.POSIX_FADV_WILLNEED)
+
+    def _locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each index's shard, and its row within that shard."""
+        shard_of = np.searchsorted(self._starts, indices, side="right") - 1
+        return shard_of, indices - self._starts[shard_of]
 
     def _handle(self, shard: int) -> Any:
         """This process's handle on a shard (a forked worker opens its own), opened on first use:

@@ -173,7 +173,7 @@ def check_training(job: JobConfig) -> None:
 def check_loading(data: DataConfig) -> None:
     if data.workers < 0 or data.prefetch < 1:
         raise UserError(f"data.workers={data.workers} must be >= 0 (0: a thread in the rank) and data.prefetch={data.prefetch} >= 1")
-    if data.crop is not None and data.crop < 1 or data.crop_padding < 0:
+    if (data.crop is not None and data.crop < 1) or data.crop_padding < 0:
         raise UserError(f"data.crop={data.crop} must be >= 1 (or null for none) and data.crop_padding={data.crop_padding} >= 0")
     if data.crop_padding and data.crop is None:
         raise UserError(f"data.crop_padding={data.crop_padding} pads for a random crop: set data.crop too (e.g. the image size)")
