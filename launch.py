@@ -19,8 +19,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, compose_run, initialized, register_schemas, sweep_points
+from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, compose_run, fixed_overrides, initialized, register_schemas, sweep_points, sweeper_config
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
+from hpc.config.search import STUDY_SWEEPER, Search, check_search, is_basic
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
@@ -90,21 +91,24 @@ def info_only(args: argparse.Namespace) -> bool:
     return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun)
 
 
-def check_command(args: argparse.Namespace) -> list[JobConfig]:
+def check_command(args: argparse.Namespace) -> tuple[list[JobConfig], Search | None]:
     """Every check a job gets, before Hydra makes a run (or sweep) dir: a refused command
-    leaves nothing. Raises UserError with one line."""
+    leaves nothing. Raises UserError with one line. A searching sweeper's run comes back too."""
     source = config_source(args)
     if not args.multirun:
         job = compose_job(args.overrides, source)
         validate_job(job)
-        return [job]
-    points = sweep_points(args.overrides, source)
+        return [job], None
+    sweeper = sweeper_config(fixed_overrides(args.overrides), source)
+    search = None if is_basic(sweeper) else check_search(args.overrides, sweeper, source)
+    points = search.points if search else sweep_points(args.overrides, source, sweeper)
     for num, (overrides, job) in enumerate(points):
         try:
             validate_job(job)
         except UserError as err:
-            raise UserError(f"sweep point #{num} ({' '.join(overrides) or 'no overrides'}): {err}") from None
-    return [job for _, job in points]
+            where = f"the search space at {' '.join(overrides)}" if search else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
+            raise UserError(f"{where}: {err}") from None
+    return [job for _, job in points], search
 
 
 def restrict_access(jobs: list[JobConfig]) -> None:
@@ -161,6 +165,17 @@ def validated(cfg: DictConfig) -> JobConfig:
     return job
 
 
+def print_search(search: Search, job: JobConfig) -> None:
+    """`-m ... dry_run=true` with a searching sweeper: what each trial would run, nothing more."""
+    direction = f" ({search.direction})" if search.direction else ""
+    print(f"# hydra/sweeper={search.sweeper}: each trial returns sweep.objective={search.objective}{direction}")
+    print(f"# the search space's edges, each composed and checked: {len(search.points)}")
+    for overrides, _ in search.points:
+        print(f"#   {' '.join(overrides)}")
+    where = "on local MPI ranks, one after another" if job.cluster.launcher == "local" else f"as one job array per batch on {job.cluster.name}"
+    print(f"dry run: nothing submitted; trials would run {where}")
+
+
 def cli() -> None:
     register_schemas()
     args = parse_args(sys.argv[1:])
@@ -174,9 +189,15 @@ def cli() -> None:
             return
     if not info_only(args):
         try:
-            restrict_access(check_command(args))
+            jobs, search = check_command(args)
+            restrict_access(jobs)
         except UserError as err:
             fail(str(err), err.exit_code)
+        if search and jobs[0].dry_run:
+            print_search(search, jobs[0])
+            return
+        if search and search.sweeper == "optuna":  # the study outlives this process (hydra_plugins/hpc_array_launcher/study.py)
+            sys.argv.append(f"hydra.sweeper._target_={STUDY_SWEEPER}")
     try:
         main()
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit

@@ -214,19 +214,48 @@ def compose_run(app: Any, overrides: list[str], source: ConfigSource = DEFAULT_S
         raise UserError(explain_composition_error(err, overrides, source)) from None
 
 
-def sweeper_params(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> dict[str, str]:
-    """`hydra.sweeper.params` of the config these (non-sweep) overrides compose, e.g. from
-    experiment=scaling; Hydra's basic sweeper adds them to the command line's sweep."""
+SWEEPER_PLUGINS = {"optuna": "hydra-optuna-sweeper", "nevergrad": "hydra-nevergrad-sweeper", "ax": "hydra-ax-sweeper"}
+
+
+def sweeper_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> dict[str, Any]:
+    """The `hydra.sweeper` node (unresolved) of the config these (non-sweep) overrides compose,
+    with `hydra.launcher._target_` under "launcher". Its `params` (e.g. from experiment=scaling)
+    join the command line's sweep, as Hydra's sweepers do."""
     from hydra import compose
+    from hydra.errors import MissingConfigException
     from omegaconf import OmegaConf
 
     try:
         with initialized(source):
-            params = compose(source.config_name, overrides=overrides, return_hydra_config=True).hydra.sweeper.get("params")
+            hydra_cfg = compose(source.config_name, overrides=overrides, return_hydra_config=True).hydra
+    except MissingConfigException as err:
+        group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+        if group == "hydra/sweeper":
+            plugin = SWEEPER_PLUGINS.get(option, f"the plugin that provides hydra/sweeper={option}")
+            raise UserError(f"hydra/sweeper={option} is not installed: pip install {plugin} (see the README: Hyperparameter search)") from None
+        raise UserError(explain_composition_error(err, overrides, source)) from None
     except Exception as err:  # as in compose_job: every failure is one line
         raise UserError(explain_composition_error(err, overrides, source)) from None
-    container = OmegaConf.to_container(params) if params else None
-    return {str(k): str(v) for k, v in container.items()} if isinstance(container, dict) else {}
+    node = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
+    sweeper = {str(k): v for k, v in node.items()} if isinstance(node, dict) else {}
+    return {**sweeper, "launcher": str(hydra_cfg.launcher.get("_target_", ""))}
+
+
+def sweeper_params(sweeper: dict[str, Any]) -> dict[str, str]:
+    params = sweeper.get("params")
+    return {str(k): str(v) for k, v in params.items()} if isinstance(params, dict) else {}
+
+
+def fixed_overrides(arguments: list[str]) -> list[str]:
+    """The command line's overrides that are no sweeps (`a=1`, not `a=1,2` nor `interval(..)`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(arguments)
+    except HydraException as err:
+        raise UserError(" ".join(str(err).split())) from None
+    return [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
 
 
 def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
@@ -249,21 +278,20 @@ def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None
     return points
 
 
-def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE) -> list[tuple[list[str], JobConfig]]:
+def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE, sweeper: dict[str, Any] | None = None) -> list[tuple[list[str], JobConfig]]:
     """Expand a `-m` command line and compose every point: (the point's overrides, its config)
-    in Hydra's job order. Raises UserError (one line) for anything Hydra would refuse later."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(arguments)
-    except HydraException as err:
-        raise UserError(" ".join(str(err).split())) from None
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
-    points = expand_sweep(arguments, sweeper_params(fixed, source))
+    in Hydra's job order. Raises UserError (one line) for anything Hydra would refuse later.
+    `sweeper`: its sweeper_config, when the caller has it already."""
+    if sweeper is None:
+        sweeper = sweeper_config(fixed_overrides(arguments), source)
+    points = expand_sweep(arguments, sweeper_params(sweeper))
     composed = list(zip(points, compose_jobs(points, source), strict=True))
-    _COMPOSED.update((tuple(overrides), job) for overrides, job in composed)
+    remember_composed(composed)
     return composed
+
+
+def remember_composed(composed: Sequence[tuple[Sequence[str], JobConfig]]) -> None:
+    _COMPOSED.update((tuple(overrides), job) for overrides, job in composed)
 
 
 # Every point launch.py composed (to check it before Hydra makes the sweep dir), by its

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,11 @@ class SweepPoint:
     num: int
     overrides: tuple[str, ...]
     job: JobConfig
+    trial: int | None = None  # a search's trial number (Optuna's), where the sweeper has one
+
+    def entry(self, run_dir: Path, job_id: str | None) -> dict[str, Any]:
+        """The point's line in sweep.json."""
+        return {"num": self.num, "overrides": list(self.overrides), "run_dir": str(run_dir), "job_id": job_id, "trial": self.trial}
 
 
 def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], dict[str, Any]]) -> list[tuple[dict[str, Any], list[SweepPoint]]]:
@@ -49,53 +54,74 @@ def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], 
 
 def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None] = print) -> int:
     """Validate every point, then submit (or run locally); nothing is submitted if one is invalid."""
-    prepared = []
-    for point in points:
-        try:
-            prepared.append(SweepPoint(point.num, point.overrides, prepare(point.job)))
-        except UserError as err:
-            raise UserError(f"sweep point #{point.num} ({' '.join(point.overrides) or 'no overrides'}): {err}") from None
+    prepared = prepare_points(points)
     dry = {point.job.dry_run for point in prepared}
     if dry == {True}:
         return _print_dry_run(prepared, sweep_dir, emit)
     if len(dry) > 1:
         raise UserError("dry_run differs between sweep points; set it for the whole sweep, not as a sweep dimension")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    for point in prepared:
-        run_dir = RunDir(sweep_dir / str(point.num))
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        run_dir.config.write_text(resolved_yaml(point.job))
+    write_point_dirs(prepared, sweep_dir)
     on_slurm = [p for p in prepared if p.job.cluster.launcher == "slurm"]
     on_local = [p for p in prepared if p.job.cluster.launcher == "local"]
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
     if on_slurm:
-        code = freeze_code(sweep_dir / "code", user=user_sources(t for p in on_slurm for t in code_targets(p.job)))
-        for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
-            try:
-                record["arrays"].append(_submit_group(params, group, sweep_dir, record["points"]))
-            except UserError as err:
-                if not record["arrays"]:
-                    raise
-                _write_record(sweep_dir, record)  # what did go out stays visible to hpc.status
-                submitted = ", ".join(a["job_id"] for a in record["arrays"])
-                raise UserError(f"{err}; arrays already submitted: {submitted} (listed in {sweep_dir / SWEEP_FILE})") from None
-            _write_record(sweep_dir, record)
-            array = record["arrays"][-1]
-            limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
-            emit(f"submitted job array {array['job_id']}: {len(group)} tasks (points {_nums(group)}){limit}")
-    _write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
+        submit_arrays(on_slurm, sweep_dir, record, emit)
+    write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
     worst = 0
     for point in on_local:
         run_dir = RunDir(sweep_dir / str(point.num))
-        record["points"].append({"num": point.num, "overrides": list(point.overrides), "run_dir": str(run_dir.path), "job_id": None})
-        _write_record(sweep_dir, record)
+        record["points"].append(point.entry(run_dir.path, None))
+        write_record(sweep_dir, record)
         emit(f"point #{point.num} ({' '.join(point.overrides)}): running locally")
         worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}))
     emit(f"sweep directory: {sweep_dir}")
     return worst
 
 
-def _submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
+def submit_arrays(points: Sequence[SweepPoint], sweep_dir: Path, record: dict[str, Any], emit: Callable[[str], None]) -> None:
+    """One job array per distinct sbatch script, each recorded in sweep.json as it goes out. The
+    sources are frozen once per sweep: a search's later batches run the code its first one did."""
+    code = sweep_dir / "code"
+    if not code.is_dir():
+        freeze_code(code, user=user_sources(t for p in points for t in code_targets(p.job)))
+    for params, group in sweep_groups(points, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+        try:
+            record["arrays"].append(submit_group(params, group, sweep_dir, record["points"]))
+        except UserError as err:
+            if not record["arrays"]:
+                raise
+            write_record(sweep_dir, record)  # what did go out stays visible to hpc.status
+            submitted = ", ".join(a["job_id"] for a in record["arrays"])
+            raise UserError(f"{err}; arrays already submitted: {submitted} (listed in {sweep_dir / SWEEP_FILE})") from None
+        write_record(sweep_dir, record)
+        array = record["arrays"][-1]
+        limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
+        what = f"job array {array['job_id']}: {len(group)} tasks (points {_nums(group)})" if len(group) > 1 else f"job {array['job_id']} (point {_nums(group)})"
+        emit(f"submitted {what}{limit}")
+
+
+def prepare_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """Every point validated and its inputs pinned (hpc.submit.launch.prepare); UserError naming
+    the first point that is refused."""
+    prepared = []
+    for point in points:
+        try:
+            prepared.append(replace(point, job=prepare(point.job)))
+        except UserError as err:
+            raise UserError(f"sweep point #{point.num} ({' '.join(point.overrides) or 'no overrides'}): {err}") from None
+    return prepared
+
+
+def write_point_dirs(points: Sequence[SweepPoint], sweep_dir: Path) -> None:
+    """Each point's run dir with the config its ranks will read."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    for point in points:
+        run_dir = RunDir(sweep_dir / str(point.num))
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        run_dir.config.write_text(resolved_yaml(point.job))
+
+
+def submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
     first = group[0].job
     max_parallel = _max_parallel(group)
     run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
@@ -105,7 +131,7 @@ def _submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Pa
         run_dir.sbatch.write_text(script)
         info = {"job_id": job_id, "array_job_id": array_id, "cluster": point.job.cluster.name, "run_dir": str(run_dir.path), "overrides": list(point.overrides)}
         run_dir.write_json(run_dir.job, info)
-        points_out.append({"num": point.num, "overrides": list(point.overrides), "run_dir": str(run_dir.path), "job_id": job_id})
+        points_out.append(point.entry(run_dir.path, job_id))
     (sweep_dir / f"array-{array_id}.sbatch").write_text(script)
     return {
         "job_id": array_id,
@@ -155,5 +181,12 @@ def _max_parallel(group: Sequence[SweepPoint]) -> int | None:
     return min((p.job.sweep.max_parallel for p in group if p.job.sweep.max_parallel is not None), default=None)
 
 
-def _write_record(sweep_dir: Path, record: dict[str, Any]) -> None:
+def read_record(sweep_dir: Path) -> dict[str, Any]:
+    """sweep.json as the sweep's earlier batches left it; a new record where there is none."""
+    path = sweep_dir / SWEEP_FILE
+    record = RunDir(sweep_dir).read_json(path) if path.is_file() else {}
+    return {"sweep_dir": str(sweep_dir), "points": [], "arrays": [], **record}
+
+
+def write_record(sweep_dir: Path, record: dict[str, Any]) -> None:
     RunDir(sweep_dir).write_json(sweep_dir / SWEEP_FILE, record)  # atomic: hpc.status may read it meanwhile

@@ -10,13 +10,19 @@ throughput of the runs with the fewest ranks, efficiency = speedup / (ranks / th
 ranks), and scaling.png; between runs on equal ranks these numbers would mean nothing.
 A second table gives every interruption of every run (preemption, time limit, failure): each
 stretch from the cause to the first resumed step, and the steps redone.
+A hyperparameter search (sweep.json's "search") gets a trials table first, best first by its
+objective (`failed`: ended without one, `-`: not reported yet), in report.json under "searches"
+(report.json is then {"runs": [...], "searches": [...]}, a plain sweep's stays the list of runs),
+and objective.png: each trial's value and the best so far.
 Login-node code: no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import RunDir, find_runs, read_jsonl
-from hpc.tools.status import swept_label, swept_values
+from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,92 @@ def render_table(figures: list[RunFigures]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class TrialFigures:
+    """A search trial's row: what the sweeper tried and what it scored."""
+
+    run: str  # the run directory's name (the sweep point number)
+    point: int
+    trial: int | None  # Optuna's trial number; None where the sweeper gave none
+    swept: dict[str, str]
+    value: float | None  # the objective; None: failed, or not reported yet (see outcome)
+    outcome: str  # "completed", "failed" or "running or waiting" (hpc.tools.status.trial_outcome)
+    test: dict[str, float]  # result.json's test_metrics by the task's names, its loss included
+    samples_per_s: float | None  # result.json's: the last epoch's throughput, all ranks
+
+    @property
+    def label(self) -> str:
+        return swept_label(self.swept) or self.run
+
+
+def search_trials(runs: list[RunDir]) -> list[tuple[Search, list[TrialFigures]]]:
+    """Each search among the sweeps of `runs` with its trials, best first; [] for plain sweeps,
+    which ask Slurm nothing (a trial's state tells a failed one from one still to report)."""
+    if not searches(runs):
+        return []
+    swept = swept_values(runs)
+    tables = []
+    for trials in by_search(statuses_of(runs)).values():
+        search = trials[0].search
+        assert search is not None, "by_search() gives search trials"
+        tables.append((search, [trial_row(status, search, swept.get(status.run_dir, {})) for status in ranked(trials)]))
+    return tables
+
+
+def trial_row(status: RunStatus, search: Search, swept: dict[str, str]) -> TrialFigures:
+    result = _read_json(RunDir(status.run_dir).result)
+    tested = result.get("test_metrics")
+    numbers = {str(key): _number(value) for key, value in tested.items()} if isinstance(tested, dict) else {}
+    return TrialFigures(
+        status.run_dir.name,
+        search.point(status.run_dir),
+        search.trial(status.run_dir),
+        swept,
+        status.value,
+        trial_outcome(status.value, status.state),
+        {key: value for key, value in numbers.items() if value is not None},
+        _number(result.get("samples_per_s")),
+    )
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from JSON, else None (a bool is no figure)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # a trial still running has no result.json yet
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def render_trials(search: Search, rows: list[TrialFigures]) -> str:
+    """Markdown, one row per trial in the order given (best first): point, trial, one column per
+    swept key, the objective (`failed`, or `-` while not reported), the test metrics, samples/s."""
+    keys = list(dict.fromkeys(key for row in rows for key in row.swept))
+    tested = list(dict.fromkeys(name for row in rows for name in row.test))
+    names = ["point", "trial", *keys, f"{search.objective} ({search.direction})", *(f"test {name.replace('_', ' ')}" for name in tested), "samples/s"]
+    lines = [_row(names), _row(["---:", "---:", *["---"] * len(keys), "---:", *["---:"] * len(tested), "---:"])]
+    for row in rows:
+        value = f"{row.value:.4f}" if row.value is not None else "failed" if row.outcome == "failed" else "-"
+        metrics = ["-" if name not in row.test else f"{row.test[name]:.4f}" for name in tested]
+        rate = "-" if row.samples_per_s is None else f"{row.samples_per_s:.1f}"
+        trial = "-" if row.trial is None else str(row.trial)
+        lines.append(_row([str(row.point), trial, *(row.swept.get(key, "-") for key in keys), value, *metrics, rate]))
+    return "\n".join(lines)
+
+
+def best_so_far(values: Sequence[float], direction: str) -> list[float]:
+    """The best value among the first 1, 2, ... of `values` (the direction's better side)."""
+    better = max if direction == "maximize" else min
+    best: list[float] = []
+    for value in values:
+        best.append(value if not best else better(best[-1], value))
+    return best
+
+
 INTERRUPTION_COLUMNS = (
     ("signal->stop", "to_stop_s"),
     ("->commit", "to_commit_s"),
@@ -136,7 +228,7 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path) -> list[Path]:
+def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path, tables: Sequence[tuple[Search, list[TrialFigures]]] = ()) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # login nodes have no display
@@ -157,7 +249,30 @@ def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path) -> lis
     loss = out / "loss.png"
     fig.savefig(loss, dpi=100)
     plt.close(fig)
-    return [*plots, loss]
+    objective = [path for search, rows in tables if (path := write_objective_plot(search, rows, search.sweep_dir / "objective.png", plt))]
+    return [*plots, loss, *objective]
+
+
+def write_objective_plot(search: Search, rows: list[TrialFigures], path: Path, plt: Any) -> Path | None:
+    """Each reported trial's objective against its point number, and a step line of the best so
+    far; failed trials and those still to report are left out. None when no trial has a value."""
+    reported = sorted((row.point, row.value) for row in rows if row.value is not None)
+    if not reported:
+        path.unlink(missing_ok=True)  # from an earlier report: it would show trials that are not there
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    points, values = [p for p, _ in reported], [v for _, v in reported]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(points, values, "o", label="trial")
+    ax.step(points, best_so_far(values, search.direction), where="post", label="best so far")
+    ax.set(xlabel="trial (sweep point)", ylabel=search.objective, title=f"{search.objective} ({search.direction})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
@@ -184,6 +299,12 @@ def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
     return path
 
 
+def search_json(search: Search, rows: list[TrialFigures]) -> dict[str, Any]:
+    """A search's part of report.json: what it optimised and its trials, best first."""
+    trials = [{**asdict(row), "label": row.label} for row in rows]
+    return {"sweep_dir": str(search.sweep_dir), "objective": search.objective, "direction": search.direction, "trials": trials}
+
+
 def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
@@ -198,17 +319,25 @@ def main(argv: list[str]) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    tables = search_trials(runs)
     table = render_table(figures)
     interruptions = render_interruptions(runs)
     if interruptions is not None:
         table += "\n\nInterruptions (seconds from the cause to the first resumed step):\n\n" + interruptions
+    # A search's question is which trial won: its trials come first.
+    trials = [f"Trials of the search {search.sweep_dir}, best first:\n\n{render_trials(search, rows)}" for search, rows in tables]
+    if trials:
+        table = "\n\n".join([*trials, "Runs:\n\n" + table])
     print(table)
     if not varies_ranks(figures):
         print(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")
     (out / "report.md").write_text(table + "\n")
-    (out / "report.json").write_text(json.dumps([{**asdict(f), "label": f.label} for f in figures], indent=2) + "\n")
+    written: Any = [{**asdict(f), "label": f.label} for f in figures]
+    if tables:
+        written = {"runs": written, "searches": [search_json(search, rows) for search, rows in tables]}
+    (out / "report.json").write_text(json.dumps(written, indent=2) + "\n")
     try:
-        plots = write_plots(figures, runs, out)
+        plots = write_plots(figures, runs, out, tables)
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 0

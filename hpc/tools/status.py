@@ -7,7 +7,11 @@ State comes from Slurm (squeue, then sacct where accounting runs), and from the 
 once Slurm has forgotten the job; restarts, the last step, the newest committed checkpoint and
 the current samples/s, the last step's loss and the task's metrics (by the task's names) come from
 the run directory. A run that was interrupted ends its line with what the interruptions cost in
-all (`python -m hpc.report RUN_DIR` has the table). Login-node code: no torch.
+all (`python -m hpc.report RUN_DIR` has the table).
+
+A hyperparameter search's sweep (sweep.json's "search") gets a summary line before the table
+(its trials by outcome and the best), an objective column (`test_accuracy=0.9312`, `-` until a
+value is reported), and its trials listed best first. Login-node code: no torch.
 """
 
 from __future__ import annotations
@@ -17,17 +21,46 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, total_line
+from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, find_runs, last_record, read_jsonl
 from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
+
+T = TypeVar("T")
+
+# States after which a run writes nothing more: a search trial without its objective by then has
+# failed. STOPPED here is result.json's "stopped" (a local run, or a job Slurm forgot), which nothing
+# restarts; a Slurm job that is to be requeued reads PENDING or REQUEUED meanwhile.
+ENDED_STATES = frozenset({*slurmctl.TERMINAL_STATES, "DIED", "STOPPED"})
+
+
+@dataclass(frozen=True)
+class Search:
+    """A hyperparameter search (sweep.json's "search"): the figure its trials are ranked by."""
+
+    sweep_dir: Path
+    objective: str  # a result.json figure as hpc.objective names it: test_accuracy, loss, ...
+    direction: str  # "maximize" or "minimize"
+    # Point dir name -> (point number, Optuna's trial number or None). By name, not path: the
+    # sweep.json paths may be absolute where the listed ones are relative.
+    points: dict[str, tuple[int, int | None]] = field(hash=False)
+
+    def point(self, run_dir: Path) -> int:
+        known = self.points.get(run_dir.name)
+        return known[0] if known else int(run_dir.name) if run_dir.name.isdigit() else -1
+
+    def trial(self, run_dir: Path) -> int | None:
+        known = self.points.get(run_dir.name)
+        return known[1] if known else None
 
 
 @dataclass(frozen=True)
@@ -46,23 +79,41 @@ class RunStatus:
     metrics: str = ""  # the last step's loss and the task's metrics, by the task's names: "loss=0.31 accuracy=0.91"
     # What the interruptions cost in all (hpc.interruptions): "2 interruptions: 41s from cause to resumed step, 3 steps redone"
     interrupted: str = ""
+    search: Search | None = None  # the search this run is a trial of; None: no search's
+    value: float | None = None  # the search's objective from result.json; None until reported
 
-    def line(self, swept_width: int = 0, metrics_width: int = 0) -> str:
+    @property
+    def objective(self) -> str:
+        """`test_accuracy=0.9312`, `-` for a trial without a value, "" outside a search."""
+        if self.search is None:
+            return ""
+        return "-" if self.value is None else f"{self.search.objective}={figure(self.value)}"
+
+    def line(self, swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
         # A job waiting to run (again) has no current rate; its last one would read as progress.
         rate = "-" if self.samples_per_s is None or self.state in slurmctl.WAITING_STATES else f"{self.samples_per_s:.0f}"
         state = f"{self.state}({self.reason})" if self.reason else self.state
         swept = f"{self.swept or '-':<{swept_width}} " if swept_width else ""
+        # A run outside a search, listed beside one, leaves the column blank: `-` means "no value yet".
+        objective = f"{self.objective:<{objective_width}} " if objective_width else ""
         metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
         interrupted = f"  ({self.interrupted})" if self.interrupted else ""
-        return f"{self.job_id or 'local':<12} {swept}{state:<24} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}{interrupted}"
+        head = f"{self.job_id or 'local':<12} {swept}{objective}{state:<24}"
+        return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}{interrupted}"
 
 
-def header(swept_width: int = 0, metrics_width: int = 0) -> str:
+def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
     swept = f"{'swept':<{swept_width}} " if swept_width else ""
+    objective = f"{'objective':<{objective_width}} " if objective_width else ""
     metrics = f"{'last step':<{metrics_width}}  " if metrics_width else ""
-    return f"{'job':<12} {swept}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  {metrics}log"
+    return f"{'job':<12} {swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  {metrics}log"
+
+
+def figure(value: float) -> str:
+    """An objective's value in four significant digits; a throughput in whole samples/s."""
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
 
 
 def step_metrics(record: dict[str, Any] | None) -> str:
@@ -109,6 +160,93 @@ def swept_label(values: dict[str, str]) -> str:
     return " ".join(f"{key}={value}" for key, value in values.items())
 
 
+def read_search(sweep_dir: Path) -> Search | None:
+    """The search a sweep dir's sweep.json describes; None for a plain sweep (or no sweep)."""
+    record = _read_json(sweep_dir / "sweep.json")
+    search = record.get("search")
+    if not isinstance(search, dict) or not isinstance(search.get("objective"), str):
+        return None
+    objective = search["objective"]
+    direction = search.get("direction")
+    if direction not in ("maximize", "minimize"):  # null: left to the figure's known better side
+        direction = objective_direction(objective) or "minimize"
+    points: dict[str, tuple[int, int | None]] = {}
+    for point in record.get("points", []):
+        if isinstance(point, dict) and isinstance(point.get("num"), int) and point.get("run_dir"):
+            trial = point.get("trial")
+            points[Path(str(point["run_dir"])).name] = (point["num"], trial if isinstance(trial, int) and not isinstance(trial, bool) else None)
+    return Search(sweep_dir, objective, direction, points)
+
+
+def searches(runs: Sequence[RunDir]) -> dict[Path, Search]:
+    """The searches among the sweeps of `runs`, by sweep dir (a point's parent, as swept_values reads it)."""
+    found = {parent: read_search(parent) for parent in dict.fromkeys(run.path.parent for run in runs)}
+    return {parent: search for parent, search in found.items() if search is not None}
+
+
+def best_first(trials: Sequence[T], value: Callable[[T], float | None], point: Callable[[T], int], direction: str) -> list[T]:
+    """Trials ranked by their objective, the better side first (ties by point number), then those
+    without a value in point order."""
+    sign = -1.0 if direction == "maximize" else 1.0
+
+    def key(trial: T) -> tuple[bool, float, int]:
+        reported = value(trial)
+        return (reported is None, 0.0 if reported is None else sign * reported, point(trial))
+
+    return sorted(trials, key=key)
+
+
+def trial_outcome(value: float | None, state: str) -> str:
+    """The trial's outcome: completed (the objective reported), failed (ended without it), or running or waiting."""
+    if value is not None:
+        return "completed"
+    return "failed" if state in ENDED_STATES else "running or waiting"
+
+
+def ranked(trials: Sequence[RunStatus]) -> list[RunStatus]:
+    """The trials of one search, best first."""
+    search = trials[0].search
+    assert search is not None, "ranked() takes a search's trials"
+    return best_first(trials, lambda s: s.value, lambda s: search.point(s.run_dir), search.direction)
+
+
+def by_search(found: Sequence[RunStatus]) -> dict[Path, list[RunStatus]]:
+    """The search trials among `found`, by sweep dir, in their order; other runs are left out."""
+    trials: dict[Path, list[RunStatus]] = {}
+    for status in found:
+        if status.search is not None:
+            trials.setdefault(status.search.sweep_dir, []).append(status)
+    return trials
+
+
+def rank_trials(found: Sequence[RunStatus]) -> list[RunStatus]:
+    """`found` with each search's trials ranked best first in the places they held; other runs keep theirs."""
+    places: dict[Path, list[int]] = {}
+    for i, status in enumerate(found):
+        if status.search is not None:
+            places.setdefault(status.search.sweep_dir, []).append(i)
+    order = list(found)
+    for indices in places.values():
+        for place, status in zip(indices, ranked([found[i] for i in indices]), strict=True):
+            order[place] = status
+    return order
+
+
+def search_summary(trials: Sequence[RunStatus]) -> str:
+    """One line on a search's trials: how many ended how, the objective, and the best trial."""
+    best = ranked(trials)[0]
+    search = best.search
+    assert search is not None, "search_summary() takes a search's trials"
+    counts = Counter(trial_outcome(s.value, s.state) for s in trials)
+    outcomes = f"{counts['completed']} completed, {counts['failed']} failed, {counts['running or waiting']} running or waiting"
+    head = f"search {search.sweep_dir}: {len(trials)} trial{'' if len(trials) == 1 else 's'} ({outcomes}), objective {search.objective} ({search.direction})"
+    if best.value is None:
+        return f"{head}; no trial has reported {search.objective}"
+    trial = search.trial(best.run_dir)
+    name = " ".join([f"#{search.point(best.run_dir)}", *([f"(trial {trial})"] if trial is not None else []), *([best.swept] if best.swept else [])])
+    return f"{head}; best {name}: {best.objective}"
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -135,7 +273,7 @@ def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "") -> RunStatus:
+def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "", search: Search | None = None) -> RunStatus:
     job = _read_json(run_dir.job)
     result = _read_json(run_dir.result)
     job_id = job.get("job_id")
@@ -169,16 +307,23 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         swept,
         step_metrics(step),
         total_line(read_jsonl(run_dir.path / TIMELINE)) or "",
+        search,
+        objective_value(result, search.objective) if search else None,
     )
 
 
 def statuses(path: Path) -> list[RunStatus]:
-    runs = find_runs(path)
+    return statuses_of(find_runs(path))
+
+
+def statuses_of(runs: Sequence[RunDir]) -> list[RunStatus]:
+    """Each run's status, a search's trials best first (in the places its runs held)."""
     job_ids = [j for j in (_read_json(r.job).get("job_id") for r in runs) if isinstance(j, str)]
     slurm = slurmctl.job_records(job_ids)
     accounting = slurmctl.accounting_states([j for j in job_ids if j not in slurm])
     swept = swept_values(runs)
-    return [run_status(run, slurm, accounting, swept_label(swept.get(run.path, {}))) for run in runs]
+    found = searches(runs)
+    return rank_trials([run_status(run, slurm, accounting, swept_label(swept.get(run.path, {})), found.get(run.path.parent)) for run in runs])
 
 
 def main(argv: list[str]) -> int:
@@ -195,9 +340,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     width = max((len(status.swept) for status in found), default=0)
     metrics_width = max((len(status.metrics) for status in found), default=0)
-    print(header(width, metrics_width))
+    objective_width = max((len(status.objective) for status in found), default=0)
+    if objective_width:
+        objective_width = max(objective_width, len("objective"))
+    for trials in by_search(found).values():
+        print(search_summary(trials))
+    print(header(width, metrics_width, objective_width))
     for status in found:
-        print(status.line(width, metrics_width))
+        print(status.line(width, metrics_width, objective_width))
     return 0
 
 
