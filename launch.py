@@ -106,7 +106,11 @@ def check_command(args: argparse.Namespace) -> tuple[list[JobConfig], Search | N
         try:
             validate_job(job)
         except UserError as err:
-            where = f"the search space at {' '.join(overrides)}" if search else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
+            where = (
+                f"the search space at {' '.join(o for o in overrides if o not in args.overrides)}"
+                if search
+                else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
+            )
             raise UserError(f"{where}: {err}") from None
     return [job for _, job in points], search
 

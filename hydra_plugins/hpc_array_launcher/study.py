@@ -14,6 +14,7 @@ No `from __future__ import annotations`, and optuna imported only inside methods
 every module here while it discovers plugins, with or without the optuna extra installed.
 """
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ DEFAULT_STUDY = "search"
 
 class StudySweeper(Sweeper):
     def __init__(self, **options: Any) -> None:
+        # optuna 2.x on SQLAlchemy 1.4 (pinned: its storage needs it) warns of SQLAlchemy 2.0 at import
+        os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
         from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 
         options.pop("_target_", None)

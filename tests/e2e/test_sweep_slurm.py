@@ -100,7 +100,7 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
 def test_scaling_preset_submits_one_array_per_shape_and_reports_efficiency(tmp_path):
     done = launch_sweep("experiment=scaling", "cluster=simulated", "resources.tasks_per_node=1", "trainer.epochs=2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert len(re.findall(r"submitted job array (\d+): 1 tasks", done.stdout)) == 3
+    assert len(re.findall(r"submitted job (\d+) \(point #\d\)", done.stdout)) == 3
     sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))
     assert wait_for_sweep(sweep_dir) == ["COMPLETED"] * 3
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)

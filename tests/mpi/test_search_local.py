@@ -1,0 +1,52 @@
+"""A real Optuna study on local MPI ranks (cluster=local): trials one after another, Ctrl-C in the
+middle of one, the same command again continues the study, and it beats the default lr."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.runs import ROOT
+from tests.support.search import check_study, launch_command, run_search, sweep_points
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+TRIAL = ("trainer.epochs=2", "model.hidden_sizes=[256,256]")
+
+
+def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_default(tmp_path):
+    sweep_dir = tmp_path / "study"
+    first = subprocess.Popen(launch_command(*TRIAL, sweep_dir=sweep_dir), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    # Ctrl-C once the second trial trains: its ranks stop at a checkpoint, the first is done.
+    while not (len(sweep_points(sweep_dir)) == 2 and (sweep_dir / "1" / "steps.jsonl").exists()):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)  # polling the run dir: there is no event to wait on
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 75 and "run the same command again to continue the study" in err, out[-2000:] + err[-2000:]
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stopped"
+
+    again = run_search(*TRIAL, sweep_dir=sweep_dir)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "waiting for the 2 trial(s) the previous launcher submitted" in again.stdout
+    assert again.stdout.count("running locally") == 3  # trial 1 resumed, 2 and 3 new; trial 0 was done
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
+    values = check_study(sweep_dir, trials=4)
+
+    default = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *TRIAL, f"run_root={tmp_path / 'default'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert default.returncode == 0, default.stderr[-2000:]
+    (result,) = (tmp_path / "default").glob("*/*/result.json")
+    assert max(values.values()) > json.loads(result.read_text())["test_accuracy"]
+
+    status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout
+    report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert report.returncode == 0 and (sweep_dir / "objective.png").stat().st_size > 0, report.stderr

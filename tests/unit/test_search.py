@@ -1,0 +1,153 @@
+"""Searching sweepers (hydra/sweeper=optuna): the objective, the checks before anything is
+submitted, and how the launcher waits for a batch of trials. The real studies run in
+tests/mpi/test_search_local.py and tests/e2e/test_search_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc import slurmctl
+from hpc.config.compose import fixed_overrides, sweeper_config
+from hpc.config.search import check_search, edge_points, search_arguments, sweeper_name
+from hpc.errors import UserError
+from hpc.objective import check_objective, objective_direction, objective_value, reported_objectives
+from hpc.rundir import RunDir
+from hpc.submit import trials
+from hpc.submit.sweep import SweepPoint
+from hydra_plugins.hpc_array_launcher.array_launcher import TrialFailed, trial_return
+from tests.support.runs import ROOT
+
+OPTUNA = ["hydra/sweeper=optuna"]
+RESULT = {"status": "completed", "loss": 0.4, "samples_per_s": 900.0, "test_metrics": {"accuracy": 0.91, "loss": 0.3}}
+
+
+def test_objective_values_come_from_result_json():
+    assert objective_value(RESULT, "test_accuracy") == 0.91
+    assert objective_value(RESULT, "test_loss") == 0.3
+    assert objective_value(RESULT, "loss") == 0.4
+    assert objective_value(RESULT, "test_perplexity") is None
+    assert objective_value({**RESULT, "loss": float("nan")}, "loss") is None  # never a NaN handed to a sweeper
+    assert objective_value({**RESULT, "loss": True}, "loss") is None
+    assert reported_objectives(RESULT) == ["loss", "samples_per_s", "test_accuracy", "test_loss"]
+
+
+def test_objective_names_are_checked_against_what_the_task_reports():
+    assert check_objective("test_accuracy", "classify") is None
+    assert check_objective("test_perplexity", "lm") is None
+    assert "task=classify runs report loss, samples_per_s, test_accuracy, test_loss" in str(check_objective("test_perplexity", "classify"))
+    assert check_objective("test_close", None) is None  # a user task's metric: known once it ran
+    assert check_objective("accuracy", None) is not None
+    assert objective_direction("test_accuracy") == "maximize" and objective_direction("test_loss") == "minimize"
+    assert objective_direction("test_close") is None
+
+
+def test_edges_of_the_search_space_are_composed_not_only_its_first_point():
+    points = edge_points(["optim.lr=interval(0.01,0.3)", "model=mlp,cnn", "trainer.epochs=1"], {})
+    assert points == [
+        ["trainer.epochs=1", "optim.lr=0.01", "model=mlp"],
+        ["trainer.epochs=1", "optim.lr=0.3", "model=mlp"],
+        ["trainer.epochs=1", "optim.lr=0.01", "model=cnn"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["optim.lr=interval(0.01,0.3)"], "set sweep.objective"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_perplexity"], "task=classify runs report"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_accuracy"], "set hydra.sweeper.direction=maximize"),
+        (["cluster=local,simulated", "sweep.objective=loss"], "cluster cannot be searched"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra/sweeper/sampler=grid"], "sampler=grid"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.direction=[minimize,maximize]"], "lists 2 directions"),
+    ],
+)
+def test_a_search_the_launcher_cannot_run_is_refused_in_one_line(arguments, message):
+    sweeper = sweeper_config(fixed_overrides([*OPTUNA, *arguments]))
+    with pytest.raises(UserError, match=message):
+        check_search(arguments, sweeper)
+
+
+def test_a_search_space_edge_that_no_trial_could_run_with_leaves_nothing(tmp_path):
+    command = [sys.executable, str(ROOT / "launch.py"), "-m", *OPTUNA, "optim.lr=interval(-0.1,0.3)", "sweep.objective=loss", f"run_root={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == "error: the search space at optim.lr=-0.1: optim.lr=-0.1 must be > 0", done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweeper_that_is_not_installed_names_its_package(tmp_path):
+    command = [sys.executable, str(ROOT / "launch.py"), "-m", "hydra/sweeper=nevergrad", "optim.lr=0.1,0.2", f"run_root={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and "pip install hydra-nevergrad-sweeper" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_the_command_of_a_study_ignores_what_may_change_when_it_is_continued():
+    argv = ["-m", "hydra/sweeper=optuna", "optim.lr=interval(0.01,0.3)", "hydra.sweeper.n_trials=8", "hydra.sweep.dir=/x"]
+    assert search_arguments(argv) == ["hydra/sweeper=optuna", "optim.lr=interval(0.01,0.3)"]
+    assert sweeper_name("hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper") == "optuna"
+
+
+def test_a_trial_without_an_objective_reaches_the_sweeper_as_a_failure_never_a_number():
+    assert trial_return(["optim.lr=0.1"], trials.Outcome(3, 0.9)).return_value == 0.9
+    failed = trial_return(["optim.lr=0.1"], trials.Outcome(3, None, "job 7_1 ended FAILED"))
+    # Hydra's plugin discovery may execute the launcher's module again: compare the class by name.
+    with pytest.raises(Exception, match="trial #3: job 7_1 ended FAILED") as raised:
+        failed.return_value  # noqa: B018
+    assert type(raised.value).__name__ == TrialFailed.__name__
+
+
+def _point(num: int, job_config) -> SweepPoint:
+    return SweepPoint(num, (f"optim.lr=0.{num + 1}",), job_config)
+
+
+class FakeSlurm:
+    """Job states by poll, per job id; the run's result.json appears when a poll says so."""
+
+    def __init__(self, sweep_dir: Path, timelines: dict[str, list[str]], results: dict[str, tuple[int, dict]]):
+        self.sweep_dir, self.timelines, self.results, self.polls = sweep_dir, timelines, results, 0
+
+    def job_records(self, ids):
+        for job_id, (at_poll, result) in self.results.items():
+            if self.polls == at_poll:
+                num = int(job_id.split("_")[1])
+                RunDir(self.sweep_dir / str(num)).write_json(RunDir(self.sweep_dir / str(num)).result, result)
+        records = {}
+        for job_id in ids:
+            timeline = self.timelines[job_id]
+            state = timeline[min(self.polls, len(timeline) - 1)]
+            if state != "GONE":
+                records[job_id] = {"JobState": state, "Restarts": "1" if "requeued" in timeline[: self.polls + 1] else "0"}
+        self.polls += 1
+        return {k: {**v, "JobState": v["JobState"].replace("requeued", "PENDING")} for k, v in records.items()}
+
+
+def test_waiting_follows_a_requeue_and_fails_only_jobs_that_ended_for_good(tmp_path, monkeypatch):
+    from hpc.config.compose import compose_job
+
+    job = compose_job([])
+    for num in range(3):
+        (tmp_path / str(num)).mkdir()
+    fake = FakeSlurm(
+        tmp_path,
+        {
+            "7_0": ["PENDING", "RUNNING", "NODE_FAIL", "requeued", "RUNNING", "RUNNING", "COMPLETED"],  # a moment of NODE_FAIL, then requeued
+            "7_1": ["RUNNING", "FAILED"],
+            "7_2": ["RUNNING", "RUNNING", "COMPLETED"],
+        },
+        {"7_0": (6, RESULT), "7_2": (2, {**RESULT, "test_metrics": {"loss": 0.2}})},
+    )
+    monkeypatch.setattr(slurmctl, "job_records", fake.job_records)
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {})
+    lines: list[str] = []
+    points = [_point(num, job) for num in range(3)]
+    outcomes = trials.wait_for_jobs(points, {0: "7_0", 1: "7_1", 2: "7_2"}, tmp_path, "test_accuracy", lines.append, poll_s=0)
+    assert outcomes[0] == trials.Outcome(0, 0.91)
+    assert outcomes[1].value is None and "job 7_1 ended FAILED without a result" in str(outcomes[1].error)
+    assert outcomes[2].value is None and "reported no sweep.objective=test_accuracy (it has: loss, samples_per_s, test_loss)" in str(outcomes[2].error)
+    assert "trial #0 (optim.lr=0.1): job 7_0 PENDING (restarts: 1)" in lines  # one line per change
+    assert len([line for line in lines if line.startswith("trial #0")]) == len(["PENDING", "RUNNING", "NODE_FAIL", "requeued", "RUNNING", "done"])
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "completed"
