@@ -169,13 +169,13 @@ def validated(cfg: DictConfig) -> JobConfig:
     return job
 
 
-def print_search(search: Search, job: JobConfig) -> None:
+def print_search(search: Search, job: JobConfig, command: list[str]) -> None:
     """`-m ... dry_run=true` with a searching sweeper: what each trial would run, nothing more."""
     direction = f" ({search.direction})" if search.direction else ""
     print(f"# hydra/sweeper={search.sweeper}: each trial returns sweep.objective={search.objective}{direction}")
     print(f"# the search space's edges, each composed and checked: {len(search.points)}")
     for overrides, _ in search.points:
-        print(f"#   {' '.join(overrides)}")
+        print(f"#   {' '.join(o for o in overrides if o not in command)}")
     where = "on local MPI ranks, one after another" if job.cluster.launcher == "local" else f"as one job array per batch on {job.cluster.name}"
     print(f"dry run: nothing submitted; trials would run {where}")
 
@@ -198,7 +198,7 @@ def cli() -> None:
         except UserError as err:
             fail(str(err), err.exit_code)
         if search and jobs[0].dry_run:
-            print_search(search, jobs[0])
+            print_search(search, jobs[0], args.overrides)
             return
         if search and search.sweeper == "optuna":  # the study outlives this process (hydra_plugins/hpc_array_launcher/study.py)
             sys.argv.append(f"hydra.sweeper._target_={STUDY_SWEEPER}")
