@@ -71,6 +71,8 @@ class StudySweeper(Sweeper):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
         name, directions = impl.study_name or DEFAULT_STUDY, impl._get_directions()
         study = optuna.create_study(study_name=name, storage=storage, sampler=impl.sampler, directions=directions, load_if_exists=True)
+        if study.trials:  # continued: a sampler seeded as before would ask the first trials' values again
+            study.sampler.reseed_rng()
         print(f"study {name!r} in {storage}: {len(study.trials)} trials so far")
         print(f"if this launcher is interrupted, continue the study with: {resume_command(sweep_dir)}")
 

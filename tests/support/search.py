@@ -51,6 +51,8 @@ def check_study(sweep_dir: Path, trials: int) -> dict[int, float]:
     for point in points:
         result = json.loads((Path(point["run_dir"]) / "result.json").read_text())
         values[point["trial"]] = objective_value(result, "test_accuracy")
+    asked = [tuple(sorted(t.params.items())) for t in study.trials if t.number in values]
+    assert len(set(asked)) == len(asked), f"a continued study asked the same values again: {asked}"
     told = {t.number: t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
     assert told == values, (told, values)
     assert study.best_value == max(values.values())
