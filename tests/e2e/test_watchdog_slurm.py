@@ -15,6 +15,7 @@ import pytest
 from benchmarks.simcluster import poll, restarts
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, submit_job
+from trainers.layout import committed_steps
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -37,7 +38,10 @@ def restarted_in_allocation(run_dir) -> bool:
 
 def test_a_stalled_rank_restarts_the_ranks_in_the_allocation_which_resume_and_complete(tmp_path):
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
-    poll(lambda: logged_steps(run_dir) >= 12, "step 12")
+    # Stop a rank once step 10's save has committed (an async save commits only when every rank
+    # has written it, which a loaded machine can push past the next steps).
+    poll(lambda: logged_steps(run_dir) >= 12 and max(committed_steps(run_dir / "checkpoints"), default=0) >= 10, "step 12, and step 10 committed")
+    committed = max(committed_steps(run_dir / "checkpoints"))
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 3).read_text())
     os.kill(victim["pid"], signal.SIGSTOP)  # rank 3 on the second node stops dead
     try:
@@ -50,7 +54,7 @@ def test_a_stalled_rank_restarts_the_ranks_in_the_allocation_which_resume_and_co
     assert wait_until_done(job_id) == "COMPLETED"
     assert restarts(job_id) == 0  # never requeued
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["resumed_from"] >= 10
+    assert result["status"] == "completed" and result["resumed_from"] >= committed
     # Whichever rank's watchdog fires first logs the verdict; srun may end the others first.
     log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
     assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
