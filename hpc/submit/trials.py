@@ -72,7 +72,8 @@ def wait_for(points: Sequence[SweepPoint], sweep_dir: Path, objective: str, emit
     one after another; Slurm's are waited for."""
     outcomes = {p.num: run_local_trial(p, sweep_dir, objective, emit) for p in points if p.job.cluster.launcher == "local"}
     on_slurm = [p for p in points if p.job.cluster.launcher != "local"]
-    job_ids = {p.num: _job_id(sweep_dir, p.num) for p in on_slurm}
+    submitted = {point.get("num"): point.get("job_id") for point in read_record(sweep_dir)["points"]}
+    job_ids = {p.num: submitted.get(p.num) for p in on_slurm}
     outcomes.update(wait_for_jobs(on_slurm, job_ids, sweep_dir, objective, emit))
     return [outcomes[p.num] for p in points]
 
@@ -150,13 +151,6 @@ def trial_outcome(num: int, run_dir: RunDir, objective: str) -> Outcome | None:
     if value is None:
         return Outcome(num, None, f"its run reported no sweep.objective={objective} (it has: {', '.join(reported_objectives(result)) or 'nothing'})")
     return Outcome(num, value)
-
-
-def _job_id(sweep_dir: Path, num: int) -> str | None:
-    for point in read_record(sweep_dir)["points"]:
-        if point.get("num") == num:
-            return point.get("job_id")
-    return None
 
 
 def _label(point: SweepPoint) -> str:

@@ -1,6 +1,7 @@
 """A real Optuna study on the simulated Slurm: each batch one job array, a trial preempted and
 requeued while its launcher is gone (killed, as when an ssh session dies), and the same command
-again waits for the trials already submitted instead of submitting them twice."""
+again waits for the trials already submitted instead of submitting them twice; the study's best
+beats the default lr, run beside it in the same configuration."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from benchmarks.simcluster import poll, release_when_requeued
 from hpc.slurmctl import job_state
-from tests.support.runs import ROOT, logged_steps
+from tests.conftest import wait_until_done
+from tests.support.runs import ROOT, logged_steps, submit_job
 from tests.support.search import check_study, launch_command, run_search, sweep_points
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -20,7 +22,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 TRIAL = ("cluster=simulated", "model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
 
 
-def test_a_study_on_slurm_outlives_its_launcher_and_a_preempted_trial(tmp_path):
+def test_a_study_on_slurm_outlives_its_launcher_and_a_preempted_trial_and_beats_the_default(tmp_path):
+    (tmp_path / "default").mkdir()
+    default_job, default_run = submit_job(*TRIAL, cwd=tmp_path / "default")  # the default lr, alongside the study
     sweep_dir = tmp_path / "study"
     first = subprocess.Popen(launch_command(*TRIAL, sweep_dir=sweep_dir), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     poll(lambda: len(sweep_points(sweep_dir)) == 2 or first.poll() is not None, "the first batch to be submitted", timeout_s=120)
@@ -39,7 +43,9 @@ def test_a_study_on_slurm_outlives_its_launcher_and_a_preempted_trial(tmp_path):
     assert [a["points"] for a in record["arrays"]] == [[0, 1], [2, 3]]  # each batch one array, submitted once
     result = json.loads((sweep_dir / "0" / "result.json").read_text())
     assert result["restarts"] >= 1 and result["resumed_from"] is not None and job_state(job_id) in ("COMPLETED", "UNKNOWN")
-    check_study(sweep_dir, trials=4)
+    values = check_study(sweep_dir, trials=4)
+    assert wait_until_done(default_job) == "COMPLETED"
+    assert max(values.values()) > json.loads((default_run / "result.json").read_text())["test_accuracy"]
     assert (sweep_dir / "optimization_results.yaml").exists()
 
     status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
