@@ -19,7 +19,18 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpc.config.compose import CONF_DIR, ConfigSource, compose_job, compose_run, fixed_overrides, initialized, register_schemas, sweep_points, sweeper_config
+from hpc.config.compose import (
+    CONF_DIR,
+    ConfigSource,
+    compose_job,
+    compose_run,
+    fixed_overrides,
+    initialized,
+    load_plugins,
+    register_schemas,
+    sweep_points,
+    sweeper_config,
+)
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
 from hpc.config.search import STUDY_SWEEPER, Search, check_search, is_basic
 from hpc.config.validate import validate_job
@@ -182,6 +193,10 @@ def print_search(search: Search, job: JobConfig, command: list[str]) -> None:
 
 def cli() -> None:
     register_schemas()
+    try:
+        load_plugins()
+    except UserError as err:
+        fail(str(err), err.exit_code)
     args = parse_args(sys.argv[1:])
     if not info_only(args) and not args.multirun:
         try:

@@ -47,6 +47,32 @@ def register_schemas() -> None:
     store.store(group="hydra/launcher", name="hpc_array", node={"_target_": ARRAY_LAUNCHER}, provider="hpc-toolkit")
 
 
+def load_plugins() -> None:
+    """Hydra imports every installed Hydra plugin before anything else; one that fails to import
+    (hydra-ax-sweeper 1.2.0 on Python 3.11) would end every command with a traceback."""
+    import sys
+
+    from hydra.core.plugins import Plugins
+
+    try:
+        Plugins.instance()
+    except Exception as err:
+        module = _scanned_module(err.__traceback__) or "a module under hydra_plugins"
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        cause = f"{type(err).__name__}: {err}"
+        fix = f"uninstall its package, or install a release that supports Python {python}"
+        raise UserError(f"the installed Hydra plugin {module} fails to import ({cause}): {fix}") from None
+
+
+def _scanned_module(tb: Any) -> str | None:
+    """The plugin module Hydra's scan was importing when it failed (its loop variable)."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_scan_all_plugins":
+            return tb.tb_frame.f_locals.get("modname")
+        tb = tb.tb_next
+    return None
+
+
 @dataclass(frozen=True)
 class ConfigSource:
     """Where the primary config comes from: launch.py's defaults, or its Hydra flags

@@ -130,3 +130,19 @@ def test_submit_path_never_imports_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "NO_TORCH" in result.stdout
+
+
+def test_a_hydra_plugin_that_fails_to_import_is_named_in_one_line(tmp_path):
+    # As hydra-ax-sweeper 1.2.0 does on Python 3.11: Hydra imports every plugin first, so the
+    # broken one would otherwise end every command, even a plain run, with a traceback.
+    broken = tmp_path / "plugins" / "hydra_plugins" / "broken_sweeper"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ValueError('mutable default for field early_stop')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(ROOT)])}
+    for command in ([], ["-m", "optim.lr=0.1,0.2"]):
+        result = run_launch(*command, "dry_run=true", cwd=tmp_path, env=env)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines() == [
+            "error: the installed Hydra plugin hydra_plugins.broken_sweeper fails to import (ValueError: mutable default for field early_stop): "
+            f"uninstall its package, or install a release that supports Python {sys.version_info.major}.{sys.version_info.minor}"
+        ]
