@@ -44,10 +44,14 @@ def pinned_command(command: list[str], env: dict[str, str], code: Path, inherite
     return ["/usr/bin/env", *(f"{key}={value}" for key, value in sorted(pinned.items())), *command]
 
 
-def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None) -> int:
+def run_local(
+    job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None, stops: list[int] | None = None
+) -> int:
     """Run in the foreground; rank 0 prints progress. Returns mpirun's exit code. job.json
     names this process, so `python -m hpc.status` can tell a running run from a dead one.
-    `code`: sources frozen already (a sweep's one copy); by default <run_dir>/code, made now."""
+    `code`: sources frozen already (a sweep's one copy); by default <run_dir>/code, made now.
+    `stops`: each signal that reached this process while the ranks ran is appended (a sweep
+    stops after a run that was asked to stop, even one that completed as the signal came)."""
     mpirun = find_mpirun()
     if mpirun is None:
         raise UserError("mpirun not found: run scripts/install.sh")
@@ -59,15 +63,18 @@ def run_local(job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[s
     # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
-    return run_command(command, {**os.environ, **rendezvous, **tty})  # the very command.txt
+    return run_command(command, {**os.environ, **rendezvous, **tty}, stops)  # the very command.txt
 
 
-def run_command(command: list[str], env: dict[str, str]) -> int:
+def run_command(command: list[str], env: dict[str, str], stops: list[int] | None = None) -> int:
     """Run command.txt's command (hpc.submit.ranks) in the foreground, in a session of its own so
     that a terminal's Ctrl-C reaches it once, from here: each SIGINT, SIGTERM or SIGHUP that
-    reaches this process is passed on (the first stops the ranks at a step, a second ends them)."""
+    reaches this process is passed on (the first stops the ranks at a step, a second ends them)
+    and appended to `stops`."""
 
     def forward(proc: subprocess.Popen[bytes], signum: int) -> None:
+        if stops is not None:
+            stops.append(signum)
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 

@@ -85,11 +85,14 @@ def run_local_trial(point: SweepPoint, sweep_dir: Path, objective: str, emit: Ca
     if done is not None and done.value is not None:
         return done  # it completed before the launcher was interrupted
     emit(f"trial #{point.num} ({_label(point)}): running locally")
-    code = local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)})
+    stops: list[int] = []
+    code = local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops)
     if code == EXIT_RESUMABLE:
         raise SearchInterrupted(f"trial #{point.num} stopped at a checkpoint; run the same command again to continue the study")
     outcome = trial_outcome(point.num, run_dir, objective) or Outcome(point.num, None, f"its ranks exited with code {code} (see {run_dir.rank_log(0)})")
     emit(f"trial #{point.num} ({_label(point)}): {_describe(outcome, objective)}")
+    if stops:  # the signal came as the trial ended: it stops the study all the same
+        raise SearchInterrupted(f"interrupted as trial #{point.num} ended; run the same command again to continue the study")
     return outcome
 
 

@@ -137,15 +137,15 @@ def test_sigkill_during_a_save_never_commits_it_and_resumes_from_the_one_before(
         log_offset = len(rank0_log.read_text())
         saving, committed = kill_rank0_during_a_save(run_dir)
         poll(lambda: restarts(job_id) > before, f"job {job_id} to requeue itself")  # srun ended: every rank is gone
-        assert not is_committed(run_dir, saving) and newest_committed_step(run_dir) == committed, (saving, committed)
+        assert not is_committed(run_dir, saving) and newest_committed_step(run_dir) == committed, (kill, saving, committed, newest_committed_step(run_dir))
         restored = Checkpointer(run_dir / "checkpoints", 0, 4, keep=3).load_latest()
         assert restored is not None and restored[0] == committed, f"loads {restored and restored[0]}, not the newest committed step {committed}"
         release_when_requeued(job_id, before)  # start it without Slurm's delay
         poll(lambda: RESUMED in rank0_log.read_text()[log_offset:], "the restarted job to resume")
-        assert first_resume_after(rank0_log, log_offset) == committed
+        assert first_resume_after(rank0_log, log_offset) == committed, (kill, saving, committed)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["resumed_from"] > 0
+    assert result["status"] == "completed" and result["resumed_from"] > 0, result
     # Step ids repeat across requeues (28.0 every time): a kill Slurm still had queued for the
     # SIGKILLed incarnation sometimes reaches the restarted step as SIGTERM (seen in CI). The ranks
     # must then do what they do for any signal: checkpoint, requeue, resume. Each extra restart
@@ -154,7 +154,7 @@ def test_sigkill_during_a_save_never_commits_it_and_resumes_from_the_one_before(
     # "Job completed successfully", then "STEP CANCELLED"): srun fails and the EXIT trap requeues;
     # the next start finds training done. Every restart must be one of the two kinds.
     clean_stops = rank0_log.read_text().count("checkpoint committed; external signal: requeueing job")
-    assert trap_requeues(run_dir) >= KILLS
+    assert trap_requeues(run_dir) >= KILLS, (trap_requeues(run_dir), result)
     assert result["restarts"] == trap_requeues(run_dir) + clean_stops, (result["restarts"], trap_requeues(run_dir), clean_stops)
 
 

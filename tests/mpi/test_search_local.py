@@ -16,7 +16,9 @@ from tests.support.search import check_study, launch_command, run_search, sweep_
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
-TRIAL = ("trainer.epochs=2", "model.hidden_sizes=[256,256]")
+# Wide enough that a trial trains for about half a second: the Ctrl-C below must land while it
+# trains (with [256,256] it trained 0.1 s and the signal sometimes came as it completed).
+TRIAL = ("trainer.epochs=3", "model.hidden_sizes=[1024,1024]")
 
 
 def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_default(tmp_path):

@@ -151,3 +151,28 @@ def test_waiting_follows_a_requeue_and_fails_only_jobs_that_ended_for_good(tmp_p
     assert "trial #0 (optim.lr=0.1): job 7_0 PENDING (restarts: 1)" in lines  # one line per change
     assert len([line for line in lines if line.startswith("trial #0")]) == len(["PENDING", "RUNNING", "NODE_FAIL", "requeued", "RUNNING", "done"])
     assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "completed"
+
+
+def test_a_signal_that_comes_as_a_local_trial_completes_stops_the_study_after_it(tmp_path, monkeypatch):
+    """Ctrl-C in the last moments of a trial: its ranks complete rather than stop, and the study
+    must stop all the same (it went on to the next trials: seen in CI)."""
+    import signal
+
+    from hpc.config.compose import compose_job
+    from hpc.submit import local
+
+    def completes_as_signalled(job, env, run_dir, info=None, code=None, stops=None):
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        run_dir.write_json(run_dir.result, RESULT)
+        stops.append(signal.SIGINT)
+        return 0
+
+    monkeypatch.setattr(local, "run_local", completes_as_signalled)
+    lines: list[str] = []
+    point = _point(0, compose_job([]))
+    with pytest.raises(trials.SearchInterrupted, match="interrupted as trial #0 ended; run the same command again") as raised:
+        trials.run_local_trial(point, tmp_path, "test_accuracy", lines.append)
+    assert raised.value.exit_code == 75
+    assert lines == ["trial #0 (optim.lr=0.1): running locally", "trial #0 (optim.lr=0.1): test_accuracy=0.91"]
+    monkeypatch.setattr(local, "run_local", lambda *args, **kwargs: pytest.fail("a completed trial ran again"))
+    assert trials.run_local_trial(point, tmp_path, "test_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again

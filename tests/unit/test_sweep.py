@@ -131,3 +131,27 @@ def test_each_sweep_point_is_composed_once_and_as_hydra_would(tmp_path, second_c
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("#   point #") == 6 and "#   point #5: resources.nodes=4 optim.lr=0.2 " in done.stdout
     assert done.stdout.count("#SBATCH --nodes=") == 3  # one array per shape
+
+
+def test_a_ctrl_c_during_a_local_sweep_stops_it_after_the_point_it_came_in(tmp_path, monkeypatch):
+    import signal
+
+    from hpc.config.compose import compose_job
+    from hpc.submit import local, sweep
+
+    ran: list[str] = []
+
+    def interrupted_run(job, env, run_dir, info=None, code=None, stops=None):
+        ran.append(run_dir.path.name)
+        stops.append(signal.SIGINT)
+        return 0  # it completed as the signal came
+
+    monkeypatch.setattr(local, "run_local", interrupted_run)
+    monkeypatch.setattr(sweep, "prepare_points", lambda points: list(points))
+    monkeypatch.setattr(sweep, "write_point_dirs", lambda points, sweep_dir: None)
+    job = compose_job([])
+    lines: list[str] = []
+    points = [SweepPoint(num, (f"optim.lr=0.{num + 1}",), job) for num in range(3)]
+    assert sweep.launch_sweep(points, tmp_path, lines.append) == 128 + signal.SIGINT
+    assert ran == ["0"]
+    assert "interrupted: points #1, #2 not run" in lines, lines
