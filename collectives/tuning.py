@@ -33,7 +33,7 @@ import torch
 
 log = logging.getLogger("collectives")
 
-FORMAT = 2  # bump when an algorithm changes: older tables no longer describe it
+FORMAT = 2  # bump when an algorithm or the way it is timed changes: older tables no longer describe it
 TUNED_SIZES = tuple(1 << k for k in range(10, 27, 2))  # bytes per rank: 1 KiB, 4 KiB ... 64 MiB
 
 
@@ -156,11 +156,16 @@ def iterations_for(nbytes: int) -> int:
     return 8 if nbytes <= 1 << 20 else 6 if nbytes <= 16 << 20 else 3
 
 
-def measure_table(comm: Any, run: Callable[[torch.Tensor, str], None], candidates: list[str], key: str, sizes: tuple[int, ...] = TUNED_SIZES) -> TuningTable:
+def measure_table(
+    comm: Any, run: Callable[[torch.Tensor, str], None], candidates: list[str], key: str, sizes: tuple[int, ...] = TUNED_SIZES, rounds: int = 2, warmup: int = 1
+) -> TuningTable:
     """Collective: time `run(buffer, algorithm)` for every candidate at every size; the slowest
     rank's median. Each candidate runs in blocks of back-to-back calls (the steady state of a
-    training loop, which repeats the same bucket sizes), in two rounds of opposite order, so that
-    drift on a shared machine hits every candidate alike."""
+    training loop, which repeats the same bucket sizes), the first `warmup` of them untimed, in
+    `rounds` rounds of alternating order, so that drift on a shared machine hits every candidate alike.
+    Four rounds with two untimed calls cost 2.5x the time and chose no more consistently in two
+    sessions of benchmarks/tuning_stability.py (7 of 8 against 5 of 8, then 3-4 of 8 against
+    5 of 8): below the noise between launches, more samples do not settle a choice."""
     from mpi4py import MPI
 
     started = time.perf_counter()
@@ -169,14 +174,14 @@ def measure_table(comm: Any, run: Callable[[torch.Tensor, str], None], candidate
         source = torch.full((nbytes // 4,), float(comm.Get_rank() + 1))
         buffer = source.clone()
         samples: dict[str, list[float]] = {name: [] for name in candidates}
-        for order in (candidates, candidates[::-1]):
-            for name in order:
-                for call in range(1 + iterations_for(nbytes)):  # the first call of a block warms up
+        for round_ in range(rounds):
+            for name in candidates if round_ % 2 == 0 else candidates[::-1]:
+                for call in range(warmup + iterations_for(nbytes)):
                     buffer.copy_(source)
                     comm.Barrier()
                     begin = time.perf_counter()
                     run(buffer, name)
-                    if call:
+                    if call >= warmup:
                         samples[name].append(time.perf_counter() - begin)
         slowest = torch.tensor([max(statistics.median(samples[name]), 1e-9) for name in candidates], dtype=torch.float64)
         comm.Allreduce(MPI.IN_PLACE, slowest.numpy(), op=MPI.MAX)
