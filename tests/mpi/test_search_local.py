@@ -52,3 +52,21 @@ def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_def
     assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert report.returncode == 0 and (sweep_dir / "objective.png").stat().st_size > 0, report.stderr
+
+
+def test_a_ctrl_c_stops_a_local_grid_sweep_at_the_point_it_came_in(tmp_path):
+    """One Ctrl-C: the running point stops at a checkpoint and the points after it never start
+    (the sweep used to go on to each next point, one Ctrl-C per point)."""
+    sweep_dir = tmp_path / "grid"
+    command = [sys.executable, str(ROOT / "launch.py"), "-m", "optim.lr=0.05,0.1,0.2", *TRIAL, f"run_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
+    sweep = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (sweep_dir / "0" / "steps.jsonl").exists():
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.05)  # polling the run dir: there is no event to wait on
+    sweep.send_signal(signal.SIGINT)
+    out, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 128 + signal.SIGINT and "interrupted: points #1, #2 not run" in out, out[-2000:] + err[-2000:]
+    assert json.loads((sweep_dir / "0" / "result.json").read_text())["status"] == "stopped"
+    assert not any((sweep_dir / str(num) / "result.json").exists() for num in (1, 2))
+    assert out.count("running locally") == 1
