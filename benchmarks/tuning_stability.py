@@ -1,6 +1,6 @@
 """How often auto's tuning pass agrees with itself: measure_table repeated on the same ranks with
-two settings, interleaved (2 rounds with 1 untimed call per block, the old pass; 4 rounds with 2,
-the default), and at each size the algorithm each repeat would choose.
+two settings, interleaved (2 rounds with 1 untimed call per block, the default; 4 rounds with 2,
+tried and not adopted), and at each size the algorithm each repeat would choose.
 
     mpirun -n 2 python benchmarks/tuning_stability.py [--repeats 8] [--sizes 4M,16M,64M]
 

@@ -68,15 +68,15 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
         submit_arrays(on_slurm, sweep_dir, record, emit)
     write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
     worst = 0
-    for point in on_local:
+    for index, point in enumerate(on_local):
         run_dir = RunDir(sweep_dir / str(point.num))
         record["points"].append(point.entry(run_dir.path, None))
         write_record(sweep_dir, record)
         emit(f"point #{point.num} ({' '.join(point.overrides)}): running locally")
         stops: list[int] = []
         worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops))
-        if stops and point is not on_local[-1]:  # one Ctrl-C stops the sweep, not just the point it came in
-            emit(f"interrupted: points {_nums(on_local[on_local.index(point) + 1 :])} not run")
+        if stops and index + 1 < len(on_local):  # one Ctrl-C stops the sweep, not just the point it came in
+            emit(f"interrupted: points {_nums(on_local[index + 1 :])} not run")
             worst = max(worst, 128 + stops[0])  # the shell's code for a command ended by that signal
             break
     emit(f"sweep directory: {sweep_dir}")
