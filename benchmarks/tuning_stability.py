@@ -36,7 +36,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for rounds, warmup in SETTINGS if repeat % 2 == 0 else SETTINGS[::-1]:  # drift hits both alike
             table = tuning.measure_table(comm, engine._run_now, candidates, "stability", sizes, rounds=rounds, warmup=warmup)
-            choices = [min(candidates, key=lambda name: table.seconds[name][i]) for i in range(len(sizes))]
+            choices = [str(table.fastest(n, candidates)) for n in sizes]  # auto's own rule
             chosen[rounds, warmup].append(choices)
             if engine.rank == 0:
                 ratios = ["/".join(f"{c}={table.seconds[c][i] / table.seconds['mpi'][i]:.2f}" for c in candidates if c != "mpi") for i in range(len(sizes))]
