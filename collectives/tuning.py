@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from collectives.mpirun import HUGE_PAGES
+
 log = logging.getLogger("collectives")
 
 FORMAT = 2  # bump when an algorithm or the way it is timed changes: older tables no longer describe it
@@ -97,7 +99,9 @@ class TuningTable:
 
 
 def host_type() -> str:
-    """What makes one machine time collectives like another: CPU model and core count."""
+    """What makes one machine time collectives like another: CPU model and core count, and
+    whether torch puts large tensors on huge pages (collectives.mpirun.huge_pages_environment:
+    15-25% at 16-64 MiB here)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -106,7 +110,8 @@ def host_type() -> str:
                 break
     except OSError:
         pass
-    return f"{model} x{os.cpu_count()}"
+    huge_pages = " thp" if os.environ.get(HUGE_PAGES, "0") not in ("", "0") else ""
+    return f"{model} x{os.cpu_count()}{huge_pages}"
 
 
 def tuning_key(host: str, world_size: int, node_sizes: tuple[int, ...], mpi_library: str, candidates: Iterable[str]) -> str:

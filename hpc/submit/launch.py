@@ -8,7 +8,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from collectives.mpirun import root_environment
+from collectives.mpirun import huge_pages_environment, root_environment
 from hpc.config.schema import JobConfig, code_targets, task_target
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
@@ -28,7 +28,7 @@ def resolved_yaml(job: JobConfig) -> str:
 
 def rank_environment(job: JobConfig) -> dict[str, str]:
     """Variables every rank needs, on top of the cluster's own."""
-    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1", **huge_pages_environment(os.environ)}
     env.update(job.cluster.env)
     env.update(root_environment())
     return env

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from collectives.bench import launch_argv, parse_args, parse_size, rotated, sizes_between
-from collectives.bench_report import bound_busbw, bus_bandwidth, crossover, human, render_markdown, summarize
+from collectives.bench_report import bound_busbw, bus_bandwidth, crossover, human, median_interval, render_markdown, summarize, verdict
 
 
 @pytest.mark.parametrize("text, size", [("8", 8), ("64K", 65536), ("16M", 16 << 20), ("1G", 1 << 30), ("2kb", 2048)])
@@ -100,7 +100,8 @@ def test_markdown_has_a_row_per_size_the_bound_and_autos_ratios():
     text = render_markdown(summarize(launches, 2), meta)
     assert "| size | auto | mpi | gloo | bound (copy, add) |" in text
     assert "| 1 MiB | 10.49 (1.05) | 6.99 (0.70) | 3.50 (0.35) | 10.0 (10.0, 10.0) |" in text
-    assert "| 1 MiB | 1.50 (1.50-1.50) | 3.00 (3.00-3.00) |" in text and "not run: horovod" in text
+    assert "| 1 MiB | 1.50 [1.50-1.50] | 3.00 [3.00-3.00] |" in text and "not run: horovod" in text
+    assert "Too few rounds to call auto faster or slower" in text  # one round is no evidence
     assert human(3 << 20) == "3 MiB" and human(100) == "100 B"
 
 
@@ -125,3 +126,40 @@ def test_bad_arguments_exit_with_a_message(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
     assert exit_info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("n", "rank", "coverage"),
+    [(1, 1, 0.0), (4, 1, 0.875), (5, 1, 1 - 2 / 32), (8, 1, 1 - 2 / 256), (9, 2, 1 - 2 * 10 / 512), (17, 5, 1 - 2 * (1 + 17 + 136 + 680 + 2380) / 2**17)],
+)
+def test_the_median_interval_is_the_sign_tests_order_statistics(n, rank, coverage):
+    values = [float(v) for v in range(n, 0, -1)]  # unsorted on purpose
+    low, high, covered = median_interval(values)
+    assert (low, high) == (rank, n + 1 - rank)
+    assert covered == pytest.approx(coverage) and (covered >= 0.95 or rank == 1)
+    with pytest.raises(ValueError):
+        median_interval([])
+
+
+def test_a_cell_is_called_only_when_its_whole_interval_is_on_one_side():
+    assert verdict(1.02, 1.3, 0.96) == "faster" and verdict(0.7, 0.98, 0.96) == "slower"
+    assert verdict(0.9, 1.1, 0.96) == "par" and verdict(1.0, 1.2, 0.96) == "par"
+    assert verdict(1.5, 1.6, 0.75) == "unknown"  # 3 rounds: min-max holds the median 75% of the time
+
+
+def test_autos_verdicts_over_nine_rounds():
+    # auto: 100 us in every round; mpi is slower in 8 of 9 rounds, ring faster in 8 of 9, rhd both ways.
+    ring = [90, 95, 92, 97, 91, 93, 96, 94, 130]
+    mpi = [120, 110, 130, 125, 115, 140, 118, 112, 80]
+    rhd = [90, 110, 95, 105, 98, 102, 99, 101, 100]
+    launches = [launch("auto", r, (100, 100)) for r in range(9)]
+    for name, times in (("ring", ring), ("mpi", mpi), ("rhd", rhd)):
+        launches += [launch(name, r, (t, t)) for r, t in enumerate(times)]
+    summary = summarize(launches, 2)
+    verdicts = {r["vs"]: r["verdict"] for r in summary["auto_ratios"] if r["bytes"] == 1 << 20}
+    assert verdicts == {"ring": "slower", "mpi": "faster", "rhd": "par"}
+    meta = {"world_size": 2, "hosts": "h", "cpu_count": 2, "date": "d", "command": "c", "rounds": 9, "layout": "l", "not_run": []}
+    text = render_markdown(summary, meta)
+    assert "holds the median with 96% confidence" in text
+    assert "than: ring at 1 MiB, ring at 4 MiB; faster (marked +) in 2 of 6 cells" in text
+    assert "| 1 MiB | 0.94 [0.91-0.97] - | 1.00 [0.95-1.05] | 1.18 [1.10-1.30] + |" in text

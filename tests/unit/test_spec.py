@@ -60,6 +60,15 @@ def test_bad_training_settings_are_refused(change, message):
         check_training(change(JobConfig()))
 
 
-def test_rank_environment_adds_cluster_env_and_root_permission():
+def test_rank_environment_adds_cluster_env_and_root_permission(monkeypatch):
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     env = rank_environment(job(cluster=replace(SIMULATED, env={"FOO": "bar"})))
     assert env["FOO"] == "bar" and env["OMP_NUM_THREADS"] == "1"
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"  # torch's large tensors on huge pages
+
+
+def test_huge_pages_are_the_users_to_turn_off(monkeypatch):
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    assert rank_environment(job(cluster=replace(SIMULATED, env={"THP_MEM_ALLOC_ENABLE": "0"})))["THP_MEM_ALLOC_ENABLE"] == "0"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")  # exported where the job is launched: not overridden
+    assert "THP_MEM_ALLOC_ENABLE" not in rank_environment(job())

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from collectives.tuning import FORMAT, TuningError, TuningTable, cache_file, default_cache_dir, read_table, tuning_key, write_table
+from collectives.tuning import FORMAT, TuningError, TuningTable, cache_file, default_cache_dir, host_type, read_table, tuning_key, write_table
 
 KEY = tuning_key("Xeon x2", 2, (), "Open MPI v4.1.4", ["mpi", "rhd", "ring"])
 SIZES = (1 << 10, 1 << 20, 1 << 26)
@@ -103,3 +103,12 @@ def test_the_cache_lives_where_the_environment_says(monkeypatch, tmp_path):
     monkeypatch.delenv("HPCTK_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert default_cache_dir() == str(tmp_path / "x" / "hpc-toolkit" / "allreduce")
+
+
+def test_huge_pages_make_another_host_type(monkeypatch):
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    with_them = host_type()
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    assert with_them != host_type() and with_them.endswith(" thp")
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE")
+    assert not host_type().endswith(" thp")
