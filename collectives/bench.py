@@ -13,7 +13,8 @@ Per message size (bytes of each rank's buffer) and implementation: time per allr
 over timed iterations, of the slowest rank; then the median over rounds), algbw = bytes / time,
 busbw = algbw * 2(n-1)/n, the largest error against a float64 reference, the fraction of the
 shared-memory bound (collectives/bench_report.py), and auto's speed against every other,
-paired by round. Implementations: our ring, rhd (recursive halving/doubling), auto (tuned on
+paired by round, with the interval that holds its median (faster or slower only when the whole
+interval is on one side of 1; 5 rounds or more). Implementations: our ring, rhd (recursive halving/doubling), auto (tuned on
 these ranks), hierarchical (with --ranks-per-node), MPI_Allreduce through mpi4py,
 torch.distributed Gloo, and Horovod when it imports. Writes bench.json, bench.md, bench.png.
 """

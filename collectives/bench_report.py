@@ -3,7 +3,9 @@
 A launch record: {"impl", "round", "results": [{"bytes", "time_us", "max_error"}],
 "memory": [{"bytes", "copy_gbs", "add_gbs"}]}. Implementations are compared by the median over
 rounds, and by per-round ratios (a round runs every implementation once, back to back), which
-cancel the drift of a shared machine better than ratios of medians.
+cancel the drift of a shared machine better than ratios of medians. A ratio is called faster or
+slower only when the order-statistics interval of its median lies on one side of 1: the same
+code in two launches differed by 10-15% on the development VM.
 
 The physical bound: a shared-memory allreduce where every rank reads its peers' buffers in
 place reduces its 1/p share with (p-1) adds of n/p bytes and gathers the other shares with
