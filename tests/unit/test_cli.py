@@ -115,7 +115,7 @@ def test_dry_run_prints_config_and_exact_sbatch_and_leaves_nothing(tmp_path):
     assert "# resolved config" in out and "tasks_per_node: 2" in out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=2" in out and "--mpi=pmix" in out
     assert "export OMPI_MCA_btl_vader_backing_directory=/nodetmp" in out
-    assert "export THP_MEM_ALLOC_ENABLE=1" in out or os.environ.get("THP_MEM_ALLOC_ENABLE")
+    assert f"export THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '1')}" in out
     assert run_dirs(tmp_path) == [] and not list((tmp_path / "runs").rglob("*.yaml"))
 
 
