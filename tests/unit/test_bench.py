@@ -137,7 +137,7 @@ def test_the_median_interval_is_the_sign_tests_order_statistics(n, rank, coverag
     low, high, covered = median_interval(values)
     assert (low, high) == (rank, n + 1 - rank)
     assert covered == pytest.approx(coverage) and (covered >= 0.95 or rank == 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no values"):
         median_interval([])
 
 
