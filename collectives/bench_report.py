@@ -97,15 +97,14 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     n = len(ordered)
     if n == 0:
         raise ValueError("no values")
-    below = 0.0  # P(Binomial(n, 1/2) < k), for k = 1, 2, ...
-    k = 0
-    while k + 1 <= n - k:
-        share = below + math.comb(n, k) / 2**n
-        if 1 - 2 * share < confidence and k > 0:
-            break
-        below, k = share, k + 1
-    k = max(k, 1)
-    return ordered[k - 1], ordered[n - k], 1 - 2 * below
+
+    def coverage(k: int) -> float:  # of [k-th smallest, k-th largest]: 1 - 2 P(Binomial(n, 1/2) < k)
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while 2 * (k + 1) <= n + 1 and coverage(k + 1) >= confidence:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
 
 
 CONFIDENCE = 0.9  # below it (fewer than 5 rounds) no cell is called faster or slower
