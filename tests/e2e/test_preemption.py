@@ -110,12 +110,19 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):
     """A job in 'high' needing every node preempts ours: USR1 reaches every rank
     (preempt_send_user_signal), they checkpoint, the job requeues, and later resumes."""
-    job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
+    # 50 epochs (550 steps, 8-15 s): with JOB's 8 (88 steps) the job once finished in the second
+    # Slurm took to preempt it.
+    job_id, run_dir = submit_job(*JOB[:4], "trainer.epochs=50", *JOB[5:], cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8, "step 8")
     preemptor = subprocess.run(
         ["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    poll(lambda: restarts(job_id) >= 1, f"job {job_id} to be requeued by its ranks")
+
+    def completed() -> bool:  # result.json is also written by a stop, with status "stopped"
+        return (run_dir / "result.json").exists() and json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+
+    poll(lambda: restarts(job_id) >= 1 or completed(), f"job {job_id} to be requeued by its ranks")
+    assert restarts(job_id) >= 1, f"the job completed at step {logged_steps(run_dir)} before Slurm preempted it"
     assert wait_until_done(preemptor) == "COMPLETED"  # the preemptor got the nodes
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
