@@ -28,6 +28,13 @@ def fixtures_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fixtures")}
 
 
+def stopped_pattern(signal_name: str, steps: int) -> str:
+    """The regex of rank 0's stop line. The launcher or Slurm signals the ranks ms apart: when
+    another rank's signal ends the step, rank 0's own may land during the stop's save, and the
+    line says so ("(received during the final save)")."""
+    return rf"stopped by {signal_name}(?: \(received during [a-z ]+\))? at step {steps}, checkpoint committed"
+
+
 def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python launch.py OVERRIDES...` in a subprocess, run dirs under cwd."""
     return subprocess.run(
