@@ -196,7 +196,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from collectives.mpirun import huge_pages_environment, mpirun_command, root_environment
+    from collectives.mpirun import local_ranks_environment, mpirun_command
 
     program = [
         sys.executable,
@@ -209,7 +209,7 @@ def main() -> None:
         "--repeats",
         str(args.repeats),
     ]
-    env = {**os.environ, **root_environment(), **huge_pages_environment(os.environ), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(mpirun_command(args.ranks, program), env=env, capture_output=True, text=True, cwd=ROOT)
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not found:

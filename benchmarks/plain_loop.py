@@ -109,7 +109,7 @@ def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path
 
 
 def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> dict[str, float]:
-    from collectives.mpirun import huge_pages_environment, mpirun_command, root_environment
+    from collectives.mpirun import local_ranks_environment, mpirun_command
 
     ranks, sync = VARIANTS[name]
     out = scratch / f"{sync}-{ranks}-{round_}.json"
@@ -127,7 +127,7 @@ def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> d
         "--out",
         str(out),
     ]
-    env = {**os.environ, **root_environment(), **huge_pages_environment(os.environ), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(mpirun_command(ranks, program), env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"error: {name} failed (exit {done.returncode}): {done.stderr.strip()[-600:]}")

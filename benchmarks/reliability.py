@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpc import slurmctl  # noqa: E402  (after the path)
+from collectives.mpirun import local_ranks_environment  # noqa: E402  (after the path)
+from hpc import slurmctl  # noqa: E402
 
 CHECKPOINT = ["checkpoint.every_steps=5", "checkpoint.every_minutes=null", "checkpoint.async_save=false"]
 
@@ -56,7 +57,7 @@ def step_log(run_dir: Path) -> list[dict]:
 
 
 def resume(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     return subprocess.run(shlex.split((run_dir / "command.txt").read_text()), env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -40,7 +40,7 @@ import torch
 
 from collectives import bench_report
 from collectives.bench_report import UNITS, bus_bandwidth, human
-from collectives.mpirun import find_mpirun, huge_pages_environment, mpirun_command, root_environment
+from collectives.mpirun import find_mpirun, local_ranks_environment, mpirun_command
 
 IMPLEMENTATIONS = ("ring", "rhd", "auto", "hierarchical", "mpi", "gloo", "horovod")
 __all__ = ["bus_bandwidth", "human", "main", "measure", "parse_size", "sizes_between"]
@@ -231,7 +231,7 @@ def drive(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     if mpirun is None:
         print("error: mpirun not found (scripts/install.sh)", file=sys.stderr)
         return None
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **root_environment(), **huge_pages_environment(os.environ)}  # as a job's ranks run
+    env = local_ranks_environment(os.environ)
     launches: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         for round_ in range(args.rounds):

@@ -43,3 +43,10 @@ def huge_pages_environment(current: Mapping[str, str]) -> dict[str, str]:
     the rank's environment from the start. A value the user exported (0, say) is the one passed
     on: clusters whose sbatch defaults to --export=NONE would not carry it to the ranks."""
     return {HUGE_PAGES: current.get(HUGE_PAGES, "1")}
+
+
+def local_ranks_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of ranks that mpirun starts on this machine outside a job (the benchmarks,
+    the tests): as a job's ranks run (huge pages, root allowed), one thread each, since they
+    share the cores."""
+    return {**base, **root_environment(), **huge_pages_environment(base), "OMP_NUM_THREADS": "1"}

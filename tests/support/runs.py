@@ -49,9 +49,9 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
 
 def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
-    from collectives.mpirun import mpirun_command, root_environment
+    from collectives.mpirun import local_ranks_environment, mpirun_command
 
-    env = {**os.environ, **root_environment(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     args = mpirun_command(ranks, [sys.executable, *command])
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
@@ -140,7 +140,9 @@ def catches(pid: int, sig: signal.Signals) -> bool:
 
 
 def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    from collectives.mpirun import local_ranks_environment
+
+    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     return shlex.split((run_dir / "command.txt").read_text()), env
 
 

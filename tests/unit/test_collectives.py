@@ -64,3 +64,12 @@ def test_the_huge_pages_variable_still_puts_torchs_large_tensors_on_huge_pages()
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert int(done.stdout) >= 32 << 10  # kB: most of the 64 MiB tensor
     assert huge_pages_environment({}) == {HUGE_PAGES: "1"} and huge_pages_environment({HUGE_PAGES: "0"}) == {HUGE_PAGES: "0"}
+
+
+def test_local_ranks_run_as_a_jobs_ranks_do_one_thread_each_and_keep_the_callers_environment():
+    from collectives.mpirun import local_ranks_environment
+
+    env = local_ranks_environment({"PATH": "/x", "OMP_NUM_THREADS": "8", HUGE_PAGES: "0"})
+    assert (env["PATH"], env["OMP_NUM_THREADS"], env[HUGE_PAGES]) == ("/x", "1", "0")
+    assert local_ranks_environment({})[HUGE_PAGES] == "1"
+    assert ("OMPI_ALLOW_RUN_AS_ROOT" in env) == (os.geteuid() == 0)
