@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectives import tuning  # noqa: E402
 from collectives.bench import parse_size  # noqa: E402
+from collectives.bench_report import human  # noqa: E402
 from collectives.mpi import MpiCollectives  # noqa: E402
 
 SETTINGS = ((2, 1), (4, 2))  # (rounds, untimed calls per block)
@@ -31,22 +31,22 @@ def main() -> None:
     args = parser.parse_args()
     sizes = tuple(parse_size(text) for text in args.sizes.split(","))
     engine = MpiCollectives.from_world()
-    comm, candidates = engine._comm, engine.candidates()
+    candidates = engine.candidates()
     chosen: dict[tuple[int, int], list[list[str]]] = collections.defaultdict(list)
     for repeat in range(args.repeats):
         for rounds, warmup in SETTINGS if repeat % 2 == 0 else SETTINGS[::-1]:  # drift hits both alike
-            table = tuning.measure_table(comm, engine._run_now, candidates, "stability", sizes, rounds=rounds, warmup=warmup)
+            table = engine.measure("stability", sizes, rounds=rounds, warmup=warmup)
             choices = [str(table.fastest(n, candidates)) for n in sizes]  # auto's own rule
             chosen[rounds, warmup].append(choices)
             if engine.rank == 0:
                 ratios = ["/".join(f"{c}={table.seconds[c][i] / table.seconds['mpi'][i]:.2f}" for c in candidates if c != "mpi") for i in range(len(sizes))]
-                cells = [f"{tuning._human(n)} {ratio} -> {choice}" for n, ratio, choice in zip(sizes, ratios, choices, strict=True)]
+                cells = [f"{human(n)} {ratio} -> {choice}" for n, ratio, choice in zip(sizes, ratios, choices, strict=True)]
                 print(f"{rounds} rounds, {warmup} untimed: {table.tuned_in_s:.2f} s | " + " | ".join(cells), flush=True)
     if engine.rank == 0:
         for (rounds, warmup), runs in chosen.items():
             agree = [collections.Counter(run[i] for run in runs).most_common(1)[0] for i in range(len(sizes))]
-            summary = ", ".join(f"{tuning._human(n)} {name} in {count} of {len(runs)}" for n, (name, count) in zip(sizes, agree, strict=True))
-            print(f"{comm.Get_size()} ranks, {rounds} rounds, {warmup} untimed: {summary}")
+            summary = ", ".join(f"{human(n)} {name} in {count} of {len(runs)}" for n, (name, count) in zip(sizes, agree, strict=True))
+            print(f"{engine.world_size} ranks, {rounds} rounds, {warmup} untimed: {summary}")
     engine.close()
 
 

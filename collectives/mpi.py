@@ -128,7 +128,7 @@ class MpiCollectives:
         if text is not None:
             self.table = tuning.TuningTable.from_json(text, key)
         else:
-            self.table = tuning.measure_table(self._comm, self._run_now, candidates, key)
+            self.table = self.measure(key)
             where = f"measured in {self.table.tuned_in_s:.2f} s"
             if self.rank == 0 and cached is not None and tuning.write_table(cached, self.table):
                 where += f", cached in {cached}"
@@ -138,6 +138,11 @@ class MpiCollectives:
         if self.rank == 0:
             log.info("allreduce auto on %d ranks (%s): %s", self.world_size, where, tuning.describe(self.table, tuning.TUNED_SIZES, candidates))
         return self.table
+
+    def measure(self, key: str, sizes: tuple[int, ...] = tuning.TUNED_SIZES, rounds: int = 2, warmup: int = 1) -> tuning.TuningTable:
+        """Collective: a tuning table measured now on these ranks, every candidate at every size
+        (tuning.measure_table), neither cached nor adopted."""
+        return tuning.measure_table(self._comm, self._run_now, self.candidates(), key, sizes, rounds=rounds, warmup=warmup)
 
     def _run_now(self, buffer: torch.Tensor, algorithm: str) -> None:
         self._call(self._allreduce_now, buffer, "sum", algorithm)

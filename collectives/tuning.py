@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from collectives.bench_report import human
 from collectives.mpirun import HUGE_PAGES
 
 log = logging.getLogger("collectives")
@@ -198,11 +199,4 @@ def measure_table(
 
 def describe(table: TuningTable, sizes: Iterable[int], eligible: list[str]) -> str:
     """'1 KiB mpi, 1 MiB rhd, 16 MiB ring': auto's choice at each of `sizes`, for the log."""
-    return ", ".join(f"{_human(n)} {table.fastest(n, eligible)}" for n in sizes)
-
-
-def _human(nbytes: int) -> str:
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes >> shift} {unit}"
-    return f"{nbytes} B"
+    return ", ".join(f"{human(n)} {table.fastest(n, eligible)}" for n in sizes)
