@@ -111,7 +111,7 @@ def host_type() -> str:
                 break
     except OSError:
         pass
-    huge_pages = " thp" if os.environ.get(HUGE_PAGES, "0") not in ("", "0") else ""
+    huge_pages = " thp" if os.environ.get(HUGE_PAGES) == "1" else ""  # torch's own reading: "1" on, anything else off
     return f"{model} x{os.cpu_count()}{huge_pages}"
 
 

@@ -110,5 +110,7 @@ def test_huge_pages_make_another_host_type(monkeypatch):
     with_them = host_type()
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     assert with_them != host_type() and with_them.endswith(" thp")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "true")  # torch warns and leaves huge pages off
+    assert not host_type().endswith(" thp")
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE")
     assert not host_type().endswith(" thp")
