@@ -13,6 +13,7 @@ import pytest
 from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
+from hpc.slurmctl import job_state
 from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, run_dirs, run_launch, state_hash, step_losses, submit_job
@@ -25,7 +26,7 @@ JOB = (
     "resources.nodes=2",
     "resources.tasks_per_node=2",
     "model.hidden_sizes=[512,512]",
-    "trainer.epochs=8",
+    "trainer.epochs=16",  # 176 steps: four stops, each landing up to tens of steps after its signal, come before the end
     "checkpoint.every_steps=5",
     "checkpoint.every_minutes=null",
     # Fewer failure requeues than preemptions, and none inside the allocation: the rank killed
@@ -43,7 +44,7 @@ USER_JOB = (
     "+task.samples=8192",
     "data.batch_size=128",
     "optim=adamw",
-    "trainer.epochs=6",  # 96 steps: the rank death after three preemptions comes before the end
+    "trainer.epochs=12",  # 192 steps: the rank death after three preemptions comes before the end
     *JOB[5:],
 )
 
@@ -110,8 +111,8 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):
     """A job in 'high' needing every node preempts ours: USR1 reaches every rank
     (preempt_send_user_signal), they checkpoint, the job requeues, and later resumes."""
-    # 50 epochs (550 steps, 8-15 s): with JOB's 8 (88 steps) the job once finished in the second
-    # Slurm took to preempt it.
+    # 50 epochs (550 steps, 8-15 s): with 8 (88 steps) the job once finished in the second Slurm
+    # took to preempt it.
     job_id, run_dir = submit_job(*JOB[:4], "trainer.epochs=50", *JOB[5:], cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 8, "step 8")
     preemptor = subprocess.run(
@@ -132,19 +133,21 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
 
 
 def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tmp_path):
-    """A 1-minute job with --signal=USR1@50: Slurm signals it 10-40 s in (its time-limit check
-    runs periodically); the ranks save, and from the job's EndTime the log says 'time limit'."""
+    """A 2-minute job with --signal=USR1@110: Slurm signals it 10-40 s in (its time-limit check
+    runs periodically); the ranks save, and from the job's EndTime the log says 'time limit'.
+    (With 1 minute and @50, a loaded machine left the stop too little time before the limit.)"""
     job_id, run_dir = submit_job(
         "cluster=simulated",
         "resources.nodes=1",
-        "resources.time_min=1",
-        "cluster.signal_seconds=50",
+        "resources.time_min=2",
+        "cluster.signal_seconds=110",
         "trainer.epochs=1000",
         "checkpoint.every_steps=0",
         cwd=tmp_path,
     )
     try:
-        poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=75)
+        poll(lambda: restarts(job_id) >= 1 or job_state(job_id) == "RUNNING", f"job {job_id} to start", timeout_s=300)  # the queue may be busy
+        poll(lambda: restarts(job_id) >= 1, f"job {job_id} to requeue itself before its time limit", timeout_s=150)
         log = (run_dir / "logs" / "rank-00000.log").read_text()
         assert "time limit: requeueing job" in log, log[-2000:]
         # Slurm's time-limit check runs periodically: the signal may even come during start-up,

@@ -32,8 +32,9 @@ from trainers.datasets import build_digits_hdf5
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
-# Slow enough per step (wide MLP) that signals land mid-run; async saves every 7 steps.
-JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
+# Slow enough per step (wide MLP) and long enough (220 steps) that the three signals land mid-run,
+# even tens of steps late under load; async saves every 7 steps.
+JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=10", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
 # The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks)
 USER_JOB = [
     "task._target_=mytasks.regression.Regression",
@@ -41,7 +42,7 @@ USER_JOB = [
     "+task.samples=8192",
     "data.batch_size=128",
     "optim=adamw",
-    "trainer.epochs=4",
+    "trainer.epochs=7",  # 224 steps
     "checkpoint.every_steps=7",
     "checkpoint.every_minutes=null",
     "data.workers=2",  # its items are pickled back from worker processes
@@ -76,7 +77,7 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     # Prepare the run dir through launch.py, then interrupt its ranks: start it with a signal
     # arriving after a few steps, resume from command.txt, three times, then let it finish.
     first = start_launch(*job, cwd=tmp_path / "b", env=env)
-    run_dir = wait_for_run(first, tmp_path / "b", lambda run: logged_steps(run) >= 5, "5 steps", timeout_s=60)
+    run_dir = wait_for_run(first, tmp_path / "b", lambda run: logged_steps(run) >= 5, "5 steps", timeout_s=120)
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGUSR1)
     assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again

@@ -32,13 +32,16 @@ def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_def
     first.send_signal(signal.SIGINT)
     out, err = first.communicate(timeout=120)
     assert first.returncode == 75 and "run the same command again to continue the study" in err, out[-2000:] + err[-2000:]
-    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stopped"
+    # Under load the Ctrl-C may reach the ranks only as trial 1 completes: the study stops all the same.
+    late = "interrupted as trial #1 ended" in err
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == ("completed" if late else "stopped")
 
     again = run_search(*TRIAL, sweep_dir=sweep_dir)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "waiting for the 2 trial(s) the previous launcher submitted" in again.stdout
-    assert again.stdout.count("running locally") == 3  # trial 1 resumed, 2 and 3 new; trial 0 was done
-    assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
+    assert again.stdout.count("running locally") == (2 if late else 3)  # trial 1 resumed, 2 and 3 new; trial 0 was done
+    if not late:
+        assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
     values = check_study(sweep_dir, trials=4)
 
     default = subprocess.run(
@@ -58,7 +61,9 @@ def test_a_ctrl_c_stops_a_local_grid_sweep_at_the_point_it_came_in(tmp_path):
     """One Ctrl-C: the running point stops at a checkpoint and the points after it never start
     (the sweep used to go on to each next point, one Ctrl-C per point)."""
     sweep_dir = tmp_path / "grid"
-    command = [sys.executable, str(ROOT / "launch.py"), "-m", "optim.lr=0.05,0.1,0.2", *TRIAL, f"run_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
+    # Trials 10x as long: the Ctrl-C must land while point 0 trains, and it ends the sweep there.
+    long_trial = ("trainer.epochs=30", *TRIAL[1:])
+    command = [sys.executable, str(ROOT / "launch.py"), "-m", "optim.lr=0.05,0.1,0.2", *long_trial, f"run_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
     sweep = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (sweep_dir / "0" / "steps.jsonl").exists():

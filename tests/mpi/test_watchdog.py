@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from benchmarks.simcluster import end_process
 from hpc.rank.lifecycle import EXIT_STALLED
 from tests.support.runs import fixtures_env, logged_steps, resume_command, start_launch, wait_for_run
 from trainers.checkpoint import Checkpointer
+from trainers.layout import committed_steps
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -43,10 +45,15 @@ USER_JOB = [
 ]
 
 
+def step_10_committed(run_dir: Path) -> bool:
+    """Step 10's async save commits once every rank has written it: under load, after step 12."""
+    return logged_steps(run_dir) >= 12 and max(committed_steps(run_dir / "checkpoints"), default=0) >= 10
+
+
 @pytest.mark.parametrize("job", [JOB, USER_JOB], ids=["builtin", "user-task"])
 def test_a_stopped_rank_ends_the_job_naming_it_and_the_run_resumes(tmp_path, job):
     launched = start_launch(*job, cwd=tmp_path, env=fixtures_env())
-    run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 12, "12 steps", timeout_s=90)
+    run_dir = wait_for_run(launched, tmp_path, step_10_committed, "step 12, and step 10 committed", timeout_s=90)
     victim = json.loads(heartbeat_file(run_dir / "heartbeats", 2).read_text())["pid"]
     os.kill(victim, signal.SIGSTOP)
     stopped_at = time.monotonic()
