@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.simcluster import parse_job_id
+from collectives.mpirun import local_ranks_environment, mpirun_command
 from trainers.checkpoint import load_tensor_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +50,13 @@ def run_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None, ti
 
 def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
-    from collectives.mpirun import local_ranks_environment, mpirun_command
-
-    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
     args = mpirun_command(ranks, [sys.executable, *command])
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    return subprocess.run(args, capture_output=True, text=True, env=ranks_environment(), timeout=300, cwd=ROOT)
+
+
+def ranks_environment() -> dict[str, str]:
+    """What the tests' mpirun ranks run with: as a job's ranks, importing this checkout."""
+    return {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -140,10 +143,7 @@ def catches(pid: int, sig: signal.Signals) -> bool:
 
 
 def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    from collectives.mpirun import local_ranks_environment
-
-    env = {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
-    return shlex.split((run_dir / "command.txt").read_text()), env
+    return shlex.split((run_dir / "command.txt").read_text()), ranks_environment()
 
 
 def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:
