@@ -1,15 +1,15 @@
-"""2-rank scaling of a plain training loop: our distributed optimizer against Horovod's
+"""Scaling of a plain training loop: our distributed optimizer against Horovod's
 DistributedOptimizer and torch DDP (Gloo) on the same loop, each variant in a launch of its own,
 in interleaved rounds.
 
-    python benchmarks/plain_loop.py [--rounds 3] [--steps 60] [--hidden 1024] [--batch 64]
+    python benchmarks/plain_loop.py [--ranks 2] [--rounds 3] [--steps 60] [--hidden 1024] [--batch 64]
 
 The loop: an MLP of about 3M parameters (1024 -> 1024 -> 1024 -> 1024 -> 10), one fixed batch
 of 64 per rank (no data loading), SGD with momentum, one thread per rank. Weak scaling:
-efficiency = samples/s of 2 ranks / (2 x samples/s of 1 rank).
+efficiency = samples/s of N ranks / (N x samples/s of 1 rank).
 
-The bound: "nocomm" (2 ranks, no communication) trains the same loop on 2 ranks that never talk. What it
-loses against 2 x 1 rank is what the machine takes (memory bandwidth and caches shared by the
+The bound: "nocomm" (N ranks, no communication) trains the same loop on N ranks that never talk. What it
+loses against N x 1 rank is what the machine takes (memory bandwidth and caches shared by the
 ranks, other tenants), not communication; no allreduce can scale better than it does.
 """
 
@@ -26,22 +26,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {  # name: (ranks, how gradients are averaged)
-    "single": (1, "none"),
-    "nocomm": (2, "none"),
-    "ours": (2, "ours"),
-    "ours-nooverlap": (2, "ours-nooverlap"),
-    "horovod": (2, "horovod"),
-    "ddp": (2, "ddp"),
+VARIANTS = {  # name: how gradients are averaged; every variant but "single" runs on --ranks ranks
+    "single": "none",
+    "nocomm": "none",
+    "ours": "ours",
+    "ours-nooverlap": "ours-nooverlap",
+    "horovod": "horovod",
+    "ddp": "ddp",
 }
 TITLES = {
     "single": "1 rank",
-    "nocomm": "2 ranks, no communication (the bound)",
-    "ours": "2 ranks, ours",
-    "ours-nooverlap": "2 ranks, ours, comm.overlap=false",
-    "horovod": "2 ranks, Horovod",
-    "ddp": "2 ranks, DDP (Gloo)",
+    "nocomm": "no communication (the bound)",
+    "ours": "ours",
+    "ours-nooverlap": "ours, comm.overlap=false",
+    "horovod": "Horovod",
+    "ddp": "DDP (Gloo)",
 }
+
+
+def variant_ranks(name: str, ranks: int) -> int:
+    return 1 if name == "single" else ranks
+
+
+def title(name: str, ranks: int) -> str:
+    return TITLES[name] if name == "single" else f"{ranks} ranks, {TITLES[name]}"
 
 
 # --- one launch -----------------------------------------------------------------------------------
@@ -111,7 +119,7 @@ def train(sync: str, steps: int, warmup: int, hidden: int, batch: int, out: Path
 def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> dict[str, float]:
     from collectives.mpirun import local_ranks_environment, mpirun_command
 
-    ranks, sync = VARIANTS[name]
+    ranks, sync = variant_ranks(name, args.ranks), VARIANTS[name]
     out = scratch / f"{sync}-{ranks}-{round_}.json"
     program = [
         sys.executable,
@@ -136,6 +144,7 @@ def launch(name: str, args: argparse.Namespace, scratch: Path, round_: int) -> d
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2, help="ranks of every variant but single")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="timed steps per launch (after 10 warm-up steps)")
     parser.add_argument("--hidden", type=int, default=1024)
@@ -150,12 +159,12 @@ def main(argv: list[str]) -> int:
         return 0
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
-    if unknown or args.rounds < 1 or args.steps < 1:
-        parser.error(f"unknown variants {unknown}" if unknown else "--rounds and --steps must be >= 1")
+    if unknown or args.rounds < 1 or args.steps < 1 or args.ranks < 2:
+        parser.error(f"unknown variants {unknown}" if unknown else "--rounds and --steps must be >= 1, --ranks >= 2")
     try:
         import horovod.torch  # noqa: F401
     except ImportError:
-        names = [n for n in names if VARIANTS[n][1] != "horovod"]
+        names = [n for n in names if VARIANTS[n] != "horovod"]
         print("plain_loop: Horovod does not import; its variant is left out", file=sys.stderr)
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="plain-loop-") as scratch:
@@ -163,26 +172,26 @@ def main(argv: list[str]) -> int:
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
                 results[name].append(launch(name, args, Path(scratch), round_))
-                print(f"round {round_}  {TITLES[name]:<40s} {results[name][-1]['samples_s']:9.0f} samples/s", flush=True)
+                print(f"round {round_}  {title(name, args.ranks):<40s} {results[name][-1]['samples_s']:9.0f} samples/s", flush=True)
     single = [r["samples_s"] for r in results.get("single", [])]
     params = next(iter(results.values()))[0]["params"]
     print(f"\n{params / 1e6:.2f}M parameters, batch {args.batch} per rank, {args.steps} timed steps, median over {args.rounds} rounds\n")
-    print("| variant | samples/s | step ms | efficiency (vs 2 x 1 rank, paired by round) |\n| --- | --- | --- | --- |")
+    print(f"| variant | samples/s | step ms | efficiency (vs {args.ranks} x 1 rank, paired by round) |\n| --- | --- | --- | --- |")
     for name, rows in results.items():
-        ranks = VARIANTS[name][0]
+        ranks = variant_ranks(name, args.ranks)
         samples = statistics.median(r["samples_s"] for r in rows)
         step_ms = statistics.median(r["step_s"] for r in rows) * 1e3
         cell = ""
         if single and ranks > 1:
             paired = [r["samples_s"] / (ranks * s) for r, s in zip(rows, single, strict=False)]
             cell = f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
-        print(f"| {TITLES[name]} | {samples:,.0f} | {step_ms:.1f} | {cell} |")
+        print(f"| {title(name, args.ranks)} | {samples:,.0f} | {step_ms:.1f} | {cell} |")
     ours = results.get("ours")
     print()
     for other in ("horovod", "ddp", "nocomm"):
         if ours and results.get(other):
             paired = [a["samples_s"] / b["samples_s"] for a, b in zip(ours, results[other], strict=False)]
-            print(f"ours / {TITLES[other].removeprefix('2 ranks, ')}: {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})")
+            print(f"ours / {TITLES[other]}: {statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})")
     return 0
 
 

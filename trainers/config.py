@@ -86,6 +86,10 @@ class TrainerConfig:
     # their activations in backward: less memory for about a third more compute.
     activation_checkpointing: bool = False
     sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' batches (comm=nccl: torch's is GPU-only)
+    # GPU kernels that give the same bits on every run (torch.use_deterministic_algorithms, cuDNN
+    # without autotuning, cuBLAS with a fixed workspace): slower, and what bit-exact resume on a GPU
+    # needs, since atomics in some backward kernels change the last bits from run to run.
+    deterministic: bool = False
     log_every: int = 10  # a progress line (and the Prometheus file) every this many steps
     straggler_every: int = 20  # compare the ranks' step times every this many steps (0: never)
     straggler_ratio: float = 1.5  # report the slowest rank when above this x the median

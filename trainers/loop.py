@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -384,9 +385,19 @@ class Loop:
         self.run.steps.close()
 
 
+def apply_deterministic_kernels() -> None:
+    """Kernels whose results do not depend on scheduling (GPU atomics, autotuning), before the
+    first cuBLAS call: CUBLAS_WORKSPACE_CONFIG is read when cuBLAS starts."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
 def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -> Loop:
     """Model, optimizer, schedule, gradient sync and data, resumed from the newest checkpoint."""
     torch.manual_seed(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        apply_deterministic_kernels()
     device = comm.device
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format  # 4-D parameters only
     model = task.build_model()

@@ -60,10 +60,8 @@ def run_local(
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
     command = pinned_command(rank_command(job, run_dir, mpirun), env, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")
-    # The torch.distributed rendezvous (comm=gloo/nccl): rank 0's store on a port free now.
-    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
-    return run_command(command, {**os.environ, **rendezvous, **tty}, stops)  # the very command.txt
+    return run_command(command, {**os.environ, **tty}, stops)  # the very command.txt
 
 
 def run_command(command: list[str], env: dict[str, str], stops: list[int] | None = None) -> int:
@@ -79,9 +77,3 @@ def run_command(command: list[str], env: dict[str, str], stops: list[int] | None
             proc.send_signal(signum)
 
     return run_in_session(command, env, forward)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

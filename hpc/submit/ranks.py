@@ -19,9 +19,10 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpc.env import RESULT_EXIT_VARIABLE
@@ -92,7 +93,18 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.command:
         parser.error("give the mpirun command after the run directory")
-    return run_exit_code(run_ranks(args.command, {**os.environ, RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
+    return run_exit_code(run_ranks(args.command, {**rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
+
+
+def rendezvous(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the torch.distributed rendezvous of comm=gloo/nccl (rank 0's store) on a port
+    free now, unless it names one: chosen here, at every start, so that command.txt resumes a run
+    as launch.py started it."""
+    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return dict(env)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shlex
 import signal
@@ -12,15 +10,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from benchmarks.rundirs import logged_steps, rank_pids, run_dirs, state_hash, step_losses
 from benchmarks.simcluster import parse_job_id
 from collectives.mpirun import local_ranks_environment, mpirun_command
-from trainers.checkpoint import load_tensor_file
 
 ROOT = Path(__file__).resolve().parents[2]
-# Launchers whose command line also names the rank entry point: never a rank themselves.
-LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "srun"}
+__all__ = ["logged_steps", "rank_pids", "run_dirs", "state_hash", "step_losses"]  # re-exported for the tests
 
 
 def fixtures_env() -> dict[str, str]:
@@ -59,10 +55,6 @@ def ranks_environment() -> dict[str, str]:
     return {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
 
 
-def run_dirs(root: Path) -> list[Path]:
-    return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
-
-
 def start_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`python launch.py OVERRIDES...` in the background (run dirs under cwd), stderr kept."""
     command = [sys.executable, str(ROOT / "launch.py"), *overrides, f"run_root={cwd / 'runs'}"]
@@ -87,49 +79,6 @@ def submit_job(*overrides: str, cwd: Path, env: dict[str, str] | None = None) ->
     assert submitted.returncode == 0, submitted.stderr
     (run_dir,) = run_dirs(cwd)
     return parse_job_id(submitted.stdout), run_dir
-
-
-def newest_shared_state(run_dir: Path) -> dict[str, Any]:
-    """The shared state (model, optimizer, schedule, progress) of the run's newest checkpoint."""
-    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    return load_tensor_file(newest / "shared.ckpt")
-
-
-def state_hash(run_dir: Path) -> str:
-    state = newest_shared_state(run_dir)
-    digest = hashlib.sha256()
-    for name, tensor in sorted(state["model"].items()):
-        digest.update(name.encode() + tensor.numpy().tobytes())
-    return digest.hexdigest()
-
-
-def step_losses(run_dir: Path) -> dict[int, float]:
-    """Last logged loss per step (steps re-run after a restart log again)."""
-    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows}
-
-
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "steps.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
-    """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
-    under srun, whose argument is under the run dir); never a launcher whose command line names
-    it too (mpirun, srun, hpc.submit.ranks)."""
-    out = subprocess.run(["pgrep", "-f", f"{entry} {run_dir}"], capture_output=True, text=True)
-    pids = []
-    for pid in map(int, out.stdout.split()):
-        try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue  # ended meanwhile
-        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
-        if name not in LAUNCHERS and module == entry:
-            pids.append(pid)
-    return pids
 
 
 def catches(pid: int, sig: signal.Signals) -> bool:

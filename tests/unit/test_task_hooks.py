@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tests.support.fit_in_process import Regression, config, steps_of, train
-from tests.support.runs import newest_shared_state
+from benchmarks.rundirs import newest_shared_state
 from trainers.config import OptimConfig
 from trainers.run import FitConfig
 from trainers.task import TaskError

@@ -1,0 +1,179 @@
+"""Run the device checks in order, each in its own process group under its own time budget, and
+keep summary.json + summary.md under --out current after every check (see the package docstring).
+
+    python3 -m benchmarks.device --out DIR [--mode gpu|cpu] [--only a,b] [--deadline-s 420] [--budget name=seconds]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.device.summary import render_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = ROOT / ".device" / "wheels"  # benchmarks/device/wheels.sh fills it; carried to the GPU machine
+CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "python-hostlist")
+# In order of value; seconds each may take on the GPU machine (the CPU mode's are its own).
+BUDGET_S = {
+    "environment": 30,
+    "resnet50": 120,
+    "lm": 75,
+    "resume": 100,
+    "handle": 5,
+    "allreduce": 100,
+    "scaling": 60,
+    "loader": 45,
+    "unit": 90,
+}
+CPU_BUDGET_S = {"environment": 30, "resnet50": 90, "lm": 60, "resume": 90, "handle": 5, "allreduce": 60, "scaling": 60, "loader": 45, "unit": 5}
+
+
+class Stopped(Exception):
+    """The command itself was signalled (the device call's limit): report what finished."""
+
+
+def install_carried_wheels() -> dict[str, Any]:
+    """Hydra, omegaconf, submitit and python-hostlist from the carried wheels, offline, where they
+    do not import (the GPU machine reaches no package registry)."""
+    missing = [m for m in ("hydra", "omegaconf", "submitit", "hostlist") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return {"status": "ok", "figures": {"installed": "nothing: all import"}}
+    if not WHEELS.is_dir():
+        return {"status": "failed", "error": f"{', '.join(missing)} do not import and {WHEELS} is missing: run benchmarks/device/wheels.sh first"}
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(WHEELS), *CARRIED]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        return {"status": "failed", "error": f"pip install from {WHEELS} failed: {done.stderr.strip()[-400:]}"}
+    return {"status": "ok", "figures": {"installed": ", ".join(CARRIED)}}
+
+
+def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str, Any]:
+    """One check in a process group of its own; killed as a group when over budget. The check
+    writes its result file as it goes, so a killed check still reports the parts it finished."""
+    result_file = scratch / f"{name}.json"
+    command = [sys.executable, "-m", "benchmarks.device.checks", name, "--mode", mode, "--scratch", str(scratch / name), "--result", str(result_file)]
+    log = (scratch / f"{name}.log").open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    status, signalled = None, ""
+    try:
+        proc.wait(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        status = "timed out"
+    except Stopped as why:
+        status = "killed"
+        signalled = str(why)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    entry: dict[str, Any] = json.loads(result_file.read_text()) if result_file.exists() else {}
+    entry["seconds"] = round(time.monotonic() - started, 1)
+    entry["budget_s"] = budget_s
+    if status is not None:
+        entry["status"] = status
+        cause = f"the command got {signalled}" if signalled else f"over its budget of {budget_s:.0f} s"
+        entry.setdefault("error", f"{status} after {entry['seconds']:.0f} s ({cause}); the figures shown finished before")
+    elif proc.returncode != 0 or "status" not in entry:
+        entry["status"] = "failed"
+        tail = (scratch / f"{name}.log").read_text().strip().splitlines()[-12:]
+        entry.setdefault("error", f"exit {proc.returncode}: " + " | ".join(tail))
+    if entry["status"] != "ok":
+        entry["log_tail"] = (scratch / f"{name}.log").read_text()[-4000:]
+    return entry
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    for name, text in (("summary.json", json.dumps(summary, indent=1)), ("summary.md", render_markdown(summary))):
+        temporary = out / f".{name}.tmp"
+        temporary.write_text(text)
+        temporary.replace(out / name)  # a reader (or a kill) never sees half a summary
+
+
+def parse_budgets(pairs: list[str], budgets: dict[str, float]) -> dict[str, float]:
+    chosen = dict(budgets)
+    for pair in pairs:
+        name, _, seconds = pair.partition("=")
+        if name not in chosen or not seconds.replace(".", "", 1).isdigit():
+            raise SystemExit(f"error: --budget {pair!r}: want NAME=SECONDS with NAME one of {', '.join(chosen)}")
+        chosen[name] = float(seconds)
+    return chosen
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="summary.json, summary.md and each check's log go here")
+    parser.add_argument("--mode", choices=("gpu", "cpu"), default=None, help="gpu (default where CUDA is there) or cpu: tiny, for CI")
+    parser.add_argument("--only", default=None, help=f"comma list of checks (default all: {','.join(BUDGET_S)})")
+    parser.add_argument("--deadline-s", type=float, default=450.0, help="no check starts or runs past this many seconds from the start")
+    parser.add_argument("--budget", action="append", default=[], metavar="NAME=SECONDS", help="override one check's budget")
+    args = parser.parse_args(argv)
+    mode = args.mode or ("gpu" if _cuda_available() else "cpu")
+    budgets = parse_budgets(args.budget, BUDGET_S if mode == "gpu" else CPU_BUDGET_S)
+    names = [n.strip() for n in (args.only or ",".join(budgets)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in budgets]
+    if unknown:
+        parser.error(f"unknown checks {unknown}; known: {', '.join(budgets)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    scratch = args.out / "logs"
+    scratch.mkdir(exist_ok=True)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    started = time.monotonic()
+    summary: dict[str, Any] = {
+        "mode": mode,
+        "command": "python3 -m benchmarks.device " + " ".join(argv),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cores": os.cpu_count(),
+        "checks": {name: {"status": "not run"} for name in ["setup", *names]},
+    }
+    write_summary(args.out, summary)
+    try:
+        summary["checks"]["setup"] = install_carried_wheels()
+        write_summary(args.out, summary)
+        for name in names:
+            left = args.deadline_s - (time.monotonic() - started)
+            if left < 10:
+                summary["checks"][name] = {"status": "skipped", "error": f"the command's deadline ({args.deadline_s:.0f} s) was reached"}
+                continue
+            summary["checks"][name] = {"status": "running"}
+            write_summary(args.out, summary)
+            summary["checks"][name] = run_check(name, mode, min(budgets[name], left), scratch)
+            write_summary(args.out, summary)
+            if summary["checks"][name]["status"] == "killed":
+                break  # the command itself was signalled: the later checks stay "not run"
+    except Stopped as why:
+        running = [n for n, c in summary["checks"].items() if c.get("status") == "running"]
+        for name in running:
+            summary["checks"][name] = {"status": "killed", "error": f"the command got {why} while this check ran"}
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    write_summary(args.out, summary)
+    print(render_markdown(summary))
+    return 0 if all(c["status"] in ("ok", "skipped") for c in summary["checks"].values()) else 1
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

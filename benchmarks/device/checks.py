@@ -1,0 +1,299 @@
+"""The device checks, one per process (the driver, benchmarks/device/__main__.py, starts them):
+
+    python -m benchmarks.device.checks NAME --mode gpu|cpu --scratch DIR --result FILE.json
+
+GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode): resnet50 (the trainer
+against a raw loop), lm (task=lm against a plain loop, and its bf16 loss curve), resume (a signal
+stop and resume, bit for bit), handle (the run handle, once it has landed). CPU ranks (the
+machine's 16 cores): allreduce, scaling, loader (benchmarks/device/cores.py). unit: the unit tier
+on the machine's torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from benchmarks.device.cores import allreduce, loader, scaling
+from benchmarks.device.report import ROOT, Report, device_overrides, launch, step_records
+from benchmarks.rundirs import logged_steps, rank_pids, run_dirs, state_hash, step_losses
+
+
+def environment(mode: str, scratch: Path, report: Report) -> None:
+    from mpi4py import MPI
+
+    from collectives.mpirun import find_mpirun
+
+    report.figure("python", platform.python_version())
+    report.figure("torch", torch.__version__)
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        report.figure("GPU", f"{properties.name}, {properties.total_memory / 2**30:.0f} GiB, {properties.multi_processor_count} SMs")
+        report.figure("CUDA (torch built with)", torch.version.cuda)
+        report.figure("NCCL", ".".join(map(str, torch.cuda.nccl.version())))
+        report.figure("cuDNN", torch.backends.cudnn.version())
+    mpirun = find_mpirun()
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout.splitlines()[0] if mpirun else "none"
+    report.figure("mpirun", f"{mpirun}: {version}")
+    report.figure("MPI library", MPI.Get_library_version().splitlines()[0].strip())
+    for package in ("mpi4py", "h5py", "numpy", "hydra-core", "omegaconf", "submitit", "python-hostlist", "torchvision"):
+        try:
+            report.figure(package, metadata.version(package))
+        except metadata.PackageNotFoundError:
+            report.figure(package, "missing")
+    report.figure("CPU cores", os.cpu_count())
+
+
+def resnet50(mode: str, scratch: Path, report: Report) -> None:
+    """The trainer's images/s on ResNet-50 (bf16, channels_last, uint8 HDF5 through loader
+    processes, crop + flip on the GPU) against a raw loop on data already on the GPU."""
+    from benchmarks import gpu_throughput
+
+    gpu = mode == "gpu"
+    model, shape, n, batch, workers = ("resnet50", (3, 224, 224), 7680, 256, 8) if gpu else ("cnn", (3, 32, 32), 256, 32, 2)
+    device = torch.device("cuda" if gpu else "cpu")
+    scratch.mkdir(parents=True, exist_ok=True)
+    data = scratch / "images.h5"
+    gpu_throughput.write_images(data, n, shape, classes=1000)
+    report.figure("set-up", f"{model}, batch {batch}, bf16, channels_last, {n} uint8 {shape} images in HDF5, data.workers={workers}, crop + flip on the device")
+    raw = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 5, device)
+    report.figure("raw loop, batch on the device, img/s", raw)
+    loading = [f"data.workers={workers}", f"data.crop={shape[-1]}", "data.flip=true"]
+    ours = gpu_throughput.trainer(data, model, batch, device, scratch, loading)
+    report.figure(f"trainer, {device_overrides(mode)[0]}, 1 rank, img/s (2nd epoch)", ours["images_per_s"])
+    report.target("trainer / raw loop", ours["images_per_s"] / raw, ">= 0.97", ours["images_per_s"] / raw >= 0.97)
+    report.target("step time waiting for data", ours["data_wait_share"], "< 3%", ours["data_wait_share"] < 0.03)
+
+
+LM_SHAPE = {"gpu": {"context": 256, "layers": 6, "heads": 6, "width": 384}, "cpu": {"context": 32, "layers": 1, "heads": 2, "width": 32}}
+LM_BATCH = {"gpu": 64, "cpu": 8}
+LM_STEPS = {"gpu": (300, 50), "cpu": (30, 5)}  # (steps, warm-up steps left out of the rate)
+
+
+def lm(mode: str, scratch: Path, report: Report) -> None:
+    """task=lm through the toolkit against a plain loop of the same model, batch and data on the
+    same device (bf16 autocast on the GPU), and the toolkit's loss curve."""
+    from trainers.tokens import write_token_file
+
+    shape, batch, (steps, warmup) = LM_SHAPE[mode], LM_BATCH[mode], LM_STEPS[mode]
+    scratch.mkdir(parents=True, exist_ok=True)
+    tokens = scratch / "tokens.h5"
+    write_token_file(stdlib_text(8 << 20 if mode == "gpu" else 1 << 20), tokens, 0.01)
+    precision = "bf16" if mode == "gpu" else "fp32"
+    report.figure("set-up", f"GPT {shape}, batch {batch}, {steps} steps ({warmup} warm-up), AdamW lr 1e-3 constant, {precision}, stdlib sources as bytes")
+    overrides = [
+        "task=lm",
+        f"task.tokens={tokens}",
+        *(f"task.{k}={v}" for k, v in shape.items()),
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+        "trainer.epochs=1",
+        f"trainer.precision={precision}",
+        "trainer.log_every=1000000",
+        "optim.lr=0.001",
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "checkpoint.enabled=false",
+        "resources.tasks_per_node=1",
+        f"trainer.threads_per_rank={torch.get_num_threads()}",
+        *device_overrides(mode),
+    ]
+    records = step_records(launch(overrides, scratch / "toolkit"))
+    ours_s = step_seconds(records, warmup)
+    plain_s, plain_losses = plain_lm(tokens, shape, batch, steps, warmup, mode)
+    rate = {name: batch * shape["context"] / seconds for name, seconds in (("toolkit", ours_s), ("plain", plain_s))}
+    report.figure("toolkit tokens/s", rate["toolkit"])
+    report.figure("plain loop tokens/s", rate["plain"])
+    report.target("toolkit / plain loop", rate["toolkit"] / rate["plain"], ">= 0.95", rate["toolkit"] / rate["plain"] >= 0.95)
+    marks = sorted({1, *range(25 if mode == "gpu" else 5, steps + 1, 25 if mode == "gpu" else 5)})
+    losses = {int(r["step"]): float(r["loss"]) for r in records}
+    rows = [f"| {s} | {losses[s]:.4f} | {plain_losses[s - 1]:.4f} |" for s in marks if s in losses and s <= len(plain_losses)]
+    report.table(
+        f"{precision} loss curve (the same model, data order and optimizer):\n\n| step | toolkit | plain loop |\n| --- | --- | --- |\n" + "\n".join(rows)
+    )
+
+
+def stdlib_text(size: int) -> str:
+    """About `size` bytes of the Python standard library's sources, in name order: a corpus every
+    machine has, larger than the embedded one (470 kB) so that one epoch holds the timed steps."""
+    parts, total = [], 0
+    for path in sorted(Path(os.__file__).parent.glob("*/*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= size:
+            break
+    return "\n\n".join(parts)
+
+
+def step_seconds(records: list[dict], warmup: int) -> float:
+    """Mean seconds per step after `warmup`, from the times the steps were logged, counting only
+    gaps inside an epoch (an evaluation between epochs is not a step)."""
+    gaps = [b["time"] - a["time"] for a, b in zip(records, records[1:], strict=False) if a["step"] >= warmup and a["epoch"] == b["epoch"]]
+    return statistics.fmean(gaps)
+
+
+def plain_lm(tokens: Path, shape: dict[str, int], batch: int, steps: int, warmup: int, mode: str) -> tuple[float, list[float]]:
+    """The loop a user writes: seconds per step after warm-up (one sync at each end) and the losses."""
+    from trainers.gpt import GPT, GPTShape, next_token_loss
+    from trainers.sampler import ShardSampler
+    from trainers.tokens import VOCAB_SIZE, TokenWindows
+
+    device = torch.device("cuda" if mode == "gpu" else "cpu")
+    torch.manual_seed(0)
+    model = GPT(GPTShape(vocab_size=VOCAB_SIZE, **shape)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001)
+    windows = TokenWindows(str(tokens), "train", shape["context"])
+    sampler = ShardSampler(len(windows), batch, 0, 1, 0)
+    losses: list[torch.Tensor] = []
+    started = 0.0
+    for step, indices in enumerate(sampler.batches(0), start=1):
+        if step == warmup + 1:
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            started = time.perf_counter()
+        items = windows.__getitems__(indices.tolist())
+        x = torch.stack([i[0] for i in items]).to(device, non_blocking=True)
+        y = torch.stack([i[1] for i in items]).to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "gpu"):
+            loss = next_token_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        if step == steps:
+            break
+    torch.cuda.synchronize() if device.type == "cuda" else None
+    return (time.perf_counter() - started) / (steps - warmup), [float(v) for v in losses]
+
+
+def resume(mode: str, scratch: Path, report: Report) -> None:
+    """A run stopped by SIGUSR1 and resumed against an uninterrupted one: the same loss at every
+    step and the same final weights, bit for bit. Crops and flips are drawn on the training device
+    (the CUDA generator in gpu mode), and trainer.deterministic=true fixes the GPU's kernels."""
+    from hpc.rank.lifecycle import EXIT_RESUMABLE
+
+    job = [
+        "model=cnn",
+        "data.crop=8",
+        "data.crop_padding=1",
+        "data.flip=true",
+        "data.batch_size=32",
+        f"trainer.epochs={6 if mode == 'gpu' else 3}",
+        "trainer.deterministic=true",
+        "checkpoint.every_steps=20",
+        "checkpoint.every_minutes=null",
+        "resources.tasks_per_node=1",
+        *device_overrides(mode),
+    ]
+    reference = launch(job, scratch / "reference")
+    report.figure("uninterrupted steps", len(step_losses(reference)))
+    workdir = scratch / "stopped"
+    workdir.mkdir(parents=True, exist_ok=True)
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *job, f"run_root={workdir / 'runs'}"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    run_dir = poll(lambda: next((d for d in run_dirs(workdir) if logged_steps(d) >= 30), None), first, "30 logged steps")
+    for pid in rank_pids(run_dir):
+        os.kill(pid, signal.SIGUSR1)
+    code = first.wait(timeout=120)
+    if code != EXIT_RESUMABLE:
+        raise RuntimeError(f"the signalled run exited {code}, not {EXIT_RESUMABLE} (resumable): {first.stderr.read()[-1500:] if first.stderr else ''}")
+    stopped_at = max(step_losses(run_dir))
+    report.figure("stopped by SIGUSR1 after step", stopped_at)
+    from collectives.mpirun import local_ranks_environment
+
+    command = shlex.split((run_dir / "command.txt").read_text())
+    resumed = subprocess.run(command, env={**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    if resumed.returncode:
+        raise RuntimeError(f"the resumed run failed (exit {resumed.returncode}): {resumed.stderr[-1500:]}")
+    ours, theirs = step_losses(run_dir), step_losses(reference)
+    differing = [s for s in theirs if ours.get(s) != theirs[s]]
+    report.figure("steps compared", len(theirs))
+    report.target("steps whose loss differs from the uninterrupted run", len(differing), "0", not differing)
+    report.target("final weights identical", state_hash(run_dir) == state_hash(reference), "True", state_hash(run_dir) == state_hash(reference))
+    if differing:
+        report.note(f"first differing step {differing[0]}: {ours.get(differing[0])!r} against {theirs[differing[0]]!r}")
+
+
+def poll(found: Callable[[], Path | None], proc: subprocess.Popen[str], what: str, timeout_s: float = 120) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while (result := found()) is None:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the run ended before {what}: {proc.stderr.read()[-1500:] if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.01)  # polling the step log: there is no event to wait on
+    return result
+
+
+def handle(mode: str, scratch: Path, report: Report) -> None:
+    if importlib.util.find_spec("trainers.handle") is None:
+        report.finish("skipped", "the run handle (issue 31) has not landed: nothing to check yet")
+        raise SystemExit(0)
+    report.note("the run handle exists but this check does not exercise it yet: extend benchmarks/device/checks.py:handle")
+
+
+def unit(mode: str, scratch: Path, report: Report) -> None:
+    """The unit tier on this machine's torch (the GPU machine's may be older than the pinned one)."""
+    if mode == "cpu":
+        report.finish("skipped", "cpu mode: CI runs the unit tier itself")
+        raise SystemExit(0)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "12", "tests/unit", "-x", "--maxfail=20"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stdout.strip().splitlines()
+    report.figure("pytest tests/unit", lines[-1] if lines else f"no output (exit {done.returncode})")
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    for line in failures[:20]:
+        report.note(line[:300])
+
+
+CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
+    "environment": environment,
+    "resnet50": resnet50,
+    "lm": lm,
+    "resume": resume,
+    "handle": handle,
+    "allreduce": allreduce,
+    "scaling": scaling,
+    "loader": loader,
+    "unit": unit,
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=CHECKS)
+    parser.add_argument("--mode", choices=("gpu", "cpu"), required=True)
+    parser.add_argument("--scratch", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    report = Report(args.result)
+    try:
+        CHECKS[args.name](args.mode, args.scratch, report)
+    except Exception as err:  # noqa: BLE001  # any failure is this check's result, named
+        report.finish("failed", f"{type(err).__name__}: {str(err)[-1500:]}")
+        raise
+    report.finish("ok" if all(t["met"] for t in report.data["targets"].values()) else "missed a target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,63 @@
+"""What a run leaves in its run directory, read by the tests and by the benchmarks alike: the run
+dirs under a root, the step log, the newest checkpoint's model, the rank processes of a run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from trainers.checkpoint import load_tensor_file
+from trainers.layout import SHARED, STEP_PREFIX
+
+# Launchers whose command line also names the rank entry point: never a rank themselves.
+LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "srun"}
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
+
+
+def newest_shared_state(run_dir: Path) -> dict[str, Any]:
+    """The shared state (model, optimizer, schedule, progress) of the run's newest checkpoint."""
+    newest = sorted((run_dir / "checkpoints").glob(f"{STEP_PREFIX}*"))[-1]
+    return load_tensor_file(newest / SHARED)
+
+
+def state_hash(run_dir: Path) -> str:
+    state = newest_shared_state(run_dir)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(name.encode() + tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """Last logged loss per step (steps re-run after a restart log again)."""
+    rows = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    return {row["step"]: row["loss"] for row in rows}
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "steps.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
+    """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
+    under srun, whose argument is under the run dir); never a launcher whose command line names
+    it too (mpirun, srun, hpc.submit.ranks)."""
+    out = subprocess.run(["pgrep", "-f", f"{entry} {run_dir}"], capture_output=True, text=True)
+    pids = []
+    for pid in map(int, out.stdout.split()):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue  # ended meanwhile
+        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+        if name not in LAUNCHERS and module == entry:
+            pids.append(pid)
+    return pids
