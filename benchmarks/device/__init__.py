@@ -4,7 +4,7 @@
     python3 -m benchmarks.device --out "$OUT"         # there: every check, in order of value
     python3 -m benchmarks.device --mode cpu --out D   # anywhere: the same checks, tiny, on CPUs (CI)
 
-Each check runs in a process group of its own with its own time budget (a slow one is killed
-and cannot eat the others), and the summary (summary.json + summary.md under --out) is rewritten
+Each check runs in a process of its own with its own time budget (a slow one is killed with
+all its processes and cannot eat the others), and the summary (summary.json + summary.md under --out) is rewritten
 after every check, so whatever finished is reported even if the whole command is killed.
 """

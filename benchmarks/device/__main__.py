@@ -1,4 +1,4 @@
-"""Run the device checks in order, each in its own process group under its own time budget, and
+"""Run the device checks in order, each in a process of its own under its own time budget, and
 keep summary.json + summary.md under --out current after every check (see the package docstring).
 
     python3 -m benchmarks.device --out DIR [--mode gpu|cpu] [--only a,b] [--deadline-s 420] [--budget name=seconds]
@@ -7,6 +7,7 @@ keep summary.json + summary.md under --out current after every check (see the pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -14,6 +15,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,13 +61,13 @@ def install_carried_wheels() -> dict[str, Any]:
 
 
 def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str, Any]:
-    """One check in a process group of its own; killed as a group when over budget. The check
+    """One check in a process of its own; killed with all its descendants when over budget. The check
     writes its result file as it goes, so a killed check still reports the parts it finished."""
     result_file = scratch / f"{name}.json"
     command = [sys.executable, "-m", "benchmarks.device.checks", name, "--mode", mode, "--scratch", str(scratch / name), "--result", str(result_file)]
     log = (scratch / f"{name}.log").open("w")
     started = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     status, signalled = None, ""
     try:
         proc.wait(timeout=budget_s)
@@ -75,8 +77,8 @@ def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str,
         status = "killed"
         signalled = str(why)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # over budget, or the command was signalled
+            kill_tree(proc.pid)
             proc.wait()
         log.close()
     entry: dict[str, Any] = json.loads(result_file.read_text()) if result_file.exists() else {}
@@ -93,6 +95,35 @@ def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str,
     if entry["status"] != "ok":
         entry["log_tail"] = (scratch / f"{name}.log").read_text()[-4000:]
     return entry
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL `root` and every process below it. launch.py starts mpirun in a session of its own
+    (a terminal's Ctrl-C must not reach it), so a process group does not hold the ranks: the
+    tree is frozen (SIGSTOP) until no new child appears, then killed, so nothing is orphaned."""
+    frozen: set[int] = set()
+    while True:
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+            children.setdefault(ppid, []).append(pid)
+        tree, todo = set(), [root]
+        while todo:
+            pid = todo.pop()
+            tree.add(pid)
+            todo += children.get(pid, [])
+        if tree <= frozen:
+            break
+        for pid in tree - frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= tree
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def write_summary(out: Path, summary: dict[str, Any]) -> None:
@@ -114,7 +145,8 @@ def parse_budgets(pairs: list[str], budgets: dict[str, float]) -> dict[str, floa
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="summary.json, summary.md and each check's log go here")
+    parser.add_argument("--out", type=Path, required=True, help="summary.json, summary.md and logs.txt (every check's output) go here")
+    parser.add_argument("--scratch", type=Path, default=None, help="data, runs and each check's files (default: a new temporary folder)")
     parser.add_argument("--mode", choices=("gpu", "cpu"), default=None, help="gpu (default where CUDA is there) or cpu: tiny, for CI")
     parser.add_argument("--only", default=None, help=f"comma list of checks (default all: {','.join(BUDGET_S)})")
     parser.add_argument("--deadline-s", type=float, default=450.0, help="no check starts or runs past this many seconds from the start")
@@ -127,8 +159,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown checks {unknown}; known: {', '.join(budgets)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    scratch = args.out / "logs"
-    scratch.mkdir(exist_ok=True)
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="device-checks-"))
+    scratch.mkdir(parents=True, exist_ok=True)
 
     def stop(signum: int, _frame: object) -> None:
         raise Stopped(signal.Signals(signum).name)
@@ -157,6 +189,8 @@ def main(argv: list[str]) -> int:
             write_summary(args.out, summary)
             summary["checks"][name] = run_check(name, mode, min(budgets[name], left), scratch)
             write_summary(args.out, summary)
+            with (args.out / "logs.txt").open("a") as logs:
+                logs.write(f"===== {name}: {summary['checks'][name]['status']}\n{(scratch / f'{name}.log').read_text()[-20000:]}\n")
             if summary["checks"][name]["status"] == "killed":
                 break  # the command itself was signalled: the later checks stay "not run"
     except Stopped as why:

@@ -28,7 +28,10 @@ def summary(out: Path) -> dict:
 
 
 def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
-    done = subprocess.run(device_suite("--out", str(tmp_path)), capture_output=True, text=True, cwd=ROOT, timeout=600)
+    done = subprocess.run(
+        device_suite("--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch")), capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    tmp_path = tmp_path / "out"
     checks = summary(tmp_path)["checks"]
     failed = {name: c.get("error") for name, c in checks.items() if c["status"] not in ("ok", "missed a target", "skipped")}
     assert not failed, failed
@@ -43,12 +46,17 @@ def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
     assert "| 2 |" in checks["scaling"]["tables"][0] and "2 ranks, busbw" in checks["allreduce"]["tables"][0]
     markdown = (tmp_path / "summary.md").read_text()
     assert all(f"## {name}: " in markdown for name in checks)
+    assert "===== resume: ok" in (tmp_path / "logs.txt").read_text()
     assert done.returncode == (0 if all(c["status"] in ("ok", "skipped") for c in checks.values()) else 1)
 
 
 def test_a_check_over_its_budget_is_killed_with_its_processes_and_the_next_still_runs(tmp_path):
     done = subprocess.run(
-        device_suite("--out", str(tmp_path), "--only", "resume,environment", "--budget", "resume=4"), capture_output=True, text=True, cwd=ROOT, timeout=120
+        device_suite("--out", str(tmp_path), "--scratch", str(tmp_path / "scratch"), "--only", "resume,environment", "--budget", "resume=4"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     checks = summary(tmp_path)["checks"]
     assert checks["resume"]["status"] == "timed out" and "over its budget of 4 s" in checks["resume"]["error"]

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.support.fit_in_process import Regression, config, steps_of, train
 from benchmarks.rundirs import newest_shared_state
+from tests.support.fit_in_process import Regression, config, steps_of, train
 from trainers.config import OptimConfig
 from trainers.run import FitConfig
 from trainers.task import TaskError
