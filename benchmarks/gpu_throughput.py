@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,10 @@ def write_images(path: Path, n: int, shape: tuple[int, ...], classes: int, seed:
             f.create_dataset(f"{split}/y", data=rng.integers(0, classes, size=count))
 
 
-def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, steps: int, device: torch.device) -> float:
+def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, steps: int, device: torch.device, host_syncs: bool = False) -> float:
+    """Images/s of the bare loop; `host_syncs`: with the trainer's three waits for the device per
+    step (the loss read after backward, the finite-gradients check, the step's figures read back
+    after their allreduce), to tell their cost from the rest of the trainer's."""
     from trainers.config import ModelConfig
     from trainers.models import build_model
 
@@ -56,8 +60,12 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
         loss.backward()
+        if host_syncs:
+            wait_as_the_trainer_does(model, loss)
         optimizer.step()
         optimizer.zero_grad()
+        if host_syncs:
+            torch.zeros(16, dtype=torch.float64).to(device).tolist()
 
     for _ in range(5):
         step()
@@ -69,6 +77,14 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
     if device.type == "cuda":
         torch.cuda.synchronize()
     return batch * steps / (time.perf_counter() - started)
+
+
+def wait_as_the_trainer_does(model: torch.nn.Module, loss: torch.Tensor) -> None:
+    """The trainer's two waits for the device between backward and the optimizer step."""
+    from trainers.guard import grads_finite
+
+    loss.item()
+    grads_finite(model)
 
 
 def trainer(data: Path, model_name: str, batch: int, device: torch.device, workdir: Path, loading: list[str]) -> dict[str, float]:
@@ -96,7 +112,12 @@ def trainer(data: Path, model_name: str, batch: int, device: torch.device, workd
         raise SystemExit(f"the trainer failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     (metrics,) = (workdir / "runs").glob("*/*/metrics.jsonl")
     last = json.loads(metrics.read_text().splitlines()[-1])
-    return {"images_per_s": last["samples_per_s"], "data_wait_share": last["data_wait_ms"] / last["step_ms"]}
+    steps = [json.loads(line) for line in (metrics.parent / "steps.jsonl").read_text().splitlines()]
+    phases = {key: statistics.median(s[key] for s in steps if s["epoch"] == last["epoch"]) for key in PHASE_KEYS}
+    return {"images_per_s": last["samples_per_s"], "data_wait_share": last["data_wait_ms"] / last["step_ms"], **phases}
+
+
+PHASE_KEYS = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.device.report import BUDGET_VARIABLE
 from benchmarks.device.summary import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,9 @@ def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str,
     command = [sys.executable, "-m", "benchmarks.device.checks", name, "--mode", mode, "--scratch", str(scratch / name), "--result", str(result_file)]
     log = (scratch / f"{name}.log").open("w")
     started = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT), BUDGET_VARIABLE: str(budget_s)}
+    )
     status, signalled = None, ""
     try:
         proc.wait(timeout=budget_s)
