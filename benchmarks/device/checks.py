@@ -132,10 +132,8 @@ def lm(mode: str, scratch: Path, report: Report) -> None:
     marks = sorted({1, *range(25 if mode == "gpu" else 5, steps + 1, 25 if mode == "gpu" else 5)})
     losses = {int(r["step"]): float(r["loss"]) for r in records}
     rows = [f"| {s} | {losses[s]:.4f} | {plain_losses[s - 1]:.4f} |" for s in marks if s in losses and s <= len(plain_losses)]
-    report.table(
-        f"{precision} loss curve (the same model shape, data, optimizer and precision; weights and batch order drawn by each):\n\n| step | toolkit | plain loop |\n| --- | --- | --- |\n"
-        + "\n".join(rows)
-    )
+    title = f"{precision} loss curve (the same model shape, data, optimizer and precision; weights and batch order drawn by each)"
+    report.table(f"{title}:\n\n| step | toolkit | plain loop |\n| --- | --- | --- |\n" + "\n".join(rows))
 
 
 def stdlib_text(size: int) -> str:
