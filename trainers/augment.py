@@ -31,8 +31,13 @@ def centre_crop(images: torch.Tensor, size: int) -> torch.Tensor:
     return images[..., top : top + size, left : left + size]
 
 
+# The bits of uint16/32/64 images as the signed type of their width: flip(), index_select() and
+# where() lack unsigned kernels for them in some torch releases (2.11 refused index_select).
+SAME_WIDTH_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def random_flip(images: torch.Tensor) -> torch.Tensor:
     """Each image mirrored left-right with probability 1/2."""
     flipped = torch.rand(images.shape[0], device=images.device) < 0.5
-    mirrored = images.index_select(-1, torch.arange(images.shape[-1] - 1, -1, -1, device=images.device))  # flip() lacks uint16/32/64
-    return torch.where(flipped[:, None, None, None], mirrored, images)
+    bits = images.view(SAME_WIDTH_SIGNED.get(images.dtype, images.dtype))  # moves values, never reads them
+    return torch.where(flipped[:, None, None, None], bits.flip(-1), bits).view(images.dtype)

@@ -35,7 +35,7 @@ BUDGET_S = {
     "resume": 100,
     "handle": 5,
     "allreduce": 100,
-    "scaling": 60,
+    "scaling": 110,
     "loader": 45,
     "unit": 90,
 }

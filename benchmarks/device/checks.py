@@ -282,6 +282,7 @@ def unit(mode: str, scratch: Path, report: Report) -> None:
             proc.kill()
             report.note("pytest was stopped 10 s before the check's budget: the lines below are what it had reported")
     lines = output.read_text().strip().splitlines()
+    print("\n".join(lines[-300:]))  # into the check's log (logs.txt): the failures' tracebacks and summary
     report.figure("pytest tests/unit", lines[-1] if lines else f"no output (exit {proc.returncode})")
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     for line in failures[:20]:

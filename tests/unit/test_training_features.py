@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torch import nn
 from hpc.config.compose import compose_job
 from hpc.config.validate import check_training
 from hpc.errors import UserError
+from tests.support.fit_in_process import Regression, config, train
 from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
 from trainers.optim import lr_factor
 from trainers.state import Progress, restore, shared_state
@@ -88,3 +91,27 @@ def test_rolling_back_to_one_checkpoint_again_and_again_ends_the_run():
     for to_step in (10, 10, 20, 20, 20, 30):  # a newer checkpoint starts the count again
         fresh.rolled_back(to_step)
         fresh.record(True, Progress(), 0)
+
+
+def test_deterministic_kernels_are_switched_on_before_the_first_step(tmp_path, monkeypatch):
+    """trainer.deterministic turns torch's deterministic algorithms on (and cuBLAS's fixed
+    workspace) before the model's first kernel; without it, the process's setting is left alone."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen: list[bool] = []
+
+    class Watched(Regression):
+        def train_step(self, model, batch):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+            return super().train_step(model, batch)
+
+    cfg = config(max_steps=2)
+    try:
+        train(tmp_path / "off", Watched(), cfg)
+        off = len(seen)
+        assert off > 0 and not any(seen) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        train(tmp_path / "on", Watched(), dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, deterministic=True)))
+        assert len(seen) > off and all(seen[off:]) and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.is_deterministic_algorithms_warn_only_enabled()  # an op with no such kernel warns, naming itself
+    finally:
+        torch.use_deterministic_algorithms(False)
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)  # absent before the test (delenv above)
