@@ -147,7 +147,7 @@ def parse_budgets(pairs: list[str], budgets: dict[str, float]) -> dict[str, floa
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.device", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="summary.json, summary.md and logs.txt (every check's output) go here")
     parser.add_argument("--scratch", type=Path, default=None, help="data, runs and each check's files (default: a new temporary folder)")
     parser.add_argument("--mode", choices=("gpu", "cpu"), default=None, help="gpu (default where CUDA is there) or cpu: tiny, for CI")

@@ -303,7 +303,7 @@ CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.device.checks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=CHECKS)
     parser.add_argument("--mode", choices=("gpu", "cpu"), required=True)
     parser.add_argument("--scratch", type=Path, required=True)
