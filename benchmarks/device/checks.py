@@ -63,15 +63,15 @@ def resnet50(mode: str, scratch: Path, report: Report) -> None:
     from benchmarks import gpu_throughput
 
     gpu = mode == "gpu"
-    model, shape, n, batch, workers = ("resnet50", (3, 224, 224), 7680, 256, 8) if gpu else ("cnn", (3, 32, 32), 256, 32, 2)
+    model, shape, n, batch, workers = ("resnet50", (3, 224, 224), 7680, 256, 8) if gpu else ("cnn", (3, 32, 32), 128, 32, 2)
     device = torch.device("cuda" if gpu else "cpu")
     scratch.mkdir(parents=True, exist_ok=True)
     data = scratch / "images.h5"
     gpu_throughput.write_images(data, n, shape, classes=1000)
     report.figure("set-up", f"{model}, batch {batch}, bf16, channels_last, {n} uint8 {shape} images in HDF5, data.workers={workers}, crop + flip on the device")
-    raw = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 5, device)
+    raw = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 3, device)
     report.figure("raw loop, batch on the device, img/s", raw)
-    synced = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 5, device, host_syncs=True)
+    synced = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 3, device, host_syncs=True)
     report.figure("raw loop with the trainer's 3 host syncs per step, img/s", synced)
     loading = [f"data.workers={workers}", f"data.crop={shape[-1]}", "data.flip=true"]
     ours = gpu_throughput.trainer(data, model, batch, device, scratch, loading)
@@ -85,7 +85,7 @@ def resnet50(mode: str, scratch: Path, report: Report) -> None:
 
 LM_SHAPE = {"gpu": {"context": 256, "layers": 6, "heads": 6, "width": 384}, "cpu": {"context": 32, "layers": 1, "heads": 2, "width": 32}}
 LM_BATCH = {"gpu": 64, "cpu": 8}
-LM_STEPS = {"gpu": (300, 50), "cpu": (30, 5)}  # (steps, warm-up steps left out of the rate)
+LM_STEPS = {"gpu": (300, 50), "cpu": (20, 5)}  # (steps, warm-up steps left out of the rate)
 
 
 def lm(mode: str, scratch: Path, report: Report) -> None:

@@ -20,13 +20,15 @@ ALGOS = ("auto", "mpi", "gloo")  # ours against the MPI library's and torch's (r
 
 def allreduce(mode: str, scratch: Path, report: Report) -> None:
     """collectives.bench (nccl-tests semantics, one launch per implementation) at each rank count."""
-    sizes = ("1M", "64M", "8") if mode == "gpu" else ("64K", "1M", "16")
+    sizes, iterations = (("1M", "64M", "8"), ("3", "10")) if mode == "gpu" else (("64K", "1M", "16"), ("1", "3"))
     algos = ALGOS
-    report.figure("set-up", f"python -m collectives.bench --np N -b {sizes[0]} -e {sizes[1]} -f {sizes[2]} -w 3 -n 10 --rounds 1 --algos {','.join(algos)}")
+    warm, timed = iterations
+    options = f"-b {sizes[0]} -e {sizes[1]} -f {sizes[2]} -w {warm} -n {timed} --rounds 1 --algos {','.join(algos)}"
+    report.figure("set-up", f"python -m collectives.bench --np N {options}")
     for ranks in ALLREDUCE_RANKS[mode]:
         out = scratch / f"np{ranks}"
         command = [sys.executable, "-m", "collectives.bench", "--np", str(ranks), "-b", sizes[0], "-e", sizes[1], "-f", sizes[2]]
-        command += ["-w", "3", "-n", "10", "--rounds", "1", "--algos", ",".join(algos), "--out", str(out)]
+        command += ["-w", iterations[0], "-n", iterations[1], "--rounds", "1", "--algos", ",".join(algos), "--out", str(out)]
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if done.returncode or not (out / "bench.json").exists():
             raise RuntimeError(f"collectives.bench --np {ranks} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
@@ -55,7 +57,7 @@ def scaling(mode: str, scratch: Path, report: Report) -> None:
     from benchmarks import plain_loop
 
     scratch.mkdir(parents=True, exist_ok=True)
-    steps = 20 if mode == "gpu" else 5
+    steps = 20 if mode == "gpu" else 3
     report.figure("set-up", f"benchmarks/plain_loop.py launches: MLP of 3.2M parameters, batch 64 per rank, {steps} timed steps, one round")
 
     def run(name: str, ranks: int) -> float:
