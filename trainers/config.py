@@ -133,3 +133,12 @@ def accumulation_steps(trainer: TrainerConfig, batch_size: int, world_size: int)
 def scaled_lr(optim: OptimConfig, global_batch: int) -> float:
     """optim.lr, or with optim.scale_lr the linear scaling rule: lr x global batch / reference."""
     return optim.lr * global_batch / optim.reference_batch if optim.scale_lr else optim.lr
+
+
+def closure_refusal(target: str, argument: str) -> str:
+    """The one line for an optimizer whose step() needs an argument (LBFGS's closure, SAM's):
+    the login node and the rank give the same one."""
+    return (
+        f"optim.optimizer._target_={target}: its step() needs {argument!r} (a closure that evaluates the loss again, as LBFGS and SAM take); "
+        "the toolkit steps once per batch on gradients averaged over ranks, with no closure: use a first-order optimizer (SGD, AdamW, ...)"
+    )

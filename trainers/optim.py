@@ -3,6 +3,7 @@ warm-up, then cosine or constant), or any torch class the config names by `_targ
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 from collections.abc import Iterable
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainers.config import SCHEDULES, OptimConfig
+from trainers.config import SCHEDULES, OptimConfig, closure_refusal
 from trainers.targets import instantiate
 from trainers.task import TaskError
 
@@ -20,6 +21,11 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[Any], lr: float | None = 
     lr = cfg.lr if lr is None else lr
     if cfg.optimizer:
         optimizer = instantiate(cfg.optimizer, "optim.optimizer", (params,), {"lr": lr}, base=torch.optim.Optimizer)
+        needs = [
+            p.name for p in inspect.signature(optimizer.step).parameters.values() if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if needs:
+            raise TaskError(closure_refusal(str(cfg.optimizer["_target_"]), needs[0]))
         return checked_state(optimizer, "optim.optimizer")
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.machinery
 import importlib.util
 import shutil
 import sys
@@ -15,6 +13,7 @@ from typing import Any
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
 from collectives.mpirun import find_mpirun
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
+from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
 from hpc.fabric.topology import check_topology, parse_topology_conf
 from trainers.config import (
@@ -25,6 +24,7 @@ from trainers.config import (
     SCHEDULES,
     DataConfig,
     accumulation_steps,
+    closure_refusal,
 )
 from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
 
@@ -261,50 +261,7 @@ def check_script_values(job: JobConfig) -> None:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
 
 
-def find_module_file(dotted: str, search: list[str]) -> tuple[Path | None, str]:
-    """Where `dotted` (a.b.c) would be imported from, found without importing anything (no
-    package __init__ runs, so torch stays out of the login node); (None, the part missing) when not."""
-    parts = dotted.split(".")
-    spec = importlib.machinery.PathFinder.find_spec(parts[0], search)
-    for depth in range(1, len(parts)):
-        if spec is None or not spec.submodule_search_locations:
-            return None, ".".join(parts[:depth])
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]), list(spec.submodule_search_locations))
-    if spec is None:
-        return None, dotted
-    return (Path(spec.origin) if spec.origin and spec.origin not in ("namespace", "built-in") else None), ""
-
-
-def defines(source: str, name: str) -> bool:
-    """Whether a module's top level defines, assigns or imports `name`."""
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return True
-        if isinstance(node, ast.Assign | ast.AnnAssign) and name in {t.id for t in ast.walk(node) if isinstance(t, ast.Name)}:
-            return True
-        if isinstance(node, ast.Import | ast.ImportFrom) and name in {(a.asname or a.name).split(".")[0] for a in node.names}:
-            return True
-    return False
-
-
 PROVIDED = ("model", "data", "trainer", "data_path")  # what the rank offers a task's constructor by name (trainers.tasks)
-
-
-def constructor_arguments(source: str, name: str) -> list[str] | None:
-    """The keyword arguments class `name` of a module's source takes (its own __init__, or a
-    dataclass's fields); None when the source cannot tell (**kwargs, an inherited __init__)."""
-    for node in ast.parse(source).body:
-        if not (isinstance(node, ast.ClassDef) and node.name == name):
-            continue
-        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-        if init is not None:
-            args = init.args
-            return None if args.kwarg else [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs][1:]]
-        decorated = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in node.decorator_list}
-        if "dataclass" in decorated and not node.bases:
-            return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
-        return None
-    return None
 
 
 def check_target(key: str, target: Any, arguments: list[str], provided: tuple[str, ...] = ()) -> None:
@@ -365,6 +322,13 @@ def check_optim_targets(job: JobConfig) -> None:
         if "_target_" not in spec:
             raise UserError(f"{key} has no _target_; name the class, e.g. +{key}._target_=torch.optim...")
         check_target(key, spec["_target_"], sorted(k for k in spec if k != "_target_"), ("params", "optimizer", "lr", "total_steps"))
+    target = job.optim.optimizer.get("_target_") if job.optim.optimizer else None
+    if target:
+        module, _, name = target.rpartition(".")
+        source = class_source(module, name, [p for p in sys.path if p])
+        needs = required_step_arguments(source, name) if source else []
+        if needs:
+            raise UserError(closure_refusal(target, needs[0]))
     if job.optim.scheduler and job.optim.warmup_steps:
         raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} is for the built-in schedules; with optim.scheduler, warm up in the scheduler")
 

@@ -105,12 +105,24 @@ def test_a_scheduler_that_takes_total_steps_is_given_the_runs(tmp_path):
         ({"optimizer": {"_target_": "torch.nn.Linear"}}, r"optim.optimizer._target_=torch.nn.Linear is not a torch.optim.optimizer.Optimizer"),
         ({"scheduler": {"_target_": "torch.optim.lr_scheduler.ReduceLROnPlateau"}}, r"steps on a metric; the toolkit steps schedulers once per optimizer step"),
         ({"scheduler": {"_target_": "tests.unit.test_task_hooks.Unsaveable"}}, r"optim.scheduler: the state of Unsaveable cannot be checkpointed safely"),
+        ({"optimizer": {"_target_": "torch.optim.LBFGS"}}, r"optim.optimizer._target_=torch.optim.LBFGS: its step\(\) needs 'closure'"),
+        (
+            {"optimizer": {"_target_": "tests.unit.test_task_hooks.Sharpness"}},
+            r"test_task_hooks.Sharpness: its step\(\) needs 'closure' .*use a first-order optimizer",
+        ),
     ],
 )
 def test_a_bad_optimizer_or_scheduler_is_one_line_before_the_first_step(tmp_path, changes, message):
     with pytest.raises(TaskError, match=message) as err:
         train(tmp_path, Regression(), with_optim(config(max_steps=2), **changes))
     assert "\n" not in str(err.value) and not (tmp_path / "steps.jsonl").exists()
+
+
+class Sharpness(torch.optim.SGD):
+    """A SAM-style optimizer: its step evaluates the loss again through a closure it requires."""
+
+    def step(self, closure):  # type: ignore[override]
+        return super().step(closure)
 
 
 class Unsaveable(torch.optim.lr_scheduler.LRScheduler):
@@ -203,6 +215,14 @@ def test_the_readmes_optimizer_command_composes_and_passes_the_login_node_checks
         (["+optim.optimizer._target_=torch.optim.Nope"], r"optim.optimizer._target_=torch.optim.Nope: .*torch/optim/__init__.py defines no Nope"),
         (["+optim.optimizer._target_=nopkg.Lion"], r"optim.optimizer._target_=nopkg.Lion: no module 'nopkg' on the import path"),
         (["+optim.optimizer.alpha=0.9"], r"optim.optimizer has no _target_; name the class"),
+        (
+            ["+optim.optimizer._target_=torch.optim.LBFGS"],
+            r"optim.optimizer._target_=torch.optim.LBFGS: its step\(\) needs 'closure'",
+        ),  # re-exported by torch.optim
+        (
+            ["+optim.optimizer._target_=tests.unit.test_task_hooks.Sharpness"],
+            r"Sharpness: its step\(\) needs 'closure' \(a closure that evaluates the loss again",
+        ),
         (
             ["+optim.scheduler._target_=torch.optim.lr_scheduler.StepLR", "+optim.scheduler.stepsize=3"],
             r"optim.scheduler.stepsize: .*StepLR takes no argument 'stepsize'; it takes: step_size, gamma",
