@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-BACKENDS = ("mpi", "gloo", "nccl", "horovod")
+BACKENDS = ("auto", "mpi", "gloo", "nccl", "horovod")
+CPU_BACKENDS = ("mpi", "gloo", "horovod")  # they train on CPU tensors
+ENGINE_BUCKET_MB, DDP_BUCKET_MB = 4.0, 25.0
 ALGORITHMS = ("auto", "ring", "rhd", "hierarchical", "mpi")
 COMPRESSIONS = ("none", "fp16", "bf16", "topk")
 
 
 @dataclass
 class CommConfig:
-    backend: str = "mpi"  # mpi (ours) | gloo, nccl (torch.distributed + DDP) | horovod
+    backend: str = "mpi"  # auto (from the job: nccl with GPUs, else mpi) | mpi (ours) | gloo, nccl (torch.distributed + DDP) | horovod
     # auto: the fastest of the others at each size, timed on the job's ranks (autotune);
     # hierarchical: inside the node, then across nodes on each rail; mpi: MPI_Allreduce itself.
     algorithm: str = "auto"
@@ -23,3 +25,16 @@ class CommConfig:
     compression: str = "none"  # none | fp16 | bf16 | topk (top-k with error feedback)
     topk_ratio: float = 0.01  # fraction of a bucket's gradients sent by topk
     ranks_per_node: int | None = None  # group ranks into nodes by hand (emulated nodes on one host)
+    # A CPU-only backend (mpi, gloo, horovod) on a job that asks for GPUs is refused (it would hold
+    # the GPUs and train on cores) unless this says that is meant.
+    cpu_with_gpus: bool = False
+
+
+def resolve_backend(comm: CommConfig, gpus_per_task: int) -> CommConfig:
+    """comm=auto made concrete from the job: NCCL (DistributedDataParallel) where the ranks have
+    GPUs, the toolkit's MPI engine on CPUs. On GPUs the engine's default bucket becomes DDP's."""
+    if comm.backend != "auto":
+        return comm
+    if gpus_per_task > 0:
+        return replace(comm, backend="nccl", bucket_mb=DDP_BUCKET_MB if comm.bucket_mb == ENGINE_BUCKET_MB else comm.bucket_mb)
+    return replace(comm, backend="mpi")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectives.config import CommConfig
+from collectives.config import CommConfig, resolve_backend
 from hpc.errors import UserError
 from hpc.fabric.topology import TopologyConfig
 from trainers.config import (
@@ -166,4 +166,4 @@ def to_job_config(cfg: Any) -> JobConfig:
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
     job = OmegaConf.to_object(merged)
     assert isinstance(job, JobConfig)
-    return job
+    return dataclasses.replace(job, comm=resolve_backend(job.comm, job.resources.gpus_per_task))  # config.yaml names the backend the ranks run

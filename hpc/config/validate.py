@@ -10,7 +10,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS
+from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS, CPU_BACKENDS
 from collectives.mpirun import find_mpirun
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
@@ -188,6 +188,11 @@ def check_backend(job: JobConfig) -> None:
         raise UserError(
             "trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); "
             f"comm={comm.backend} averages BatchNorm statistics before evaluation instead"
+        )
+    if comm.backend in CPU_BACKENDS and job.resources.gpus_per_task > 0 and not comm.cpu_with_gpus:
+        raise UserError(
+            f"comm={comm.backend} trains on the CPU, but the job asks for {job.resources.gpus_per_task} GPU(s) per task: "
+            "use comm=nccl (or comm=auto, the default), or set comm.cpu_with_gpus=true to hold the GPUs and train on cores"
         )
     if comm.backend == "horovod":
         if comm.compression == "bf16":

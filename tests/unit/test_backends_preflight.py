@@ -31,6 +31,9 @@ def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM,
         (job("horovod", "bf16"), "comm.compression=bf16 is not offered by Horovod"),
         (job("nccl"), "comm=nccl needs GPUs: set resources.gpus_per_task=1"),
         (replace(job("gloo"), trainer=replace(TrainerConfig(), sync_batchnorm=True)), "trainer.sync_batchnorm=true needs comm=nccl"),
+        (job("mpi", gpus=1), r"comm=mpi trains on the CPU, but the job asks for 1 GPU\(s\) per task: use comm=nccl \(or comm=auto"),
+        (job("gloo", gpus=2), "comm=gloo trains on the CPU, but the job asks for 2 GPU"),
+        (job("horovod", gpus=1), "comm=horovod trains on the CPU.*comm.cpu_with_gpus=true"),
     ],
 )
 def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
@@ -85,3 +88,20 @@ def test_gloo_without_a_rendezvous_is_refused_in_one_line():
     single = RankInfo.from_env({}, hostname="laptop")
     with pytest.raises(CollectivesError, match="no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set"):
         init_collectives(CommConfig(backend="gloo"), single, rendezvous=None)
+
+
+def test_the_default_backend_follows_the_job_gpus_or_not():
+    """comm=auto (the default) is made concrete on the login node and config.yaml names it: NCCL
+    with DDP's bucket where the ranks have GPUs, the MPI engine on CPUs; a chosen backend stays."""
+    from hpc.config.compose import compose_job
+
+    cpu, gpu = compose_job([]), compose_job(["cluster=simulated", "resources.gpus_per_task=1"])
+    assert (cpu.comm.backend, cpu.comm.bucket_mb) == ("mpi", 4.0)
+    assert (gpu.comm.backend, gpu.comm.bucket_mb) == ("nccl", 25.0) and check_backend(gpu) is None
+    assert compose_job(["cluster=simulated", "resources.gpus_per_task=1", "comm.bucket_mb=8"]).comm.bucket_mb == 8.0
+    assert compose_job(["comm=gloo"]).comm.backend == "gloo"
+
+
+def test_a_cpu_backend_on_a_gpu_job_runs_when_the_user_says_so():
+    cpu_on_gpus = replace(job("mpi", gpus=1), comm=CommConfig(backend="mpi", cpu_with_gpus=True))
+    assert check_backend(cpu_on_gpus) is None
