@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives, allreduce_sums
+from trainers import metricnames
 from trainers.sampler import eval_shard
 from trainers.task import MapDataset, Task, read_items
 
@@ -30,8 +31,9 @@ def evaluate(task: Task, model: nn.Module, data: MapDataset, comm: Collectives, 
         loss, count = loss + float(out.loss) * out.count, count + out.count
         for name, value in out.sums.items():
             sums[name] = sums.get(name, 0.0) + float(value)
-    names = sorted(sums)
-    totals = allreduce_sums(comm, [loss, count, *(sums[name] for name in names)])
+    # Agreed, not assumed: a rank whose shard was empty reports none and takes the others'
+    names = metricnames.agree(comm, tuple(sorted(sums)) if count else None, "evaluation")
+    totals = allreduce_sums(comm, [loss, count, *(sums.get(name, 0.0) for name in names)])
     model.train()
     seen = max(totals[1], 1)
     return {"loss": totals[0] / seen, **{name: total / seen for name, total in zip(names, totals[2:], strict=True)}}

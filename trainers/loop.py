@@ -19,6 +19,7 @@ from torch import nn
 
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
+from trainers import metricnames
 from trainers.config import CLASSIFY_TASK, accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
@@ -51,15 +52,17 @@ class StepSums:
     ranks_written: float  # ranks with no checkpoint write in flight
     time_votes: float  # ranks whose clock says a timed save is due
     phases: tuple[float, ...]  # seconds per PHASES entry
+    names: tuple[float, ...] = (0.0,) * 4  # metricnames.fingerprint of the names this rank's step reported
 
     def allreduce(self, comm: Collectives) -> StepSums:
         scalars = [self.loss, self.seen, self.stop_votes, self.ranks_written, self.time_votes]
-        buffer = torch.tensor([*scalars, *self.phases, *self.metrics], dtype=torch.float64)
+        buffer = torch.tensor([*scalars, *self.names, *self.phases, *self.metrics], dtype=torch.float64)
         comm.allreduce_(buffer, op="sum")
         values = buffer.tolist()
         loss, seen, stop_votes, ranks_written, time_votes = values[:5]
-        phases, metrics = values[5 : 5 + len(self.phases)], values[5 + len(self.phases) :]
-        return StepSums(loss, seen, tuple(metrics), stop_votes, ranks_written, time_votes, tuple(phases))
+        names, rest = values[5 : 5 + len(self.names)], values[5 + len(self.names) :]
+        phases, metrics = rest[: len(self.phases)], rest[len(self.phases) :]
+        return StepSums(loss, seen, tuple(metrics), stop_votes, ranks_written, time_votes, tuple(phases), tuple(names))
 
 
 @dataclass
@@ -198,8 +201,9 @@ class Loop:
         done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
         phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
         coordinator = self.coordinator
-        if self.metric_names is None:  # every rank takes its first step at once: the same names
-            self.metric_names = tuple(sorted(step.sums))
+        reported = tuple(sorted(step.sums))
+        if self.metric_names is None:  # agreed by every rank at its first step, one exchange
+            self.metric_names = metricnames.agree(self.comm, reported, "the first step")
         sums = StepSums(
             step.loss,
             step.seen,
@@ -208,7 +212,10 @@ class Loop:
             ranks_written=coordinator.written_flag() if coordinator else 1.0,
             time_votes=coordinator.time_vote() if coordinator else 0.0,
             phases=phases,
+            names=metricnames.fingerprint(reported),
         ).allreduce(self.comm)
+        if not metricnames.fingerprints_agree(sums.names, self.metric_names, self.comm.world_size):
+            metricnames.agree(self.comm, reported, f"step {progress.step}")  # raises on every rank, naming the key and rank
         progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
         progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
         self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])

@@ -28,6 +28,7 @@ from collectives.config import ALGORITHMS, CommConfig
 from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 from hpc.env import RankInfo
 from tests.support.worker import run_worker
+from trainers import metricnames
 from trainers.sampler import ShardSampler
 
 
@@ -84,6 +85,15 @@ def check_other_collectives(comm) -> None:
         mine = comm.reduce_scatter(rank_values(rank, count, torch.float64), op="sum")
         full = sum(rank_values(r, count, torch.float64) for r in range(world))
         assert torch.equal(mine, full[count * rank // world : count * (rank + 1) // world]), ("reduce_scatter", count)
+
+
+def check_metric_names(comm) -> None:
+    """Every rank's metric names through the backend's own collectives (trainers.metricnames):
+    names of different lengths, non-ASCII, and a rank with none."""
+    last = comm.world_size - 1
+    mine = None if comm.rank == last else tuple(f"recall_{c}" for c in range(comm.rank + 1)) + ("perplexité",)
+    expected = [None if r == last else tuple(f"recall_{c}" for c in range(r + 1)) + ("perplexité",) for r in range(comm.world_size)]
+    assert metricnames.exchange(comm, mine) == expected, "metric names exchange"
 
 
 def seeded_model(seed: int) -> nn.Module:
@@ -244,6 +254,7 @@ def main() -> None:
 
     total, _ = allreduce_sums(comm, [1.0, 0.0])
     assert total == world
+    check_metric_names(comm)
     comm.barrier()
     if comm.rank == 0:
         print(f"collectives ok on {world} ranks")

@@ -27,6 +27,7 @@ from collectives import init_collectives
 from collectives.config import CommConfig
 from collectives.gradsync import build_gradient_sync
 from hpc.env import RankInfo
+from tests.mpi.collectives_worker import check_metric_names
 from tests.support.worker import run_worker
 
 ACCUMULATION, BATCH, LR = 3, 5, 0.1
@@ -191,6 +192,7 @@ def main() -> None:
 
     everyone = comm.allgather(flat(model)).view(world, -1)
     assert all(torch.equal(row, everyone[0]) for row in everyone), "ranks diverged"
+    check_metric_names(comm)
     sync.close()
     comm.barrier()
     if rank == 0:

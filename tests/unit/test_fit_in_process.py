@@ -4,12 +4,16 @@ on two thread ranks of a ThreadWorld (what the ranks share after every step)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from pathlib import Path
 
 import pytest
 
 from collectives.base import FakeCollectives, ThreadCollectives, ThreadWorld
 from collectives.config import CommConfig
+from tests.support.fit_in_process import Regression, steps_of, train
+from tests.support.fit_in_process import config as task_config
 from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.datasets import resolve_data_path
@@ -17,6 +21,8 @@ from trainers.fit import fit
 from trainers.metrics import MetricsWriter, read_metrics
 from trainers.reporting import StepReporter
 from trainers.run import FitConfig, RunContext
+from trainers.sampler import eval_shard
+from trainers.task import TaskError
 
 
 def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: float | None = None) -> FitConfig:
@@ -90,3 +96,56 @@ def test_worker_processes_train_exactly_as_the_prefetch_thread(tmp_path, augment
         results.append(fit(cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(None), run))
     assert results[0].steps == results[1].steps == 8
     assert (results[0].loss, results[0].test_accuracy) == (results[1].loss, results[1].test_accuracy)
+
+
+class RankMetrics(Regression):
+    """The Regression task whose metrics `extra(rank, step)` can add to on some ranks (step 0:
+    evaluation)."""
+
+    def __init__(self, rank: int, extra) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.rank, self.extra, self.steps = rank, extra, 0
+
+    def train_step(self, model, batch):  # type: ignore[no-untyped-def]
+        out = super().train_step(model, batch)
+        self.steps += 1
+        return dataclasses.replace(out, sums={**out.sums, **self.extra(self.rank, self.steps)})
+
+    def eval_step(self, model, batch):  # type: ignore[no-untyped-def]
+        out = super().train_step(model, batch)
+        return dataclasses.replace(out, sums={**out.sums, **self.extra(self.rank, 0)})
+
+
+def fit_thread_ranks(tmp_path: Path, ranks: int, extra) -> list:  # type: ignore[no-untyped-def]
+    def rank_fit(comm: ThreadCollectives):  # type: ignore[no-untyped-def]
+        return train(tmp_path, RankMetrics(comm.rank, extra), task_config(max_steps=6), comm=comm)  # one run dir, as real ranks share
+
+    return ThreadWorld(ranks, timeout_s=60).run(rank_fit)  # a hang fails in 60 s instead
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (lambda rank, step: {"aux": 1.0} if rank == 2 else {}, r"at the first step: rank 2 reports 'aux', which rank 0 does not;"),
+        (lambda rank, step: {"recall_7": 1.0} if rank == 1 and step >= 4 else {}, r"at step 4: rank 1 reports 'recall_7', which rank 0 does not;"),
+        (lambda rank, step: {"aux": 1.0} if rank != 1 and step >= 3 else {}, r"at step 3: rank 0 reports 'aux', which rank 1 does not;"),
+        (lambda rank, step: {"per_class": 1.0} if rank == 1 and step == 0 else {}, r"at evaluation: rank 1 reports 'per_class', which rank 0 does not;"),
+    ],
+    ids=["first-step", "one-rank-later", "one-rank-misses-it", "evaluation"],
+)
+def test_metric_names_that_differ_across_ranks_end_every_rank_in_one_line_naming_key_and_rank(tmp_path, extra, message):
+    started = time.monotonic()
+    with pytest.raises(TaskError, match=message) as err:
+        fit_thread_ranks(tmp_path, 3, extra)
+    assert "\n" not in str(err.value) and time.monotonic() - started < 30  # at once, not a watchdog's or barrier's timeout
+
+
+def test_metrics_every_rank_reports_are_summed_over_ranks(tmp_path):
+    results = fit_thread_ranks(tmp_path, 3, lambda rank, step: {"aux": float(rank)})
+    assert [r.steps for r in results] == [6, 6, 6]
+    batch = task_config().data.batch_size
+    assert [row["aux"] for row in steps_of(tmp_path)] == [pytest.approx((0 + 1 + 2) / (3 * batch))] * 6  # summed over ranks, per sample
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    eval_batch = task_config().data.eval_batch_size
+    calls = [math.ceil(len(eval_shard(64, rank, 3)) / eval_batch) for rank in range(3)]  # eval steps per rank, each adding its rank
+    assert metrics[-1]["test_aux"] == pytest.approx(sum(rank * n for rank, n in enumerate(calls)) / 64)
