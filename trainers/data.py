@@ -50,6 +50,8 @@ class H5Split:
     whose `read_into(indices, out)` fills a buffer the caller owns (the worker processes' shared
     slots). Files are opened per process, so a forked worker never shares a handle."""
 
+    draws_random = False  # reading draws no random numbers: read ahead on a thread (trainers/rngstreams.py)
+
     def __init__(self, files: Path | Sequence[Path], x_name: str, y_name: str) -> None:
         self.x_name, self.y_name = x_name, y_name
         shards: list[_Shard] = []
@@ -192,11 +194,14 @@ class Prefetcher:
 
     def __init__(self, read: Callable[[np.ndarray], Any], batches: Iterable[np.ndarray], depth: int = 2, pin: Callable[[Any], Any] | None = None) -> None:
         self._read, self._pin = read, pin
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self.wait_s = 0.0
-        self._thread = threading.Thread(target=self._produce, args=(iter(batches),), name="h5-prefetch", daemon=True)
-        self._thread.start()
+        self._batches = iter(batches)
+        self._thread: threading.Thread | None = None
+        if depth > 0:  # depth 0: every batch read on the thread that iterates, when it asks (no read-ahead)
+            self._thread = threading.Thread(target=self._produce, args=(self._batches,), name="h5-prefetch", daemon=True)
+            self._thread.start()
 
     def _produce(self, batches: Iterator[np.ndarray]) -> None:
         try:
@@ -217,6 +222,9 @@ class Prefetcher:
             self._queue.put(err)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._thread is None:
+            yield from self._read_here()
+            return
         while True:
             started = time.perf_counter()
             item = self._queue.get()
@@ -227,9 +235,19 @@ class Prefetcher:
                 raise item
             yield item.batch
 
+    def _read_here(self) -> Iterator[Any]:
+        for indices in self._batches:
+            if self._stop.is_set():
+                return
+            started = time.perf_counter()
+            batch = self._read(indices)
+            batch = self._pin(batch) if self._pin is not None else batch
+            self.wait_s += time.perf_counter() - started
+            yield batch
+
     def close(self) -> None:
         self._stop.set()
-        while self._thread.is_alive():  # unblock a producer waiting on a full queue
+        while self._thread is not None and self._thread.is_alive():  # unblock a producer waiting on a full queue
             try:
                 self._queue.get_nowait()
             except queue.Empty:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.multiprocessing
 
+from trainers import rngstreams
 from trainers.data import Prefetcher, RawBatch
 from trainers.task import MapDataset, read_items
 
@@ -60,7 +61,9 @@ class _Shared:
 
 
 class WorkerLoader:
-    def __init__(self, dataset: MapDataset, workers: int, batch_size: int, prefetch: int = 2) -> None:
+    def __init__(self, dataset: MapDataset, workers: int, batch_size: int, prefetch: int = 2, streams: tuple[int, int] | None = None) -> None:
+        """`streams`: (seed, rank) to read a task's items in each batch's own random stream
+        (trainers/rngstreams.py); None: as the process's streams stand after the fork."""
         if workers < 1:
             raise ValueError(f"a worker loader needs workers >= 1, not {workers}")
         self.dataset, self.workers, self.batch_size = dataset, workers, batch_size
@@ -82,7 +85,7 @@ class WorkerLoader:
         parent = os.getpid()
         for worker in range(workers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent), name=f"data-worker-{worker}", daemon=True)
+            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent, streams), name=f"data-worker-{worker}", daemon=True)
             # Held (not lost) in the rank while it forks; the worker starts with them blocked and ignores them.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
@@ -254,7 +257,7 @@ class _Failure:
         self.worker = -1
 
 
-def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int) -> None:
+def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int, streams: tuple[int, int] | None) -> None:
     """A worker's life: read the batches it is sent, in order, until told to stop."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
@@ -285,6 +288,9 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shar
             if shared.inputs is not None and shared.labels is not None:
                 shared.labels[slot, :rows] = torch.from_numpy(dataset.read_into(indices, shared.inputs[slot].numpy()))
                 payload: Any = float(getattr(dataset, "scale", 1.0))
+            elif streams is not None:
+                with rngstreams.isolated(rngstreams.batch_seed(*streams, indices)):
+                    payload = read_items(dataset, indices)
             else:
                 payload = read_items(dataset, indices)
             reply = ForkingPickler.dumps((number, k, slot, rows, payload))

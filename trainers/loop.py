@@ -19,7 +19,7 @@ from torch import nn
 
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
-from trainers import metricnames
+from trainers import metricnames, rngstreams
 from trainers.config import CLASSIFY_TASK, accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
@@ -164,13 +164,22 @@ class Loop:
 
     def batches(self, indices: Iterator[np.ndarray]) -> Prefetcher | Pass:
         """The pass's batches read ahead: on worker processes (data.workers), started at the first
-        pass and kept for the run, or on a thread."""
+        pass and kept for the run, or on a thread. A task's own data set may draw random numbers
+        (transforms): each batch is read in a stream of its own (trainers/rngstreams.py), and with
+        data.workers=0 on the training thread, whose stream a reading thread would share."""
         page_locked = pin if self.device.type == "cuda" else None
-        data = self.cfg.data
+        data, seed, rank = self.cfg.data, self.cfg.trainer.seed, self.comm.rank
         if data.workers == 0:
-            return Prefetcher(lambda rows: read_items(self.train, rows), indices, depth=data.prefetch, pin=page_locked)
+            if not getattr(self.train, "draws_random", True):
+                return Prefetcher(lambda rows: read_items(self.train, rows), indices, depth=data.prefetch, pin=page_locked)
+
+            def read_in_own_stream(rows: np.ndarray) -> Any:
+                with rngstreams.isolated(rngstreams.batch_seed(seed, rank, rows)):
+                    return read_items(self.train, rows)
+
+            return Prefetcher(read_in_own_stream, indices, depth=0, pin=page_locked)
         if self.loader is None:
-            self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch)
+            self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch, streams=(seed, rank))
         return self.loader.epoch(indices, pin=page_locked)
 
     def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:
@@ -431,6 +440,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     task_target = str(task.describe().get("task", CLASSIFY_TASK))
     run.stop.phase = "resume"
     load_began = time.time()
+    rngstreams.seed_rank(cfg.trainer.seed, comm.rank)  # its own stream from here on (a checkpoint's, if resumed)
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
     run.milestones.loaded(load_began, time.time())
     log.info(

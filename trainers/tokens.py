@@ -98,6 +98,8 @@ class TokenWindows:
     """Map-style data set of one split: item i is (inputs, targets), two int64 tensors of
     `context` tokens, the targets shifted by one. The split is read into memory once."""
 
+    draws_random = False  # reading draws no random numbers: read ahead on a thread (trainers/rngstreams.py)
+
     def __init__(self, path: Path, split: str, context: int) -> None:
         if context < 1:
             raise TokenDataError(f"context length {context} must be >= 1")

@@ -35,9 +35,10 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 # Slow enough per step (wide MLP) and long enough (220 steps) that the three signals land mid-run,
 # even tens of steps late under load; async saves every 7 steps.
 JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=10", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
-# The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks)
+# The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks) that
+# draws random numbers in its data set's __getitem__ (on the workers) and in its step (per rank)
 USER_JOB = [
-    "task._target_=mytasks.regression.Regression",
+    "task._target_=mytasks.noisy.Noisy",
     "+task.hidden=512",
     "+task.samples=8192",
     "data.batch_size=128",
@@ -106,6 +107,16 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
         return [(m["epoch"], m["step"], m["loss"], *(v for k, v in sorted(m.items()) if k.startswith("test_"))) for m in rows]
 
     assert strip(metrics) == strip(ref_metrics)
+    if job is USER_JOB:  # the random streams too: each batch's, read on the workers, and each rank's own
+        draws = [{k: v for k, v in row.items() if k.endswith(("_noise", "_draw"))} for row in logged_rows(run_dir)]
+        assert draws == [{k: v for k, v in row.items() if k.endswith(("_noise", "_draw"))} for row in logged_rows(ref_dir)]
+        assert all(row["rank0_draw"] != row["rank1_draw"] for row in draws)  # every rank its own stream
+
+
+def logged_rows(run_dir: Path) -> list[dict]:
+    """steps.jsonl's last record of each step (steps re-run after a stop log again)."""
+    rows = {row["step"]: row for row in map(json.loads, (run_dir / "steps.jsonl").read_text().splitlines())}
+    return [rows[step] for step in sorted(rows)]
 
 
 def test_resuming_with_another_model_fails_in_one_clear_line(tmp_path):
