@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,12 +83,25 @@ class RunDir:
         return self.logs / f"rank-{rank:05d}.log"
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
+        """Strict JSON (a loss that went NaN is written null, not NaN, which strict parsers
+        refuse), replaced in one rename: a reader sees the old file or the new one."""
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(finite_or_null(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
         tmp.replace(path)
 
     def read_json(self, path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with every NaN or infinite float inside it (dicts, lists, tuples) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -220,6 +220,9 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     script, by rank 0 itself, or exit code 75 for whoever starts the run dir again."""
     status = "stopped" if result.stopped_by else "completed"
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restart_count(os.environ)}
+    summary["finished"] = status == "completed"  # what a script waits for: a stop writes result.json too
+    if "accuracy" not in result.test_metrics:
+        del summary["test_accuracy"]  # the task's own metrics only (test_metrics); classification reports accuracy
     if not result.stopped_by:
         summary["exit_code"] = 0
         if rank.is_main:

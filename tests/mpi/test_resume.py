@@ -83,7 +83,7 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
         os.kill(pid, signal.SIGUSR1)
     assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "stopped" and result["exit_code"] == EXIT_RESUMABLE
+    assert result["status"] == "stopped" and result["exit_code"] == EXIT_RESUMABLE and result["finished"] is False
     stops = [result["steps"]]
 
     command, env = resume_command(run_dir)
@@ -95,7 +95,8 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["resumed_from"] == stops[-1]
+    assert result["status"] == "completed" and result["resumed_from"] == stops[-1] and result["finished"] is True
+    assert ("test_accuracy" in result) == (job is not USER_JOB)  # the task's own metrics only: a regression has no accuracy
 
     assert len(set(stops)) == 3 and all(0 < s < result["steps"] for s in stops)
     assert step_losses(run_dir) == step_losses(ref_dir)  # every step, bit for bit
