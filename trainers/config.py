@@ -53,8 +53,10 @@ class OptimConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     nesterov: bool = False
-    schedule: str = "cosine"  # cosine decay to 0 over the run, or constant
+    schedule: str = "cosine"  # cosine decay to min_lr over the run, or constant
+    min_lr: float = 0.0  # the cosine's floor (scaled with lr under scale_lr)
     warmup_steps: int = 0  # linear warm-up from lr/100 (large global batches need it)
+    betas: list[float] | None = None  # adamw's (beta1, beta2); null: (momentum, 0.999)
     # Linear scaling: lr is for reference_batch samples per step; the run uses
     # lr * global batch / reference_batch. Off: lr as given, whatever the global batch.
     scale_lr: bool = False

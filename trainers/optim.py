@@ -30,15 +30,17 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[Any], lr: float | None = 
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
+        beta1, beta2 = cfg.betas if cfg.betas is not None else (cfg.momentum, 0.999)
+        return torch.optim.AdamW(params, lr=lr, betas=(beta1, beta2), weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose sgd or adamw")
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
-    """Multiplier of the base lr at `step`: linear warm-up from 1/100, then the schedule."""
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, floor: float = 0.0) -> float:
+    """Multiplier of the base lr at `step`: linear warm-up from 1/100, then the schedule (the
+    cosine from 1 down to `floor`)."""
     warm = min(1.0, 0.01 + 0.99 * step / warmup_steps) if warmup_steps > 0 else 1.0
     if schedule == "cosine":
-        return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+        return warm * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1))))
     if schedule == "constant":
         return warm
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -51,8 +53,9 @@ def build_schedule(cfg: OptimConfig, optimizer: torch.optim.Optimizer, total_ste
             target = cfg.scheduler["_target_"]
             raise TaskError(f"optim.scheduler._target_={target} steps on a metric; the toolkit steps schedulers once per optimizer step, without one")
         return checked_state(schedule, "optim.scheduler")
-    lr_factor(0, total_steps, cfg.warmup_steps, cfg.schedule)  # unknown schedules fail here, not at step 1
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.schedule))
+    floor = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0  # a fraction of the base lr: scaled with it
+    lr_factor(0, total_steps, cfg.warmup_steps, cfg.schedule, floor)  # unknown schedules fail here, not at step 1
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.schedule, floor))
 
 
 def checked_state(owner: Any, key: str) -> Any:

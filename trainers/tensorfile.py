@@ -181,7 +181,12 @@ def main(argv: list[str]) -> int:
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m trainers.tensorfile", description=main.__doc__)
-    parser.add_argument("path", type=Path, metavar="CHECKPOINT_FILE", help="a file written by the checkpointer (state.ckpt in a checkpoint dir)")
+    parser.add_argument(
+        "path",
+        type=Path,
+        metavar="CHECKPOINT_FILE",
+        help="a file written by the checkpointer (in a checkpoint dir step-N: shared.ckpt, the model, optimizer, schedule and progress; rank-0000R.ckpt, rank R's RNG streams)",
+    )
     path: Path = parser.parse_args(argv).path
     try:
         for line in describe(read_tensor_file(path)):

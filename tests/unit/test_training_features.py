@@ -115,3 +115,31 @@ def test_deterministic_kernels_are_switched_on_before_the_first_step(tmp_path, m
     finally:
         torch.use_deterministic_algorithms(False)
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)  # absent before the test (delenv above)
+
+
+def test_the_cosine_falls_to_its_floor_and_adamw_takes_its_betas():
+    from trainers.optim import build_optimizer, build_schedule
+
+    assert lr_factor(100, 100, 0, "cosine", floor=0.1) == pytest.approx(0.1) and lr_factor(0, 100, 0, "cosine", floor=0.1) == 1.0
+    assert lr_factor(50, 100, 0, "cosine", floor=0.1) == pytest.approx(0.1 + 0.9 * 0.5)
+    cfg = OptimConfig(name="adamw", lr=0.01, min_lr=0.001, betas=[0.8, 0.95])
+    optimizer = build_optimizer(cfg, nn.Linear(2, 2).parameters())
+    assert optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+    schedule = build_schedule(cfg, optimizer, total_steps=10)
+    for _ in range(10):
+        optimizer.step()
+        schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.001)  # the floor, not 0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.min_lr=0.5", r"optim.min_lr=0.5 must be between 0 and optim.lr=0.05"),
+        ("optim.betas=[0.9]", r"optim.betas=\[0.9\] must be two numbers in \[0, 1\)"),
+        ("optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\] must be two numbers"),
+    ],
+)
+def test_a_floor_above_the_lr_or_bad_betas_are_refused(override, message):
+    with pytest.raises(UserError, match=message):
+        check_training(compose_job([override]))
