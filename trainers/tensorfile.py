@@ -185,7 +185,8 @@ def main(argv: list[str]) -> int:
         "path",
         type=Path,
         metavar="CHECKPOINT_FILE",
-        help="a file written by the checkpointer (in a checkpoint dir step-N: shared.ckpt, the model, optimizer, schedule and progress; rank-0000R.ckpt, rank R's RNG streams)",
+        help="a file the checkpointer wrote in a checkpoint dir step-N: shared.ckpt (the model, optimizer, schedule and progress) "
+        "or rank-0000R.ckpt (rank R's random streams)",
     )
     path: Path = parser.parse_args(argv).path
     try:
