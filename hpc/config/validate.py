@@ -114,9 +114,10 @@ def check_reporting(job: JobConfig) -> None:
 
 
 def check_training(job: JobConfig) -> None:
+    builtin = job.task.get("_target_") == CLASSIFY_TASK  # the model group configures the built-in task only
     choices = {
         "comm.backend": (job.comm.backend, BACKENDS),
-        "model.name": (job.model.name, MODELS),
+        **({"model.name": (job.model.name, MODELS)} if builtin else {}),
         "optim.name": (job.optim.name, OPTIMIZERS),
         "optim.schedule": (job.optim.schedule, SCHEDULES),
     }
@@ -148,7 +149,7 @@ def check_training(job: JobConfig) -> None:
     if job.trainer.accumulation_steps < 1:
         raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
     check_reporting(job)
-    if job.model.name == "resnet50" and not installed("torchvision"):
+    if builtin and job.model.name == "resnet50" and not installed("torchvision"):
         raise UserError("model=resnet50 needs torchvision, which is not installed here (install the build matching your torch)")
     if job.trainer.precision not in PRECISIONS:
         raise UserError(f"trainer.precision={job.trainer.precision!r} is not one of {', '.join(PRECISIONS)}")

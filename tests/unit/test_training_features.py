@@ -143,3 +143,9 @@ def test_the_cosine_falls_to_its_floor_and_adamw_takes_its_betas():
 def test_a_floor_above_the_lr_or_bad_betas_are_refused(override, message):
     with pytest.raises(UserError, match=message):
         check_training(compose_job([override]))
+
+
+def test_the_model_group_is_checked_for_the_built_in_task_only():
+    with pytest.raises(UserError, match="model.name='gpt9' is not one of"):
+        check_training(compose_job(["model.name=gpt9"]))
+    check_training(compose_job(["model.name=gpt9", "task=lm"]))  # a task that builds its own model ignores the group
