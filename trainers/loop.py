@@ -334,8 +334,10 @@ class Loop:
             step_ms=1000 * epoch_seconds / steps,
             comm_wait_ms=1000 * waited / steps,
         )
-        tested = "  ".join(f"test_{name} {value:.4f}" for name, value in figures.test.items() if name != "loss")
-        log.info("epoch %d/%d  loss %.4f  %s  samples/s %.0f", progress.epoch, self.cfg.trainer.epochs, figures.loss, tested, figures.samples_per_s)
+        tested = "  ".join(f"test_{name} {value:.4f}" for name, value in sorted(figures.test.items(), key=lambda kv: kv[0] != "loss"))
+        tokens = getattr(self.task, "tokens_per_sample", None)  # a token task's throughput in its own unit too
+        rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
+        log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, tested, rate)
         for name, value in figures.test.items():
             self.run.steps.scalar(f"test/{name}", value, progress.step)
         metrics.write(
@@ -345,6 +347,7 @@ class Loop:
                 "loss": figures.loss,
                 **{f"test_{name}": value for name, value in figures.test.items()},
                 "samples_per_s": figures.samples_per_s,
+                **({"tokens_per_s": figures.samples_per_s * tokens} if tokens else {}),
                 "step_ms": figures.step_ms,
                 "comm_wait_ms": figures.comm_wait_ms,
                 "data_wait_ms": 1000 * data_waited / steps,

@@ -144,6 +144,12 @@ class _Adapted:
     def __init__(self, task: Any, target: str) -> None:
         self._task, self._target = task, target
 
+    @property
+    def tokens_per_sample(self) -> int | None:
+        """Optional: the tokens one sample holds (a language model's context), for tokens/s."""
+        value = getattr(self._task, "tokens_per_sample", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
     def build_model(self) -> nn.Module:
         model = self._task.build_model()
         if not isinstance(model, nn.Module):

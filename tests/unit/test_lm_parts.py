@@ -104,3 +104,22 @@ def test_the_loss_falls_on_the_embedded_corpus(tmp_path):
         losses.append(loss.item())
     assert losses[0] > 5.0  # about log(256) = 5.5 at the start
     assert np.mean(losses[-10:]) < 0.7 * losses[0]
+
+
+def test_a_token_task_reports_tokens_per_second_beside_samples(tmp_path, caplog):
+    import logging
+
+    from tests.support.fit_in_process import Regression, config, train
+    from trainers.metrics import read_metrics
+    from trainers.tasks.lm import LanguageModelTask
+
+    tokens = tmp_path / "tokens.h5"
+    write_token_file(embedded_corpus()[:40_000], tokens, 0.1)
+    with caplog.at_level(logging.INFO, logger="trainers"):
+        train(tmp_path / "lm", LanguageModelTask(tokens=str(tokens), context=16, layers=1, heads=1, width=8), config())
+    (epoch, *_) = read_metrics(tmp_path / "lm" / "metrics.jsonl")
+    assert epoch["tokens_per_s"] == pytest.approx(epoch["samples_per_s"] * 16)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/"))
+    assert "test_loss" in line and f"tokens/s {epoch['tokens_per_s']:.0f}" in line
+    train(tmp_path / "regression", Regression(), config())
+    assert all("tokens_per_s" not in row for row in read_metrics(tmp_path / "regression" / "metrics.jsonl"))

@@ -24,6 +24,10 @@ class LanguageModelTask:
         except (ValueError, TokenDataError) as err:
             raise TaskError(f"task=lm: {err}") from None
 
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.shape.context  # the epoch line and metrics.jsonl show tokens/s
+
     def build_model(self) -> nn.Module:
         return GPT(self.shape)
 
