@@ -151,11 +151,32 @@ def lm_config(checkpointing: bool, precision: str = "fp32") -> FitConfig:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, activation_checkpointing=checkpointing, precision=precision))
 
 
+def counting_blocks(task: Any) -> tuple[Any, list[int]]:
+    """`task` whose model counts the calls of the first linear layer inside each block: once per
+    forward, and once more per backward when the block's activations are recomputed."""
+    calls = [0]
+    build = task.build_model
+
+    def build_counting() -> nn.Module:
+        model = build()
+        for block in model.blocks:
+            next(m for m in block.modules() if isinstance(m, nn.Linear)).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        return model
+
+    task.build_model = build_counting
+    return task, calls
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_activation_checkpointing_trains_bit_identically_to_keeping_activations(tmp_path, precision):
-    """Recomputation replays dropout's random numbers and autocast, so nothing changes but memory."""
-    kept = train(tmp_path / "kept", small_lm(tmp_path, dropout=0.1), lm_config(False, precision))
-    recomputed = train(tmp_path / "recomputed", small_lm(tmp_path, dropout=0.1), lm_config(True, precision))
+    """Recomputation replays dropout's random numbers and autocast, so nothing changes but memory;
+    and it does recompute: every block's forward runs again in each training step's backward."""
+    kept_task, kept_calls = counting_blocks(small_lm(tmp_path, dropout=0.1))
+    recomputed_task, recomputed_calls = counting_blocks(small_lm(tmp_path, dropout=0.1))
+    kept = train(tmp_path / "kept", kept_task, lm_config(False, precision))
+    recomputed = train(tmp_path / "recomputed", recomputed_task, lm_config(True, precision))
+    blocks, steps = 2, 12
+    assert recomputed_calls[0] - kept_calls[0] == blocks * steps  # one recomputation per block and step, evaluation none
     assert [s["loss"] for s in steps_of(tmp_path / "recomputed")] == [s["loss"] for s in steps_of(tmp_path / "kept")]
     assert recomputed.test_metrics == kept.test_metrics
     model_kept, model_recomputed = newest_shared_state(tmp_path / "kept")["model"], newest_shared_state(tmp_path / "recomputed")["model"]
