@@ -107,13 +107,16 @@ def test_fp16_training_checkpoints_its_loss_scale(tmp_path):
     assert sorted(saved) == list(range(1, steps + 1))
     default = torch.amp.GradScaler("cpu")
     scale, tracker, interval = default.get_scale(), 0, default.get_growth_interval()
+    updated = []
     for step in range(1, steps + 1):
         state = saved[step]["scaler"]
         if step == 1:
             skipped = state["_growth_tracker"] == 0  # no checkpoint before the first step
         else:
             skipped = max_difference(saved[step]["model"], saved[step - 1]["model"]) == 0
+        updated += [] if step == 1 else [not skipped]  # step 1's own verdict comes from its checkpoint: not counted
         scale, tracker = (scale * default.get_backoff_factor(), 0) if skipped else (scale, tracker + 1)
         if tracker == interval:
             scale, tracker = scale * default.get_growth_factor(), 0
         assert (state["scale"], state["_growth_tracker"]) == (scale, tracker), (step, skipped)
+    assert any(updated), "every step overflowed: the rule above was never checked on a step that trained"
