@@ -197,20 +197,26 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
 
 
 def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
-    """The other ranks would wait in their next collective forever: end the whole job, and keep
-    Slurm from restarting it (an error in the code or data would repeat)."""
-    from trainers.checkpoint import CheckpointError
-    from trainers.guard import DivergedError
-    from trainers.task import TaskError
+    """The other ranks would wait in their next collective forever: end the whole job. An error
+    that would repeat (hpc.rank.failures) also keeps Slurm from starting it again; any other is a
+    failure like a lost rank, which the step supervisor and the requeue count against the budget."""
+    from hpc.rank.failures import one_line, repeats
 
-    if isinstance(err, CheckpointError | TaskError | DivergedError):  # a user-fixable cause: one line, no traceback
+    lasting = repeats(err)
+    if one_line(err):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
-    mark_error(os.environ, f"rank {rank.rank}: {type(err).__name__}: {err}")  # the step supervisor starts no restart
-    job_id = forbid_failure_requeue(os.environ)
-    if job_id is not None:
-        log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
+    if lasting:
+        mark_error(os.environ, f"rank {rank.rank}: {type(err).__name__}: {err}")  # the step supervisor starts no restart
+        job_id = forbid_failure_requeue(os.environ)
+        if job_id is not None:
+            log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
+    else:
+        log.error(
+            "%s need not repeat: counted as a failure, like a lost rank (restart or requeue from the newest checkpoint, within the failure budget)",
+            type(err).__name__,
+        )
     logging.shutdown()
     comm.abort(1)
 

@@ -17,7 +17,7 @@ from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
 from hpc.slurmctl import job_fields
 from tests.conftest import wait_until_done
-from tests.support.runs import logged_steps, rank_pids, state_hash, step_losses, submit_job
+from tests.support.runs import fixtures_env, logged_steps, rank_pids, state_hash, step_losses, submit_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -97,3 +97,29 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
     assert restarted and f" on {lost} " not in restarted[0]  # the restarted ranks run on the other two nodes
     assert_same_training(run_dir, reference)
     assert_one_cost_logged(run_dir, "rank")  # "rank 3 on nodeN silent for 15 s": the heartbeat went silent
+
+
+def test_a_python_error_that_need_not_repeat_restarts_inside_the_allocation(tmp_path):
+    """An I/O error (EIO) on one rank is a failure like a killed rank (hpc.rank.failures): a new
+    step in the allocation, not the end of the job (a missing data file does end it:
+    test_kill_on_slurm.test_a_python_error_is_not_requeued)."""
+    marker = tmp_path / "failed-once"
+    job_id, run_dir = submit_job(
+        "cluster=simulated",
+        "resources.tasks_per_node=2",
+        "task._target_=mytasks.flaky.Flaky",
+        f"+task.marker={marker}",
+        "trainer.epochs=2",
+        "checkpoint.every_steps=2",
+        "checkpoint.every_minutes=null",
+        "cluster.failure_requeues=0",
+        cwd=tmp_path,
+        env=fixtures_env(),
+    )
+    assert wait_until_done(job_id) == "COMPLETED"
+    assert marker.exists() and restarts(job_id) == 0  # it failed once, and was never requeued
+    first, second = step_records(run_dir)
+    assert first["decision"] == "restart" and second["attempt"] == 1
+    log = (run_dir / "logs" / "rank-00001.log").read_text()
+    assert "OSError need not repeat: counted as a failure, like a lost rank" in log and "will not be requeued" not in log
+    assert json.loads((run_dir / "result.json").read_text())["finished"] is True

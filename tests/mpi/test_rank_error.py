@@ -60,4 +60,5 @@ def test_one_ranks_python_error_ends_all_ranks_at_once_with_the_error_in_its_log
     log = (run_dir / "logs" / f"rank-{BAD_RANK:05d}.log").read_text()
     assert f"rank {BAD_RANK} failed; aborting all {RANKS} ranks" in log
     assert "KeyError: 'python'" in log
+    assert "KeyError need not repeat: counted as a failure, like a lost rank" in log  # hpc.rank.failures: not the user's deterministic error
     assert logged_steps(run_dir) == STEPS  # no rank finished a step after the failure
