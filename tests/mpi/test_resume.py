@@ -79,8 +79,8 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     # arriving after a few steps, resume from command.txt, three times, then let it finish.
     first = start_launch(*job, cwd=tmp_path / "b", env=env)
     run_dir = wait_for_run(first, tmp_path / "b", lambda run: logged_steps(run) >= 5, "5 steps", timeout_s=120)
-    for pid in rank_pids(run_dir):
-        os.kill(pid, signal.SIGUSR1)
+    # The first stop: SIGUSR2 (submitit's) to one rank only; the step's vote stops every rank at the same step
+    os.kill(max(rank_pids(run_dir)), signal.SIGUSR2)
     assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "stopped" and result["exit_code"] == EXIT_RESUMABLE and result["finished"] is False
