@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
     """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
     under srun, whose argument is under the run dir); never a launcher whose command line names
     it too (mpirun, srun, hpc.submit.ranks)."""
-    out = subprocess.run(["pgrep", "-f", f"{entry} {run_dir}"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", re.escape(f"{entry} {run_dir}")], capture_output=True, text=True)  # pgrep takes a regex
     pids = []
     for pid in map(int, out.stdout.split()):
         try:

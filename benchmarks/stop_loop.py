@@ -25,12 +25,9 @@ import time
 from datetime import date
 from pathlib import Path
 
+from benchmarks.rundirs import logged_steps
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "steps.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def one_stop(command: list[str], env: dict[str, str], run_dir: Path, hang_after_s: float) -> tuple[int | None, float]:

@@ -66,7 +66,7 @@ class WorkerLoader:
         (trainers/rngstreams.py); None: as the process's streams stand after the fork."""
         if workers < 1:
             raise ValueError(f"a worker loader needs workers >= 1, not {workers}")
-        self.dataset, self.workers, self.batch_size = dataset, workers, batch_size
+        self.dataset, self.workers, self.batch_size, self.streams = dataset, workers, batch_size, streams
         self.in_flight = max(prefetch, 2 * workers)  # each worker reads one batch and holds the next
         slots = self.in_flight + HELD
         inputs = labels = None
@@ -85,7 +85,7 @@ class WorkerLoader:
         parent = os.getpid()
         for worker in range(workers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent, streams), name=f"data-worker-{worker}", daemon=True)
+            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent), name=f"data-worker-{worker}", daemon=True)
             # Held (not lost) in the rank while it forks; the worker starts with them blocked and ignores them.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
@@ -96,18 +96,18 @@ class WorkerLoader:
             self._connections.append(ours)
             self._processes.append(process)
 
-    def epoch(self, batches: Iterable[np.ndarray], pin: Callable[[Any], Any] | None = None) -> Pass:
-        """One pass over `batches` (sample indices per step); `pin` makes page-locked copies on a
-        thread, for a GPU."""
+    def epoch(self, batches: Iterable[np.ndarray], pin: Callable[[Any], Any] | None = None, epoch: int = 0) -> Pass:
+        """One pass over `batches` (sample indices per step) of training epoch `epoch`; `pin`
+        makes page-locked copies on a thread, for a GPU."""
         if self._current is not None:
             self._current.close()
         if self.broken is not None:
             raise DataWorkerError(self.broken)
         self._pass += 1
-        self._current = Pass(self, iter(batches), self._pass, pin)
+        self._current = Pass(self, iter(batches), self._pass, pin, epoch)
         return self._current
 
-    def send(self, worker: int, message: tuple[int, int, int, int]) -> None:
+    def send(self, worker: int, message: tuple[int, int, int, int, int]) -> None:
         try:
             self._connections[worker].send(message)
         except OSError:
@@ -154,8 +154,8 @@ class WorkerLoader:
 class Pass:
     """The batches of one pass, in order; `wait_s` adds up the time the rank waited for them."""
 
-    def __init__(self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, pin: Callable[[Any], Any] | None) -> None:
-        self._loader, self._batches, self._number = loader, batches, number
+    def __init__(self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, pin: Callable[[Any], Any] | None, epoch: int = 0) -> None:
+        self._loader, self._batches, self._number, self._epoch = loader, batches, number, epoch
         self._held: collections.deque[int] = collections.deque()  # slots of delivered batches, oldest first
         self._ready: dict[int, tuple[int, int, Any]] = {}  # received out of order: batch -> (slot, rows, items)
         self._outstanding: set[int] = set()  # batches sent and not yet received
@@ -207,7 +207,9 @@ class Pass:
                 raise ValueError(f"a batch of {rows} samples does not fit the loader's {loader.batch_size}")
             slot = loader.free.popleft()  # in_flight + HELD slots: never short
             indices_of[slot, :rows] = torch.from_numpy(np.asarray(indices, dtype=np.int64))
-            loader.send(self._sent % loader.workers, (self._number, self._sent, slot, rows))
+            streams = loader.streams
+            seed = -1 if streams is None else rngstreams.batch_seed(*streams, self._epoch, indices)  # -1: the worker's own streams
+            loader.send(self._sent % loader.workers, (self._number, self._sent, slot, rows, seed))
             self._outstanding.add(self._sent)
             self._sent += 1
 
@@ -257,7 +259,7 @@ class _Failure:
         self.worker = -1
 
 
-def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int, streams: tuple[int, int] | None) -> None:
+def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int) -> None:
     """A worker's life: read the batches it is sent, in order, until told to stop."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
@@ -269,7 +271,7 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shar
     if os.getppid() != parent:
         return  # the rank died before the worker was ready
     torch.set_num_threads(1)
-    held: collections.deque[tuple[int, int, int, int]] = collections.deque()
+    held: collections.deque[tuple[int, int, int, int, int]] = collections.deque()
     will_need = getattr(dataset, "will_need", None)
     while True:
         try:
@@ -282,14 +284,14 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shar
                     _hint(will_need, shared.indices[message[2], : message[3]].numpy())
         except (EOFError, OSError):
             return  # the rank is gone
-        number, k, slot, rows = held.popleft()
+        number, k, slot, rows, seed = held.popleft()
         try:
             indices = shared.indices[slot, :rows].numpy().copy()
             if shared.inputs is not None and shared.labels is not None:
                 shared.labels[slot, :rows] = torch.from_numpy(dataset.read_into(indices, shared.inputs[slot].numpy()))
                 payload: Any = float(getattr(dataset, "scale", 1.0))
-            elif streams is not None:
-                with rngstreams.isolated(rngstreams.batch_seed(*streams, indices)):
+            elif seed >= 0:
+                with rngstreams.isolated(seed):
                     payload = read_items(dataset, indices)
             else:
                 payload = read_items(dataset, indices)

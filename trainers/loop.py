@@ -128,6 +128,7 @@ class Loop:
     watch: StragglerWatch
     autocast_dtype: torch.dtype | None = None
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
+    read_on_training_thread_said: bool = False  # the one line saying so is logged
     loader: WorkerLoader | None = None  # data.workers > 0: the processes reading batches
 
     @property
@@ -168,19 +169,27 @@ class Loop:
         (transforms): each batch is read in a stream of its own (trainers/rngstreams.py), and with
         data.workers=0 on the training thread, whose stream a reading thread would share."""
         page_locked = pin if self.device.type == "cuda" else None
-        data, seed, rank = self.cfg.data, self.cfg.trainer.seed, self.comm.rank
+        data, seed, rank, epoch = self.cfg.data, self.cfg.trainer.seed, self.comm.rank, self.progress.epoch
         if data.workers == 0:
             if not getattr(self.train, "draws_random", True):
                 return Prefetcher(lambda rows: read_items(self.train, rows), indices, depth=data.prefetch, pin=page_locked)
 
+            if self.progress.epoch_steps == 0 and not self.read_on_training_thread_said:
+                self.read_on_training_thread_said = True
+                log.info(
+                    "data.workers=0: %s is read on the training thread, each batch in its own random stream (no read-ahead); "
+                    "data.workers>=1 reads ahead on processes, or give the class draws_random = False if reading draws no random numbers",
+                    type(self.train).__name__,
+                )
+
             def read_in_own_stream(rows: np.ndarray) -> Any:
-                with rngstreams.isolated(rngstreams.batch_seed(seed, rank, rows)):
+                with rngstreams.isolated(rngstreams.batch_seed(seed, rank, epoch, rows)):
                     return read_items(self.train, rows)
 
             return Prefetcher(read_in_own_stream, indices, depth=0, pin=page_locked)
         if self.loader is None:
             self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch, streams=(seed, rank))
-        return self.loader.epoch(indices, pin=page_locked)
+        return self.loader.epoch(indices, pin=page_locked, epoch=epoch)
 
     def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:
         batch = self.task.batch(items, self.device)
@@ -224,7 +233,8 @@ class Loop:
             names=metricnames.fingerprint(reported),
         ).allreduce(self.comm)
         if not metricnames.fingerprints_agree(sums.names, self.metric_names, self.comm.world_size):
-            metricnames.agree(self.comm, reported, f"step {progress.step}")  # raises on every rank, naming the key and rank
+            now = metricnames.agree(self.comm, reported, f"step {progress.step}")  # raises on every rank, naming the key and rank
+            raise TaskError(metricnames.changed_line(progress.step, self.metric_names, now))  # all ranks alike, but not the first step's
         progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
         progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
         self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])
@@ -407,7 +417,8 @@ class Loop:
 def apply_deterministic_kernels() -> None:
     """Kernels whose results do not depend on scheduling (GPU atomics, autotuning), before the
     first cuBLAS call: CUBLAS_WORKSPACE_CONFIG is read when cuBLAS starts. An op torch has no
-    deterministic kernel for (some pooling backwards on CUDA) warns, naming itself, and runs."""
+    deterministic kernel for (some pooling backwards on CUDA) warns, naming itself, and runs.
+    The settings are the process's: they stay for the rest of it (a rank trains once)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False

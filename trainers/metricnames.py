@@ -14,6 +14,7 @@ naming the key and the rank.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import torch
 
@@ -26,7 +27,7 @@ Names = tuple[str, ...]
 def fingerprint(names: Names) -> tuple[float, ...]:
     """Two 20-bit hashes of the names and their squares: exact in float64 summed over up to
     2^13 ranks."""
-    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(json.dumps(list(names)).encode(), digest_size=8).digest()  # JSON: no two lists encode alike
     first, second = int.from_bytes(digest[:4], "little") % (1 << 20), int.from_bytes(digest[4:], "little") % (1 << 20)
     return (float(first), float(first) ** 2, float(second), float(second) ** 2)
 
@@ -65,14 +66,21 @@ def mismatch_line(where: str, rank_a: int, names_a: Names, rank_b: int, names_b:
     )
 
 
+def changed_line(step: int, first: Names, now: Names) -> str:
+    """The one line when every rank's names changed alike after the first step."""
+    extra = [n for n in now if n not in first]
+    what = f"every rank reports {extra[0]!r}, which the first step did not" if extra else f"no rank reports {next(n for n in first if n not in now)!r} any more"
+    return f"the metric names changed at step {step}: {what}; report every metric from the first step on (0.0 where it does not apply yet)"
+
+
 def exchange(comm: Collectives, names: Names | None) -> list[Names | None]:
     """Every rank's names, in rank order, through two fixed-size collectives: the longest
     encoding (max), then every rank's padded to it (allgather)."""
-    encoded = "\0".join(names).encode() if names is not None else b""
+    encoded = json.dumps(list(names)).encode() if names is not None else b""
     size = torch.tensor([float(len(encoded) + 1)], dtype=torch.float64)  # + 1: a header, -1 for "none"
     comm.allreduce_(size, op="max")
     slot = torch.zeros(int(size.item()), dtype=torch.int32)
     slot[0] = -1 if names is None else len(encoded)
     slot[1 : 1 + len(encoded)] = torch.tensor(list(encoded), dtype=torch.int32)
     gathered = comm.allgather(slot).reshape(comm.world_size, -1).tolist()
-    return [None if row[0] < 0 else tuple(bytes(row[1 : 1 + row[0]]).decode().split("\0")) if row[0] else () for row in gathered]
+    return [None if row[0] < 0 else tuple(json.loads(bytes(row[1 : 1 + row[0]]).decode())) for row in gathered]

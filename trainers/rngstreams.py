@@ -6,7 +6,7 @@
   draws dropout masks, crop offsets and flips; checkpoints keep it per rank.
 - A task's data set reading a batch (`__getitem__` on a loader process, or on the training thread
   with data.workers=0) does so inside a stream of its own, seeded from (trainer.seed, rank, the
-  batch's sample indices): whichever process reads it, and however often the run was stopped and
+  epoch, the batch's sample indices): whichever process reads it, and however often the run was stopped and
   resumed, a batch's random transforms are the same, and they never consume the rank's stream.
 """
 
@@ -38,8 +38,10 @@ def seed_rank(seed: int, rank: int) -> None:
     seed_all(stream_seed(seed, rank))
 
 
-def batch_seed(seed: int, rank: int, indices: np.ndarray) -> int:
-    return stream_seed(seed, rank, np.ascontiguousarray(indices, dtype=np.int64).tobytes())
+def batch_seed(seed: int, rank: int, epoch: int, indices: np.ndarray) -> int:
+    """A batch's own stream: the same batch of the same epoch draws the same, on any worker and
+    after any restart; the same samples in another epoch draw anew."""
+    return stream_seed(seed, rank, epoch, np.ascontiguousarray(indices, dtype=np.int64).tobytes())
 
 
 @contextlib.contextmanager

@@ -1,13 +1,14 @@
 """Run the device checks in order, each in a process of its own under its own time budget, and
 keep summary.json + summary.md under --out current after every check (see the package docstring).
 
-    python3 -m benchmarks.device --out DIR [--mode gpu|cpu] [--only a,b] [--deadline-s 420] [--budget name=seconds]
+    python3 -m benchmarks.device --out DIR [--mode gpu|cpu] [--only a,b] [--deadline-s 450] [--budget name=seconds]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
@@ -25,6 +26,7 @@ from benchmarks.device.report import BUDGET_VARIABLE
 from benchmarks.device.summary import render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 WHEELS = ROOT / ".device" / "wheels"  # benchmarks/device/wheels.sh fills it; carried to the GPU machine
 CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "python-hostlist")
 # In order of value; seconds each may take on the GPU machine (the CPU mode's are its own).
@@ -80,9 +82,15 @@ def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str,
         status = "killed"
         signalled = str(why)
     finally:
-        if proc.poll() is None:  # over budget, or the command was signalled
-            kill_tree(proc.pid)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # a second signal must not stop the cleanup halfway
+        try:
+            if proc.poll() is None:  # over budget, or the command was signalled
+                kill_tree(proc.pid)
             proc.wait()
+            for orphan in children_of(os.getpid()):  # what the check left behind came to us (a subreaper)
+                kill_tree(orphan)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         log.close()
     entry: dict[str, Any] = json.loads(result_file.read_text()) if result_file.exists() else {}
     entry["seconds"] = round(time.monotonic() - started, 1)
@@ -100,6 +108,27 @@ def run_check(name: str, mode: str, budget_s: float, scratch: Path) -> dict[str,
     return entry
 
 
+def become_subreaper() -> None:
+    """Processes a check leaves behind (a launch it gave up waiting for, pytest's workers) are
+    re-parented to this process instead of init, so the cleanup after each check finds them."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def children_of(parent: int) -> list[int]:
+    return [pid for pid, ppid in process_parents().items() if ppid == parent]
+
+
+def process_parents() -> dict[int, int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return parents
+
+
 def kill_tree(root: int) -> None:
     """SIGKILL `root` and every process below it. launch.py starts mpirun in a session of its own
     (a terminal's Ctrl-C must not reach it), so a process group does not hold the ranks: the
@@ -107,11 +136,7 @@ def kill_tree(root: int) -> None:
     frozen: set[int] = set()
     while True:
         children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue  # ended meanwhile
+        for pid, ppid in process_parents().items():
             children.setdefault(ppid, []).append(pid)
         tree, todo = set(), [root]
         while todo:
@@ -170,6 +195,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    become_subreaper()
     started = time.monotonic()
     summary: dict[str, Any] = {
         "mode": mode,

@@ -56,11 +56,14 @@ def class_source(module: str, name: str, search: list[str], hops: int = 3) -> st
     """The source of the module that defines class `name`, following `from .x import name`
     re-exports (torch.optim.LBFGS lives in torch/optim/lbfgs.py) up to `hops` times; None when
     the source cannot tell."""
-    found, missing = find_module_file(module, search)
-    if found is None or missing or found.suffix != ".py":
+    try:
+        found, missing = find_module_file(module, search)
+        if found is None or missing or found.suffix != ".py":
+            return None
+        source = found.read_text()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ImportError, ValueError):  # the rank's own import names it, if it matters
         return None
-    source = found.read_text()
-    tree = ast.parse(source)
     if any(isinstance(node, ast.ClassDef) and node.name == name for node in tree.body):
         return source
     for node in tree.body:

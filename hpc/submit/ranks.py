@@ -93,15 +93,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.command:
         parser.error("give the mpirun command after the run directory")
-    return run_exit_code(run_ranks(args.command, {**rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
+    return run_exit_code(run_ranks(args.command, {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
 
 
-def rendezvous(env: Mapping[str, str]) -> dict[str, str]:
+def with_local_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
     """`env` with the torch.distributed rendezvous of comm=gloo/nccl (rank 0's store) on a port
-    free now, unless it names one: chosen here, at every start, so that command.txt resumes a run
-    as launch.py started it."""
-    if "MASTER_ADDR" in env and "MASTER_PORT" in env:
-        return dict(env)
+    free now: chosen here, at every start, so that command.txt resumes a run as launch.py started
+    it; never one inherited from the shell (a torchrun's), which another run may hold."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.device.__main__ import BUDGET_S, CPU_BUDGET_S, parse_budgets
 from benchmarks.device.summary import render_markdown
-from hpc.submit.ranks import rendezvous
+from hpc.submit.ranks import with_local_rendezvous
 
 
 def test_the_summary_shows_every_check_its_targets_figures_tables_and_errors():
@@ -45,7 +45,8 @@ def test_budgets_are_overridden_by_name_and_bad_ones_refused():
     assert set(BUDGET_S) == set(CPU_BUDGET_S)
 
 
-def test_command_txt_gets_a_rendezvous_port_unless_one_is_set():
-    chosen = rendezvous({"PATH": "/bin"})
+def test_command_txt_gets_a_free_rendezvous_port_at_every_start():
+    chosen = with_local_rendezvous({"PATH": "/bin"})
     assert chosen["MASTER_ADDR"] == "127.0.0.1" and 0 < int(chosen["MASTER_PORT"]) < 65536 and chosen["PATH"] == "/bin"
-    assert rendezvous({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    inherited = with_local_rendezvous({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # a torchrun's, maybe held by another run
+    assert inherited["MASTER_ADDR"] == "127.0.0.1" and inherited["MASTER_PORT"] != "29500"

@@ -130,8 +130,9 @@ def fit_thread_ranks(tmp_path: Path, ranks: int, extra) -> list:  # type: ignore
         (lambda rank, step: {"recall_7": 1.0} if rank == 1 and step >= 4 else {}, r"at step 4: rank 1 reports 'recall_7', which rank 0 does not;"),
         (lambda rank, step: {"aux": 1.0} if rank != 1 and step >= 3 else {}, r"at step 3: rank 0 reports 'aux', which rank 1 does not;"),
         (lambda rank, step: {"per_class": 1.0} if rank == 1 and step == 0 else {}, r"at evaluation: rank 1 reports 'per_class', which rank 0 does not;"),
+        (lambda rank, step: {"aux": 1.0} if step >= 5 else {}, r"the metric names changed at step 5: every rank reports 'aux', which the first step did not;"),
     ],
-    ids=["first-step", "one-rank-later", "one-rank-misses-it", "evaluation"],
+    ids=["first-step", "one-rank-later", "one-rank-misses-it", "evaluation", "every-rank-later"],
 )
 def test_metric_names_that_differ_across_ranks_end_every_rank_in_one_line_naming_key_and_rank(tmp_path, extra, message):
     started = time.monotonic()

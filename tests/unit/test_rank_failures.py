@@ -29,6 +29,10 @@ LASTING = [
     FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x.h5"),
     PermissionError(errno.EACCES, "Permission denied", "/data/x.h5"),
     OSError("Unable to open file (unable to open file: No such file or directory)"),  # h5py without an errno
+    TypeError("forward() takes 2 positional arguments but 3 were given"),
+    AttributeError("'Tensor' object has no attribute 'sizee'"),
+    type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    MemoryError(),
 ]
 PASSING = [
     OSError(errno.EIO, "Input/output error"),

@@ -44,13 +44,15 @@ def test_a_batch_is_read_in_its_own_stream_and_leaves_the_callers_untouched():
     seed_callers(5)
     expected = draws()
     seed_callers(5)
-    with rngstreams.isolated(rngstreams.batch_seed(0, 0, np.array([3, 1, 2]))):
+    with rngstreams.isolated(rngstreams.batch_seed(0, 0, 1, np.array([3, 1, 2]))):
         inside = draws()
     assert draws() == expected
-    with rngstreams.isolated(rngstreams.batch_seed(0, 0, np.array([3, 1, 2]))):
+    with rngstreams.isolated(rngstreams.batch_seed(0, 0, 1, np.array([3, 1, 2]))):
         assert draws() == inside  # the same batch: the same draws
-    with rngstreams.isolated(rngstreams.batch_seed(0, 1, np.array([3, 1, 2]))):
+    with rngstreams.isolated(rngstreams.batch_seed(0, 1, 1, np.array([3, 1, 2]))):
         assert draws() != inside  # another rank
+    with rngstreams.isolated(rngstreams.batch_seed(0, 0, 2, np.array([3, 1, 2]))):
+        assert draws() != inside  # the same samples in another epoch
 
 
 def noisy_steps(run_dir: Path, workers: int) -> list[dict]:
