@@ -49,16 +49,18 @@ def logged_steps(run_dir: Path) -> int:
 def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
     """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
     under srun, whose argument is under the run dir); never a launcher whose command line names
-    it too (mpirun, srun, hpc.submit.ranks)."""
+    it too (mpirun, srun, hpc.submit.ranks), nor a rank's loader process (data.workers: forked
+    from the rank, it has the rank's command line and the rank for its parent)."""
     out = subprocess.run(["pgrep", "-f", re.escape(f"{entry} {run_dir}")], capture_output=True, text=True)  # pgrep takes a regex
-    pids = []
+    parents = {}
     for pid in map(int, out.stdout.split()):
         try:
             name = Path(f"/proc/{pid}/comm").read_text().strip()
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        except OSError:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue  # ended meanwhile
         module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
         if name not in LAUNCHERS and module == entry:
-            pids.append(pid)
-    return pids
+            parents[pid] = parent
+    return [pid for pid, parent in parents.items() if parent not in parents]

@@ -160,14 +160,14 @@ def check_training(job: JobConfig) -> None:
     if job.trainer.clip_grad_norm is not None and job.trainer.clip_grad_norm <= 0:
         raise UserError(f"trainer.clip_grad_norm={job.trainer.clip_grad_norm} must be > 0, or null for off")
     optim = job.optim
+    if optim.lr <= 0:
+        raise UserError(f"optim.lr={optim.lr} must be > 0")
     if not 0.0 <= optim.min_lr <= optim.lr:
         raise UserError(f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr} (the cosine schedule's floor)")
     if optim.betas is not None and (len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas)):
         raise UserError(f"optim.betas={list(optim.betas)} must be two numbers in [0, 1): AdamW's beta1 and beta2, e.g. [0.9,0.95]")
     if job.optim.warmup_steps < 0 or job.optim.reference_batch < 1:
         raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} must be >= 0 and optim.reference_batch={job.optim.reference_batch} >= 1")
-    if job.optim.lr <= 0:
-        raise UserError(f"optim.lr={job.optim.lr} must be > 0")
     if job.checkpoint.every_steps < 0:
         raise UserError(f"checkpoint.every_steps={job.checkpoint.every_steps} must be >= 0 (0: off)")
     if job.checkpoint.every_minutes is not None and job.checkpoint.every_minutes <= 0:
