@@ -174,7 +174,7 @@ class Loop:
             if not getattr(self.train, "draws_random", True):
                 return Prefetcher(lambda rows: read_items(self.train, rows), indices, depth=data.prefetch, pin=page_locked)
 
-            if self.progress.epoch_steps == 0 and not self.read_on_training_thread_said:
+            if not self.read_on_training_thread_said:
                 self.read_on_training_thread_said = True
                 log.info(
                     "data.workers=0: %s is read on the training thread, each batch in its own random stream (no read-ahead); "

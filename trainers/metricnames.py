@@ -13,6 +13,7 @@ naming the key and the rank.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -24,6 +25,7 @@ from trainers.task import TaskError
 Names = tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=64)  # every step asks, for the same few tuples
 def fingerprint(names: Names) -> tuple[float, ...]:
     """Two 20-bit hashes of the names and their squares: exact in float64 summed over up to
     2^13 ranks."""
