@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from collectives.mpirun import local_ranks_environment
 from trainers.checkpoint import load_tensor_file
 from trainers.layout import SHARED, STEP_PREFIX
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Launchers whose command line also names the rank entry point: never a rank themselves.
 LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "srun"}
@@ -64,3 +69,13 @@ def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
         if name not in LAUNCHERS and module == entry:
             parents[pid] = parent
     return [pid for pid, parent in parents.items() if parent not in parents]
+
+
+def ranks_environment() -> dict[str, str]:
+    """What ranks started by hand (tests, benchmarks) run with: as a job's ranks, importing this checkout."""
+    return {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
+
+
+def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """A local run's command.txt, and the environment to run it in again."""
+    return shlex.split((run_dir / "command.txt").read_text()), ranks_environment()

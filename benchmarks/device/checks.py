@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import os
 import platform
-import shlex
 import signal
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ import torch
 
 from benchmarks.device.cores import allreduce, loader, scaling
 from benchmarks.device.report import BUDGET_VARIABLE, ROOT, Report, device_overrides, launch, step_records
-from benchmarks.rundirs import logged_steps, rank_pids, run_dirs, state_hash, step_losses
+from benchmarks.rundirs import logged_steps, rank_pids, resume_command, run_dirs, state_hash, step_losses
 
 
 def environment(mode: str, scratch: Path, report: Report) -> None:
@@ -234,10 +233,8 @@ def resume(mode: str, scratch: Path, report: Report) -> None:
         raise RuntimeError(f"the signalled run exited {code}, not {EXIT_RESUMABLE} (resumable): {first.stderr.read()[-1500:] if first.stderr else ''}")
     stopped_at = max(step_losses(run_dir))
     report.figure("stopped by SIGUSR1 after step", stopped_at)
-    from collectives.mpirun import local_ranks_environment
-
-    command = shlex.split((run_dir / "command.txt").read_text())
-    resumed = subprocess.run(command, env={**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    command, env = resume_command(run_dir)
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if resumed.returncode:
         raise RuntimeError(f"the resumed run failed (exit {resumed.returncode}): {resumed.stderr[-1500:]}")
     ours, theirs = step_losses(run_dir), step_losses(reference)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -11,12 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.rundirs import logged_steps, rank_pids, run_dirs, state_hash, step_losses
+from benchmarks.rundirs import logged_steps, rank_pids, ranks_environment, resume_command, run_dirs, state_hash, step_losses
 from benchmarks.simcluster import parse_job_id
-from collectives.mpirun import local_ranks_environment, mpirun_command
+from collectives.mpirun import mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
-__all__ = ["logged_steps", "rank_pids", "run_dirs", "state_hash", "step_losses"]  # re-exported for the tests
+__all__ = ["logged_steps", "rank_pids", "ranks_environment", "resume_command", "run_dirs", "state_hash", "step_losses"]  # re-exported for the tests
 
 
 def fixtures_env() -> dict[str, str]:
@@ -48,11 +47,6 @@ def mpirun(ranks: int, *command: str) -> subprocess.CompletedProcess[str]:
     """`mpirun -n RANKS python COMMAND...` from the repository root (oversubscribed, unbound)."""
     args = mpirun_command(ranks, [sys.executable, *command])
     return subprocess.run(args, capture_output=True, text=True, env=ranks_environment(), timeout=300, cwd=ROOT)
-
-
-def ranks_environment() -> dict[str, str]:
-    """What the tests' mpirun ranks run with: as a job's ranks, importing this checkout."""
-    return {**local_ranks_environment(os.environ), "PYTHONPATH": str(ROOT)}
 
 
 def start_launch(*overrides: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -89,10 +83,6 @@ def catches(pid: int, sig: signal.Signals) -> bool:
         return False
     caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
     return bool(caught >> (sig - 1) & 1)
-
-
-def resume_command(run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    return shlex.split((run_dir / "command.txt").read_text()), ranks_environment()
 
 
 def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:
