@@ -35,7 +35,7 @@ def write_images(path: Path, n: int, shape: tuple[int, ...], classes: int, seed:
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         f.attrs["num_classes"] = classes
-        for split, count in (("train", n), ("test", max(n // 10, 1))):
+        for split, count in (("train", n), ("val", max(n // 10, 1))):
             x = f.create_dataset(f"{split}/x", shape=(count, *shape), dtype=np.uint8)
             for lo in range(0, count, 256):  # in slices: N x 3 x 224 x 224 does not fit one array
                 x[lo : lo + 256] = rng.integers(0, 256, size=(min(256, count - lo), *shape), dtype=np.uint8)

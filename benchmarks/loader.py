@@ -66,7 +66,7 @@ def make_shards(directory: Path, images: int) -> list[Path]:
         np.save(directory / "y.npy", rng.integers(0, 1000, images))
         np.save(directory / "tx.npy", rng.integers(0, 256, (256, *SHAPE), dtype=np.uint8))
         np.save(directory / "ty.npy", rng.integers(0, 1000, 256))
-        arrays = [f"--{flag}={directory / name}.npy" for flag, name in (("x", "x"), ("y", "y"), ("test-x", "tx"), ("test-y", "ty"))]
+        arrays = [f"--{flag}={directory / name}.npy" for flag, name in (("x", "x"), ("y", "y"), ("val-x", "tx"), ("val-y", "ty"))]
         subprocess.run([sys.executable, "-m", "trainers.convert", "numpy", *arrays, f"--out={shards}"], check=True, cwd=ROOT)
         for name in ("x", "y", "tx", "ty"):
             (directory / f"{name}.npy").unlink()

@@ -117,7 +117,7 @@ def poisoned_data(path: Path, rng: random.Random) -> Path:
 
     resolve_data_path(DataConfig())
     with h5py.File(default_dataset_path(), "r") as src, h5py.File(path, "w") as dst:
-        for split in ("train", "test"):
+        for split in (name for name in ("train", "val", "test") if name in src):  # digits files before val/ hold test/
             x = src[f"{split}/x"][...].astype(np.float32) * float(src[f"{split}/x"].attrs["scale"])
             if split == "train":
                 x[rng.randrange(len(x))] = np.nan
@@ -139,8 +139,9 @@ def trial_nan(work: Path, rng: random.Random, max_bad: int) -> dict:
         skipped_note = "; hit before the first checkpoint: went on without a rollback"
     else:
         skipped_note = ""
+    accuracy = result["val_metrics"]["accuracy"]
     return {
-        "outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final test accuracy {result['test_accuracy']:.3f}{skipped_note}",
+        "outcome": f"completed; {skipped} steps skipped, {records[-1]['rollbacks']} rollbacks, final val accuracy {accuracy:.3f}{skipped_note}",
         "ok": True,
         "lost": lost_steps(run_dir),
     }

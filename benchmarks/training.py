@@ -92,8 +92,8 @@ def run_once(overrides: list[str], workdir: Path) -> dict[str, float]:
     epochs = all_epochs[1:]
     return {
         "early_loss": early["loss"],
-        "early_accuracy": early["test_accuracy"],
-        "accuracy": summary["test_accuracy"],
+        "early_accuracy": early["val_accuracy"],
+        "accuracy": summary["val_metrics"]["accuracy"],
         "loss": summary["loss"],
         "samples_per_s": statistics.median(e["samples_per_s"] for e in epochs),
         "step_ms": statistics.median(e["step_ms"] for e in epochs),
@@ -106,7 +106,7 @@ def table(results: dict[str, list[dict[str, float]]]) -> str:
     first = next(iter(results))
     base = statistics.median(r["samples_per_s"] for r in results[first])
     rows = [
-        f"| variant | loss @ epoch {EARLY_EPOCH} | test accuracy @ epoch {EARLY_EPOCH} | final test accuracy (min-max) | "
+        f"| variant | loss @ epoch {EARLY_EPOCH} | val accuracy @ epoch {EARLY_EPOCH} | final val accuracy (min-max) | "
         f"final loss | samples/s | vs {first} | step ms | step() waiting for comm, ms | launch.py wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]

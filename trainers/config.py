@@ -39,9 +39,14 @@ class DataConfig:
     crop: int | None = None
     crop_padding: int = 0
     flip: bool = False
-    # Datasets the HDF5 file must hold (N x ... inputs, N integer labels).
+    # Datasets the HDF5 files hold (N x ... inputs, N integer labels): the training split, the
+    # validation split evaluated every epoch (files without one, written before it was named,
+    # validate on their test split), and an optional held-out test split evaluated once, at the
+    # end of a run that completed.
     train_x: str = "train/x"
     train_y: str = "train/y"
+    val_x: str = "val/x"
+    val_y: str = "val/y"
     test_x: str = "test/x"
     test_y: str = "test/y"
 

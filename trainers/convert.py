@@ -1,10 +1,11 @@
 """Write the sharded HDF5 layout the loader reads fastest, from numpy arrays or a folder of images.
 
-    python -m trainers.convert numpy --x train_x.npy --y train_y.npy --test-x .. --test-y .. --out DIR
-    python -m trainers.convert images TRAIN_FOLDER [--test TEST_FOLDER | --test-fraction 0.02] --size 256 --out DIR
+    python -m trainers.convert numpy --x train_x.npy --y train_y.npy --val-x .. --val-y .. [--test-x .. --test-y ..] --out DIR
+    python -m trainers.convert images TRAIN_FOLDER (--val VAL_FOLDER | --val-fraction 0.02) [--test TEST_FOLDER] --size 256 --out DIR
 
-DIR receives train-00000.h5, ... (train/x, train/y) and test-00000.h5, ... (test/x, test/y),
-each about --shard-mb; point data.path at DIR. Inputs are stored contiguous and uncompressed
+DIR receives train-00000.h5, ... (train/x, train/y), val-00000.h5, ... (val/x, val/y: the
+validation split, evaluated every epoch) and, when given, test-00000.h5, ... (test/x, test/y: a
+held-out test split, evaluated once at the end of a completed run), each about --shard-mb; point data.path at DIR. Inputs are stored contiguous and uncompressed
 (the loader reads their rows with one pread each). Images are decoded once, resized so the
 shorter side is --size, centre-cropped to --size x --size and stored as uint8 N x 3 x S x S;
 an image folder holds one sub-folder per class (ImageFolder's layout), classes in name order.
@@ -42,7 +43,7 @@ class ConvertError(ValueError):
 class Split:
     """Rows to write for one split: `count` samples of `shape`/`dtype`, produced in blocks."""
 
-    name: str  # "train" or "test"
+    name: str  # "train", "val" or "test"
     count: int
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -199,26 +200,29 @@ def image_split(name: str, files: list[tuple[Path, int]], size: int, workers: in
 
 
 def held_out(files: list[tuple[Path, int]], fraction: float, seed: int) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]]]:
-    """(train, test): a seeded `fraction` of the images held out for evaluation."""
+    """(train, validation): a seeded `fraction` of the images held out for validation."""
     order = np.random.default_rng(seed).permutation(len(files))
     count = int(round(len(files) * fraction))
-    test = set(order[:count].tolist())
-    return [f for i, f in enumerate(files) if i not in test], [f for i, f in enumerate(files) if i in test]
+    chosen = set(order[:count].tolist())
+    return [f for i, f in enumerate(files) if i not in chosen], [f for i, f in enumerate(files) if i in chosen]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainers.convert", description=__doc__.split("\n\n")[0])
     sources = parser.add_subparsers(dest="source", required=True)
-    arrays = sources.add_parser("numpy", help="train (and test) arrays in .npy files")
+    arrays = sources.add_parser("numpy", help="train, validation (and held-out test) arrays in .npy files")
     arrays.add_argument("--x", type=Path, required=True, help="train inputs, N x ... (.npy)")
     arrays.add_argument("--y", type=Path, required=True, help="train labels, N integers (.npy)")
-    arrays.add_argument("--test-x", type=Path)
-    arrays.add_argument("--test-y", type=Path)
+    arrays.add_argument("--val-x", type=Path, help="validation inputs (evaluated every epoch)")
+    arrays.add_argument("--val-y", type=Path, help="validation labels")
+    arrays.add_argument("--test-x", type=Path, help="optional held-out test inputs (evaluated once, at the end)")
+    arrays.add_argument("--test-y", type=Path, help="optional held-out test labels")
     arrays.add_argument("--scale", type=float, help="factor from stored values to inputs (uint8 default: 1/255)")
     images = sources.add_parser("images", help="a folder with one sub-folder of images per class")
     images.add_argument("folder", type=Path)
-    images.add_argument("--test", type=Path, help="the test images, in the same class folders")
-    images.add_argument("--test-fraction", type=float, default=0.0, help="else hold out this fraction of the images")
+    images.add_argument("--val", type=Path, help="the validation images, in the same class folders")
+    images.add_argument("--val-fraction", type=float, default=0.0, help="else hold out this fraction of the images for validation")
+    images.add_argument("--test", type=Path, help="optional held-out test images, in the same class folders (evaluated once, at the end)")
     images.add_argument("--size", type=int, default=256, help="stored images are size x size (shorter side resized, centre crop)")
     images.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decoding processes")
     images.add_argument("--seed", type=int, default=0)
@@ -242,9 +246,15 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
     if args.shard_mb <= 0:
         raise ConvertError(f"--shard-mb={args.shard_mb} must be > 0")
     if args.source == "numpy":
-        if args.test_x is None or args.test_y is None:
-            raise ConvertError("give --test-x and --test-y: training evaluates on a test split")
-        splits = [numpy_split("train", args.x, args.y), numpy_split("test", args.test_x, args.test_y)]
+        if args.val_x is None or args.val_y is None:
+            raise ConvertError(
+                "give --val-x and --val-y: training evaluates on a validation split every epoch (--test-x/--test-y: an optional held-out test split)"
+            )
+        if (args.test_x is None) != (args.test_y is None):
+            raise ConvertError("give both --test-x and --test-y, or neither (the held-out test split is optional)")
+        splits = [numpy_split("train", args.x, args.y), numpy_split("val", args.val_x, args.val_y)]
+        if args.test_x is not None:
+            splits.append(numpy_split("test", args.test_x, args.test_y))
         if splits[0].count == 0:
             raise ConvertError(f"{args.x} holds no rows")
         if args.scale is not None:
@@ -252,22 +262,30 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
         return splits, {}
     if args.size < 1 or args.workers < 1:
         raise ConvertError(f"--size={args.size} and --workers={args.workers} must be >= 1")
-    if not 0.0 <= args.test_fraction < 1.0:
-        raise ConvertError(f"--test-fraction={args.test_fraction} must be in [0, 1)")
-    if args.test is None and args.test_fraction == 0.0:
-        raise ConvertError("give --test TEST_FOLDER or --test-fraction F: training evaluates on a test split")
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise ConvertError(f"--val-fraction={args.val_fraction} must be in [0, 1)")
+    if args.val is None and args.val_fraction == 0.0:
+        raise ConvertError("give --val VAL_FOLDER or --val-fraction F: training evaluates on a validation split every epoch")
     classes, files = list_images(args.folder)
-    if args.test is not None:
-        test_classes, test = list_images(args.test)
-        if test_classes != classes:
-            raise ConvertError(f"{args.test} has classes {test_classes[:3]}... but {args.folder} has {classes[:3]}...; give both the same class folders")
+    if args.val is not None:
+        val = same_classes(args.val, classes, args.folder)
         train = files
     else:
-        train, test = held_out(files, args.test_fraction, args.seed)
-    if not test or not train:
-        raise ConvertError(f"--test-fraction={args.test_fraction} of {len(files)} images leaves an empty split; change the fraction")
-    splits = [image_split("train", train, args.size, args.workers), image_split("test", test, args.size, args.workers)]
+        train, val = held_out(files, args.val_fraction, args.seed)
+    if not val or not train:
+        raise ConvertError(f"--val-fraction={args.val_fraction} of {len(files)} images leaves an empty split; change the fraction")
+    splits = [image_split("train", train, args.size, args.workers), image_split("val", val, args.size, args.workers)]
+    if args.test is not None:
+        splits.append(image_split("test", same_classes(args.test, classes, args.folder), args.size, args.workers))
     return splits, {"num_classes": len(classes), "classes": json.dumps(classes)}
+
+
+def same_classes(folder: Path, classes: list[str], train_folder: Path) -> list[tuple[Path, int]]:
+    """The images of another split's folder, which must hold the training folder's classes."""
+    found, files = list_images(folder)
+    if found != classes:
+        raise ConvertError(f"{folder} has classes {found[:3]}... but {train_folder} has {classes[:3]}...; give both the same class folders")
+    return files
 
 
 def _stopped(signum: int, frame: object) -> None:

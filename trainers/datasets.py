@@ -1,8 +1,10 @@
 """HDF5 data sets on disk: building the built-in one, finding the shards data.path names, and
 checking them. No torch here, so the login node can check a data set before it submits anything.
 
-Layout: `train/x`, `train/y`, `test/x`, `test/y` (names configurable), in one file or spread over
-shards (a directory, a glob or a list; a split is the rows of every shard holding it, in order).
+Layout: `train/x`, `train/y`, `val/x`, `val/y` and optionally a held-out `test/x`, `test/y` (names
+configurable), in one file or spread over shards (a directory, a glob or a list; a split is the
+rows of every shard holding it, in order). Files without a validation split (the layout before it
+was named) validate on their test split, and then have no held-out one.
 x is N x C x H x W (or N x D); uint8 inputs are scaled by the dataset's `scale` attribute
 (default 1/255); y holds integer class labels 0..num_classes-1. `num_classes` is a file
 attribute, or max(y)+1. Image models (cnn, resnet50) need N x C x H x W (check_model_input).
@@ -36,10 +38,13 @@ class DataError(ValueError):
 class DatasetInfo:
     path: str
     num_train: int
-    num_test: int
+    num_val: int
     input_shape: tuple[int, ...]
     num_classes: int
     files: tuple[str, ...] = ()  # every shard, in row order (one file: that file)
+    val_split: tuple[str, str] = ("val/x", "val/y")  # the (inputs, labels) evaluated every epoch
+    test_split: tuple[str, str] | None = None  # the held-out split, evaluated once at the end
+    num_test: int = 0
 
 
 def cache_dir() -> Path:
@@ -50,7 +55,7 @@ def default_dataset_path() -> Path:
     return cache_dir() / DIGITS_FILE
 
 
-def build_digits_hdf5(path: Path, test_fraction: float = 0.2, seed: int = 0) -> Path:
+def build_digits_hdf5(path: Path, val_fraction: float = 0.2, seed: int = 0) -> Path:
     """scikit-learn's bundled digits (no network) -> HDF5, written atomically."""
     import h5py
     import numpy as np
@@ -63,14 +68,14 @@ def build_digits_hdf5(path: Path, test_fraction: float = 0.2, seed: int = 0) -> 
     images = digits.images.astype(np.uint8)[:, None, :, :]  # values 0..16, 8x8
     labels = digits.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))
-    num_test = int(round(len(labels) * test_fraction))
-    test, train = order[:num_test], order[num_test:]
+    num_val = int(round(len(labels) * val_fraction))
+    val, train = order[:num_val], order[num_val:]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with h5py.File(tmp, "w") as f:
         f.attrs["num_classes"] = 10
         f.attrs["source"] = "sklearn.datasets.load_digits"
-        for split, idx in (("train", np.sort(train)), ("test", np.sort(test))):
+        for split, idx in (("train", np.sort(train)), ("val", np.sort(val))):
             x = f.create_dataset(f"{split}/x", data=images[idx])
             x.attrs["scale"] = 1.0 / 16.0
             f.create_dataset(f"{split}/y", data=labels[idx])
@@ -142,13 +147,22 @@ def inspect_known(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
         stats = [(str(f), f.stat()) for f in files]
     except OSError:
         return inspect_hdf5(files, cfg)  # names the missing file
-    version = [[name, st.st_ino, st.st_size, st.st_mtime_ns] for name, st in stats] + [cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y]
+    version = [[name, st.st_ino, st.st_size, st.st_mtime_ns] for name, st in stats] + [cfg.train_x, cfg.train_y, cfg.val_x, cfg.val_y, cfg.test_x, cfg.test_y]
     record = cache_dir() / "checked" / (hashlib.sha256(json.dumps(version).encode()).hexdigest()[:24] + ".json")
     try:
         known = json.loads(record.read_text())
         if known["version"] == version:
             info = known["info"]
-            return DatasetInfo(**{**info, "input_shape": tuple(info["input_shape"]), "files": tuple(info["files"])})
+            test_split = tuple(info["test_split"]) if info["test_split"] else None
+            return DatasetInfo(
+                **{
+                    **info,
+                    "input_shape": tuple(info["input_shape"]),
+                    "files": tuple(info["files"]),
+                    "val_split": tuple(info["val_split"]),
+                    "test_split": test_split,
+                }
+            )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, or unreadable: inspect the files
     info = inspect_hdf5(files, cfg)
@@ -165,15 +179,16 @@ def inspect_known(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
 def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
     """Checks one HDF5 file, or shards whose splits are read as one: a split's rows are its
     dataset's rows in every shard that holds it, in the shards' order (a shard may hold only
-    the train or only the test split)."""
+    some of the splits)."""
     import h5py
     import numpy as np
 
     files = [path] if isinstance(path, Path) else list(path)
     parents = {f.parent for f in files}
     shown = str(files[0]) if len(files) == 1 else f"{parents.pop() if len(parents) == 1 else files[0].parent} ({len(files)} shards)"
-    names = (cfg.train_x, cfg.train_y, cfg.test_x, cfg.test_y)
-    splits: dict[str, list[tuple[h5py.Dataset, h5py.Dataset]]] = {cfg.train_x: [], cfg.test_x: []}
+    pairs = ((cfg.train_x, cfg.train_y), (cfg.val_x, cfg.val_y), (cfg.test_x, cfg.test_y))
+    names = [name for pair in pairs for name in pair]
+    splits: dict[str, list[tuple[h5py.Dataset, h5py.Dataset]]] = {x_name: [] for x_name, _ in pairs}
     handles = []
     try:
         for file in files:
@@ -184,53 +199,61 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
             f = h5py.File(file, "r")
             handles.append(f)
             held = [name for name in names if isinstance(f.get(name), h5py.Dataset)]
-            if len(files) == 1 and len(held) < 4:
-                raise DataError(f"{file} lacks the dataset(s) {', '.join(n for n in names if n not in held)} (set data.train_x/... to the names it has)")
             if not held:
                 raise DataError(f"{file} holds none of {', '.join(names)} (set data.train_x/... to the names it has)")
-            for x_name, y_name in ((cfg.train_x, cfg.train_y), (cfg.test_x, cfg.test_y)):
+            for x_name, y_name in pairs:
                 if (x_name in held) != (y_name in held):
                     has, lacks = (x_name, y_name) if x_name in held else (y_name, x_name)
                     raise DataError(f"{file} holds {has} without {lacks}; a shard holds a split's inputs and labels together")
                 if x_name in held:
                     splits[x_name].append((f[x_name], f[y_name]))
-        for x_name in (cfg.train_x, cfg.test_x):
-            if not splits[x_name]:
-                raise DataError(f"none of the {len(files)} files of data.path holds {x_name} (set data.train_x/... to the names they have)")
-        for x, y in (pair for pairs in splits.values() for pair in pairs):
-            where = f"{x.file.filename}: " if len(files) > 1 else f"{shown}: "
+        where = "the file" if len(files) == 1 else f"none of the {len(files)} files of data.path"
+        if not splits[cfg.train_x]:
+            raise DataError(f"{shown}: {where} holds {cfg.train_x} (set data.train_x/... to the names it has)")
+        if splits[cfg.val_x]:
+            val_split, test_split = (cfg.val_x, cfg.val_y), ((cfg.test_x, cfg.test_y) if splits[cfg.test_x] else None)
+        elif splits[cfg.test_x]:  # the layout before the validation split was named: its test split validates
+            val_split, test_split = (cfg.test_x, cfg.test_y), None
+        else:
+            raise DataError(f"{shown}: {where} holds a validation split {cfg.val_x} (or {cfg.test_x}); set data.val_x/data.val_y to the names it has")
+        used = [cfg.train_x, val_split[0], *([test_split[0]] if test_split else [])]
+        for x, y in (pair for name in used for pair in splits[name]):
+            at = f"{x.file.filename}: " if len(files) > 1 else f"{shown}: "
             if x.shape[0] != y.shape[0] or y.ndim != 1:
-                raise DataError(f"{where}{x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
+                raise DataError(f"{at}{x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
             if not np.issubdtype(y.dtype, np.integer):
-                raise DataError(f"{where}labels {y.name} must be integers, not {y.dtype}")
+                raise DataError(f"{at}labels {y.name} must be integers, not {y.dtype}")
             if not (np.issubdtype(x.dtype, np.number) and x.ndim >= 2):
-                raise DataError(f"{where}inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
+                raise DataError(f"{at}inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
         first = splits[cfg.train_x][0][0]
-        for x, _ in (pair for pairs in splits.values() for pair in pairs):
-            if x.shape[1:] != first.shape[1:]:
-                kind = "train inputs" if x.name.lstrip("/") == cfg.train_x else "test inputs"
-                where = f" in {x.file.filename}" if len(files) > 1 else ""
-                raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kind} {x.shape[1:]}{where} differ in shape")
-            if x.dtype != first.dtype:
-                raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
-            if x.attrs.get("scale") != first.attrs.get("scale"):
-                scales = f"{first.attrs.get('scale')} in {first.file.filename} but {x.attrs.get('scale')} in {x.file.filename}"
-                raise DataError(f"{shown}: the inputs' scale attribute is {scales}; store every shard alike")
-        num_train, num_test = (sum(x.shape[0] for x, _ in splits[name]) for name in (cfg.train_x, cfg.test_x))
+        kinds = {cfg.train_x: "train", val_split[0]: "validation", **({test_split[0]: "test"} if test_split else {})}
+        for name in used:
+            for x, _ in splits[name]:
+                if x.shape[1:] != first.shape[1:]:
+                    in_file = f" in {x.file.filename}" if len(files) > 1 else ""
+                    raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kinds[name]} inputs {x.shape[1:]}{in_file} differ in shape")
+                if x.dtype != first.dtype:
+                    raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
+                if x.attrs.get("scale") != first.attrs.get("scale"):
+                    scales = f"{first.attrs.get('scale')} in {first.file.filename} but {x.attrs.get('scale')} in {x.file.filename}"
+                    raise DataError(f"{shown}: the inputs' scale attribute is {scales}; store every shard alike")
+        num_train, num_val, num_test = (
+            sum(x.shape[0] for x, _ in splits[name]) if name else 0 for name in (cfg.train_x, val_split[0], test_split and test_split[0])
+        )
         if num_train == 0:
             raise DataError(f"{shown}: {cfg.train_x} is empty")
-        labels = [y for pairs in splits.values() for _, y in pairs if y.shape[0]]
+        labels = [y for name in used for _, y in splits[name] if y.shape[0]]
         ranges = [(f"{y.file.filename}:{y.name.lstrip('/')}" if len(files) > 1 else y.name.lstrip("/"), label_range(y)) for y in labels]
         declared = max(int(f.attrs.get("num_classes", 0)) for f in handles)
         num_classes = declared or max(high for _, (_, high) in ranges) + 1
         for name, (low, high) in ranges:
             if low < 0 or high >= num_classes:
-                where = "the file's num_classes attribute" if declared else "max label + 1"
+                source = "the file's num_classes attribute" if declared else "max label + 1"
                 raise DataError(
                     f"{shown}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
-                    f"({where}); store labels 0..num_classes-1"
+                    f"({source}); store labels 0..num_classes-1"
                 )
-        return DatasetInfo(shown, num_train, num_test, tuple(first.shape[1:]), num_classes, tuple(str(f) for f in files))
+        return DatasetInfo(shown, num_train, num_val, tuple(first.shape[1:]), num_classes, tuple(str(f) for f in files), val_split, test_split, num_test)
     finally:
         for f in handles:
             f.close()

@@ -3,24 +3,18 @@ are done or a stop is agreed; the parts are trainers.loop's."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 from collectives.base import Collectives
 from trainers.loop import EpochEnd, build_loop
 from trainers.metrics import MetricsWriter
 from trainers.run import FitConfig, FitResult, RunContext
-from trainers.task import Task, adapt
-from trainers.tasks import build_task
+from trainers.task import adapt
 
 
-def fit(
-    cfg: FitConfig, comm: Collectives, data_path: Path | list[Path] | None, metrics: MetricsWriter, run: RunContext | None = None, task: Task | None = None
-) -> FitResult:
-    """Train `task` (by default the built-in classification of the HDF5 file at `data_path`)."""
-    if task is None:
-        task = build_task({}, {"model": cfg.model, "data": cfg.data, "trainer": cfg.trainer, "data_path": data_path})
-    else:
-        task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
+def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
+    """Train `task` (trainers.task.Task: a built-in one from trainers.tasks.build_task, or a user's)."""
+    task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
     loop = build_loop(cfg, comm, task, run or RunContext())
     epoch_end = EpochEnd()
     stopped_by = loop.stop_agreed()  # a stop during start-up or resume: the newest checkpoint stays as it is
@@ -41,10 +35,12 @@ def fit(
             loop.progress.next_epoch()
         if loop.progress.step > (loop.resumed_from or 0):  # nothing trained since the start or the checkpoint resumed: nothing to save
             loop.save(synchronous=True)  # the last save before exit is synchronous
-        elif stopped_by is None and loop.resumed_from is not None and not epoch_end.test:
+        elif stopped_by is None and loop.resumed_from is not None and not epoch_end.val:
             # Resumed from the final checkpoint (the ranks ended after saving it, before reporting):
-            # the result still gives the model's test metrics. The last epoch's training loss is in metrics.jsonl.
-            epoch_end = EpochEnd(test=loop.evaluate())
+            # the result still gives the model's validation metrics. The last epoch's training loss is in metrics.jsonl.
+            epoch_end = EpochEnd(val=loop.evaluate())
+        # The held-out split is evaluated once, by the run that completes training, never during it.
+        tested = loop.test_once() if stopped_by is None and not loop.more_to_train() else {}
     finally:
         loop.close()
     progress = loop.progress
@@ -52,12 +48,12 @@ def fit(
         progress.epoch - 1,
         progress.step,
         epoch_end.loss,
-        epoch_end.test.get("accuracy", 0.0),
         epoch_end.samples_per_s,
         progress.train_seconds,
         epoch_end.step_ms,
         epoch_end.comm_wait_ms,
         stopped_by,
         loop.resumed_from,
-        dict(epoch_end.test),
+        dict(epoch_end.val),
+        tested,
     )

@@ -20,7 +20,7 @@ from torch import nn
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers import metricnames, rngstreams
-from trainers.config import CLASSIFY_TASK, accumulation_steps, scaled_lr
+from trainers.config import accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
@@ -97,7 +97,7 @@ class EpochEnd:
     """The figures of the last evaluated epoch, as FitResult reports them."""
 
     loss: float = float("nan")
-    test: dict[str, float] = field(default_factory=dict)  # evaluation: "loss" and the task's metrics, means per sample
+    val: dict[str, float] = field(default_factory=dict)  # the validation: "loss" and the task's metrics, means per sample
     samples_per_s: float = 0.0
     step_ms: float = 0.0
     comm_wait_ms: float = 0.0
@@ -119,7 +119,8 @@ class Loop:
     accumulation: int
     task: Task
     train: MapDataset
-    test: MapDataset
+    val: MapDataset
+    held_out: MapDataset | None  # the task's test split: evaluated once, when training is complete
     model_config: dict[str, Any]
     coordinator: SaveCoordinator | None
     progress: Progress
@@ -339,23 +340,23 @@ class Loop:
         steps = max(progress.epoch_steps, 1)
         figures = EpochEnd(
             loss=progress.epoch_loss_sum / max(progress.epoch_seen, 1),
-            test=self.evaluate(),
+            val=self.evaluate(),
             samples_per_s=progress.epoch_seen / epoch_seconds if epoch_seconds > 0 else 0.0,
             step_ms=1000 * epoch_seconds / steps,
             comm_wait_ms=1000 * waited / steps,
         )
-        tested = "  ".join(f"test_{name} {value:.4f}" for name, value in sorted(figures.test.items(), key=lambda kv: kv[0] != "loss"))
+        validated = "  ".join(f"val_{name} {value:.4f}" for name, value in sorted(figures.val.items(), key=lambda kv: kv[0] != "loss"))
         tokens = getattr(self.task, "tokens_per_sample", None)  # a token task's throughput in its own unit too
         rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
-        log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, tested, rate)
-        for name, value in figures.test.items():
-            self.run.steps.scalar(f"test/{name}", value, progress.step)
+        log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate)
+        for name, value in figures.val.items():
+            self.run.steps.scalar(f"val/{name}", value, progress.step)
         metrics.write(
             {
                 "epoch": progress.epoch,
                 "step": progress.step,
                 "loss": figures.loss,
-                **{f"test_{name}": value for name, value in figures.test.items()},
+                **{f"val_{name}": value for name, value in figures.val.items()},
                 "samples_per_s": figures.samples_per_s,
                 **({"tokens_per_s": figures.samples_per_s * tokens} if tokens else {}),
                 "step_ms": figures.step_ms,
@@ -373,10 +374,20 @@ class Loop:
         self.comm.allreduce_(votes, op="max")
         return (self.run.stop.signal_name or "a signal on another rank") if votes[0] > 0 else None
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, data: MapDataset | None = None) -> dict[str, float]:
+        """The validation split's figures (or `data`'s), the same on every rank."""
         self.run.stop.phase = "evaluation"
         average_buffers(self.comm, self.model)
-        return self.task.summarize(evaluate(self.task, self.model, self.test, self.comm, self.cfg.data.eval_batch_size, self.device))
+        return self.task.summarize(evaluate(self.task, self.model, self.val if data is None else data, self.comm, self.cfg.data.eval_batch_size, self.device))
+
+    def test_once(self) -> dict[str, float]:
+        """The held-out test split's figures, for a run whose training is complete ({} without one)."""
+        if self.held_out is None:
+            return {}
+        figures = self.evaluate(self.held_out)
+        shown = "  ".join(f"test_{name} {value:.4f}" for name, value in sorted(figures.items(), key=lambda kv: kv[0] != "loss"))
+        log.info("held-out test split, evaluated once: %s", shown)
+        return figures
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is not None:
@@ -406,7 +417,7 @@ class Loop:
             self.loader.close()
         if self.coordinator is not None:
             self.coordinator.checkpointer.wait_pruned()
-        for data in (self.train, self.test):
+        for data in (self.train, self.val, self.held_out):
             close = getattr(data, "close", None)  # a data set holding a file
             if close is not None:
                 close()
@@ -445,24 +456,27 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     optimizer = sync.optimizer
     precision = cfg.trainer.precision
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    train, test = task.train_data(), task.eval_data()
-    check_data_sets(train, test, comm)
+    train, val, held_out = task.train_data(), task.eval_data(), task.test_data()
+    check_data_sets(train, val, comm)
+    if held_out is not None:
+        check_data_sets(train, held_out, comm, "test")
     sampler = ShardSampler(len(train), cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
     schedule = build_schedule(cfg.optim, optimizer, total_steps)
-    task_target = str(task.describe().get("task", CLASSIFY_TASK))
+    task_target = str(task.describe().get("task") or f"{type(task).__module__}.{type(task).__qualname__}")
     run.stop.phase = "resume"
     load_began = time.time()
     rngstreams.seed_rank(cfg.trainer.seed, comm.rank)  # its own stream from here on (a checkpoint's, if resumed)
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
     run.milestones.loaded(load_began, time.time())
     log.info(
-        "training %s: %d train / %d test samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
+        "training %s: %d train / %d validation%s samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
         "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
         task_name(task),
         len(train),
-        len(test),
+        len(val),
+        f" / {len(held_out)} test" if held_out is not None else "",
         comm.world_size,
         cfg.data.batch_size,
         accumulation,
@@ -490,7 +504,8 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
         accumulation,
         task,
         train,
-        test,
+        val,
+        held_out,
         model_config=task.describe(),
         coordinator=coordinator,
         progress=progress,
@@ -506,18 +521,18 @@ def task_name(task: Task) -> str:
     return f"{described.get('name', '?')} ({described.get('task', type(task).__name__)})"
 
 
-def check_data_sets(train: MapDataset, test: MapDataset, comm: Collectives) -> None:
+def check_data_sets(train: MapDataset, evaluated: MapDataset, comm: Collectives, split: str = "validation") -> None:
     """Every rank must see the same data sets (lengths agree), and evaluation must give every
     rank at least one sample (the ranks learn the metric names from their first batch)."""
-    lengths = torch.tensor([len(train), -len(train), len(test), -len(test)], dtype=torch.float64)
+    lengths = torch.tensor([len(train), -len(train), len(evaluated), -len(evaluated)], dtype=torch.float64)
     comm.allreduce_(lengths, op="max")
     if lengths[0] != -lengths[1] or lengths[2] != -lengths[3]:
         raise TaskError(
             f"ranks see data sets of different lengths (train {int(-lengths[1])}..{int(lengths[0])}, "
-            f"eval {int(-lengths[3])}..{int(lengths[2])}); every rank must build the same data"
+            f"{split} {int(-lengths[3])}..{int(lengths[2])}); every rank must build the same data"
         )
-    if len(test) < comm.world_size:
-        raise TaskError(f"the evaluation data set has {len(test)} samples, fewer than the {comm.world_size} ranks; give it at least one per rank")
+    if len(evaluated) < comm.world_size:
+        raise TaskError(f"the {split} data set has {len(evaluated)} samples, fewer than the {comm.world_size} ranks; give it at least one per rank")
 
 
 def check_loss(out: StepOutput) -> None:

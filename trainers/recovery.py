@@ -74,8 +74,8 @@ def resume_or_start(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler | None = None,
-    task: str = CLASSIFY_TASK,
+    scaler: torch.amp.GradScaler | None,
+    task: str,
 ) -> tuple[SaveCoordinator | None, Progress, int | None]:
     """The save coordinator (None: checkpoints off), the progress to start from, and the step of
     the checkpoint resumed from (None: a fresh start)."""
@@ -88,7 +88,8 @@ def resume_or_start(
     if restored is None:
         return coordinator, Progress(), None
     step, shared, own = restored
-    saved_task = str(shared.get("model_config", {}).get("task", CLASSIFY_TASK))  # checkpoints from before tasks: classification
+    # Checkpoints from before tasks were named were all of the built-in classification.
+    saved_task = str(shared.get("model_config", {}).get("task", CLASSIFY_TASK))
     if saved_task != task:
         raise CheckpointError(f"checkpoint step {step} was written by task {saved_task}, not {task}; use a new run dir or the old task")
     progress = restore(model, optimizer, schedule, step, shared, scaler)

@@ -32,14 +32,14 @@ class FitResult:
     epochs: int
     steps: int
     loss: float
-    test_accuracy: float
     samples_per_s: float
     train_seconds: float
     step_ms: float
     comm_wait_ms: float  # per step: time step() waited for gradient communication
     stopped_by: str | None = None  # the signal that stopped training early, if any
     resumed_from: int | None = None  # the checkpoint step this process started from
-    test_metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation: "loss" and the task's metrics
+    val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation: "loss" and the task's metrics
+    test_metrics: dict[str, float] = field(default_factory=dict)  # the held-out test split's, once training completed ({}: none)
 
 
 class Milestones:

@@ -1,7 +1,7 @@
 """The seam between the toolkit and the code it trains: a `Task`.
 
-A task supplies the model, map-style train and evaluation data sets, a training step and an
-evaluation step. The toolkit keeps what makes runs safe: which samples each rank reads (the
+A task supplies the model, map-style train and validation data sets (optionally a held-out test
+set), a training step and an evaluation step. The toolkit keeps what makes runs safe: which samples each rank reads (the
 sampler owns the exact data position, so data sets are addressed by index), gradient sync,
 precision (autocast and the grad scaler wrap the step), the stop vote, checkpoints, the
 watchdog, the NaN guard, and metrics averaged over ranks.
@@ -51,7 +51,12 @@ class Task(Protocol):
 
     def train_data(self) -> MapDataset: ...
 
-    def eval_data(self) -> MapDataset: ...
+    def eval_data(self) -> MapDataset:
+        """The validation split, evaluated after every epoch (and what a search tunes on)."""
+
+    def test_data(self) -> MapDataset | None:
+        """Optional: a held-out test split, evaluated once, at the end of a run that completed
+        (result.json's test_metrics). None or absent: no test split."""
 
     def batch(self, items: Any, device: torch.device) -> Any:
         """The items of one batch (a list, or what the data set's `__getitems__` returned) as
@@ -161,6 +166,11 @@ class _Adapted:
 
     def eval_data(self) -> MapDataset:
         return self._data(self._task.eval_data(), "eval_data")
+
+    def test_data(self) -> MapDataset | None:
+        custom = getattr(self._task, "test_data", None)
+        data = custom() if custom is not None else None
+        return None if data is None else self._data(data, "test_data")
 
     def _data(self, data: Any, what: str) -> MapDataset:
         if not isinstance(data, MapDataset):

@@ -94,6 +94,12 @@ def write_token_file(text: str, out: Path, val_fraction: float = 0.1) -> dict[st
     return counts
 
 
+def has_split(path: Path, split: str) -> bool:
+    """Whether the token file holds `split` (an optional held-out "test" split, say)."""
+    with h5py.File(path, "r") as f:
+        return f"{split}/tokens" in f
+
+
 class TokenWindows:
     """Map-style data set of one split: item i is (inputs, targets), two int64 tensors of
     `context` tokens, the targets shifted by one. The split is read into memory once."""

@@ -83,8 +83,8 @@ class SweepConfig:
     """How `launch.py -m` submits: one Slurm job array per distinct sbatch script."""
 
     max_parallel: int | None = None  # at most this many array tasks run at once (--array=0-N%max_parallel)
-    # What each trial of a search (hydra/sweeper=optuna ...) returns: loss, samples_per_s, test_accuracy,
-    # test_<metric> (hpc/objective.py). The basic sweeper's grid needs none.
+    # What each trial of a search (hydra/sweeper=optuna ...) returns: loss, samples_per_s, val_accuracy,
+    # val_<metric> (hpc/objective.py). The basic sweeper's grid needs none.
     objective: str | None = None
 
 

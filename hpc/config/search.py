@@ -93,7 +93,7 @@ def check_search(arguments: list[str], sweeper: dict[str, Any], source: ConfigSo
     first = points[0][1]
     objective = first.sweep.objective
     if not objective:
-        raise UserError(f"hydra/sweeper={name} needs the figure each trial returns: set sweep.objective (for example sweep.objective=test_accuracy)")
+        raise UserError(f"hydra/sweeper={name} needs the figure each trial returns: set sweep.objective (for example sweep.objective=val_accuracy)")
     builtin = BUILTIN_TASKS.get(task_target(first))
     problem = check_objective(objective, builtin)
     if problem:

@@ -218,7 +218,7 @@ def check_backend(job: JobConfig) -> None:
 def check_data(job: JobConfig) -> DatasetInfo:
     try:
         files = tuple(resolve_data_files(job.data))
-        info = _inspect_once(files, tuple(_file_version(f) for f in files), job.data.train_x, job.data.train_y, job.data.test_x, job.data.test_y)
+        info = _inspect_once(files, tuple(_file_version(f) for f in files), *(getattr(job.data, name) for name in SPLIT_NAMES))
         check_model_input(job.model.name, info, job.data.train_x)
         augmented_shape(job.data, info)
     except DataError as err:
@@ -229,11 +229,15 @@ def check_data(job: JobConfig) -> DatasetInfo:
     return info
 
 
+SPLIT_NAMES = ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")
+
+
 @functools.lru_cache(maxsize=8)
 def _inspect_once(files: tuple[Path, ...], version: tuple[tuple[int, int] | None, ...], *names: str) -> DatasetInfo:
     """inspect_hdf5 once per file version: launch.py checks a job before Hydra makes its run dir
     and again when it runs it, and a sweep's points share their data; every label is read."""
-    return inspect_known(list(files), DataConfig(train_x=names[0], train_y=names[1], test_x=names[2], test_y=names[3]))
+    train_x, train_y, val_x, val_y, test_x, test_y = names
+    return inspect_known(list(files), DataConfig(train_x=train_x, train_y=train_y, val_x=val_x, val_y=val_y, test_x=test_x, test_y=test_y))
 
 
 def _file_version(path: Path) -> tuple[int, int] | None:

@@ -193,7 +193,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     # launch.py pins the built-in task's files: one path, or the list of shards a glob matched
     data_path = [Path(p) for p in job.data.path] if isinstance(job.data.path, list | tuple) else Path(job.data.path) if job.data.path else None
     task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
-    return fit(fit_cfg, comm, data_path, MetricsWriter(run_dir.metrics if rank.is_main else None), context, task)
+    return fit(fit_cfg, comm, task, MetricsWriter(run_dir.metrics if rank.is_main else None), context)
 
 
 def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
@@ -227,8 +227,6 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     status = "stopped" if result.stopped_by else "completed"
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restart_count(os.environ)}
     summary["finished"] = status == "completed"  # what a script waits for: a stop writes result.json too
-    if "accuracy" not in result.test_metrics:
-        del summary["test_accuracy"]  # the task's own metrics only (test_metrics); classification reports accuracy
     if not result.stopped_by:
         summary["exit_code"] = 0
         if rank.is_main:

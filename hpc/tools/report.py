@@ -29,6 +29,7 @@ from typing import Any
 
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, costs
+from hpc.objective import validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 
@@ -41,7 +42,7 @@ class RunFigures:
     samples_per_s: float
     speedup: float | None  # None when every run has the same rank count
     efficiency: float | None
-    test: dict[str, float]  # the last evaluation's metrics by the task's names (test_accuracy -> "accuracy"), not its loss
+    val: dict[str, float]  # the last validation's metrics by the task's names (val_accuracy -> "accuracy"), not its loss
     loss: float | None
     swept: dict[str, str]  # the overrides that set this sweep point apart ({} for a lone run)
 
@@ -69,8 +70,7 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
         ranks = int(last.get("world_size") or result.get("world_size") or 0)
         if ranks < 1:
             continue
-        tested = {key.removeprefix("test_"): float(value) for key, value in last.items() if key.startswith("test_") and key != "test_loss"}
-        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), tested, last.get("loss")))
+        measured.append((run, ranks, result.get("num_nodes"), throughput(epochs), validated(last), last.get("loss")))
     if not measured:
         return []
     fewest = min(m[1] for m in measured)
@@ -78,11 +78,18 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
     base_rates = [m[3] for m in measured if m[1] == fewest]
     base = sum(base_rates) / len(base_rates)
     figures = []
-    for run, ranks, nodes, rate, tested, loss in measured:
+    for run, ranks, nodes, rate, figures_of_val, loss in measured:
         speedup = (rate / base if base > 0 else 0.0) if scaling else None
         efficiency = speedup / (ranks / fewest) if speedup is not None else None
-        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, tested, loss, swept.get(run.path, {})))
+        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, figures_of_val, loss, swept.get(run.path, {})))
     return sorted(figures, key=lambda f: (f.ranks, f.run))
+
+
+def validated(epoch: dict[str, Any]) -> dict[str, float]:
+    """An epoch record's validation metrics by the task's names, its loss left out: val_<name>,
+    or test_<name> in a run written before the validation split was named."""
+    prefix = "val_" if any(key.startswith("val_") for key in epoch) else "test_"
+    return {key.removeprefix(prefix): float(value) for key, value in epoch.items() if key.startswith(prefix) and key != f"{prefix}loss"}
 
 
 def varies_ranks(figures: list[RunFigures]) -> bool:
@@ -91,16 +98,16 @@ def varies_ranks(figures: list[RunFigures]) -> bool:
 
 def render_table(figures: list[RunFigures]) -> str:
     """Markdown: run, ranks, nodes, one column per swept key, samples/s, speedup and efficiency
-    (only when the rank count varies), the task's test metrics (test accuracy, ...), loss."""
+    (only when the rank count varies), the task's validation metrics (val accuracy, ...), loss."""
     keys = list(dict.fromkeys(key for f in figures for key in f.swept))
-    tested = list(dict.fromkeys(name for f in figures for name in f.test)) or ["accuracy"]
+    tested = list(dict.fromkeys(name for f in figures for name in f.val))
     scaling = varies_ranks(figures)
-    test_names = [f"test {name.replace('_', ' ')}" for name in tested]
-    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), *test_names, "loss"]
+    val_names = [f"val {name.replace('_', ' ')}" for name in tested]
+    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), *val_names, "loss"]
     align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), *["---:"] * len(tested), "---:"]
     lines = [_row(names), _row(align)]
     for f in figures:
-        metrics = ["-" if name not in f.test else f"{f.test[name]:.4f}" for name in tested]
+        metrics = ["-" if name not in f.val else f"{f.val[name]:.4f}" for name in tested]
         loss = "-" if f.loss is None else f"{f.loss:.4f}"
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
         cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
@@ -118,7 +125,7 @@ class TrialFigures:
     swept: dict[str, str]
     value: float | None  # the objective; None: failed, or not reported yet (see outcome)
     outcome: str  # "completed", "failed" or "running or waiting" (hpc.tools.status.trial_outcome)
-    test: dict[str, float]  # result.json's test_metrics by the task's names, its loss included
+    val: dict[str, float]  # result.json's validation metrics by the task's names, its loss included
     samples_per_s: float | None  # result.json's: the last epoch's throughput, all ranks
 
     @property
@@ -142,8 +149,7 @@ def search_trials(runs: list[RunDir]) -> list[tuple[Search, list[TrialFigures]]]
 
 def trial_row(status: RunStatus, search: Search, swept: dict[str, str]) -> TrialFigures:
     result = _read_json(RunDir(status.run_dir).result)
-    tested = result.get("test_metrics")
-    numbers = {str(key): _number(value) for key, value in tested.items()} if isinstance(tested, dict) else {}
+    numbers = {str(key): _number(value) for key, value in validation_metrics(result).items()}
     return TrialFigures(
         status.run_dir.name,
         search.point(status.run_dir),
@@ -171,14 +177,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def render_trials(search: Search, rows: list[TrialFigures]) -> str:
     """Markdown, one row per trial in the order given (best first): point, trial, one column per
-    swept key, the objective (`failed`, or `-` while not reported), the test metrics, samples/s."""
+    swept key, the objective (`failed`, or `-` while not reported), the validation metrics, samples/s."""
     keys = list(dict.fromkeys(key for row in rows for key in row.swept))
-    tested = list(dict.fromkeys(name for row in rows for name in row.test))
-    names = ["point", "trial", *keys, f"{search.objective} ({search.direction})", *(f"test {name.replace('_', ' ')}" for name in tested), "samples/s"]
+    tested = list(dict.fromkeys(name for row in rows for name in row.val))
+    names = ["point", "trial", *keys, f"{search.objective} ({search.direction})", *(f"val {name.replace('_', ' ')}" for name in tested), "samples/s"]
     lines = [_row(names), _row(["---:", "---:", *["---"] * len(keys), "---:", *["---:"] * len(tested), "---:"])]
     for row in rows:
         value = f"{row.value:.4f}" if row.value is not None else "failed" if row.outcome == "failed" else "-"
-        metrics = ["-" if name not in row.test else f"{row.test[name]:.4f}" for name in tested]
+        metrics = ["-" if name not in row.val else f"{row.val[name]:.4f}" for name in tested]
         rate = "-" if row.samples_per_s is None else f"{row.samples_per_s:.1f}"
         trial = "-" if row.trial is None else str(row.trial)
         lines.append(_row([str(row.point), trial, *(row.swept.get(key, "-") for key in keys), value, *metrics, rate]))

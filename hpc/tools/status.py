@@ -10,7 +10,7 @@ the run directory. A run that was interrupted ends its line with what the interr
 all (`python -m hpc.report RUN_DIR` has the table).
 
 A hyperparameter search's sweep (sweep.json's "search") gets a summary line before the table
-(its trials by outcome and the best), an objective column (`test_accuracy=0.9312`, `-` until a
+(its trials by outcome and the best), an objective column (`val_accuracy=0.9312`, `-` until a
 value is reported), and its trials listed best first. Login-node code: no torch.
 """
 
@@ -48,7 +48,7 @@ class Search:
     """A hyperparameter search (sweep.json's "search"): the figure its trials are ranked by."""
 
     sweep_dir: Path
-    objective: str  # a result.json figure as hpc.objective names it: test_accuracy, loss, ...
+    objective: str  # a result.json figure as hpc.objective names it: val_accuracy, loss, ...
     direction: str  # "maximize" or "minimize"
     # Point dir name -> (point number, Optuna's trial number or None). By name, not path: the
     # sweep.json paths may be absolute where the listed ones are relative.
@@ -84,7 +84,7 @@ class RunStatus:
 
     @property
     def objective(self) -> str:
-        """`test_accuracy=0.9312`, `-` for a trial without a value, "" outside a search."""
+        """`val_accuracy=0.9312`, `-` for a trial without a value, "" outside a search."""
         if self.search is None:
             return ""
         return "-" if self.value is None else f"{self.search.objective}={figure(self.value)}"

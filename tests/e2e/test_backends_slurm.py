@@ -47,7 +47,7 @@ def test_backend_trains_on_two_nodes_under_srun(tmp_path, backend):
     (run_dir,) = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["status"], result["world_size"], result["num_nodes"]) == ("completed", 4, 2)
-    assert result["test_accuracy"] > 0.5
+    assert result["val_metrics"]["accuracy"] > 0.5
     job_id = json.loads((run_dir / "job.json").read_text())["job_id"]
     for rank in range(4):
         stderr = rank_stderr(run_dir, rank)

@@ -45,7 +45,7 @@ def test_a_study_on_slurm_outlives_its_launcher_and_a_preempted_trial_and_beats_
     assert result["restarts"] >= 1 and result["resumed_from"] is not None and job_state(job_id) in ("COMPLETED", "UNKNOWN")
     values = check_study(sweep_dir, trials=4)
     assert wait_until_done(default_job) == "COMPLETED"
-    assert max(values.values()) > json.loads((default_run / "result.json").read_text())["test_accuracy"]
+    assert max(values.values()) > json.loads((default_run / "result.json").read_text())["val_metrics"]["accuracy"]
     assert (sweep_dir / "optimization_results.yaml").exists()
 
     status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -30,7 +30,7 @@ def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
     assert wait_until_done(job_id) == "COMPLETED"
     summary = json.loads((run_dir / "result.json").read_text())
     assert (summary["world_size"], summary["num_nodes"]) == (4, 2)
-    assert summary["test_accuracy"] >= 0.95
+    assert summary["val_metrics"]["accuracy"] >= 0.95
     assert json.loads((run_dir / "job.json").read_text())["job_id"] == job_id
     assert "resources:\n  nodes: 2\n  tasks_per_node: 2" in (run_dir / "config.yaml").read_text()
     hydra_record = (run_dir / ".hydra" / "hydra.yaml").read_text()  # as Hydra's own run writes it

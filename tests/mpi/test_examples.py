@@ -38,5 +38,5 @@ def test_the_example_runs_as_its_readme_says(example, tmp_path):
     (run_dir,) = run_dirs(tmp_path)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    assert "within_3_sigma" in steps[-1] and epochs[-1]["test_within_3_sigma"] > 0.9 and epochs[-1]["test_loss"] < 0.01
+    assert "within_3_sigma" in steps[-1] and epochs[-1]["val_within_3_sigma"] > 0.9 and epochs[-1]["val_loss"] < 0.01
     assert (run_dir / "code" / "linefit" / "tasks.py").read_text() == (example / "linefit" / "tasks.py").read_text()

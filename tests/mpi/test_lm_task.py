@@ -22,4 +22,4 @@ def test_task_lm_learns_on_two_ranks_from_the_embedded_corpus(tmp_path):
     config = (run_dir / "config.yaml").read_text()
     assert "name: adamw" in config and "tokens: /" in config  # task=lm brings AdamW; the corpus file is pinned
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["world_size"] == 2 and result["test_metrics"]["perplexity"] == pytest.approx(math.exp(result["test_metrics"]["loss"]))
+    assert result["world_size"] == 2 and result["val_metrics"]["perplexity"] == pytest.approx(math.exp(result["val_metrics"]["loss"]))

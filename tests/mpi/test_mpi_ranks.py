@@ -97,10 +97,10 @@ def test_embedded_default_trains_on_two_ranks(tmp_path):
     # Not a terminal here: rank 0 prints plain timestamped lines ("2026-11-23 12:00:00,123 epoch 1/20 ...").
     epoch_lines = [line for line in result.stdout.splitlines() if re.match(r"\d{4}-\d\d-\d\d \S+ epoch ", line)]
     assert len(epoch_lines) == 20  # rank 0 only: one line per epoch, not one per rank
-    assert all("loss" in line and "test_acc" in line and "samples/s" in line for line in epoch_lines)
+    assert all("loss" in line and "val_acc" in line and "samples/s" in line for line in epoch_lines)
     assert result.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     summary = json.loads((run_dir / "result.json").read_text())
-    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["world_size"] == 2 and summary["val_metrics"]["accuracy"] >= 0.95
     assert summary["train_seconds"] > 0  # measured, never bounded: speed belongs in benchmarks
     metrics = read_metrics(run_dir / "metrics.jsonl")
     assert [m["epoch"] for m in metrics] == list(range(1, 21))
@@ -119,7 +119,7 @@ def test_three_ranks_agree_on_metrics(tmp_path):
     }
     assert len(finals) == 1 and "epoch 8/8" in finals.pop()
     summary = json.loads((run_dir / "result.json").read_text())
-    assert summary["world_size"] == 3 and summary["test_accuracy"] >= 0.9
+    assert summary["world_size"] == 3 and summary["val_metrics"]["accuracy"] >= 0.9
 
 
 def test_each_rank_applies_and_logs_its_binding(tmp_path):

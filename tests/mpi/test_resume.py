@@ -57,9 +57,11 @@ SHARDED_JOB = [*JOB, "data.workers=2", "data.crop=8", "data.crop_padding=1", "da
 def digits_shards(directory: Path) -> str:
     """The built-in digits as numpy arrays, converted to small shards (several per split)."""
     with h5py.File(build_digits_hdf5(directory / "digits.h5")) as f:
-        for name in ("train/x", "train/y", "test/x", "test/y"):
+        for name in ("train/x", "train/y", "val/x", "val/y"):
             np.save(directory / (name.replace("/", "_") + ".npy"), f[name][:])
-    arrays = [f"--{flag}={directory / name}.npy" for flag, name in (("x", "train_x"), ("y", "train_y"), ("test-x", "test_x"), ("test-y", "test_y"))]
+    # The validation images once more as a held-out test split: evaluated once, by the run that completes
+    flags = (("x", "train_x"), ("y", "train_y"), ("val-x", "val_x"), ("val-y", "val_y"), ("test-x", "val_x"), ("test-y", "val_y"))
+    arrays = [f"--{flag}={directory / name}.npy" for flag, name in flags]
     assert convert(["numpy", *arrays, "--scale", str(1 / 16), "--shard-mb", "0.03", f"--out={directory / 'shards'}"]) == 0
     return str(directory / "shards" / "*.h5")
 
@@ -96,7 +98,9 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     assert final.returncode == 0, final.stderr
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from"] == stops[-1] and result["finished"] is True
-    assert ("test_accuracy" in result) == (job is not USER_JOB)  # the task's own metrics only: a regression has no accuracy
+    assert ("accuracy" in result["val_metrics"]) == (job is not USER_JOB)  # the task's own metrics only: a regression has no accuracy
+    reference_result = json.loads((ref_dir / "result.json").read_text())
+    assert result["test_metrics"] == reference_result["test_metrics"] and bool(result["test_metrics"]) == any(a.startswith("data.path=") for a in job)
 
     assert len(set(stops)) == 3 and all(0 < s < result["steps"] for s in stops)
     assert step_losses(run_dir) == step_losses(ref_dir)  # every step, bit for bit
@@ -105,7 +109,7 @@ def test_three_interruptions_resume_bit_exactly(tmp_path, job):
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     def strip(rows: list[dict]) -> list[tuple]:
-        return [(m["epoch"], m["step"], m["loss"], *(v for k, v in sorted(m.items()) if k.startswith("test_"))) for m in rows]
+        return [(m["epoch"], m["step"], m["loss"], *(v for k, v in sorted(m.items()) if k.startswith("val_"))) for m in rows]
 
     assert strip(metrics) == strip(ref_metrics)
     if job is USER_JOB:  # the random streams too: each batch's, read on the workers, and each rank's own

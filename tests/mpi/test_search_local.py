@@ -49,7 +49,7 @@ def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_def
     )
     assert default.returncode == 0, default.stderr[-2000:]
     (result,) = (tmp_path / "default").glob("*/*/result.json")
-    assert max(values.values()) > json.loads(result.read_text())["test_accuracy"]
+    assert max(values.values()) > json.loads(result.read_text())["val_metrics"]["accuracy"]
 
     status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout

@@ -37,9 +37,9 @@ def test_a_user_task_trains_on_two_mpi_ranks_through_launch(tmp_path):
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 2 * 512 // 32 and all("close" in s for s in steps)
-    assert [e["epoch"] for e in epochs] == [1, 2] and "test_close" in epochs[-1] and epochs[-1]["test_loss"] < steps[0]["loss"]
+    assert [e["epoch"] for e in epochs] == [1, 2] and "val_close" in epochs[-1] and epochs[-1]["val_loss"] < steps[0]["loss"]
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["world_size"] == 2 and result["test_metrics"]["close"] == epochs[-1]["test_close"]
+    assert result["status"] == "completed" and result["world_size"] == 2 and result["val_metrics"]["close"] == epochs[-1]["val_close"]
 
 
 def test_the_readme_task_runs_as_written(tmp_path):
@@ -60,7 +60,7 @@ def test_the_readme_task_runs_as_written(tmp_path):
     (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    assert len(steps) == 1024 // (2 * 32) and epochs[-1]["test_loss"] < 0.5 * steps[0]["loss"] and "test_close" in epochs[-1]
+    assert len(steps) == 1024 // (2 * 32) and epochs[-1]["val_loss"] < 0.5 * steps[0]["loss"] and "val_close" in epochs[-1]
 
 
 def test_the_user_package_is_frozen_with_the_run_and_resumed_from_the_copy(tmp_path):

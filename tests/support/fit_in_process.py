@@ -14,12 +14,14 @@ from torch import nn
 from collectives.base import FakeCollectives
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
+from trainers.datasets import resolve_data_path
 from trainers.fit import fit
 from trainers.metrics import MetricsWriter
 from trainers.preemption import StopFlag
 from trainers.reporting import StepReporter
 from trainers.run import FitConfig, RunContext
-from trainers.task import StepOutput
+from trainers.task import StepOutput, Task
+from trainers.tasks import build_task
 
 
 class Points:
@@ -79,6 +81,12 @@ def config(max_steps: int | None = None, batch_size: int = 16, every_steps: int 
     )
 
 
+def builtin_task(cfg: FitConfig) -> Task:
+    """The built-in classification of cfg.data's HDF5 file (the built-in digits by default)."""
+    provided = {"model": cfg.model, "data": cfg.data, "trainer": cfg.trainer, "data_path": resolve_data_path(cfg.data)}
+    return build_task({}, provided)
+
+
 class StopAt(StepReporter):
     """Raises the stop flag as a signal would, once step `at` is reported."""
 
@@ -101,7 +109,7 @@ def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: i
     steps._prometheus = run_dir / "metrics.prom" if main else None  # the exporter's file, as trainer.prometheus_file sets it
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
     metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
-    return fit(cfg, comm or FakeCollectives(), Path("/no/data/file"), metrics, run, task=task)
+    return fit(cfg, comm or FakeCollectives(), task, metrics, run)
 
 
 def steps_of(run_dir: Path) -> list[dict[str, Any]]:

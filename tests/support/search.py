@@ -20,7 +20,7 @@ SEARCH = (
     "hydra.sweeper.n_trials=4",
     "hydra.sweeper.n_jobs=2",
     "optim.lr=tag(log,interval(0.003,0.5))",
-    "sweep.objective=test_accuracy",
+    "sweep.objective=val_accuracy",
 )
 
 
@@ -50,7 +50,7 @@ def check_study(sweep_dir: Path, trials: int) -> dict[int, float]:
     values = {}
     for point in points:
         result = json.loads((Path(point["run_dir"]) / "result.json").read_text())
-        values[point["trial"]] = objective_value(result, "test_accuracy")
+        values[point["trial"]] = objective_value(result, "val_accuracy")
     asked = [tuple(sorted(t.params.items())) for t in study.trials if t.number in values]
     assert len(set(asked)) == len(asked), f"a continued study asked the same values again: {asked}"
     told = {t.number: t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}

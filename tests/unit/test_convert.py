@@ -31,28 +31,32 @@ def test_numpy_arrays_become_shards_read_back_exactly(arrays, monkeypatch, capsy
     monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)  # read each row from its shard
     d, x, y, tx, ty = arrays
     out = d / "shards"
-    args = ["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy")]
+    np.save(d / "hx.npy", tx[:30]), np.save(d / "hy.npy", ty[:30])  # a held-out test split beside the validation one
+    val = ["--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy")]
+    args = ["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), *val, "--test-x", str(d / "hx.npy"), "--test-y", str(d / "hy.npy")]
     assert main([*args, "--out", str(out), "--shard-mb", "0.03"]) == 0
     assert f"data.path={out}" in capsys.readouterr().out
     names = sorted(p.name for p in out.iterdir())
-    assert names[0] == "test-00000.h5" and names[-1] == "train-00003.h5" and len(names) == 5  # 108 B rows, ~291 per shard
+    assert names == ["test-00000.h5", *(f"train-0000{i}.h5" for i in range(4)), "val-00000.h5"]  # 108 B rows, ~291 per shard
     with h5py.File(out / "train-00000.h5") as f:
         assert f["train/x"].chunks is None and f["train/x"].compression is None  # rows can be read directly
     files = resolve_data_files(DataConfig(path=str(out)))
     info = inspect_hdf5(files, DataConfig())
-    assert (info.num_train, info.num_test, info.input_shape, info.num_classes) == (1000, 90, (3, 6, 6), int(max(y.max(), ty.max())) + 1)
+    assert (info.num_train, info.num_val, info.input_shape, info.num_classes) == (1000, 90, (3, 6, 6), int(max(y.max(), ty.max())) + 1)
+    assert (info.val_split, info.test_split, info.num_test) == (("val/x", "val/y"), ("test/x", "test/y"), 30)
     train = H5Split(files, "train/x", "train/y")
     picks = np.array([999, 0, 290, 291, 582, 5])
     batch = train.__getitems__(picks)
     assert np.array_equal(batch.x.numpy(), x[picks]) and batch.y.tolist() == y[picks].tolist()
-    test = H5Split(files, "test/x", "test/y")
-    assert np.array_equal(test.__getitems__(np.arange(90)).x.numpy(), tx)
+    val_split = H5Split(files, "val/x", "val/y")
+    assert np.array_equal(val_split.__getitems__(np.arange(90)).x.numpy(), tx)
     train.close()
-    test.close()
+    val_split.close()
 
 
 def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
     d, *_ = arrays
+    VAL = ["--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy")]  # noqa: N806
     np.save(d / "objects.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     np.save(d / "floats.npy", np.zeros(1000))
     np.savez(d / "archive.npz", x=np.zeros((3, 2)))
@@ -60,14 +64,15 @@ def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
         (["--x", str(d / "objects.npy"), "--y", str(d / "y.npy")], "is not a plain .npy array"),
         (["--x", str(d / "x.npy"), "--y", str(d / "floats.npy")], "labels must be a 1-D integer array"),
         (["--x", str(d / "x.npy"), "--y", str(d / "ty.npy")], "has 1000 rows but"),
-        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy")], "give --test-x and --test-y"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy")], "give --val-x and --val-y"),
+        (["--x", str(d / "x.npy"), "--y", str(d / "y.npy"), *VAL, "--test-x", str(d / "tx.npy")], "give both --test-x and --test-y"),
         (["--x", str(d / "missing.npy"), "--y", str(d / "y.npy")], "does not exist"),
         (["--x", str(d), "--y", str(d / "y.npy")], "cannot be read"),
         (["--x", str(d / "archive.npz"), "--y", str(d / "y.npy")], "an .npz archive?"),
     ]
-    tests = ["--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy")]
+    tests = ["--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy")]
     for args, message in cases:
-        given = args if "--test-x" in args else [*args, *tests]
+        given = args if "--val-x" in args or "--test-x" in args else [*args, *tests]
         assert main(["numpy", *given, "--out", str(d / "out")]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
@@ -86,7 +91,7 @@ def test_an_interrupted_conversion_leaves_nothing(arrays, monkeypatch):
 
     monkeypatch.setattr(convert, "_write_split", fail)
     with pytest.raises(KeyboardInterrupt, match="Ctrl-C mid-shard"):
-        main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--test-x", str(d / "tx.npy"), "--test-y", str(d / "ty.npy"), "--out", str(d / "out")])
+        main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), "--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy"), "--out", str(d / "out")])
     assert sorted(p.name for p in d.iterdir()) == ["tx.npy", "ty.npy", "x.npy", "y.npy"]
 
 
@@ -105,11 +110,12 @@ def test_an_image_folder_is_decoded_once_to_uint8_shards(tmp_path):
     folder = image_folder(tmp_path / "images", [(20, 30), (33, 17), (16, 16), (40, 40)])
     (folder / "cat" / "notes.txt").write_text("not an image")  # skipped: not an image suffix
     out = tmp_path / "shards"
-    assert main(["images", str(folder), "--size", "16", "--test-fraction", "0.25", "--workers", "2", "--out", str(out)]) == 0
+    tested = image_folder(tmp_path / "held-out", [(12, 12)])
+    assert main(["images", str(folder), "--size", "16", "--val-fraction", "0.25", "--test", str(tested), "--workers", "2", "--out", str(out)]) == 0
     files = resolve_data_files(DataConfig(path=str(out / "*.h5")))
     info = inspect_hdf5(files, DataConfig())
-    assert (info.num_train, info.num_test, info.input_shape, info.num_classes) == (9, 3, (3, 16, 16), 3)
-    with h5py.File(files[-1]) as f:
+    assert (info.num_train, info.num_val, info.input_shape, info.num_classes, info.num_test) == (9, 3, (3, 16, 16), 3, 3)
+    with h5py.File(files[1]) as f:  # test-, train-, val-
         assert json.loads(f.attrs["classes"]) == ["cat", "dog", "eel"]
         x, y = f["train/x"][:], f["train/y"][:]
         assert x.dtype == np.uint8 and f["train/x"].attrs["scale"] == pytest.approx(1 / 255)
@@ -120,8 +126,8 @@ def test_an_undecodable_image_is_named(tmp_path, capsys):
     folder = image_folder(tmp_path / "images", [(8, 8)])
     (folder / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     assert main(["images", str(folder), "--size", "8", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
-    assert "give --test TEST_FOLDER or --test-fraction" in capsys.readouterr().err  # evaluation needs one
-    assert main(["images", str(folder), "--size", "8", "--test-fraction", "0.5", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
+    assert "give --val VAL_FOLDER or --val-fraction" in capsys.readouterr().err  # evaluation needs one
+    assert main(["images", str(folder), "--size", "8", "--val-fraction", "0.5", "--workers", "1", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "broken.jpg cannot be decoded as an image" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()

@@ -14,9 +14,9 @@ def digits(tmp_path_factory):
 
 def test_built_in_digits_are_real_and_split(digits):
     info = inspect_hdf5(digits, DataConfig())
-    assert (info.num_train + info.num_test, info.input_shape, info.num_classes) == (1797, (1, 8, 8), 10)
+    assert (info.num_train + info.num_val, info.input_shape, info.num_classes) == (1797, (1, 8, 8), 10)
     with h5py.File(digits) as f:
-        train, test = set(map(bytes, f["train/x"][:].reshape(info.num_train, -1))), f["test/x"][:]
+        train, test = set(map(bytes, f["train/x"][:].reshape(info.num_train, -1))), f[info.val_split[0]][:]
         assert f["train/x"].dtype == np.uint8 and f["train/x"][:].max() == 16
         # Different images may coincide, but the split must not be a copy of the train set.
         assert sum(bytes(x.reshape(-1)) in train for x in test) < len(test) // 10
@@ -48,8 +48,17 @@ def test_missing_file_and_non_hdf5_are_refused(tmp_path):
 
 def test_missing_datasets_are_named(tmp_path):
     path = write(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
-    with pytest.raises(DataError, match="test/x, test/y"):
+    with pytest.raises(DataError, match=r"the file holds a validation split val/x \(or test/x\)"):
         inspect_hdf5(path, DataConfig())
+
+
+def test_the_validation_split_is_val_a_test_split_beside_it_is_held_out_and_files_before_val_validate_on_test(tmp_path):
+    pairs = {f"{split}__{axis}": np.zeros((n, 3)) if axis == "x" else np.arange(n) % 2 for split, n in (("train", 8), ("val", 4), ("test", 2)) for axis in "xy"}
+    info = inspect_hdf5(write(tmp_path / "three.h5", **pairs), DataConfig())
+    assert (info.val_split, info.num_val, info.test_split, info.num_test) == (("val/x", "val/y"), 4, ("test/x", "test/y"), 2)
+    old = {key: value for key, value in pairs.items() if not key.startswith("val")}
+    info = inspect_hdf5(write(tmp_path / "old.h5", **old), DataConfig())
+    assert (info.val_split, info.num_val, info.test_split, info.num_test) == (("test/x", "test/y"), 2, None, 0)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +93,7 @@ def test_shards_read_as_one_split_in_order_through_h5py_when_chunked(tmp_path, m
     b = shard(tmp_path / "b.h5", train__x=x[20:], train__y=y[20:])  # contiguous: read by pread
     c = shard(tmp_path / "c.h5", test__x=x[:3], test__y=y[:3])
     info = inspect_hdf5([a, b, c], DataConfig())
-    assert (info.num_train, info.num_test, info.num_classes, info.files) == (50, 3, 5, (str(a), str(b), str(c)))
+    assert (info.num_train, info.num_val, info.num_classes, info.files) == (50, 3, 5, (str(a), str(b), str(c)))
     split = H5Split([a, b, c], "train/x", "train/y")
     picks = np.array([49, 0, 19, 20, 7, 33])
     batch = split.__getitems__(picks)
@@ -110,7 +119,7 @@ def test_shards_that_do_not_fit_together_are_refused(tmp_path, second, message):
 def test_a_split_no_shard_holds_is_named(tmp_path):
     a = shard(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
     b = shard(tmp_path / "b.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
-    with pytest.raises(DataError, match="none of the 2 files of data.path holds test/x"):
+    with pytest.raises(DataError, match=r"none of the 2 files of data.path holds a validation split val/x \(or test/x\)"):
         inspect_hdf5([a, b], DataConfig())
 
 

@@ -110,7 +110,7 @@ BAD_DATA = {
     "features": (
         dict(train_x=np.zeros((64, 64)), train_y=np.zeros(64, np.int64), test_x=np.zeros((8, 32)), test_y=np.zeros(8, np.int64)),
         "model=mlp",
-        "train inputs (64,) and test inputs (32,) differ in shape",
+        "train inputs (64,) and validation inputs (32,) differ in shape",
     ),
 }
 

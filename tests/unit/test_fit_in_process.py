@@ -12,11 +12,10 @@ import pytest
 
 from collectives.base import FakeCollectives, ThreadCollectives, ThreadWorld
 from collectives.config import CommConfig
-from tests.support.fit_in_process import Regression, steps_of, train
+from tests.support.fit_in_process import Regression, builtin_task, steps_of, train
 from tests.support.fit_in_process import config as task_config
 from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
-from trainers.datasets import resolve_data_path
 from trainers.fit import fit
 from trainers.metrics import MetricsWriter, read_metrics
 from trainers.reporting import StepReporter
@@ -38,9 +37,7 @@ def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: flo
 
 def run_fit(run_dir: Path, max_steps: int | None):  # type: ignore[no-untyped-def]
     cfg = fit_config(max_steps)
-    return fit(
-        cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints")
-    )
+    return fit(cfg, FakeCollectives(), builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints"))
 
 
 def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp_path):
@@ -64,7 +61,7 @@ def run_ranks(run_dir: Path, ranks: int, batch_size: int, max_steps: int):  # ty
     def rank_fit(comm: ThreadCollectives):  # type: ignore[no-untyped-def]
         main = comm.rank == 0
         run = RunContext(checkpoint_dir=run_dir / "checkpoints", steps=StepReporter(run_dir / "steps.jsonl" if main else None))
-        return fit(cfg, comm, resolve_data_path(cfg.data), MetricsWriter(run_dir / "metrics.jsonl" if main else None), run)
+        return fit(cfg, comm, builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl" if main else None), run)
 
     return ThreadWorld(ranks).run(rank_fit)
 
@@ -80,7 +77,7 @@ def test_two_ranks_with_half_the_batch_train_as_one_rank_with_all_of_it(tmp_path
     losses_one, losses_two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert sorted(losses_two) == list(range(1, steps + 1))
     assert losses_two == pytest.approx(losses_one, abs=1e-5)
-    assert two[0].test_accuracy == pytest.approx(one[0].test_accuracy, abs=1e-6)
+    assert two[0].val_metrics["accuracy"] == pytest.approx(one[0].val_metrics["accuracy"], abs=1e-6)
     assert len({round(loss, 3) for loss in losses_two.values()}) == steps  # training moves: the comparison is not vacuous
 
 
@@ -93,9 +90,9 @@ def test_worker_processes_train_exactly_as_the_prefetch_thread(tmp_path, augment
         cfg = fit_config(8, batch_size=256)  # 5 steps per epoch: the workers serve two passes
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, workers=workers, **augment), trainer=dataclasses.replace(cfg.trainer, epochs=2))
         run = RunContext(checkpoint_dir=tmp_path / f"w{workers}" / "checkpoints")
-        results.append(fit(cfg, FakeCollectives(), resolve_data_path(cfg.data), MetricsWriter(None), run))
+        results.append(fit(cfg, FakeCollectives(), builtin_task(cfg), MetricsWriter(None), run))
     assert results[0].steps == results[1].steps == 8
-    assert (results[0].loss, results[0].test_accuracy) == (results[1].loss, results[1].test_accuracy)
+    assert (results[0].loss, results[0].val_metrics["accuracy"]) == (results[1].loss, results[1].val_metrics["accuracy"])
 
 
 class RankMetrics(Regression):
@@ -149,4 +146,4 @@ def test_metrics_every_rank_reports_are_summed_over_ranks(tmp_path):
     metrics = read_metrics(tmp_path / "metrics.jsonl")
     eval_batch = task_config().data.eval_batch_size
     calls = [math.ceil(len(eval_shard(64, rank, 3)) / eval_batch) for rank in range(3)]  # eval steps per rank, each adding its rank
-    assert metrics[-1]["test_aux"] == pytest.approx(sum(rank * n for rank, n in enumerate(calls)) / 64)
+    assert metrics[-1]["val_aux"] == pytest.approx(sum(rank * n for rank, n in enumerate(calls)) / 64)

@@ -120,6 +120,6 @@ def test_a_token_task_reports_tokens_per_second_beside_samples(tmp_path, caplog)
     (epoch, *_) = read_metrics(tmp_path / "lm" / "metrics.jsonl")
     assert epoch["tokens_per_s"] == pytest.approx(epoch["samples_per_s"] * 16)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/"))
-    assert "test_loss" in line and f"tokens/s {epoch['tokens_per_s']:.0f}" in line
+    assert "val_loss" in line and f"tokens/s {epoch['tokens_per_s']:.0f}" in line
     train(tmp_path / "regression", Regression(), config())
     assert all("tokens_per_s" not in row for row in read_metrics(tmp_path / "regression" / "metrics.jsonl"))

@@ -23,27 +23,36 @@ from hydra_plugins.hpc_array_launcher.array_launcher import TrialFailed, trial_r
 from tests.support.runs import ROOT
 
 OPTUNA = ["hydra/sweeper=optuna"]
-RESULT = {"status": "completed", "loss": 0.4, "samples_per_s": 900.0, "test_metrics": {"accuracy": 0.91, "loss": 0.3}}
+RESULT = {"status": "completed", "loss": 0.4, "samples_per_s": 900.0, "val_metrics": {"accuracy": 0.91, "loss": 0.3}}
 
 
 def test_objective_values_come_from_result_json():
-    assert objective_value(RESULT, "test_accuracy") == 0.91
-    assert objective_value(RESULT, "test_loss") == 0.3
+    assert objective_value(RESULT, "val_accuracy") == 0.91
+    assert objective_value(RESULT, "val_loss") == 0.3
     assert objective_value(RESULT, "loss") == 0.4
-    assert objective_value(RESULT, "test_perplexity") is None
+    assert objective_value(RESULT, "val_perplexity") is None
     assert objective_value({**RESULT, "loss": float("nan")}, "loss") is None  # never a NaN handed to a sweeper
     assert objective_value({**RESULT, "loss": True}, "loss") is None
-    assert reported_objectives(RESULT) == ["loss", "samples_per_s", "test_accuracy", "test_loss"]
+    assert reported_objectives(RESULT) == ["loss", "samples_per_s", "val_accuracy", "val_loss"]
+    # The held-out test split's figures are not what val_ reads; a run written before validation
+    # was named kept its validation figures as test_metrics, and val_ reads those.
+    tested = {**RESULT, "test_metrics": {"accuracy": 0.5}}
+    assert (objective_value(tested, "val_accuracy"), objective_value(tested, "test_accuracy")) == (0.91, 0.5)
+    old = {"status": "completed", "loss": 0.4, "test_accuracy": 0.9, "test_metrics": {"accuracy": 0.9, "loss": 0.3}}
+    assert (objective_value(old, "val_accuracy"), objective_value(old, "test_accuracy")) == (0.9, 0.9)
+    assert reported_objectives(old) == ["loss", "val_accuracy", "val_loss"]
 
 
 def test_objective_names_are_checked_against_what_the_task_reports():
-    assert check_objective("test_accuracy", "classify") is None
-    assert check_objective("test_perplexity", "lm") is None
-    assert "task=classify runs report loss, samples_per_s, test_accuracy, test_loss" in str(check_objective("test_perplexity", "classify"))
-    assert check_objective("test_close", None) is None  # a user task's metric: known once it ran
+    assert check_objective("val_accuracy", "classify") is None
+    assert check_objective("val_perplexity", "lm") is None
+    assert "task=classify runs report loss, samples_per_s, val_accuracy, val_loss" in str(check_objective("val_perplexity", "classify"))
+    assert check_objective("val_close", None) is None  # a user task's metric: known once it ran
     assert check_objective("accuracy", None) is not None
-    assert objective_direction("test_accuracy") == "maximize" and objective_direction("test_loss") == "minimize"
-    assert objective_direction("test_close") is None
+    for task in ("classify", None):  # a search tuned on the held-out split would make it a validation split
+        assert "must not tune on the held-out test split; use val_accuracy" in str(check_objective("test_accuracy", task))
+    assert objective_direction("val_accuracy") == "maximize" and objective_direction("val_loss") == "minimize"
+    assert objective_direction("val_close") is None
 
 
 def test_edges_of_the_search_space_are_composed_not_only_its_first_point():
@@ -59,8 +68,9 @@ def test_edges_of_the_search_space_are_composed_not_only_its_first_point():
     ("arguments", "message"),
     [
         (["optim.lr=interval(0.01,0.3)"], "set sweep.objective"),
-        (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_perplexity"], "task=classify runs report"),
-        (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_accuracy"], "set hydra.sweeper.direction=maximize"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_perplexity"], "task=classify runs report"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_accuracy"], "set hydra.sweeper.direction=maximize"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_accuracy"], "must not tune on the held-out test split"),
         (["cluster=local,simulated", "sweep.objective=loss"], "cluster cannot be searched"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra/sweeper/sampler=grid"], "sampler=grid"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.direction=[minimize,maximize]"], "lists 2 directions"),
@@ -138,16 +148,16 @@ def test_waiting_follows_a_requeue_and_fails_only_jobs_that_ended_for_good(tmp_p
             "7_1": ["RUNNING", "FAILED"],
             "7_2": ["RUNNING", "RUNNING", "COMPLETED"],
         },
-        {"7_0": (6, RESULT), "7_2": (2, {**RESULT, "test_metrics": {"loss": 0.2}})},
+        {"7_0": (6, RESULT), "7_2": (2, {**RESULT, "val_metrics": {"loss": 0.2}})},
     )
     monkeypatch.setattr(slurmctl, "job_records", fake.job_records)
     monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {})
     lines: list[str] = []
     points = [_point(num, job) for num in range(3)]
-    outcomes = trials.wait_for_jobs(points, {0: "7_0", 1: "7_1", 2: "7_2"}, tmp_path, "test_accuracy", lines.append, poll_s=0)
+    outcomes = trials.wait_for_jobs(points, {0: "7_0", 1: "7_1", 2: "7_2"}, tmp_path, "val_accuracy", lines.append, poll_s=0)
     assert outcomes[0] == trials.Outcome(0, 0.91)
     assert outcomes[1].value is None and "job 7_1 ended FAILED without a result" in str(outcomes[1].error)
-    assert outcomes[2].value is None and "reported no sweep.objective=test_accuracy (it has: loss, samples_per_s, test_loss)" in str(outcomes[2].error)
+    assert outcomes[2].value is None and "reported no sweep.objective=val_accuracy (it has: loss, samples_per_s, val_loss)" in str(outcomes[2].error)
     assert "trial #0 (optim.lr=0.1): job 7_0 PENDING (restarts: 1)" in lines  # one line per change
     assert len([line for line in lines if line.startswith("trial #0")]) == len(["PENDING", "RUNNING", "NODE_FAIL", "requeued", "RUNNING", "done"])
     assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "completed"
@@ -171,8 +181,8 @@ def test_a_signal_that_comes_as_a_local_trial_completes_stops_the_study_after_it
     lines: list[str] = []
     point = _point(0, compose_job([]))
     with pytest.raises(trials.SearchInterrupted, match="interrupted as trial #0 ended; run the same command again") as raised:
-        trials.run_local_trial(point, tmp_path, "test_accuracy", lines.append)
+        trials.run_local_trial(point, tmp_path, "val_accuracy", lines.append)
     assert raised.value.exit_code == 75
-    assert lines == ["trial #0 (optim.lr=0.1): running locally", "trial #0 (optim.lr=0.1): test_accuracy=0.91"]
+    assert lines == ["trial #0 (optim.lr=0.1): running locally", "trial #0 (optim.lr=0.1): val_accuracy=0.91"]
     monkeypatch.setattr(local, "run_local", lambda *args, **kwargs: pytest.fail("a completed trial ran again"))
-    assert trials.run_local_trial(point, tmp_path, "test_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again
+    assert trials.run_local_trial(point, tmp_path, "val_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again

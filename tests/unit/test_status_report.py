@@ -25,7 +25,7 @@ def _run(root, name, ranks, rates, accuracy=0.9):
     run = RunDir(root / name)
     run.path.mkdir(parents=True)
     run.config.write_text("name: train\n")
-    _jsonl(run.metrics, [{"epoch": i + 1, "samples_per_s": r, "world_size": ranks, "test_accuracy": accuracy, "loss": 0.5} for i, r in enumerate(rates)])
+    _jsonl(run.metrics, [{"epoch": i + 1, "samples_per_s": r, "world_size": ranks, "val_accuracy": accuracy, "loss": 0.5} for i, r in enumerate(rates)])
     _jsonl(run.steps, [{"step": s, "loss": 1.0 / s, "samples_per_s": rates[-1]} for s in range(1, 11)])
     return run
 
@@ -62,7 +62,7 @@ def test_report_command_writes_table_and_plots(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # 150 samples/s on 2 ranks against 100 on 1: speedup 1.5, efficiency 1.5 / 2 = 0.75.
-    assert "| run | ranks | nodes | resources.tasks_per_node | samples/s | speedup | efficiency | test accuracy | loss |" in done.stdout
+    assert "| run | ranks | nodes | resources.tasks_per_node | samples/s | speedup | efficiency | val accuracy | loss |" in done.stdout
     assert "| 1 | 2 | - | 2 | 150.0 | 1.50 | 0.75 | 0.9000 | 0.5000 |" in done.stdout
     for name in ("report.md", "report.json", "scaling.png", "loss.png"):
         assert (sweep / name).stat().st_size > 0
@@ -79,7 +79,7 @@ def test_a_sweep_on_equal_ranks_is_labelled_by_its_values_and_has_no_scaling_fig
     done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
-    assert table[0] == "| run | ranks | nodes | optim.lr | samples/s | test accuracy | loss |"
+    assert table[0] == "| run | ranks | nodes | optim.lr | samples/s | val accuracy | loss |"
     assert table[2:] == [f"| {i} | 2 | - | {lr} | {90 + i:.1f} | {0.5 + i / 10:.4f} | 0.5000 |" for i, lr in enumerate(lrs)]
     assert "every run has 2 ranks: no speedup, efficiency or scaling plot" in done.stdout
     assert not (sweep / "scaling.png").exists() and (sweep / "loss.png").stat().st_size > 0
@@ -171,18 +171,23 @@ def test_array_task_ranges_of_pending_tasks_expand():
     assert array_task_ids("N/A") == []
 
 
-def test_the_report_shows_a_user_tasks_own_test_metrics(tmp_path):
+def test_the_report_shows_a_user_tasks_own_validation_metrics(tmp_path):
     from hpc.tools.report import render_table
 
     run = RunDir(tmp_path / "0")
     run.path.mkdir(parents=True)
-    epoch = {"epoch": 1, "samples_per_s": 50.0, "world_size": 2, "loss": 0.01, "test_loss": 0.02, "test_within_3_sigma": 0.97, "test_perplexity": 4.5}
+    epoch = {"epoch": 1, "samples_per_s": 50.0, "world_size": 2, "loss": 0.01, "val_loss": 0.02, "val_within_3_sigma": 0.97, "val_perplexity": 4.5}
     _jsonl(run.metrics, [epoch])
     (figures,) = scaling_figures([run])
-    assert figures.test == {"within_3_sigma": 0.97, "perplexity": 4.5}  # not the test loss: the loss column is training's
+    assert figures.val == {"within_3_sigma": 0.97, "perplexity": 4.5}  # not the val loss: the loss column is training's
     table = render_table([figures]).splitlines()
-    assert table[0] == "| run | ranks | nodes | samples/s | test within 3 sigma | test perplexity | loss |"
+    assert table[0] == "| run | ranks | nodes | samples/s | val within 3 sigma | val perplexity | loss |"
     assert table[2] == "| 0 | 2 | - | 50.0 | 0.9700 | 4.5000 | 0.0100 |"
+    # A run written before the validation split was named keeps test_ keys: read as validation.
+    old = RunDir(tmp_path / "old")
+    old.path.mkdir(parents=True)
+    _jsonl(old.metrics, [{key.replace("val_", "test_"): value for key, value in epoch.items()}])
+    assert scaling_figures([old])[0].val == figures.val
 
 
 def test_status_shows_the_last_steps_loss_and_the_tasks_own_metric_names(tmp_path):

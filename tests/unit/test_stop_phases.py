@@ -41,16 +41,16 @@ def test_a_stop_during_resume_keeps_the_checkpoint_it_loaded_as_the_newest_and_t
     finished = train(tmp_path / "cut", Regression(), config(every_steps=5))
     assert finished.resumed_from == 13 and finished.stopped_by is None
     assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
-    assert finished.test_metrics == whole.test_metrics
+    assert finished.val_metrics == whole.val_metrics
 
 
-def test_a_run_resumed_from_its_final_checkpoint_reports_the_model_s_test_metrics(tmp_path):
+def test_a_run_resumed_from_its_final_checkpoint_reports_the_model_s_validation_metrics(tmp_path):
     """The ranks ended after the final save and before reporting (a rank killed then): started again,
     nothing is left to train, and the result still has the test metrics of the finished model."""
     whole = train(tmp_path, Regression(), config(every_steps=5))
     again = train(tmp_path, Regression(), config(every_steps=5))
     assert again.resumed_from == whole.steps == again.steps and again.stopped_by is None
-    assert again.test_metrics == whole.test_metrics and again.test_metrics
+    assert again.val_metrics == whole.val_metrics and again.val_metrics
 
 
 def test_one_rank_stopped_during_start_up_stops_every_rank_before_the_first_step(tmp_path):

@@ -86,7 +86,7 @@ def test_an_optimizer_and_scheduler_named_by_target_train_and_resume_bit_exactly
     resumed = train(tmp_path / "cut", Grouped(), cfg)
     assert resumed.resumed_from == stopped.steps == 13
     assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
-    assert resumed.test_metrics == whole.test_metrics
+    assert resumed.val_metrics == whole.val_metrics
 
 
 def test_a_scheduler_that_takes_total_steps_is_given_the_runs(tmp_path):
@@ -178,7 +178,7 @@ def test_activation_checkpointing_trains_bit_identically_to_keeping_activations(
     blocks, steps = 2, 12
     assert recomputed_calls[0] - kept_calls[0] == blocks * steps  # one recomputation per block and step, evaluation none
     assert [s["loss"] for s in steps_of(tmp_path / "recomputed")] == [s["loss"] for s in steps_of(tmp_path / "kept")]
-    assert recomputed.test_metrics == kept.test_metrics
+    assert recomputed.val_metrics == kept.val_metrics
     model_kept, model_recomputed = newest_shared_state(tmp_path / "kept")["model"], newest_shared_state(tmp_path / "recomputed")["model"]
     assert all(torch.equal(model_kept[name], model_recomputed[name]) for name in model_kept)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,8 @@ def test_a_user_task_trains_and_its_metric_names_are_reported(tmp_path):
     assert len(steps) == 2 * 512 // 16 and all("close" in s and "accuracy" not in s for s in steps)
     assert steps[-1]["loss"] < 0.25 * steps[0]["loss"]  # it learns y = 3x - 1
     epochs = read_metrics(tmp_path / "metrics.jsonl")
-    assert [set(e) >= {"test_loss", "test_close"} for e in epochs] == [True, True]
-    assert result.test_metrics["close"] == epochs[-1]["test_close"] and result.test_metrics["loss"] == epochs[-1]["test_loss"] < steps[0]["loss"]
+    assert [set(e) >= {"val_loss", "val_close"} for e in epochs] == [True, True]
+    assert result.val_metrics["close"] == epochs[-1]["val_close"] and result.val_metrics["loss"] == epochs[-1]["val_loss"] < steps[0]["loss"]
     assert f'hpctk_metric{{run="",name="close"}} {steps[-1]["close"]:.6g}' in (tmp_path / "metrics.prom").read_text()
 
 
@@ -38,7 +37,7 @@ def test_two_thread_ranks_agree_with_one_rank_at_the_same_global_batch(tmp_path)
     world = ThreadWorld(2)
     two = world.run(lambda comm: train(tmp_path / "two", Regression(), config(max_steps=20, batch_size=16), comm))
     assert [s["loss"] for s in steps_of(tmp_path / "two")] == pytest.approx([s["loss"] for s in steps_of(tmp_path / "one")], rel=1e-5)
-    assert two[0].test_metrics == pytest.approx(one.test_metrics, rel=1e-5)
+    assert two[0].val_metrics == pytest.approx(one.val_metrics, rel=1e-5)
 
 
 def test_a_stopped_user_task_resumes_to_the_same_steps(tmp_path):
@@ -48,7 +47,7 @@ def test_a_stopped_user_task_resumes_to_the_same_steps(tmp_path):
     resumed = train(tmp_path / "cut", Regression(), config(every_steps=5))
     assert resumed.resumed_from == stopped.steps == 13
     assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
-    assert resumed.test_metrics == whole.test_metrics
+    assert resumed.val_metrics == whole.val_metrics
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_in_one_line(tmp_path):
@@ -72,8 +71,8 @@ def test_the_language_model_task_learns_and_reports_perplexity(tmp_path):
     result = train(tmp_path, task, cfg)
     steps = steps_of(tmp_path)
     assert steps[0]["loss"] > 5.0 and steps[-1]["loss"] < 0.7 * steps[0]["loss"] and "token_accuracy" in steps[-1]
-    assert result.test_metrics["perplexity"] == pytest.approx(math.exp(result.test_metrics["loss"]))
-    assert read_metrics(tmp_path / "metrics.jsonl")[-1]["test_perplexity"] == result.test_metrics["perplexity"]
+    assert result.val_metrics["perplexity"] == pytest.approx(math.exp(result.val_metrics["loss"]))
+    assert read_metrics(tmp_path / "metrics.jsonl")[-1]["val_perplexity"] == result.val_metrics["perplexity"]
 
 
 def test_a_checkpoint_that_diverges_again_ends_the_run_instead_of_rolling_back_forever(tmp_path):
@@ -93,7 +92,7 @@ def test_a_user_task_trains_under_reduced_precision(tmp_path, precision):
     result = train(tmp_path, Regression(), cfg)
     steps = steps_of(tmp_path)
     assert all(math.isfinite(s["loss"]) for s in steps) and steps[-1]["loss"] < 0.25 * steps[0]["loss"]
-    assert math.isfinite(result.test_metrics["loss"]) and "close" in result.test_metrics
+    assert math.isfinite(result.val_metrics["loss"]) and "close" in result.val_metrics
 
 
 def test_a_user_tasks_metric_names_reach_tensorboard(tmp_path):
@@ -101,10 +100,10 @@ def test_a_user_tasks_metric_names_reach_tensorboard(tmp_path):
 
     steps = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
     run = RunContext(checkpoint_dir=tmp_path / "checkpoints", stop=StopFlag(), steps=steps)
-    fit(config(), FakeCollectives(), Path("/no/data/file"), MetricsWriter(tmp_path / "metrics.jsonl"), run, task=Regression())
+    fit(config(), FakeCollectives(), Regression(), MetricsWriter(tmp_path / "metrics.jsonl"), run)
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/close", "test/loss", "test/close"} <= tags and not any("accuracy" in tag for tag in tags)
+    assert {"train/loss", "train/close", "val/loss", "val/close"} <= tags and not any("accuracy" in tag for tag in tags)
     assert [e.value for e in events.Scalars("train/close")] == pytest.approx([s["close"] for s in steps_of(tmp_path)])
-    assert [e.step for e in events.Scalars("test/close")] == [32, 64]  # one per epoch
+    assert [e.step for e in events.Scalars("val/close")] == [32, 64]  # one per epoch

@@ -30,7 +30,7 @@ def _dead_pid() -> int:
     return dead.pid
 
 
-def _search_sweep(sweep: Path, objective: str = "test_accuracy", direction: str | None = "maximize", search: bool = True) -> list[RunDir]:
+def _search_sweep(sweep: Path, objective: str = "val_accuracy", direction: str | None = "maximize", search: bool = True) -> list[RunDir]:
     """Six local points sweeping optim.lr, as launch.py -m with the Optuna sweeper writes them
     (trial numbers 10 + point: the table must show the trial's, not the point's)."""
     runs, points = [], []
@@ -45,7 +45,7 @@ def _search_sweep(sweep: Path, objective: str = "test_accuracy", direction: str 
         run.write_json(run.job, job)
         run.metrics.write_text(json.dumps({"epoch": 1, "samples_per_s": 100.0 + num, "world_size": 1, "loss": 0.5}) + "\n")
         if num in TESTED:
-            run.write_json(run.result, {"status": "completed", "loss": 0.5, "samples_per_s": 200.0 + num, "test_metrics": TESTED[num]})
+            run.write_json(run.result, {"status": "completed", "loss": 0.5, "samples_per_s": 200.0 + num, "val_metrics": TESTED[num]})
         elif num == 4:
             run.write_json(run.result, {"status": "stopped", "loss": 0.7, "samples_per_s": 204.0})
         runs.append(run)
@@ -60,11 +60,11 @@ def _search_sweep(sweep: Path, objective: str = "test_accuracy", direction: str 
 @pytest.mark.parametrize(
     ("objective", "direction", "order"),
     [
-        ("test_accuracy", "maximize", ["1", "3", "0"]),
-        ("test_accuracy", "minimize", ["0", "3", "1"]),
-        ("test_loss", "minimize", ["0", "1", "3"]),
-        ("test_loss", None, ["0", "1", "3"]),  # null: a loss is minimised
-        ("test_accuracy", None, ["1", "3", "0"]),  # null: an accuracy is maximised
+        ("val_accuracy", "maximize", ["1", "3", "0"]),
+        ("val_accuracy", "minimize", ["0", "3", "1"]),
+        ("val_loss", "minimize", ["0", "1", "3"]),
+        ("val_loss", None, ["0", "1", "3"]),  # null: a loss is minimised
+        ("val_accuracy", None, ["1", "3", "0"]),  # null: an accuracy is maximised
     ],
 )
 def test_trials_are_listed_best_first_then_those_without_a_value_in_point_order(tmp_path, objective, direction, order):
@@ -72,24 +72,24 @@ def test_trials_are_listed_best_first_then_those_without_a_value_in_point_order(
     found = statuses(tmp_path / "sweep")
     assert [s.run_dir.name for s in found] == [*order, "2", "4", "5"]
     assert [s.state for s in found][3:] == ["UNKNOWN", "STOPPED", "DIED"]
-    name = objective.removeprefix("test_")
+    name = objective.removeprefix("val_")
     assert [s.objective for s in found] == [f"{objective}={TESTED[int(n)][name]:.4g}" for n in order] + ["-"] * 3
 
 
 def test_the_direction_of_a_figure_of_no_known_side_is_minimize(tmp_path):
-    _search_sweep(tmp_path / "sweep", "test_within_3_sigma", None)
-    assert read_search(tmp_path / "sweep") == Search(tmp_path / "sweep", "test_within_3_sigma", "minimize", {str(n): (n, 10 + n) for n in range(6)})
+    _search_sweep(tmp_path / "sweep", "val_within_3_sigma", None)
+    assert read_search(tmp_path / "sweep") == Search(tmp_path / "sweep", "val_within_3_sigma", "minimize", {str(n): (n, 10 + n) for n in range(6)})
 
 
 def test_the_summary_counts_the_trials_by_outcome_and_names_the_best(tmp_path):
     sweep = tmp_path / "sweep"
     _search_sweep(sweep)
     assert search_summary(statuses(sweep)) == (
-        f"search {sweep}: 6 trials (3 completed, 2 failed, 1 running or waiting), objective test_accuracy (maximize);"
-        " best #1 (trial 11) optim.lr=0.05: test_accuracy=0.93"
+        f"search {sweep}: 6 trials (3 completed, 2 failed, 1 running or waiting), objective val_accuracy (maximize);"
+        " best #1 (trial 11) optim.lr=0.05: val_accuracy=0.93"
     )
-    _search_sweep(tmp_path / "min", "test_loss", "minimize")
-    assert search_summary(statuses(tmp_path / "min")).endswith("objective test_loss (minimize); best #0 (trial 10) optim.lr=0.01: test_loss=0.1")
+    _search_sweep(tmp_path / "min", "val_loss", "minimize")
+    assert search_summary(statuses(tmp_path / "min")).endswith("objective val_loss (minimize); best #0 (trial 10) optim.lr=0.01: val_loss=0.1")
 
 
 def test_a_search_none_of_whose_trials_reported_says_so(tmp_path):
@@ -97,7 +97,7 @@ def test_a_search_none_of_whose_trials_reported_says_so(tmp_path):
     for run in _search_sweep(sweep):
         run.result.unlink(missing_ok=True)
     assert search_summary(statuses(sweep)) == (
-        f"search {sweep}: 6 trials (0 completed, 1 failed, 5 running or waiting), objective test_accuracy (maximize); no trial has reported test_accuracy"
+        f"search {sweep}: 6 trials (0 completed, 1 failed, 5 running or waiting), objective val_accuracy (maximize); no trial has reported val_accuracy"
     )
 
 
@@ -110,9 +110,9 @@ def test_status_command_prints_the_summary_then_an_aligned_objective_column(tmp_
     assert summary.startswith(f"search {sweep}: 6 trials (3 completed, 2 failed, 1 running or waiting)")
     assert head.split()[:4] == ["job", "swept", "objective", "state"]
     assert [row.split()[:4] for row in rows] == [
-        ["local", "optim.lr=0.05", "test_accuracy=0.93", "COMPLETED"],
-        ["local", "optim.lr=0.5", "test_accuracy=0.88", "COMPLETED"],
-        ["local", "optim.lr=0.01", "test_accuracy=0.8", "COMPLETED"],
+        ["local", "optim.lr=0.05", "val_accuracy=0.93", "COMPLETED"],
+        ["local", "optim.lr=0.5", "val_accuracy=0.88", "COMPLETED"],
+        ["local", "optim.lr=0.01", "val_accuracy=0.8", "COMPLETED"],
         ["local", "optim.lr=0.1", "-", "UNKNOWN"],
         ["local", "optim.lr=1.0", "-", "STOPPED"],
         ["local", "optim.lr=2.0", "-", "DIED"],
@@ -150,7 +150,7 @@ def test_report_of_a_search_writes_the_trials_table_best_first_and_objective_png
     assert done.returncode == 0, done.stderr
     assert f"Trials of the search {sweep}, best first:" in done.stdout
     table = [line for line in done.stdout.splitlines() if line.startswith("| point")]
-    assert table == ["| point | trial | optim.lr | test_accuracy (maximize) | test accuracy | test loss | samples/s |"]
+    assert table == ["| point | trial | optim.lr | val_accuracy (maximize) | val accuracy | val loss | samples/s |"]
     trials = done.stdout.split("Runs:")[0].splitlines()
     rows = [line for line in trials if line.startswith("| ") and not line.startswith(("| point", "| ---"))]
     assert rows == [
@@ -162,12 +162,12 @@ def test_report_of_a_search_writes_the_trials_table_best_first_and_objective_png
         "| 5 | 15 | 2.0 | failed | - | - | - |",
     ]
     # The scaling table is still there, after the trials.
-    assert "| run | ranks | nodes | optim.lr | samples/s | test accuracy | loss |" in done.stdout.split("Runs:")[1]
+    assert "| run | ranks | nodes | optim.lr | samples/s | loss |" in done.stdout.split("Runs:")[1]
     assert rows[0] in (sweep / "report.md").read_text()
     written = json.loads((sweep / "report.json").read_text())
     assert [f["run"] for f in written["runs"]] == [str(n) for n in range(6)]
     (search,) = written["searches"]
-    assert (search["objective"], search["direction"]) == ("test_accuracy", "maximize")
+    assert (search["objective"], search["direction"]) == ("val_accuracy", "maximize")
     assert [(t["point"], t["trial"], t["value"], t["outcome"]) for t in search["trials"]] == [
         (1, 11, 0.93, "completed"),
         (3, 13, 0.88, "completed"),
@@ -186,7 +186,7 @@ def test_report_of_a_plain_sweep_has_no_trials_and_no_objective_png(tmp_path):
     _search_sweep(sweep, search=False)
     done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| run | ranks | nodes | optim.lr | samples/s | test accuracy | loss |\n")
+    assert done.stdout.startswith("| run | ranks | nodes | optim.lr | samples/s | loss |\n")
     assert "Trials" not in done.stdout and "Runs:" not in done.stdout
     assert isinstance(json.loads((sweep / "report.json").read_text()), list)
     assert not (sweep / "objective.png").exists()
@@ -203,7 +203,7 @@ def test_the_objective_plot_leaves_out_trials_without_a_value_and_steps_the_best
     rows = sorted(rows, key=lambda r: -(r.value or 0) if direction == "maximize" else (r.value is None, r.value or 0))
     plt, ax = MagicMock(), MagicMock()
     plt.subplots.return_value = (MagicMock(), ax)
-    search = Search(tmp_path, "test_accuracy", direction, {})
+    search = Search(tmp_path, "val_accuracy", direction, {})
     assert write_objective_plot(search, rows, tmp_path / "objective.png", plt) == tmp_path / "objective.png"
     assert ax.plot.call_args.args == ([0, 1, 2, 3], [0.5, 0.7, 0.2, 0.9], "o")
     assert ax.step.call_args.args == ([0, 1, 2, 3], best)

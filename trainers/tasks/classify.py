@@ -37,7 +37,10 @@ class ClassifyTask:
         return H5Split(self.files, self.data_cfg.train_x, self.data_cfg.train_y)
 
     def eval_data(self) -> H5Split:
-        return H5Split(self.files, self.data_cfg.test_x, self.data_cfg.test_y)
+        return H5Split(self.files, *self.info.val_split)
+
+    def test_data(self) -> H5Split | None:
+        return H5Split(self.files, *self.info.test_split) if self.info.test_split else None
 
     def batch(self, items: RawBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Stored values travel (uint8 images stay uint8); the steps augment and decode them there."""

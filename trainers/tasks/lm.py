@@ -12,7 +12,7 @@ from torch import nn
 
 from trainers.gpt import GPT, GPTShape, next_token_loss
 from trainers.task import StepOutput, TaskError
-from trainers.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, resolve_token_path
+from trainers.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, has_split, resolve_token_path
 
 
 class LanguageModelTask:
@@ -42,6 +42,10 @@ class LanguageModelTask:
 
     def eval_data(self) -> TokenWindows:
         return self._windows("val")
+
+    def test_data(self) -> TokenWindows | None:
+        """A held-out "test" split, where the token file has one (python -m trainers.tokens writes train and val)."""
+        return self._windows("test") if has_split(self.path, "test") else None
 
     def batch(self, items: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = torch.stack([x for x, _ in items]).to(device, non_blocking=True)
