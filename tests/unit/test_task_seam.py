@@ -10,7 +10,7 @@ import math
 import pytest
 
 from collectives.base import FakeCollectives, ThreadWorld
-from tests.support.fit_in_process import Regression, config, steps_of, train
+from tests.support.fit_in_process import Points, Regression, config, steps_of, train
 from trainers.config import OptimConfig
 from trainers.fit import fit
 from trainers.guard import DivergedError
@@ -48,6 +48,26 @@ def test_a_stopped_user_task_resumes_to_the_same_steps(tmp_path):
     assert resumed.resumed_from == stopped.steps == 13
     assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
     assert resumed.val_metrics == whole.val_metrics
+
+
+class HeldOut(Regression):
+    """The regression with a held-out test split whose targets are off by 10: a loss near 100 tells it apart."""
+
+    def test_data(self) -> Points:
+        points = Points(32, seed=3)
+        points.y += 10
+        return points
+
+
+def test_the_held_out_split_is_evaluated_once_by_the_run_that_completes_training(tmp_path):
+    stopped = train(tmp_path, HeldOut(), config(every_steps=5), stop_at=12)
+    assert stopped.stopped_by == "SIGUSR1" and stopped.test_metrics == {}  # training is not complete: no test figures
+    resumed = train(tmp_path, HeldOut(), config(every_steps=5))
+    assert set(resumed.test_metrics) == {"loss", "close"} and resumed.val_metrics["loss"] < 1
+    assert resumed.test_metrics["loss"] == pytest.approx(100, rel=0.1)  # the held-out split's figures, not validation's
+    assert not any(key.startswith("test_") for epoch in read_metrics(tmp_path / "metrics.jsonl") for key in epoch)  # never during training
+    plain = train(tmp_path / "plain", Regression(), config())
+    assert plain.test_metrics == {} and plain.val_metrics
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_in_one_line(tmp_path):
