@@ -23,6 +23,27 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
 
 
+TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Setup, call and teardown of every test, added up by tier for the summary below."""
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    seconds_tests = TIER_SECONDS.setdefault(tier, [0.0, 0])
+    seconds_tests[0] += report.duration
+    seconds_tests[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each tier's share of the suite's time: the budget (CI's 90 minutes, 30 wanted) is watched by tier."""
+    if not TIER_SECONDS:
+        return
+    total = sum(seconds for seconds, _ in TIER_SECONDS.values())
+    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0]))
+    terminalreporter.write_line(f"time by tier: {shown}; all {total / 60:.1f} min")
+
+
 def require(condition: bool, what: str) -> None:
     if condition:
         return
