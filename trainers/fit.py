@@ -56,4 +56,5 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
         loop.resumed_from,
         dict(epoch_end.val),
         tested,
+        progress.epoch if progress.position > 0 else progress.epoch - 1,
     )

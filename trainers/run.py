@@ -29,7 +29,7 @@ class FitConfig:
 
 @dataclass(frozen=True)
 class FitResult:
-    epochs: int
+    epochs: int  # completed: every step of each done
     steps: int
     loss: float
     samples_per_s: float
@@ -40,6 +40,7 @@ class FitResult:
     resumed_from: int | None = None  # the checkpoint step this process started from
     val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation: "loss" and the task's metrics
     test_metrics: dict[str, float] = field(default_factory=dict)  # the held-out test split's, once training completed ({}: none)
+    epoch: int = 0  # the epoch the last step trained in, as the log numbers it (epoch 1/1: 1, also when max_steps ended it midway)
 
 
 class Milestones:

@@ -43,13 +43,13 @@ def run_fit(run_dir: Path, max_steps: int | None):  # type: ignore[no-untyped-de
 def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp_path):
     whole = run_fit(tmp_path / "whole", None)
     steps_per_epoch = whole.steps
-    assert steps_per_epoch > 2 and whole.epochs == 1
+    assert steps_per_epoch > 2 and (whole.epochs, whole.epoch) == (1, 1)
     cut = run_fit(tmp_path / "cut", 2)
-    assert (cut.steps, cut.epochs) == (2, 0)  # the epoch is not over
+    assert (cut.steps, cut.epochs, cut.epoch) == (2, 0, 1)  # the epoch is not over; its steps were epoch 1's, as the log says
     resumed = run_fit(tmp_path / "cut", None)
     assert resumed.resumed_from == 2
     # The longer run trains the rest of epoch 1, not a fresh epoch 2 (the data after step 2 is not skipped).
-    assert (resumed.steps, resumed.epochs) == (steps_per_epoch, 1)
+    assert (resumed.steps, resumed.epochs, resumed.epoch) == (steps_per_epoch, 1, 1)
     assert [m["epoch"] for m in read_metrics(tmp_path / "cut" / "metrics.jsonl")] == [1, 1]
 
 
