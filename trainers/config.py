@@ -82,7 +82,8 @@ class TrainerConfig:
     seed: int = 0
     max_steps: int | None = None  # stop early after this many optimizer steps
     accumulation_steps: int = 1  # micro-batches per optimizer step; no communication between
-    threads_per_rank: int = 1  # torch intra-op threads; ranks share the node's cores
+    # torch intra-op threads; None: the cores this rank owns (hpc.rank.binding.rank_threads)
+    threads_per_rank: int | None = None
     # Samples per optimizer step over all ranks; set, it is kept whatever the rank count:
     # accumulation steps = global_batch / (ranks x data.batch_size), which must be whole.
     global_batch: int | None = None

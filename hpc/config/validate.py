@@ -128,7 +128,7 @@ def check_training(job: JobConfig) -> None:
         "trainer.epochs": job.trainer.epochs,
         "data.batch_size": job.data.batch_size,
         "data.eval_batch_size": job.data.eval_batch_size,
-        "trainer.threads_per_rank": job.trainer.threads_per_rank,
+        **({"trainer.threads_per_rank": job.trainer.threads_per_rank} if job.trainer.threads_per_rank is not None else {}),
     }
     for name, number in positive.items():
         if number < 1:

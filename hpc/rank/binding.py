@@ -29,6 +29,21 @@ def binding_environment(binding: RankBinding, topo: TopologyConfig, current: Map
     return {key: value for key, value in wanted.items() if key not in current or key == "CUDA_VISIBLE_DEVICES"}
 
 
+def rank_threads(chosen: int | None, environ: Mapping[str, str], binding: RankBinding, local_ranks: int) -> int:
+    """torch's threads for this rank: trainer.threads_per_rank when set, else the cores it owns:
+    Slurm's --cpus-per-task, else the CPUs its binding pinned, else its share of the CPUs it may
+    run on (shared with the node's other ranks). Call after apply_binding."""
+    if chosen is not None:
+        return max(1, chosen)
+    per_task = environ.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) > 0:
+        return int(per_task)
+    available = os.sched_getaffinity(0)
+    if binding.cpus and available <= set(binding.cpus):  # pinned to its own CPUs
+        return len(available)
+    return max(1, len(available) // max(1, local_ranks))
+
+
 def apply_binding(binding: RankBinding, topo: TopologyConfig, environ: MutableMapping[str, str] = os.environ) -> str:
     """Set the variables and the CPU affinity; returns the line each rank logs."""
     environ.update(binding_environment(binding, topo, environ))

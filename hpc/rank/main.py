@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
-from hpc.rank.binding import apply_binding, binding_for
+from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import (
     EXIT_RESUMABLE,
     EXIT_STALLED,
@@ -115,8 +115,10 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         early = caught_early()  # hpc.rank.signals caught it while Python and torch were still importing
         if early is not None:
             stop.note(*early, phase="start-up (imports)")
-        binding_line = apply_binding(binding_for(job.topology, rank), job.topology)  # before MPI/NCCL start
-        torch.set_num_threads(max(1, job.trainer.threads_per_rank))
+        binding = binding_for(job.topology, rank)
+        binding_line = apply_binding(binding, job.topology)  # before MPI/NCCL start
+        threads = rank_threads(job.trainer.threads_per_rank, os.environ, binding, rank.local_world_size)
+        torch.set_num_threads(threads)
         log.info(
             "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d%s)",
             rank.rank,
@@ -128,7 +130,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             restart_count(os.environ),
             f", restart {os.environ[STEP_ATTEMPT_VARIABLE]} in this allocation" if os.environ.get(STEP_ATTEMPT_VARIABLE, "0") != "0" else "",
         )
-        log.info("%s", binding_line)
+        log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)
         node_position = ring_position(job, rank)
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either

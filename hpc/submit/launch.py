@@ -28,7 +28,9 @@ def resolved_yaml(job: JobConfig) -> str:
 
 def rank_environment(job: JobConfig) -> dict[str, str]:
     """Variables every rank needs, on top of the cluster's own."""
-    env = {"OMP_NUM_THREADS": str(job.trainer.threads_per_rank), "PYTHONUNBUFFERED": "1", **huge_pages_environment(os.environ)}
+    env = {"PYTHONUNBUFFERED": "1", **huge_pages_environment(os.environ)}
+    if job.trainer.threads_per_rank is not None:  # else each rank counts the cores it owns (hpc.rank.binding.rank_threads)
+        env["OMP_NUM_THREADS"] = str(job.trainer.threads_per_rank)
     env.update(job.cluster.env)
     env.update(root_environment())
     return env

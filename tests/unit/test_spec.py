@@ -63,8 +63,10 @@ def test_bad_training_settings_are_refused(change, message):
 def test_rank_environment_adds_cluster_env_and_root_permission(monkeypatch):
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     env = rank_environment(job(cluster=replace(SIMULATED, env={"FOO": "bar"})))
-    assert env["FOO"] == "bar" and env["OMP_NUM_THREADS"] == "1"
+    assert env["FOO"] == "bar" and "OMP_NUM_THREADS" not in env  # each rank counts the cores it owns
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"  # torch's large tensors on huge pages
+    chosen = job(cluster=SIMULATED)
+    assert rank_environment(replace(chosen, trainer=replace(chosen.trainer, threads_per_rank=2)))["OMP_NUM_THREADS"] == "2"
 
 
 def test_huge_pages_are_the_users_to_turn_off(monkeypatch):
