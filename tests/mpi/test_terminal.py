@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import ROOT, run_dirs, stopped_pattern
+from trainers.checkpoint import Checkpointer
 from trainers.layout import committed_steps
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -68,12 +69,17 @@ def test_ctrl_c_in_a_terminal_stops_at_a_step_saves_and_prints_the_resume_comman
         assert shown[:at].endswith(("\r\033[K", "\n")), repr(shown[at - 80 : at + 20])
 
 
-def test_a_second_ctrl_c_ends_the_ranks_at_once(tmp_path):
+def test_a_second_ctrl_c_ends_the_ranks_at_once_and_the_checkpoints_before_it_still_load(tmp_path):
     """A wide model: a step and the stop's save (about 200 MB) each take far longer than the
-    0.1 s between the two Ctrl-Cs, so the second one lands before the save can commit."""
-    job = ["model.hidden_sizes=[4096,4096]", "trainer.epochs=30", "checkpoint.every_minutes=null", "checkpoint.every_steps=0"]
-    shown, code = run_in_terminal(tmp_path, job, b"\x03", after=b"step 3/", again_after_s=0.1)
+    0.1 s between the two Ctrl-Cs, so the second one lands before the save can commit. The
+    checkpoint committed before the first Ctrl-C must come through whole: it is what resumes."""
+    job = ["model.hidden_sizes=[4096,4096]", "trainer.epochs=30", "checkpoint.every_minutes=null", "checkpoint.every_steps=2"]
+    shown, code = run_in_terminal(tmp_path, job, b"\x03", after=b" committed", again_after_s=0.1)
     assert "second Ctrl-C: ending the ranks now" in shown and code not in (0, 75), shown[-2000:]
     (run_dir,) = run_dirs(tmp_path)
-    assert committed_steps(run_dir / "checkpoints") == []  # the save in flight never committed
-    assert not re.search(r"stopped by SIGINT at step \d+, checkpoint committed", shown)
+    assert not re.search(r"stopped by SIGINT at step \d+, checkpoint committed", shown)  # the stop's save never committed
+    committed = committed_steps(run_dir / "checkpoints")
+    assert committed and f"checkpoint step {committed[0]} committed" in shown
+    ranks = len(list((run_dir / "logs").glob("rank-*.log")))
+    restored = Checkpointer(run_dir / "checkpoints", 0, ranks, keep=3).load_latest()
+    assert restored is not None and restored[0] == committed[-1]  # the newest committed one loads: nothing lost or torn
