@@ -72,6 +72,8 @@ def test_edges_of_the_search_space_are_composed_not_only_its_first_point():
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_accuracy"], "set hydra.sweeper.direction=maximize"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_accuracy"], "must not tune on the held-out test split"),
         (["cluster=local,simulated", "sweep.objective=loss"], "cluster cannot be searched"),
+        (["sweep.max_parallel=1,2", "sweep.objective=loss"], "sweep.max_parallel cannot be searched"),
+        (["hydra.job.chdir=true,false", "sweep.objective=loss"], "hydra.job.chdir cannot be searched"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra/sweeper/sampler=grid"], "sampler=grid"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.direction=[minimize,maximize]"], "lists 2 directions"),
     ],
