@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from collectives.base import FakeCollectives, ThreadCollectives, ThreadWorld
 from collectives.config import CommConfig
@@ -147,3 +148,48 @@ def test_metrics_every_rank_reports_are_summed_over_ranks(tmp_path):
     eval_batch = task_config().data.eval_batch_size
     calls = [math.ceil(len(eval_shard(64, rank, 3)) / eval_batch) for rank in range(3)]  # eval steps per rank, each adding its rank
     assert metrics[-1]["val_aux"] == pytest.approx(sum(rank * n for rank, n in enumerate(calls)) / 64)
+
+
+class MemoryFormatSpy:
+    """The built-in task, noting at every training step whether the model's 4-D weights are NHWC."""
+
+    def __init__(self, task) -> None:  # type: ignore[no-untyped-def]
+        self.task = task
+        self.nhwc: list[bool] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.task, name)
+
+    def train_step(self, model, batch):  # type: ignore[no-untyped-def]
+        self.nhwc.append(all(p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters() if p.dim() == 4))
+        return self.task.train_step(model, batch)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_cnn_trains_channels_last_when_asked_and_reports_its_step_phases(tmp_path, channels_last):
+    """trainer.channels_last (README), on small images: every step's data, compute, comm and
+    optimizer times in steps.jsonl; NHWC weights only when asked. (model=resnet50 needs
+    torchvision, which the CPU machines lack: the device suite trains it on the GPU.)"""
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with h5py.File(tmp_path / "images.h5", "w") as f:
+        for split, n in (("train", 16), ("val", 4)):
+            f[f"{split}/x"] = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+            f[f"{split}/y"] = rng.integers(0, 10, n)
+    cfg = FitConfig(
+        model=ModelConfig(name="cnn"),
+        data=DataConfig(path=str(tmp_path / "images.h5"), batch_size=8, eval_batch_size=4),
+        optim=OptimConfig(),
+        trainer=dataclasses.replace(TrainerConfig(), epochs=1, watchdog_s=None, channels_last=channels_last),
+        comm=CommConfig(),
+        checkpoint=CheckpointConfig(enabled=False),
+    )
+    spy = MemoryFormatSpy(builtin_task(cfg))
+    run = RunContext(steps=StepReporter(tmp_path / "steps.jsonl"))
+    result = fit(cfg, FakeCollectives(), spy, MetricsWriter(None), run)
+    assert result.steps == 2 and spy.nhwc == [channels_last] * 2 and math.isfinite(result.loss)
+    steps = steps_of(tmp_path)
+    assert len(steps) == 2 and all(step[key] >= 0 for step in steps for key in ("data_ms", "compute_ms", "comm_ms", "optimizer_ms"))
+    assert all(step["compute_ms"] > 0 for step in steps)  # forward and backward take time
