@@ -60,7 +60,9 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
     after the job (array task) id, carry what the ranks know across the job's starts:
 
     - `<id>.finished`: rank 0 completed the training. Never requeue, whatever srun returned
-      (a rank that died while exiting must not start a finished run again).
+      (a rank that died while exiting must not start a finished run again), and exit 0: a kill
+      Slurm still had queued for an earlier start may end the step after training completed,
+      and the job must then read COMPLETED, not FAILED.
     - `<id>.restart-<SLURM_RESTART_COUNT>`: the ranks stopped cleanly and rank 0 asked for a
       requeue in this start (one left by an earlier start that never reached its trap cannot
       requeue a later one): requeue now. From here, not from a rank: requeueing a running step
@@ -86,8 +88,10 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         '        [[ -f "$dir/$id.failures" ]] && failures=$(< "$dir/$id.failures")',
         "    fi",
         "    [[ $failures =~ ^[0-9]+$ ]] || failures=0",
-        '    if [[ -f "$dir/$id.finished" ]]; then',
+        '    if [[ -f "$dir/$id.finished" ]]; then  # training completed: so does the job, whatever the step did after',
         '        rm -f "$request"',
+        '        (( rc == 0 )) || echo "hpc-toolkit: training completed; the step then ended with exit $rc (a late kill): job $id completed" >&2',
+        "        exit 0",
         '    elif [[ -f "$request" ]]; then',
         '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
         '        rm -f "$request"',

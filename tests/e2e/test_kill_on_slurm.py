@@ -151,8 +151,8 @@ def test_sigkill_during_a_save_never_commits_it_and_resumes_from_the_one_before(
     # must then do what they do for any signal: checkpoint, requeue, resume. Each extra restart
     # must be such a clean stop.
     # Such a stale kill can also land just after the ranks finished (seen in CI: all ranks logged
-    # "Job completed successfully", then "STEP CANCELLED"): srun fails and the EXIT trap requeues;
-    # the next start finds training done. Every restart must be one of the two kinds.
+    # "Job completed successfully", then "STEP CANCELLED"): the EXIT trap sees the finished mark,
+    # never requeues, and ends the job COMPLETED. Every restart must be one of the two kinds.
     clean_stops = rank0_log.read_text().count("checkpoint committed; external signal: requeueing job")
     assert trap_requeues(run_dir) >= KILLS, (trap_requeues(run_dir), result)
     assert result["restarts"] == trap_requeues(run_dir) + clean_stops, (result["restarts"], trap_requeues(run_dir), clean_stops)

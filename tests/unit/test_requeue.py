@@ -53,3 +53,33 @@ def test_outside_slurm_or_without_scontrol_exits_resumable(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     what, job_id, code = plan_after_stop({"SLURM_JOB_ID": "7"}, NOW, 60)
     assert (job_id, code) == (None, EXIT_RESUMABLE) and "scontrol not found" in what
+
+
+def run_exit_trap(tmp_path, finished: bool, rc: int):  # type: ignore[no-untyped-def]
+    """The batch script's EXIT trap in a real bash, after a step that exited `rc`, with a fake
+    scontrol that says the job runs and records what it is asked."""
+    import subprocess
+
+    from hpc.submit.slurm import exit_trap_lines
+
+    bin_dir, requests = tmp_path / "bin", tmp_path / "requests"
+    bin_dir.mkdir(parents=True)
+    requests.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    fake = bin_dir / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState=RUNNING Requeue=1 Restarts=0"\nexit 0\n')
+    fake.chmod(0o755)
+    if finished:
+        (requests / "7.finished").touch()
+    script = "\n".join([*exit_trap_lines(3), f"(exit {rc})"])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "HPCTK_REQUEUE_DIR": str(requests)}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    return done, calls.read_text() if calls.exists() else ""
+
+
+def test_a_finished_training_ends_its_job_completed_even_when_a_late_kill_ends_the_step(tmp_path):
+    done, calls = run_exit_trap(tmp_path / "finished", finished=True, rc=143)
+    assert done.returncode == 0 and "requeue" not in calls and "training completed" in done.stderr
+    # The control: the same exit without the finished mark is a failure, requeued within the budget.
+    done, calls = run_exit_trap(tmp_path / "died", finished=False, rc=137)
+    assert done.returncode == 137 and "requeue 7" in calls and "a rank died (srun exit 137)" in done.stderr
