@@ -185,6 +185,12 @@ def slurm_job_id(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_ID")
 
 
+def cpus_per_task(env: Mapping[str, str]) -> int | None:
+    """Slurm's --cpus-per-task for this step's tasks; None where it was not given."""
+    value = env.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def restart_count(env: Mapping[str, str]) -> int:
     """How often Slurm has restarted (requeued) this job; 0 outside Slurm (or set empty)."""
     return _int(env, "SLURM_RESTART_COUNT", 0) if env.get("SLURM_RESTART_COUNT") else 0

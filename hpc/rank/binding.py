@@ -29,15 +29,14 @@ def binding_environment(binding: RankBinding, topo: TopologyConfig, current: Map
     return {key: value for key, value in wanted.items() if key not in current or key == "CUDA_VISIBLE_DEVICES"}
 
 
-def rank_threads(chosen: int | None, environ: Mapping[str, str], binding: RankBinding, local_ranks: int) -> int:
+def rank_threads(chosen: int | None, per_task: int | None, binding: RankBinding, local_ranks: int) -> int:
     """torch's threads for this rank: trainer.threads_per_rank when set, else the cores it owns:
     Slurm's --cpus-per-task, else the CPUs its binding pinned, else its share of the CPUs it may
     run on (shared with the node's other ranks). Call after apply_binding."""
     if chosen is not None:
         return max(1, chosen)
-    per_task = environ.get("SLURM_CPUS_PER_TASK", "")
-    if per_task.isdigit() and int(per_task) > 0:
-        return int(per_task)
+    if per_task is not None:
+        return per_task
     available = os.sched_getaffinity(0)
     if binding.cpus and available <= set(binding.cpus):  # pinned to its own CPUs
         return len(available)

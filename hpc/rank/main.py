@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
-from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import (
     EXIT_RESUMABLE,
@@ -117,7 +117,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             stop.note(*early, phase="start-up (imports)")
         binding = binding_for(job.topology, rank)
         binding_line = apply_binding(binding, job.topology)  # before MPI/NCCL start
-        threads = rank_threads(job.trainer.threads_per_rank, os.environ, binding, rank.local_world_size)
+        threads = rank_threads(job.trainer.threads_per_rank, cpus_per_task(os.environ), binding, rank.local_world_size)
         torch.set_num_threads(threads)
         log.info(
             "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d%s)",

@@ -70,6 +70,15 @@ class Regression:
         return {"name": "regression"}
 
 
+class HeldOut(Regression):
+    """The regression with a held-out test split whose targets are off by 10: a loss near 100 tells it apart."""
+
+    def test_data(self) -> Points:
+        points = Points(32, seed=3)
+        points.y += 10
+        return points
+
+
 def config(max_steps: int | None = None, batch_size: int = 16, every_steps: int = 0) -> FitConfig:
     return FitConfig(
         model=ModelConfig(),

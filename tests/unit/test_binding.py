@@ -54,14 +54,17 @@ def test_affinity_is_pinned_to_the_declared_cpus_that_exist():
 
 
 def test_a_rank_gets_as_many_torch_threads_as_cores_it_owns():
+    from hpc.env import cpus_per_task
     from hpc.rank.binding import rank_threads
 
     available = sorted(os.sched_getaffinity(0))
     unbound = binding_for(TopologyConfig(), rank(0, local_world=2))
-    assert rank_threads(3, {"SLURM_CPUS_PER_TASK": "8"}, unbound, 2) == 3  # trainer.threads_per_rank wins
-    assert rank_threads(None, {"SLURM_CPUS_PER_TASK": "8"}, unbound, 2) == 8  # Slurm gave the task 8 CPUs
-    assert rank_threads(None, {}, unbound, 1) == len(available)  # a lone rank owns every CPU it may run on
-    assert rank_threads(None, {}, unbound, len(available) * 4) == 1  # oversubscribed: never 0
+    per_task = cpus_per_task({"SLURM_CPUS_PER_TASK": "8"})
+    assert rank_threads(3, per_task, unbound, 2) == 3  # trainer.threads_per_rank wins
+    assert rank_threads(None, per_task, unbound, 2) == 8  # Slurm gave the task 8 CPUs
+    assert cpus_per_task({}) is None and cpus_per_task({"SLURM_CPUS_PER_TASK": "0"}) is None
+    assert rank_threads(None, None, unbound, 1) == len(available)  # a lone rank owns every CPU it may run on
+    assert rank_threads(None, None, unbound, len(available) * 4) == 1  # oversubscribed: never 0
     topo = TopologyConfig(numa_cpus=[",".join(map(str, available))])
     before = os.sched_getaffinity(0)
     try:
@@ -69,6 +72,6 @@ def test_a_rank_gets_as_many_torch_threads_as_cores_it_owns():
         apply_binding(pinned, topo, environ={})
         owned = len(os.sched_getaffinity(0))
         assert owned == len(pinned.cpus) < len(available) or len(available) == 1  # its share of the NUMA node's CPUs
-        assert rank_threads(None, {}, pinned, 2) == owned  # pinned: every CPU left to it is its own, not shared
+        assert rank_threads(None, None, pinned, 2) == owned  # pinned: every CPU left to it is its own, not shared
     finally:
         os.sched_setaffinity(0, before)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from collectives.base import FakeCollectives, ThreadWorld
-from tests.support.fit_in_process import Points, Regression, config, steps_of, train
+from tests.support.fit_in_process import HeldOut, Regression, config, steps_of, train
 from trainers.config import OptimConfig
 from trainers.fit import fit
 from trainers.guard import DivergedError
@@ -48,15 +48,6 @@ def test_a_stopped_user_task_resumes_to_the_same_steps(tmp_path):
     assert resumed.resumed_from == stopped.steps == 13
     assert [s["loss"] for s in steps_of(tmp_path / "cut")] == [s["loss"] for s in steps_of(tmp_path / "whole")]
     assert resumed.val_metrics == whole.val_metrics
-
-
-class HeldOut(Regression):
-    """The regression with a held-out test split whose targets are off by 10: a loss near 100 tells it apart."""
-
-    def test_data(self) -> Points:
-        points = Points(32, seed=3)
-        points.y += 10
-        return points
 
 
 def test_the_held_out_split_is_evaluated_once_by_the_run_that_completes_training(tmp_path):
