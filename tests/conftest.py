@@ -3,6 +3,7 @@ leftover jobs are cancelled so that they cannot hold nodes the next test needs."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,11 +37,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Each tier's share of the suite's time: the budget (CI's 90 minutes, 30 wanted) is watched by tier."""
-    if not TIER_SECONDS:
+    """Each tier's share of the suite's time: the budget (CI's 90 minutes, 30 wanted) is watched
+    by tier. $HPCTK_TIER_TIMES (scripts/test.sh) adds up the runs of one test command. With
+    several workers (pytest -n) a tier's time is its tests' total, more than the wall time."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return  # a pytest-xdist worker: its controller hears every report and sums them
+    tiers = {tier: list(value) for tier, value in TIER_SECONDS.items()}
+    record = Path(os.environ["HPCTK_TIER_TIMES"]) if os.environ.get("HPCTK_TIER_TIMES") else None
+    if record is not None:
+        try:
+            earlier = json.loads(record.read_text() or "{}")
+        except (OSError, ValueError):
+            earlier = {}
+        for tier, (seconds, tests) in earlier.items():
+            tiers[tier] = [tiers.get(tier, [0.0, 0])[0] + seconds, tiers.get(tier, [0.0, 0])[1] + tests]
+        record.write_text(json.dumps(tiers))
+    if not tiers:
         return
-    total = sum(seconds for seconds, _ in TIER_SECONDS.values())
-    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0]))
+    total = sum(seconds for seconds, _ in tiers.values())
+    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(tiers.items(), key=lambda kv: -kv[1][0]))
     terminalreporter.write_line(f"time by tier: {shown}; all {total / 60:.1f} min")
 
 
