@@ -18,10 +18,9 @@ from hpc.slurmctl import hostnames, job_fields, job_state, node_states, start_no
 from trainers.layout import committed_steps
 
 SIM = str(Path(__file__).resolve().parents[1] / "scripts" / "slurm-sim.sh")
-# slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (30 s on the
-# simulator: production's 300 s would only make the tests wait); it pings every 10 s, so this
-# takes up to about 40 s, more on a loaded machine.
-DETECTION_S = 120
+# slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (60 s); it
+# pings every 20 s, so this takes up to about 80 s.
+DETECTION_S = 150
 
 
 def parse_job_id(launch_stdout: str) -> str:
