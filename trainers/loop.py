@@ -345,7 +345,7 @@ class Loop:
             step_ms=1000 * epoch_seconds / steps,
             comm_wait_ms=1000 * waited / steps,
         )
-        validated = "  ".join(f"val_{name} {value:.4f}" for name, value in sorted(figures.val.items(), key=lambda kv: kv[0] != "loss"))
+        validated = figures_line("val", figures.val)
         tokens = getattr(self.task, "tokens_per_sample", None)  # a token task's throughput in its own unit too
         rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
         log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate)
@@ -385,8 +385,7 @@ class Loop:
         if self.held_out is None:
             return {}
         figures = self.evaluate(self.held_out)
-        shown = "  ".join(f"test_{name} {value:.4f}" for name, value in sorted(figures.items(), key=lambda kv: kv[0] != "loss"))
-        log.info("held-out test split, evaluated once: %s", shown)
+        log.info("held-out test split, evaluated once: %s", figures_line("test", figures))
         return figures
 
     def save(self, synchronous: bool) -> None:
@@ -514,6 +513,11 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
         watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
         autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
     )
+
+
+def figures_line(split: str, figures: dict[str, float]) -> str:
+    """`val_loss 0.1234  val_accuracy 0.9500`: a split's figures for the log, its loss first."""
+    return "  ".join(f"{split}_{name} {value:.4f}" for name, value in sorted(figures.items(), key=lambda kv: kv[0] != "loss"))
 
 
 def task_name(task: Task) -> str:
