@@ -207,15 +207,15 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
                     raise DataError(f"{file} holds {has} without {lacks}; a shard holds a split's inputs and labels together")
                 if x_name in held:
                     splits[x_name].append((f[x_name], f[y_name]))
-        where = "the file" if len(files) == 1 else f"none of the {len(files)} files of data.path"
+        lacks = "the file has no" if len(files) == 1 else f"none of the {len(files)} files of data.path has a"
         if not splits[cfg.train_x]:
-            raise DataError(f"{shown}: {where} holds {cfg.train_x} (set data.train_x/... to the names it has)")
+            raise DataError(f"{shown}: {lacks} training split {cfg.train_x} (set data.train_x/... to the names it has)")
         if splits[cfg.val_x]:
             val_split, test_split = (cfg.val_x, cfg.val_y), ((cfg.test_x, cfg.test_y) if splits[cfg.test_x] else None)
         elif splits[cfg.test_x]:  # the layout before the validation split was named: its test split validates
             val_split, test_split = (cfg.test_x, cfg.test_y), None
         else:
-            raise DataError(f"{shown}: {where} holds a validation split {cfg.val_x} (or {cfg.test_x}); set data.val_x/data.val_y to the names it has")
+            raise DataError(f"{shown}: {lacks} validation split {cfg.val_x} (or {cfg.test_x}); set data.val_x/data.val_y to the names it has")
         used = [cfg.train_x, val_split[0], *([test_split[0]] if test_split else [])]
         for x, y in (pair for name in used for pair in splits[name]):
             at = f"{x.file.filename}: " if len(files) > 1 else f"{shown}: "

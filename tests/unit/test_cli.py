@@ -61,7 +61,7 @@ def test_bad_data_paths_are_refused(tmp_path):
     with h5py.File(tmp_path / "partial.h5", "w") as f:
         f["train/x"] = np.zeros((8, 4))
         f["train/y"] = np.zeros(8, dtype=int)
-    assert_one_line_error(run_launch(f"data.path={tmp_path}/partial.h5", cwd=tmp_path), "holds a validation split val/x (or test/x)")
+    assert_one_line_error(run_launch(f"data.path={tmp_path}/partial.h5", cwd=tmp_path), "the file has no validation split val/x (or test/x)")
     assert run_dirs(tmp_path) == []
 
 

@@ -48,7 +48,7 @@ def test_missing_file_and_non_hdf5_are_refused(tmp_path):
 
 def test_missing_datasets_are_named(tmp_path):
     path = write(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
-    with pytest.raises(DataError, match=r"the file holds a validation split val/x \(or test/x\)"):
+    with pytest.raises(DataError, match=r"the file has no validation split val/x \(or test/x\)"):
         inspect_hdf5(path, DataConfig())
 
 
@@ -119,7 +119,7 @@ def test_shards_that_do_not_fit_together_are_refused(tmp_path, second, message):
 def test_a_split_no_shard_holds_is_named(tmp_path):
     a = shard(tmp_path / "a.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
     b = shard(tmp_path / "b.h5", train__x=np.zeros((4, 3)), train__y=np.zeros(4, int))
-    with pytest.raises(DataError, match=r"none of the 2 files of data.path holds a validation split val/x \(or test/x\)"):
+    with pytest.raises(DataError, match=r"none of the 2 files of data.path has a validation split val/x \(or test/x\)"):
         inspect_hdf5([a, b], DataConfig())
 
 
