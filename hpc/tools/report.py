@@ -78,10 +78,10 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
     base_rates = [m[3] for m in measured if m[1] == fewest]
     base = sum(base_rates) / len(base_rates)
     figures = []
-    for run, ranks, nodes, rate, figures_of_val, loss in measured:
+    for run, ranks, nodes, rate, val, loss in measured:
         speedup = (rate / base if base > 0 else 0.0) if scaling else None
         efficiency = speedup / (ranks / fewest) if speedup is not None else None
-        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, figures_of_val, loss, swept.get(run.path, {})))
+        figures.append(RunFigures(run.path.name, ranks, nodes, rate, speedup, efficiency, val, loss, swept.get(run.path, {})))
     return sorted(figures, key=lambda f: (f.ranks, f.run))
 
 
