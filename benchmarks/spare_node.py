@@ -84,7 +84,7 @@ def trial(work: Path, spare: bool) -> dict:
         if not spare:
             poll(lambda: restarts(job_id) >= 1, "the requeue", 300)
             poll(lambda: job_state(job_id) == "PENDING", "the job to pend")
-            poll(lambda: nodes_settled(except_node=lost), "the other nodes to settle", 300)
+            poll(lambda: nodes_settled(except_nodes=[lost]), "the other nodes to settle", 300)
             start_job_now(job_id)
         poll(lambda: resumed_start(run_dir, killed_at) is not None, "the first resumed step", 400)
     finally:

@@ -19,7 +19,15 @@ from tests.support.search import check_study, launch_command, run_search, sweep_
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
-TRIAL = ("cluster=simulated", "model.hidden_sizes=[512,512]", "trainer.epochs=6", "checkpoint.every_steps=5", "checkpoint.every_minutes=null")
+# One rank per trial (see tests/mpi/test_search_local.py)
+TRIAL = (
+    "cluster=simulated",
+    "resources.tasks_per_node=1",
+    "model.hidden_sizes=[512,512]",
+    "trainer.epochs=3",
+    "checkpoint.every_steps=5",
+    "checkpoint.every_minutes=null",
+)
 
 
 def test_a_study_on_slurm_outlives_its_launcher_and_a_preempted_trial_and_beats_the_default(tmp_path):

@@ -149,9 +149,9 @@ def test_an_array_task_is_stopped_requeued_and_resumed_like_a_single_job(tmp_pat
     done = launch_sweep(
         "optim.lr=0.05,0.1",
         "cluster=simulated",
-        "resources.tasks_per_node=2",
+        "resources.tasks_per_node=1",
         "model.hidden_sizes=[512,512]",
-        "trainer.epochs=6",
+        "trainer.epochs=3",
         "checkpoint.every_steps=5",
         "checkpoint.every_minutes=null",
         cwd=tmp_path,

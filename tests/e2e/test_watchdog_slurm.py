@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
-    "resources.tasks_per_node=2",
+    "resources.tasks_per_node=1",  # a rank on each node: the stalled one is not on the batch host
     "model.hidden_sizes=[1024,1024]",
     "trainer.epochs=3",
     "trainer.watchdog_s=8",
@@ -42,8 +42,8 @@ def test_a_stalled_rank_restarts_the_ranks_in_the_allocation_which_resume_and_co
     # has written it, which a loaded machine can push past the next steps).
     poll(lambda: logged_steps(run_dir) >= 12 and max(committed_steps(run_dir / "checkpoints"), default=0) >= 10, "step 12, and step 10 committed")
     committed = max(committed_steps(run_dir / "checkpoints"))
-    victim = json.loads(heartbeat_file(run_dir / "heartbeats", 3).read_text())
-    os.kill(victim["pid"], signal.SIGSTOP)  # rank 3 on the second node stops dead
+    victim = json.loads(heartbeat_file(run_dir / "heartbeats", 1).read_text())
+    os.kill(victim["pid"], signal.SIGSTOP)  # rank 1 on the second node stops dead
     try:
         poll(lambda: restarted_in_allocation(run_dir), "the watchdog to end the step and the ranks to start again", timeout_s=90)
     finally:
@@ -57,7 +57,7 @@ def test_a_stalled_rank_restarts_the_ranks_in_the_allocation_which_resume_and_co
     assert result["status"] == "completed" and result["resumed_from"] >= committed
     # Whichever rank's watchdog fires first logs the verdict; srun may end the others first.
     log = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
-    assert f"rank 3 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
+    assert f"rank 1 on {victim['host']} (pid {victim['pid']}) silent for" in log, log[-3000:]
     assert "resumed from checkpoint step" in log
     # The rank whose watchdog fired exits with 70 (EX_SOFTWARE), and srun says so in the batch
     # script's stderr.

@@ -16,7 +16,9 @@ from trainers.metrics import read_metrics
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4, 5])
+# 2: one step of everything; 3: a world that is no power of two (recursive halving folds a rank
+# in); 4: two nodes of two (hierarchical for real). 5 proved nothing 3 and 4 do not (17 s).
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_collectives_are_correct(ranks):
     result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"))
     assert result.returncode == 0, result.stdout + result.stderr
