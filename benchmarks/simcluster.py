@@ -5,6 +5,7 @@ Shared by the benchmarks and the tests (tests import this module; it never impor
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -64,6 +65,11 @@ def release_when_requeued(job_id: str, restarts_before: int) -> None:
     # Starting it before its nodes finished cleaning up the killed run makes slurmd refuse the
     # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
     poll(lambda: nodes_settled(job_id=job_id), "nodes to finish the killed run")
+    # slurmd also revoked the job's credential when the run was killed, and refuses a credential
+    # issued in the same second ("Job credential revoked": Slurm compares whole seconds): start
+    # it once the clock is past that second.
+    after = math.floor(time.time()) + 2
+    poll(lambda: time.time() >= after, "the second of the killed run's revocation to pass")
     start_job_now(job_id)
 
 

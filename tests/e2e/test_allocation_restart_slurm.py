@@ -42,8 +42,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 def step_records(run_dir: Path) -> list[dict[str, object]]:
-    (log,) = (run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl")
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    """The supervisor's record of each job step it launched (hpc.submit.supervise)."""
+    logs = list((run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl"))
+    return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
 
 
 def assert_same_training(run_dir: Path, reference: tuple[str, Path]) -> None:
@@ -90,9 +91,12 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
     (lost,) = rank_hosts - {fields["BatchHost"]}  # a node of the step that is not the batch script's
     subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     try:
-        assert wait_until_done(job_id, timeout_s=300) == "COMPLETED"
+        poll(lambda: bool(step_records(run_dir)), "the supervisor to end the step and start the ranks again without the lost node", 180)
     finally:
+        # Back as soon as the job left it out: until then (or until Slurm declares it DOWN, a
+        # minute on) the job could not finish, as Slurm waits for every node of it to end it.
         subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
+    assert wait_until_done(job_id, timeout_s=300) == "COMPLETED"
     assert restarts(job_id) == 0  # never requeued: the spare took the lost node's place
     first, second = step_records(run_dir)
     assert first["hung"] and lost in first["lost_nodes"] and second["nodes_excluded"] == [lost]

@@ -54,7 +54,7 @@ def most_at_once(intervals: list[tuple[datetime, datetime]]) -> int:
 
 def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_it(tmp_path):
     done = launch_sweep(
-        "optim.lr=0.05,0.1", "model=mlp,cnn", "sweep.max_parallel=2", "cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=2", cwd=tmp_path
+        "optim.lr=0.05,0.1", "model=mlp,cnn", "sweep.max_parallel=2", "cluster=simulated", "resources.tasks_per_node=1", "trainer.epochs=1", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
     (array_id,) = re.findall(r"submitted job array (\d+): 4 tasks \(points #0, #1, #2, #3\), at most 2 at once", done.stdout)
@@ -91,14 +91,14 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     # Runs named by their swept values; no speedup or scaling plot when the rank count never varies.
-    rows = [line for line in report.stdout.splitlines() if re.match(r"\| \d \| 2 \| 1 \| (0\.05|0\.1) \| (mlp|cnn) \|", line)]
+    rows = [line for line in report.stdout.splitlines() if re.match(r"\| \d \| 1 \| 1 \| (0\.05|0\.1) \| (mlp|cnn) \|", line)]
     assert len(rows) == 4, report.stdout
     assert not (sweep_dir / "scaling.png").exists() and (sweep_dir / "loss.png").stat().st_size > 0
     assert all(f["speedup"] is None and f["efficiency"] is None for f in json.loads((sweep_dir / "report.json").read_text()))
 
 
 def test_scaling_preset_submits_one_array_per_shape_and_reports_efficiency(tmp_path):
-    done = launch_sweep("experiment=scaling", "cluster=simulated", "resources.tasks_per_node=1", "trainer.epochs=2", cwd=tmp_path)
+    done = launch_sweep("experiment=scaling", "cluster=simulated", "resources.tasks_per_node=1", "trainer.epochs=1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert len(re.findall(r"submitted job (\d+) \(point #\d\)", done.stdout)) == 3
     sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))
