@@ -92,8 +92,9 @@ class NodeLoss:
 
 
 def start_job_now(job_id: str) -> None:
+    """Lift a pending job's hold; one Slurm started meanwhile ("no longer pending") is fine."""
     error = start_now(job_id)
-    if error:
+    if error and job_state(job_id) == "PENDING":
         raise RuntimeError(f"scontrol update jobid={job_id} starttime=now: {error}")
 
 
@@ -143,10 +144,8 @@ def lose_nodes(jobs: list[tuple[str, bool]]) -> list[NodeLoss]:
             poll(lambda job_id=job_id: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
         poll(lambda: nodes_settled(except_nodes=lost_nodes), "the other nodes to finish the ended runs")
         second_nodes = []
-        for job_id, _ in jobs:  # each as soon as the nodes left have room (Slurm may start it first)
-            error = start_now(job_id)
-            if error and job_state(job_id) == "PENDING":
-                raise RuntimeError(f"scontrol update jobid={job_id} starttime=now: {error}")
+        for job_id, _ in jobs:  # each as soon as the nodes left have room
+            start_job_now(job_id)
             poll(lambda job_id=job_id: job_state(job_id) != "PENDING", f"job {job_id} to run again", 300)
             second_nodes.append(job_hosts(job_fields(job_id)["NodeList"]))
     finally:
