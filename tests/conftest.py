@@ -3,7 +3,6 @@ leftover jobs are cancelled so that they cannot hold nodes the next test needs."
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,17 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that submit to Slurm form one pytest-xdist group (scripts/test.sh runs the suite
+    with `-n 2 --dist loadgroup`): one worker runs them one after another, since they share the
+    simulated cluster's nodes and `needs_slurm` cancels every job a test leaves, while the other
+    worker runs the rest. A rank's start or a launcher is one busy core, and a Slurm test mostly
+    waits for Slurm: side by side, the two streams fill the cores one of them alone leaves idle."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None or "needs_slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests]
 
 
@@ -38,24 +48,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Each tier's share of the suite's time: the budget (CI's 90 minutes, 30 wanted) is watched
-    by tier. $HPCTK_TIER_TIMES (scripts/test.sh) adds up the runs of one test command. With
-    several workers (pytest -n) a tier's time is its tests' total, more than the wall time."""
-    if hasattr(terminalreporter.config, "workerinput"):
+    by tier. With several workers (pytest -n) a tier's time is its tests' total, more than the
+    wall time pytest prints."""
+    if hasattr(terminalreporter.config, "workerinput") or not TIER_SECONDS:
         return  # a pytest-xdist worker: its controller hears every report and sums them
-    tiers = {tier: list(value) for tier, value in TIER_SECONDS.items()}
-    record = Path(os.environ["HPCTK_TIER_TIMES"]) if os.environ.get("HPCTK_TIER_TIMES") else None
-    if record is not None:
-        try:
-            earlier = json.loads(record.read_text() or "{}")
-        except (OSError, ValueError):
-            earlier = {}
-        for tier, (seconds, tests) in earlier.items():
-            tiers[tier] = [tiers.get(tier, [0.0, 0])[0] + seconds, tiers.get(tier, [0.0, 0])[1] + tests]
-        record.write_text(json.dumps(tiers))
-    if not tiers:
-        return
-    total = sum(seconds for seconds, _ in tiers.values())
-    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(tiers.items(), key=lambda kv: -kv[1][0]))
+    total = sum(seconds for seconds, _ in TIER_SECONDS.values())
+    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0]))
     terminalreporter.write_line(f"time by tier: {shown}; all {total / 60:.1f} min")
 
 
@@ -91,7 +89,8 @@ def needs_mpi() -> None:
 @pytest.fixture
 def needs_slurm(tmp_path: Path):
     """A running Slurm; the jobs a test leaves queued or running are cancelled after it (under CI,
-    where tests run one at a time, every new job; elsewhere those submitted from its tmp_path)."""
+    where the Slurm tests run one at a time, every new job; elsewhere those submitted from its
+    tmp_path)."""
     require(slurm_is_up(), "a running Slurm cluster (scripts/slurm-sim.sh start)")
     before = set(queued_jobs())
     yield
