@@ -32,6 +32,7 @@ from hpc.config.compose import (
     sweeper_config,
 )
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
+from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.search import STUDY_SWEEPER, Search, check_search, is_basic
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
@@ -78,10 +79,14 @@ def discard(run_dir: RunDir) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Hydra's own command-line parser: `--config-dir DIR` and `--config-dir=DIR` alike."""
+    """Hydra's own command-line parser: `--config-dir DIR` and `--config-dir=DIR` alike. A
+    script's own options before `--` get a line saying where they go."""
     from hydra._internal.utils import get_args_parser
 
-    return get_args_parser().parse_args(argv)
+    args, unknown = get_args_parser().parse_known_args(argv)
+    if unknown:
+        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (a script's own arguments go after --: python launch.py script=train.py -- --lr 0.1)")
+    return args
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource:
@@ -136,7 +141,7 @@ def restrict_access(jobs: list[JobConfig]) -> None:
     apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
 
 
-def run_single(args: argparse.Namespace) -> bool:
+def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
     """One job with one Hydra composition: the config that is checked is the one that runs
     (hydra.main would compose it twice more: once for the run mode, once for the run). False,
     having done nothing, where the config itself asks for a multirun (hydra.mode=MULTIRUN)."""
@@ -155,6 +160,7 @@ def run_single(args: argparse.Namespace) -> bool:
             if cfg.hydra.mode == RunMode.MULTIRUN:
                 return False
             job = validated(cfg)
+            job = with_script_args(job, script_args)
             restrict_access([job])
         except UserError as err:
             fail(str(err), err.exit_code)
@@ -197,10 +203,17 @@ def cli() -> None:
         load_plugins()
     except UserError as err:
         fail(str(err), err.exit_code)
-    args = parse_args(sys.argv[1:])
+    argv, script_args = split_passthrough(sys.argv[1:])
+    sys.argv[1:] = argv  # Hydra's own parsing (a multirun's) sees its arguments only
+    try:
+        args = parse_args(argv)
+        if script_args is not None and (args.multirun or info_only(args)):
+            raise UserError("arguments after -- go to a single run's script: with -m (or --cfg, --help) give the script's settings as script_args=[...]")
+    except UserError as err:
+        fail(str(err), err.exit_code)
     if not info_only(args) and not args.multirun:
         try:
-            if run_single(args):
+            if run_single(args, script_args):
                 sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
                 return
         except BrokenPipeError:

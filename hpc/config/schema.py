@@ -102,6 +102,14 @@ class JobConfig:
     # The task trained (trainers/task.py): `_target_` names its class, the other keys are its
     # constructor's arguments (any keys: the user's class declares them, checked on the rank).
     task: dict[str, Any] = field(default_factory=lambda: {"_target_": CLASSIFY_TASK})
+    # Your own training script instead of a task (hpc/config/scripts.py): a file (train.py), a
+    # module run as `python -m` would (pkg.train) or a function (pkg.train:main), started on
+    # every rank with torchrun's environment. script_args: its own arguments, as typed after
+    # `--` on launch.py's command line; workdir: the ranks' working directory (None: where
+    # launch.py ran, pinned at launch).
+    script: str | None = None
+    script_args: list[str] = field(default_factory=list)
+    workdir: str | None = None
     name: str = "train"
     run_root: str = "runs"  # run directories go under here (relative: to the launch dir)
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing

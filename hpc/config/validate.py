@@ -13,6 +13,7 @@ from typing import Any
 from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS, CPU_BACKENDS
 from collectives.mpirun import find_mpirun
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
+from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
 from hpc.fabric.topology import check_topology, parse_topology_conf
@@ -348,6 +349,17 @@ def check_optim_targets(job: JobConfig) -> None:
         raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} is for the built-in schedules; with optim.scheduler, warm up in the scheduler")
 
 
+def check_user_script(job: JobConfig) -> None:
+    """script=: found and parsed without importing it (hpc.config.scripts); the task's keys
+    configure the built-in loop, which a script replaces."""
+    if job.task.get("_target_") != CLASSIFY_TASK or len(job.task) > 1:
+        raise UserError(f"script={job.script} and task._target_={job.task.get('_target_')} both say what runs on the ranks; give one of them")
+    workdir = Path(job.workdir) if job.workdir else Path.cwd()
+    if not workdir.is_dir():
+        raise UserError(f"workdir={job.workdir}: no such directory")
+    check_script(job.script or "", workdir)
+
+
 def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | None:
     """Every check of a job, on the login node (launch.py, each sweep point) and inside an
     allocation a user got with plain sbatch (hpc.submit.prepare). There the allocation Slurm
@@ -360,6 +372,9 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     if not in_allocation:
         check_launcher_tools(job)
     check_optim_targets(job)
+    if job.script is not None:
+        check_user_script(job)
+        return None
     builtin = check_task(job)
     augmenting = [key for key, value in (("data.crop", job.data.crop), ("data.flip", job.data.flip)) if value]
     if augmenting and not builtin:

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # mpirun, a hand-typed sbatch script: no stop signal
 import contextlib
 import logging
 import os
+import shlex
 import sys
 import time
 from datetime import datetime
@@ -48,6 +49,7 @@ from hpc.rundir import RunDir
 if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
     from collectives.base import Collectives
     from hpc.config.schema import JobConfig
+    from hpc.rank.script import ScriptResult
     from trainers.preemption import StopFlag
     from trainers.run import FitResult
     from trainers.watchdog import Watchdog
@@ -132,6 +134,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         )
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)
+        if job.script is not None:  # the user's own script instead of the built-in loop
+            return after_script(script_rank(job, rank, stop), job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
@@ -150,6 +154,42 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             raise
         comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
     return after_fit(result, job, run_dir, rank, stop)
+
+
+def script_rank(job: JobConfig, rank: RankInfo, stop: StopFlag) -> ScriptResult:
+    """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
+    error the script raises (or its own non-zero exit) ends the job as a task's would."""
+    from hpc.rank.failures import repeats
+    from hpc.rank.script import ScriptFailed, ScriptResult, run_script
+
+    if stop.raised:  # caught while Python and torch were importing
+        return ScriptResult(str(job.script), stopped_by=stop.signal_name)
+    log.info("script %s", shlex.join([str(job.script), *job.script_args]))
+    stop.phase = "training"
+    try:
+        return run_script(str(job.script), job.script_args, str(job.workdir), rank, STOP_SIGNALS, Path(__file__).resolve().parents[2])
+    except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
+        log.error("error: %s; ending all %d ranks", err, rank.world_size)
+        end_for_good(rank, str(err))
+        logging.shutdown()
+        raise SystemExit(1) from None
+    except Exception as err:
+        lasting = repeats(err)
+        log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
+        if lasting:
+            end_for_good(rank, f"{type(err).__name__}: {err}")
+        else:
+            log.error("%s need not repeat: counted as a failure, like a lost rank (restart or requeue, within the failure budget)", type(err).__name__)
+        logging.shutdown()
+        raise
+
+
+def end_for_good(rank: RankInfo, why: str) -> None:
+    """No restart in the allocation and no requeue: the error would repeat."""
+    mark_error(os.environ, f"rank {rank.rank}: {why}")
+    job_id = forbid_failure_requeue(os.environ)
+    if job_id is not None:
+        log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
 
 
 def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
@@ -223,7 +263,14 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
     comm.abort(1)
 
 
-def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
+def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
+    """after_fit for a script: the same summary and requeue. What it saved is its own."""
+    if result.stopped_by and stop.signal_name is None:
+        stop.note(result.stopped_by, time.time(), "training")
+    return after_fit(result, job, run_dir, rank, stop)
+
+
+def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
     """The summary (result.json on rank 0), and after a stop what follows: a requeue by the batch
     script, by rank 0 itself, or exit code 75 for whoever starts the run dir again."""
     status = "stopped" if result.stopped_by else "completed"
@@ -247,8 +294,9 @@ def after_fit(result: FitResult, job: JobConfig, run_dir: RunDir, rank: RankInfo
     stopped_by = stop.signal_name or str(result.stopped_by)
     Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
     hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
-    saved = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
-    stopped = f"stopped by {stopped_by}{hit} at step {result.steps}, {saved}"
+    saved = "the script keeps what it saved" if job.script else "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
+    at = "" if job.script else f" at step {result.steps}"  # a script's steps are its own
+    stopped = f"stopped by {stopped_by}{hit}{at}, {saved}"
     if requeue_id is None:
         log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
     elif request_requeue(os.environ, requeue_id, stopped):

@@ -9,21 +9,23 @@ from dataclasses import replace
 from pathlib import Path
 
 from collectives.mpirun import huge_pages_environment, root_environment
-from hpc.config.schema import JobConfig, code_targets, task_target
+from hpc.config.schema import JobConfig, task_target
+from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
-from hpc.submit.snapshot import freeze_code, user_sources
+from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
 from trainers.datasets import DatasetInfo
 
 
 def resolved_yaml(job: JobConfig) -> str:
+    """config.yaml: the job as the ranks read it back (a script's arguments verbatim)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.structured(job))
+    return OmegaConf.to_yaml(OmegaConf.structured(replace(job, script_args=[literal(arg) for arg in job.script_args])))
 
 
 def rank_environment(job: JobConfig) -> dict[str, str]:
@@ -47,6 +49,10 @@ def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
     if info is not None:
         files = info.files or (info.path,)  # a glob or a directory pinned to the shards it matched now
         job = replace(job, data=replace(job.data, path=str(Path(files[0])) if len(files) == 1 else [str(Path(f)) for f in files]))
+    if job.script is not None:  # the ranks find the script, and start, where launch.py ran
+        workdir = Path(job.workdir).resolve() if job.workdir else Path.cwd()
+        script = parse_script(job.script, workdir)
+        job = replace(job, script=str(script.path) if script.path else job.script, workdir=str(workdir))
     if task_target(job) == LM_TASK:
         from trainers.tokens import TokenDataError, resolve_token_path
 
@@ -79,7 +85,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
             print(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
         return code
     try:
-        job_id = slurm.submit(job, env, run_dir, freeze_code(run_dir.code, user=user_sources(code_targets(job))))
+        job_id = slurm.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
     except UserError:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise

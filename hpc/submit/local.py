@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from collectives.mpirun import find_mpirun, mpirun_command
-from hpc.config.schema import JobConfig, code_targets
+from hpc.config.schema import JobConfig
 from hpc.env import TTY_VARIABLE
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit.ranks import run_in_session
-from hpc.submit.snapshot import freeze_code, user_sources
+from hpc.submit.snapshot import freeze_job_code
 
 
 def rank_command(job: JobConfig, run_dir: RunDir, mpirun: str | None = None) -> list[str]:
@@ -56,7 +56,7 @@ def run_local(
     if mpirun is None:
         raise UserError("mpirun not found: run scripts/install.sh")
     if code is None:
-        code = run_dir.code if run_dir.code.is_dir() else freeze_code(run_dir.code, user=user_sources(code_targets(job)))
+        code = run_dir.code if run_dir.code.is_dir() else freeze_job_code(run_dir.code, job)
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
     command = pinned_command(rank_command(job, run_dir, mpirun), env, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hpc.config.compose import compose_job
 from hpc.config.schema import JobConfig
+from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.validate import validate_job
 from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
 from hpc.errors import UserError
@@ -54,9 +55,13 @@ def job_run_dir(job: JobConfig, job_id: str) -> tuple[RunDir, bool]:
     return RunDir(path), existed
 
 
-def prepare_exports(overrides: list[str], env: Mapping[str, str]) -> str:
+def prepare_exports(argv: list[str], env: Mapping[str, str]) -> str:
+    """The shell lines that export the run dir and the ranks' environment; `argv`: Hydra
+    overrides, then after `--` a script's own arguments (verbatim), as launch.py takes them."""
+    overrides, script_args = split_passthrough(argv)
     nodes, tasks_per_node = granted_shape(env)
     job = fit_to_allocation(compose_job(overrides), nodes, tasks_per_node, overrides)
+    job = with_script_args(job, script_args)
     job = pin_inputs(job, validate_job(job, in_allocation=True))
     job_id = slurm_job_id(env) or "nojob"
     run_dir, existed = job_run_dir(job, job_id)

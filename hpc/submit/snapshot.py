@@ -19,6 +19,8 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from hpc.config.schema import JobConfig, code_targets
+from hpc.config.scripts import SCRIPT_DIR, frozen_files, parse_script
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT
 
@@ -81,14 +83,36 @@ def _copy_sources(source_root: Path, dest: Path) -> int:
     return copied
 
 
-def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()) -> Path:
+def freeze_job_code(dest: Path, *jobs: JobConfig) -> Path:
+    """freeze_code for `jobs` (one, or a sweep's points sharing one copy): the toolkit, the user's
+    packages their configs name (a task, an optimizer, a script's module) and a script file's
+    directory."""
+    targets = [target for job in jobs for target in code_targets(job)]
+    script_dirs = set()
+    for job in jobs:
+        script = parse_script(job.script, Path(job.workdir or ".")) if job.script else None
+        if script is not None and script.module is not None:
+            targets.append(script.module)
+        if script is not None and script.path is not None:
+            script_dirs.add(script.path.parent)
+    if len(script_dirs) > 1:
+        listed = ", ".join(sorted(map(str, script_dirs)))
+        raise UserError(f"the points of a sweep run scripts from {len(script_dirs)} directories ({listed}); sweep scripts of one directory")
+    return freeze_code(dest, user=user_sources(targets), script_dir=next(iter(script_dirs), None))
+
+
+def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None) -> Path:
     """Copy the sources under `root` into `dest` (created; must not exist), and the user's task
     packages (`user`: package directories or module files, see user_sources) beside them, so the
-    ranks import those frozen copies too; returns `dest`."""
+    ranks import those frozen copies too, and a script file's directory as <dest>/script (the
+    ranks run the script from there); returns `dest`."""
     dest.mkdir(parents=True)
     copied = sum(_copy_sources(root / package, dest / package) for package in (*PACKAGES, "conf"))
     for source in user:
         copied += _copy_sources(source, dest / source.name)
+    if script_dir is not None:
+        for source in frozen_files(script_dir):
+            copied += _copy_sources(source, dest / SCRIPT_DIR / source.relative_to(script_dir))
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES, "conf"], root) if commit else None
     if diff:
@@ -99,6 +123,7 @@ def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()
         "git_commit": commit.strip() if commit else None,
         "dirty": bool(diff),
         "user": [str(source) for source in user],
+        "script_dir": str(script_dir) if script_dir is not None else None,
     }
     (dest / "SOURCE.json").write_text(json.dumps(source_info, indent=2, sort_keys=True) + "\n")
     return dest

@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpc.config.schema import JobConfig, code_targets
+from hpc.config.schema import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit import local, slurm
 from hpc.submit.launch import prepare, rank_environment, resolved_yaml
-from hpc.submit.snapshot import freeze_code, user_sources
+from hpc.submit.snapshot import freeze_job_code
 from hpc.submit.tidy import prune_empty
 
 SWEEP_FILE = "sweep.json"
@@ -88,7 +88,7 @@ def submit_arrays(points: Sequence[SweepPoint], sweep_dir: Path, record: dict[st
     sources are frozen once per sweep: a search's later batches run the code its first one did."""
     code = sweep_dir / "code"
     if not code.is_dir():
-        freeze_code(code, user=user_sources(t for p in points for t in code_targets(p.job)))
+        freeze_job_code(code, *(p.job for p in points))
     for params, group in sweep_groups(points, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
         try:
             record["arrays"].append(submit_group(params, group, sweep_dir, record["points"]))

@@ -1,0 +1,141 @@
+"""A user's own script on this rank (`script=`, hpc.config.scripts), in the rank's process: the
+binding, the per-rank log and the stop signals the rank set up hold for the script too.
+
+The script sees what torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR, MASTER_PORT: `init_process_group("gloo"|"nccl")` with env:// meets
+the other ranks), its own arguments in sys.argv, its directory first on the import path, and
+the working directory launch.py ran in. A file runs from the copy frozen with the job.
+
+A stop signal (preemption, the time limit, Ctrl-C, scancel's SIGTERM) ends the script: it is
+raised in the script's main thread as ScriptStopped, so `finally` blocks and context managers run,
+and the job is requeued as a stopped training is (or, outside Slurm, the rank exits 75 for
+whoever starts the run dir again). What the script saved before is what it resumes from. A
+script that exits with code 75 itself (EXIT_RESUMABLE) is requeued the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
+from hpc.env import RankInfo, rendezvous
+from hpc.rank.lifecycle import EXIT_RESUMABLE
+
+log = logging.getLogger("hpc.rank")
+
+
+class ScriptStopped(BaseException):
+    """A stop signal, raised in the script's main thread (a BaseException: a script's `except
+    Exception` does not swallow it)."""
+
+
+class ScriptFailed(Exception):
+    """The script ended with a non-zero exit code of its own (not 75): its own decision, so
+    it ends the job instead of restarting it."""
+
+
+@dataclass
+class ScriptResult:
+    """How the script ended, in result.json: `stopped_by` the signal (or "exit code 75")."""
+
+    script: str
+    stopped_by: str | None = None
+    steps: int = 0  # the script's steps are its own business: none counted here
+
+
+def torchrun_environment(rank: RankInfo, meet: tuple[str, int] | None) -> dict[str, str]:
+    """The variables torchrun gives each process (those a DDP script reads)."""
+    env = {
+        "RANK": str(rank.rank),
+        "WORLD_SIZE": str(rank.world_size),
+        "LOCAL_RANK": str(rank.local_rank),
+        "LOCAL_WORLD_SIZE": str(rank.local_world_size),
+        "GROUP_RANK": str(rank.node_rank),
+        "ROLE_RANK": str(rank.rank),
+        "ROLE_WORLD_SIZE": str(rank.world_size),
+    }
+    if meet is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = meet[0], str(meet[1])
+    return env
+
+
+def frozen_path(script: Path, code: Path) -> Path:
+    """Where the job's frozen copy of a script file is (hpc.submit.snapshot), or the file itself
+    when the ranks run unfrozen code (a hand-typed srun of an old run dir)."""
+    frozen = code / SCRIPT_DIR / script.name
+    return frozen if frozen.is_file() else script
+
+
+@contextmanager
+def raising_stops(signals: tuple[signal.Signals, ...]) -> Iterator[list[str]]:
+    """While inside, each of `signals` raises ScriptStopped in the main thread (once: a second
+    signal during the script's own clean-up is noted, not raised again). Yields the names of the
+    signals received."""
+    received: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        if len(received) == 1:
+            raise ScriptStopped(received[0])
+
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_script(spec: str, args: list[str], workdir: str, rank: RankInfo, signals: tuple[signal.Signals, ...], code: Path) -> ScriptResult:
+    """Run the script to its end. Returns how it ended (completed, or stopped by a signal or by
+    its own exit code 75); raises ScriptFailed for a non-zero exit and what the script raised."""
+    script = parse_script(spec, Path(workdir))
+    os.environ.update(torchrun_environment(rank, rendezvous(os.environ)))
+    os.chdir(workdir)
+    result = ScriptResult(spec)
+    with raising_stops(signals) as received:
+        try:
+            call(script, args, code)
+        except ScriptStopped as stopped:
+            result.stopped_by = str(stopped)
+        except Exception:
+            if not received:
+                raise
+            result.stopped_by = received[0]  # torn down by the stop (a peer gone from a collective): a stop all the same
+        except SystemExit as done:
+            code_or_text = done.code
+            if code_or_text == EXIT_RESUMABLE:
+                result.stopped_by = f"the script's exit code {EXIT_RESUMABLE} (resumable)"
+            elif code_or_text not in (None, 0):
+                raise ScriptFailed(f"the script exited with {code_or_text!r}") from None
+    if received and result.stopped_by is None:  # a signal during the script's last instructions
+        result.stopped_by = received[0]
+    return result
+
+
+def call(script: Script, args: list[str], code: Path) -> None:
+    """`python FILE args`, `python -m MODULE args`, or `MODULE.FUNCTION()` with argv set."""
+    if script.path is not None:
+        path = frozen_path(script.path, code)
+        sys.argv = [str(path), *args]
+        sys.path.insert(0, str(path.parent))  # as `python FILE` does: its sibling modules import
+        runpy.run_path(str(path), run_name="__main__")
+        return
+    assert script.module is not None
+    if script.function is None:
+        sys.argv = [script.module, *args]  # runpy puts the module's file there, as `python -m` does
+        runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+        return
+    import importlib
+
+    sys.argv = [f"{script.module}:{script.function}", *args]
+    function = getattr(importlib.import_module(script.module), script.function)
+    function()

@@ -1,0 +1,43 @@
+"""A user's unchanged torchrun-style script on the simulated Slurm cluster (`script=train.py`):
+two ranks on two nodes meet through torchrun's variables, and a stop signal mid-run requeues the
+job, whose second start runs the script (from its frozen copy) to the end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.simcluster import parse_job_id, poll, release_when_requeued
+from tests.conftest import wait_until_done
+from tests.support.runs import ROOT, run_dirs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
+
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
+
+
+def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=1"]
+    command += [f"run_root={tmp_path / 'runs'}", "--", "--steps", "150", "--step-seconds", "0.05", "--out", str(out), "two words"]
+    submitted = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = parse_job_id(submitted.stdout)
+    (run_dir,) = run_dirs(tmp_path)
+    poll(lambda: (out / "progress-1.txt").exists(), "the script's first steps")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)  # what Slurm sends before the time limit
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    first_log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "stopped by SIGUSR1, the script keeps what it saved; external signal: requeueing job" in first_log, first_log[-2000:]
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "completed" and summary["restarts"] == 1 and (summary["world_size"], summary["num_nodes"]) == (2, 2)
+    ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    for rank, seen in enumerate(ranks):
+        assert seen["env"]["RANK"] == str(rank) and seen["env"]["WORLD_SIZE"] == "2" and seen["env"]["LOCAL_RANK"] == "0"
+        assert seen["extra"] == ["two words"] and seen["cwd"] == str(tmp_path)
+        assert seen["file"] == str(run_dir / "code" / "script" / "train.py")
+    assert ranks[0]["weights"] == ranks[1]["weights"] and ranks[0]["env"]["MASTER_ADDR"] == ranks[1]["env"]["MASTER_ADDR"]

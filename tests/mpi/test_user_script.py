@@ -1,0 +1,98 @@
+"""A user's own torchrun-style script, unchanged, through launch.py (`script=train.py -- ARGS`):
+on two local ranks it gets torchrun's environment and ends with the weights torchrun itself
+gives it; its arguments arrive as typed; a stop ends it resumable; its own exit codes count."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.runs import ROOT, run_dirs
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
+# Arguments Hydra or OmegaConf would read as their own (a sweep's comma, an interpolation, quotes,
+# an override's `=`) must reach the script exactly as typed.
+TRICKY = ["a b", "${HOME}", "\\${x}", "x=1,2", 'it\'s "quoted"', "+key=value", "-m", "--cfg"]
+
+
+def launch_script(work: Path, *overrides: str, script_args: list[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", f"run_root={work / 'runs'}", *overrides, "--", *script_args]
+
+
+def ranks_report(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
+
+
+def test_a_torchrun_script_runs_unchanged_on_two_ranks_as_torchrun_runs_it(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["--steps", "20", "--out", str(tmp_path / "ours"), "--", *TRICKY]
+    done = subprocess.run(launch_script(work, "resources.tasks_per_node=2", script_args=args), cwd=work, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ours = ranks_report(tmp_path / "ours", 2)
+    (run_dir,) = run_dirs(work)
+    for rank, seen in enumerate(ours):
+        assert seen["argv"] == args and seen["extra"] == TRICKY  # verbatim, through config.yaml and back
+        assert seen["rank"] == rank and seen["world"] == 2
+        assert seen["env"]["LOCAL_RANK"] == str(rank) and seen["env"]["LOCAL_WORLD_SIZE"] == "2" and seen["env"]["WORLD_SIZE"] == "2"
+        assert seen["cwd"] == str(work)  # where launch.py ran, as torchrun's processes start
+        assert Path(seen["file"]) == run_dir / "code" / "script" / "train.py"  # the frozen copy
+    assert (run_dir / "code" / "script" / "model.py").is_file()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["finished"] is True and result["world_size"] == 2
+    assert (run_dir / "logs" / "rank-00001.log").is_file()
+
+    # torchrun itself, on the same script and arguments: the same final weights, bit for bit
+    theirs_args = ["--steps", "20", "--out", str(tmp_path / "theirs")]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT), *theirs_args]
+    reference = subprocess.run(torchrun, cwd=work, capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    theirs = ranks_report(tmp_path / "theirs", 2)
+    assert [r["weights"] for r in ours] == [r["weights"] for r in theirs]
+    assert ours[0]["weights"] == ours[1]["weights"]  # DDP kept the ranks in step
+
+
+def test_a_stop_ends_the_script_resumable_and_its_own_exit_codes_count(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = tmp_path / "out"
+    # Ctrl-C (SIGINT to launch.py, passed on to every rank) in the middle of a slow run
+    proc = subprocess.Popen(
+        launch_script(work, "resources.tasks_per_node=2", script_args=["--steps", "10000", "--step-seconds", "0.05", "--out", str(out)]),
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not all((out / f"progress-{rank}.txt").exists() for rank in range(2)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)  # polling the script's progress files: there is no event to wait on
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    (run_dir,) = run_dirs(work)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "stopped" and result["stopped_by"] == "SIGINT" and result["finished"] is False
+    assert "stopped by SIGINT, the script keeps what it saved; not a Slurm job" in stdout
+    assert not (out / "rank-0.json").exists()  # it never reached its end
+
+    # Its own exit code 75 is a stop too (requeued on Slurm); any other non-zero one a failure
+    def one_rank(exit_code: int) -> subprocess.CompletedProcess[str]:
+        command = launch_script(tmp_path, "resources.tasks_per_node=1", script_args=["--steps", "2", "--out", str(out), "--exit-code", str(exit_code)])
+        return subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
+
+    resumable = one_rank(75)
+    assert resumable.returncode == 75, resumable.stderr[-2000:]
+    assert "stopped by the script's exit code 75 (resumable)" in resumable.stdout
+    failed = one_rank(3)
+    assert failed.returncode not in (0, 75)
+    assert "error: the script exited with 3; ending all 1 ranks" in failed.stdout + failed.stderr

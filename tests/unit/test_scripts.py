@@ -1,0 +1,170 @@
+"""script= on the login node (hpc.config.scripts): the three forms, found and parsed without
+importing anything, one-line refusals, arguments after `--` kept verbatim through config.yaml,
+torchrun's variables, and the stop of a script raised in its main thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from hpc.config.schema import to_job_config
+from hpc.config.scripts import Script, check_script, literal, parse_script, split_passthrough, with_script_args
+from hpc.config.validate import validate_job
+from hpc.env import RankInfo
+from hpc.errors import UserError
+from hpc.rank.script import ScriptStopped, raising_stops, torchrun_environment
+from hpc.submit.launch import resolved_yaml
+from hpc.submit.snapshot import freeze_job_code
+from tests.support.runs import ROOT
+
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
+
+
+def test_the_three_forms_parse_as_a_user_would_start_them(tmp_path):
+    assert parse_script("train.py", tmp_path) == Script(path=tmp_path / "train.py")
+    assert parse_script("sub/run", tmp_path) == Script(path=tmp_path / "sub" / "run")
+    assert parse_script("pkg.train", tmp_path) == Script(module="pkg.train")
+    assert parse_script("pkg.train:main", tmp_path) == Script(module="pkg.train", function="main")
+    for bad in ("", "pkg train", "pkg.train:", "pkg.train:main()", "1pkg.x"):
+        with pytest.raises(UserError, match="script="):
+            parse_script(bad, tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_script_is_found_and_parsed_without_being_imported(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # Importing these would raise: only their sources are read.
+    write(tmp_path / "mypkg" / "__init__.py", "raise RuntimeError('imported')\n")
+    write(tmp_path / "mypkg" / "train.py", "raise RuntimeError('imported')\ndef main():\n    pass\n")
+    write(tmp_path / "mypkg" / "__main__.py", "raise RuntimeError('imported')\n")
+    assert check_script("mypkg.train:main", tmp_path).function == "main"
+    assert check_script("mypkg.train", tmp_path).module == "mypkg.train"
+    assert check_script("mypkg", tmp_path).module == "mypkg"  # python -m mypkg: its __main__.py
+    assert "mypkg" not in sys.modules
+    write(tmp_path / "broken.py", "def f(:\n")
+    refusals = {
+        "missing.py": "no such file",
+        "mypkg.train:run": "defines no function run at its top level",
+        "mypkg.nothing": "no module 'mypkg.nothing' on the import path",
+        "nopkg.train:main": "no module 'nopkg' on the import path",
+        "broken.py": "broken.py line 1",
+    }
+    for spec, fragment in refusals.items():
+        with pytest.raises(UserError, match=fragment):
+            check_script(spec, tmp_path)
+    (tmp_path / "mypkg" / "__main__.py").unlink()
+    with pytest.raises(UserError, match="a package without __main__.py"):
+        check_script("mypkg", tmp_path)
+
+
+def test_a_script_in_a_directory_of_thousands_of_sources_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("hpc.config.scripts.MAX_FROZEN_FILES", 3)
+    for name in ("a", "b", "c"):
+        write(tmp_path / "lib" / f"{name}.py", "")
+    write(tmp_path / "train.py", "")
+    with pytest.raises(UserError, match="holds 4 source files, all frozen with the job"):
+        check_script("train.py", tmp_path)
+
+
+def test_a_script_and_a_task_are_refused_together_and_nothing_else_of_the_task_is_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = replace(to_job_config({}), script=str(SCRIPT), data=replace(to_job_config({}).data, path=str(tmp_path / "absent.h5")))
+    assert validate_job(job) is None  # the built-in task's data is not the script's business
+    with pytest.raises(UserError, match="both say what runs on the ranks; give one of them"):
+        validate_job(replace(job, task={"_target_": "mytasks.noisy.Noisy"}))
+    with pytest.raises(UserError, match="workdir=.*no such directory"):
+        validate_job(replace(job, workdir=str(tmp_path / "gone")))
+
+
+@settings(max_examples=60, deadline=None)  # a config round trip: tens of ms, more on a loaded machine
+@given(st.lists(st.text(alphabet=st.sampled_from(["\\", "$", "{", "}", "a", " ", "'", '"', ",", "=", ":"]), max_size=12), max_size=4))
+def test_script_arguments_survive_config_yaml_verbatim(args):
+    job = replace(to_job_config({}), script="train.py", script_args=args)
+    assert to_job_config(OmegaConf.create(resolved_yaml(job))).script_args == args
+
+
+def test_literal_escapes_only_what_omegaconf_would_interpolate():
+    assert literal("${HOME}") == "\\${HOME}"
+    assert literal("a\\b") == "a\\b"  # a backslash elsewhere is literal to OmegaConf already
+    assert literal("\\${x}") == "\\\\\\${x}"
+
+
+def test_arguments_after_the_double_dash_go_to_the_script_only():
+    assert split_passthrough(["a=1", "b=2"]) == (["a=1", "b=2"], None)
+    assert split_passthrough(["a=1", "--", "--lr", "0.1", "--", "x"]) == (["a=1"], ["--lr", "0.1", "--", "x"])
+    assert split_passthrough(["--"]) == ([], [])
+    job = to_job_config({})
+    assert with_script_args(job, None) is job
+    with pytest.raises(UserError, match="go to a script, and none is given: add script=train.py"):
+        with_script_args(job, ["--lr", "0.1"])
+    assert with_script_args(replace(job, script="t.py"), ["--lr"]).script_args == ["--lr"]
+
+
+def test_torchrun_variables_come_from_the_ranks_place():
+    rank = RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, num_nodes=2, hosts=("n1", "n2"), launcher="slurm")
+    env = torchrun_environment(rank, ("n1", 21234))
+    assert env == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "ROLE_RANK": "3",
+        "ROLE_WORLD_SIZE": "4",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "21234",
+    }
+    assert RankInfo.from_env({**env, "LOCAL_WORLD_SIZE": "2"}).rank == 3  # what the toolkit itself reads back
+
+
+def test_a_stop_signal_is_raised_once_in_the_scripts_main_thread():
+    caught, before = [], signal.getsignal(signal.SIGUSR1)
+    with raising_stops((signal.SIGUSR1,)) as received:
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(1000):  # the handler runs at the next bytecode
+                pass
+        except ScriptStopped as stopped:
+            caught.append(str(stopped))
+            os.kill(os.getpid(), signal.SIGUSR1)  # during the script's clean-up: noted, not raised again
+    assert caught == ["SIGUSR1"] and received == ["SIGUSR1", "SIGUSR1"]
+    assert signal.getsignal(signal.SIGUSR1) == before  # the rank's own handler back
+
+
+def test_a_script_files_directory_is_frozen_with_the_job(tmp_path):
+    job = replace(to_job_config({}), script=str(SCRIPT), workdir=str(tmp_path))
+    code = freeze_job_code(tmp_path / "code", job)
+    assert sorted(p.name for p in (code / "script").iterdir()) == ["model.py", "train.py"]
+    assert (code / "script" / "train.py").read_text() == SCRIPT.read_text()
+
+
+def test_launch_refuses_a_scripts_options_before_the_double_dash_and_arguments_without_a_script(tmp_path):
+    def launch(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(ROOT / "launch.py"), f"run_root={tmp_path / 'runs'}", *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    for args, fragment in (
+        ((f"script={SCRIPT}", "--lr", "0.1"), "unrecognized arguments: --lr 0.1 (a script's own arguments go after --"),
+        (("dry_run=true", "--", "--lr", "0.1"), "arguments after -- (--lr 0.1) go to a script, and none is given"),
+        (("script=nothere.py",), "script=nothere.py: no such file"),
+    ):
+        done = launch(*args)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+    assert not (tmp_path / "runs").exists()
+    shown = launch(f"script={SCRIPT}", "dry_run=true", "--", "--out", "${HOME}")
+    assert shown.returncode == 0 and "script_args:\n- --out\n- \\${HOME}" in shown.stdout, shown.stdout[-1500:] + shown.stderr
