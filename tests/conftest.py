@@ -23,6 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that submit to Slurm form one pytest-xdist group (scripts/test.sh runs the suite
     with `-n 2 --dist loadgroup`): one worker runs them one after another, since they share the
