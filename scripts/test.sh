@@ -21,4 +21,5 @@ fi
 # Rank starts and launchers each keep one core busy and Slurm tests mostly wait, so side by side
 # they fill the two cores (one stream alone left a third of them idle). The time by tier that
 # ends the log adds up the tests of each tier (more than the wall time, which pytest prints).
-exec python3 -m pytest -q -ra -n 2 --dist loadgroup --durations=15 tests/unit tests/mpi tests/net tests/e2e
+# The unit tier comes last: its many short tests fill the end, after the long ones have started.
+exec python3 -m pytest -q -ra -n 2 --dist loadgroup --durations=15 tests/mpi tests/net tests/e2e tests/unit

@@ -41,7 +41,8 @@ BUDGET_S = {
     "loader": 45,
     "unit": 90,
 }
-CPU_BUDGET_S = {"environment": 30, "resnet50": 90, "lm": 60, "resume": 90, "handle": 5, "allreduce": 60, "scaling": 60, "loader": 45, "unit": 5}
+# The CPU plumbing mode runs beside other tests on 2 cores (CI): about 2.5x each check's time alone there.
+CPU_BUDGET_S = {"environment": 60, "resnet50": 200, "lm": 150, "resume": 200, "handle": 20, "allreduce": 150, "scaling": 150, "loader": 100, "unit": 20}
 
 
 class Stopped(Exception):
