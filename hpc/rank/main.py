@@ -186,7 +186,7 @@ def script_rank(job: JobConfig, rank: RankInfo, stop: StopFlag) -> ScriptResult:
 
 def end_for_good(rank: RankInfo, why: str) -> None:
     """No restart in the allocation and no requeue: the error would repeat."""
-    mark_error(os.environ, f"rank {rank.rank}: {why}")
+    mark_error(os.environ, f"rank {rank.rank}: {why}")  # the step supervisor starts no restart
     job_id = forbid_failure_requeue(os.environ)
     if job_id is not None:
         log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
@@ -250,10 +250,7 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
     if lasting:
-        mark_error(os.environ, f"rank {rank.rank}: {type(err).__name__}: {err}")  # the step supervisor starts no restart
-        job_id = forbid_failure_requeue(os.environ)
-        if job_id is not None:
-            log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
+        end_for_good(rank, f"{type(err).__name__}: {err}")
     else:
         log.error(
             "%s need not repeat: counted as a failure, like a lost rank (restart or requeue from the newest checkpoint, within the failure budget)",
