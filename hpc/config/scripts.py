@@ -27,6 +27,7 @@ from hpc.config.schema import JobConfig
 from hpc.config.sources import find_module_file
 from hpc.errors import UserError
 
+SOURCE_SUFFIXES = {".py", ".yaml"}  # what is frozen of a job's code (hpc.submit.snapshot)
 SCRIPT_DIR = "script"  # a file's directory, frozen as <code>/script (hpc.submit.snapshot)
 # A file's directory is frozen whole (its .py and .yaml files): a script in a home directory or
 # at a repository's root with thousands of sources gets a clear refusal instead of a long copy.
@@ -40,10 +41,6 @@ class Script:
     path: Path | None = None
     module: str | None = None
     function: str | None = None
-
-    @property
-    def kind(self) -> str:
-        return "file" if self.path is not None else "function" if self.function else "module"
 
 
 def parse_script(spec: str, workdir: Path) -> Script:
@@ -101,9 +98,9 @@ def check_script(spec: str, workdir: Path) -> Script:
 
 
 def frozen_files(directory: Path) -> Iterator[Path]:
-    """The files of a script's directory that are frozen with it (hpc.submit.snapshot)."""
-    for path in directory.rglob("*"):
-        if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
+    """The files under `directory` that are frozen with a job (hpc.submit.snapshot), in name order."""
+    for path in sorted(directory.rglob("*")):
+        if path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts and path.is_file():
             yield path
 
 

@@ -20,12 +20,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from hpc.config.schema import JobConfig, code_targets
-from hpc.config.scripts import SCRIPT_DIR, frozen_files, parse_script
+from hpc.config.scripts import SCRIPT_DIR, SOURCE_SUFFIXES, frozen_files, parse_script
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT
 
 PACKAGES = ("hpc", "trainers", "collectives")
-SOURCE_SUFFIXES = {".py", ".yaml"}
 
 
 def _git(args: list[str], root: Path) -> str | None:
@@ -72,15 +71,15 @@ def user_sources(targets: Iterable[str]) -> list[Path]:
 
 def _copy_sources(source_root: Path, dest: Path) -> int:
     """The sources under `source_root` (a directory or one file) copied to `dest`; returns the count."""
-    files = [source_root] if source_root.is_file() else sorted(source_root.rglob("*"))
-    copied = 0
+    if source_root.is_file():
+        files = [source_root] if source_root.suffix in SOURCE_SUFFIXES else []
+    else:
+        files = list(frozen_files(source_root))
     for source in files:
-        if source.is_file() and source.suffix in SOURCE_SUFFIXES and "__pycache__" not in source.parts:
-            target = dest if source_root.is_file() else dest / source.relative_to(source_root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
-            copied += 1
-    return copied
+        target = dest if source_root.is_file() else dest / source.relative_to(source_root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
+    return len(files)
 
 
 def freeze_job_code(dest: Path, *jobs: JobConfig) -> Path:
@@ -111,8 +110,7 @@ def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()
     for source in user:
         copied += _copy_sources(source, dest / source.name)
     if script_dir is not None:
-        for source in frozen_files(script_dir):
-            copied += _copy_sources(source, dest / SCRIPT_DIR / source.relative_to(script_dir))
+        copied += _copy_sources(script_dir, dest / SCRIPT_DIR)
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES, "conf"], root) if commit else None
     if diff:
