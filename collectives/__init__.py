@@ -56,7 +56,7 @@ def init_collectives(
 
         if rendezvous is None:
             raise CollectivesError("no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set (launch with python launch.py)")
-        comm = TorchDistCollectives(cfg.backend, place.rank, place.world_size, *rendezvous)
+        comm = TorchDistCollectives.start(cfg.backend, place.rank, place.world_size, *rendezvous)
     elif cfg.backend == "horovod":
         from collectives.horovod import HorovodCollectives
 

@@ -144,6 +144,10 @@ class _DistributedOptimizer:
                 self._bucket_of.update({p: bucket for p in dtype_group})
         self._passes: dict[nn.Parameter, int] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params] if cfg.overlap else []
+        # Around the optimizer's own step (torch's public step hooks, not an override): a caller
+        # holding the base class's step (an LR scheduler's wrapper made before this) averages too.
+        self._hooks.append(self.register_step_pre_hook(lambda optimizer, args, kwargs: optimizer.synchronize()))  # type: ignore[attr-defined]
+        self._hooks.append(self.register_step_post_hook(lambda optimizer, args, kwargs: setattr(optimizer, "_synchronized", False)))  # type: ignore[attr-defined]
         self._reset_step()
         self._synchronized = False  # gradients of this step already averaged (clipping, AMP unscale)
         self.comm_wait_s = 0.0  # time step() spent finishing communication (not hidden)
@@ -187,11 +191,6 @@ class _DistributedOptimizer:
         self._reset_step()
         self._synchronized = True
         self.comm_wait_s += time.perf_counter() - started
-
-    def step(self, closure: Any = None) -> Any:
-        self.synchronize()
-        self._synchronized = False
-        return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._synchronized = False  # a step a grad scaler skipped (inf/nan) must not carry over

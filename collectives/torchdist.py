@@ -19,15 +19,19 @@ from collectives.base import CollectivesError, Deferred, ReduceOp
 
 
 class TorchDistCollectives:
-    def __init__(self, backend: str, rank: int, world_size: int, address: str, port: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, backend: str, device: torch.device) -> None:
+        """Over the process group already started (`start`, or a user's script's own)."""
+        self.backend, self.device = backend, device
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    @classmethod
+    def start(cls, backend: str, rank: int, world_size: int, address: str, port: int, timeout_s: float = 600.0) -> TorchDistCollectives:
         if backend == "nccl":
             if not torch.cuda.is_available():
                 raise CollectivesError("comm=nccl needs a GPU on every rank and this one sees none; use comm=gloo or comm=mpi")
             torch.cuda.set_device(0)  # the binding left exactly this rank's GPU visible
         elif not dist.is_gloo_available():
             raise CollectivesError("this torch build has no Gloo; use comm=mpi")
-        self.backend = backend
-        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         dist.init_process_group(
             backend,
             init_method=f"tcp://{address}:{port}",
@@ -35,7 +39,13 @@ class TorchDistCollectives:
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        return cls(backend, torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu"))
+
+    @classmethod
+    def joined(cls) -> TorchDistCollectives:
+        """The default process group a user's script started (the run handle votes through it)."""
+        backend = str(dist.get_backend())
+        return cls(backend, torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu"))
 
     # --- the Collectives interface (CPU tensors in, CPU tensors out) -------------------------
 

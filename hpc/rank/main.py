@@ -135,7 +135,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)
         if job.script is not None:  # the user's own script instead of the built-in loop
-            return after_script(script_rank(job, rank, stop), job, run_dir, rank, stop)
+            return after_script(script_rank(job, run_dir, rank, stop), job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
@@ -156,18 +156,20 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
     return after_fit(result, job, run_dir, rank, stop)
 
 
-def script_rank(job: JobConfig, rank: RankInfo, stop: StopFlag) -> ScriptResult:
+def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> ScriptResult:
     """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
     error the script raises (or its own non-zero exit) ends the job as a task's would."""
     from hpc.rank.failures import repeats
     from hpc.rank.script import ScriptFailed, ScriptResult, run_script
+    from hpc.run import Host
 
     if stop.raised:  # caught while Python and torch were importing
         return ScriptResult(str(job.script), stopped_by=stop.signal_name)
     log.info("script %s", shlex.join([str(job.script), *job.script_args]))
     stop.phase = "training"
     try:
-        return run_script(str(job.script), job.script_args, str(job.workdir), rank, STOP_SIGNALS, Path(__file__).resolve().parents[2])
+        host = Host(job, run_dir, rank, stop, STOP_SIGNALS)
+        return run_script(str(job.script), job.script_args, str(job.workdir), host, Path(__file__).resolve().parents[2])
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
         log.error("error: %s; ending all %d ranks", err, rank.world_size)
         end_for_good(rank, str(err))
@@ -291,8 +293,10 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     stopped_by = stop.signal_name or str(result.stopped_by)
     Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
     hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
-    saved = "the script keeps what it saved" if job.script else "checkpoint committed" if result.steps else "nothing trained yet, nothing to save"
-    at = "" if job.script else f" at step {result.steps}"  # a script's steps are its own
+    if job.script and not getattr(result, "handle", False):  # a script without the run handle: its steps are its own
+        saved, at = "the script keeps what it saved", ""
+    else:
+        saved, at = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save", f" at step {result.steps}"
     stopped = f"stopped by {stopped_by}{hit}{at}, {saved}"
     if requeue_id is None:
         log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")

@@ -22,12 +22,13 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
-from hpc.env import RankInfo, rendezvous
+from hpc.env import RUN_DIR_VARIABLE, RankInfo, rendezvous
 from hpc.rank.lifecycle import EXIT_RESUMABLE
+from hpc.run import Host, hosted
 
 log = logging.getLogger("hpc.rank")
 
@@ -44,11 +45,33 @@ class ScriptFailed(Exception):
 
 @dataclass
 class ScriptResult:
-    """How the script ended, in result.json: `stopped_by` the signal (or "exit code 75")."""
+    """How the script ended, in result.json: `stopped_by` the signal (or "exit code 75"); the
+    figures of its run handle (hpc.run), if it started one."""
 
     script: str
     stopped_by: str | None = None
-    steps: int = 0  # the script's steps are its own business: none counted here
+    steps: int = 0  # counted by the run handle; 0 without one
+    resumed_from: int | None = None
+    loss: float | None = None  # the last step's, mean over ranks
+    val_metrics: dict[str, float] = field(default_factory=dict)  # the newest val_<name> the script logged
+    handle: bool = False  # the script used the run handle
+
+
+def with_handle_figures(result: ScriptResult) -> ScriptResult:
+    """The run handle's view of how the script ended: a stop it agreed on is a stop, whether
+    the script then returned or exited with 75."""
+    from hpc.run import current
+
+    run = current()
+    if run is None:
+        return result
+    handle = run.handle
+    result.handle, result.steps, result.resumed_from = True, handle.step, handle.resumed_from
+    result.loss = handle.last.get("loss")
+    result.val_metrics = {name.removeprefix("val_"): value for name, value in handle.logged.items() if name.startswith("val_")}
+    if handle.stopped_by:
+        result.stopped_by = handle.stopped_by
+    return result
 
 
 def torchrun_environment(rank: RankInfo, meet: tuple[str, int] | None) -> dict[str, str]:
@@ -94,28 +117,30 @@ def raising_stops(signals: tuple[signal.Signals, ...]) -> Iterator[list[str]]:
             signal.signal(sig, handler)
 
 
-def run_script(spec: str, args: list[str], workdir: str, rank: RankInfo, signals: tuple[signal.Signals, ...], code: Path) -> ScriptResult:
+def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path) -> ScriptResult:
     """Run the script to its end. Returns how it ended (completed, or stopped by a signal or by
     its own exit code 75); raises ScriptFailed for a non-zero exit and what the script raised."""
     script = parse_script(spec, Path(workdir))
-    os.environ.update(torchrun_environment(rank, rendezvous(os.environ)))
+    os.environ.update(torchrun_environment(host.rank, rendezvous(os.environ)))
+    os.environ[RUN_DIR_VARIABLE] = str(host.run_dir.path)
     os.chdir(workdir)
     result = ScriptResult(spec)
-    with raising_stops(signals) as received:
+    with raising_stops(host.signals) as received, hosted(host):
         try:
             call(script, args, code)
         except ScriptStopped as stopped:
             result.stopped_by = str(stopped)
         except Exception:
-            if not received:
+            if not received and not host.stop.raised:  # the stop flag is the run handle's while it runs
                 raise
-            result.stopped_by = received[0]  # torn down by the stop (a peer gone from a collective): a stop all the same
+            result.stopped_by = received[0] if received else host.stop.signal_name  # torn down by the stop (a peer gone): a stop all the same
         except SystemExit as done:
             code_or_text = done.code
             if code_or_text == EXIT_RESUMABLE:
                 result.stopped_by = f"the script's exit code {EXIT_RESUMABLE} (resumable)"
             elif code_or_text not in (None, 0):
                 raise ScriptFailed(f"the script exited with {code_or_text!r}") from None
+        result = with_handle_figures(result)
     if received and result.stopped_by is None:  # a signal during the script's last instructions
         result.stopped_by = received[0]
     return result

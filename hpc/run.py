@@ -1,0 +1,310 @@
+"""The run handle: the toolkit's guarantees for a training loop the user owns.
+
+    from hpc.run import start_run
+
+    run = start_run(model=model, optimizer=optimizer, scheduler=scheduler)  # resumes, or starts fresh
+    while run.step < max_steps:
+        ...                                   # the script's own step
+        if run.end_step(loss=loss):           # every rank alike: saves when due; True: stop now
+            break
+    run.finish()                              # the final save; after a stop, ends the process to resume
+
+`start_run` registers the state to keep (models, optimizers, schedulers, the grad scaler, any
+object with state_dict/load_state_dict, `per_rank(obj)` for state that differs between ranks,
+plain values read and set as `run["name"]`) and restores the newest committed checkpoint with
+each rank's RNG streams. `end_step` is one small allreduce per step (the metrics, the stop vote
+and the save handshake ride together), `log` writes metrics.jsonl, `save` checkpoints now.
+
+Under launch.py (`script=`) the handle uses the job's run dir and settings (checkpoint.*,
+trainer.log_every, trainer.watchdog_s, Prometheus, TensorBoard) and the rank's stop flag; started
+by hand (torchrun, mpirun, srun) it needs a run dir: `start_run(run_dir=...)` or HPCTK_RUN_DIR.
+It talks to the other ranks through torch.distributed when the script started a process group,
+through Horovod when the script initialised it, else through MPI (mpi4py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpc.env import RUN_DIR_VARIABLE, RankInfo
+from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop
+from hpc.rundir import RunDir
+
+if TYPE_CHECKING:
+    from collectives.base import Collectives
+    from hpc.config.schema import JobConfig
+    from trainers.handle import Handle
+    from trainers.preemption import StopFlag
+
+log = logging.getLogger("hpc.run")
+
+__all__ = ["Run", "per_rank", "start_run"]
+
+
+@dataclass
+class Host:
+    """What the rank's main (launch.py's `script=`) lends a script's handle."""
+
+    job: JobConfig
+    run_dir: RunDir
+    rank: RankInfo
+    stop: StopFlag
+    signals: tuple[signal.Signals, ...]
+
+
+_host: Host | None = None
+_current: Run | None = None
+
+
+@contextmanager
+def hosted(host: Host) -> Iterator[None]:
+    """While a script runs under the rank's main: a handle it starts uses the job's settings."""
+    global _host, _current
+    _host, _current = host, None
+    try:
+        yield
+    finally:
+        _host = None
+
+
+def current() -> Run | None:
+    """The handle this process started (None: the script started none)."""
+    return _current
+
+
+def per_rank(obj: Any) -> Any:
+    """Mark state that differs between ranks (a data cursor): each rank keeps its own."""
+    from trainers.handle import per_rank as mark
+
+    return mark(obj)
+
+
+def start_run(run_dir: str | os.PathLike[str] | None = None, **state: Any) -> Run:
+    """Register `state`, restore the newest committed checkpoint into it (or start fresh), and
+    return the handle. Every rank calls it, with the same names."""
+    global _current
+    if _current is not None and not _current.handle.finished:
+        raise RuntimeError("start_run() was called twice; one run handle per process")
+    signals = _host.signals if _host is not None else ()
+    handlers = {sig: signal.getsignal(sig) for sig in signals}  # the script's: a signal raises in it
+    _current = Run(_build(run_dir, state), handlers)
+    return _current
+
+
+class Run:
+    """The handle a script holds (see the module's docstring)."""
+
+    def __init__(self, handle: Handle, handlers: dict[signal.Signals, Any]) -> None:
+        self.handle = handle
+        self._handlers = handlers  # the stop signals' handlers before the handle took them
+
+    @property
+    def step(self) -> int:
+        """Steps done: 0 on a fresh start, the checkpoint's step after a resume."""
+        return self.handle.step
+
+    @property
+    def resumed_from(self) -> int | None:
+        return self.handle.resumed_from
+
+    @property
+    def rank(self) -> int:
+        return self.handle.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.handle.comm.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.handle.comm.rank == 0
+
+    @property
+    def stopped_by(self) -> str | None:
+        return self.handle.stopped_by
+
+    def __getitem__(self, name: str) -> Any:
+        return self.handle.registry.values[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in self.handle.registry.values:
+            raise KeyError(f"{name!r} is not a registered plain value; register it in start_run({name}=...)")
+        self.handle.registry.values[name] = value
+
+    def end_step(self, **metrics: Any) -> bool:
+        """After each optimizer step, on every rank: the step is counted, `metrics` (numbers or
+        one-element tensors) averaged over ranks into steps.jsonl, a checkpoint saved when due;
+        True when the ranks must stop now (preemption, time limit, Ctrl-C): the state is saved."""
+        return self.handle.end_step(metrics)
+
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        """A record in metrics.jsonl (rank 0's values, no communication): `val_loss=...` there is
+        what hpc.status, hpc.report and sweep.objective read."""
+        self.handle.log(metrics, step)
+
+    def sync_gradients(self, model: Any, optimizer: Any) -> None:
+        """For a script without DistributedDataParallel or Horovod: `optimizer.step()` first
+        averages the gradients over the ranks on the toolkit's engine (buckets, overlapped with
+        backward); on a fresh start every rank takes rank 0's weights."""
+        if self.world_size == 1:
+            return
+        from collectives.base import broadcast_module
+        from collectives.config import CommConfig
+        from collectives.optimizer import apply_distributed_optimizer
+        from trainers.handle import unwrapped
+
+        if self.resumed_from is None:
+            broadcast_module(self.handle.comm, unwrapped(model))  # a resume loaded rank 0's weights everywhere already
+        apply_distributed_optimizer(optimizer, model, self.handle.comm, CommConfig())
+
+    def save(self) -> None:
+        """A checkpoint of the current step now (every rank calls it at the same point)."""
+        self.handle.save(synchronous=True)
+
+    def finish(self) -> None:
+        """After the loop: the final checkpoint. After a stop, ends the process instead (exit
+        code 75, or a Slurm requeue) so that the code after the loop runs only once training is
+        complete."""
+        self.handle.finish()
+        _settle_signals(self)
+        if self.handle.stopped_by is None:
+            return
+        if _host is None and self.is_main:
+            _after_stop_unhosted(self.handle)
+        raise SystemExit(EXIT_RESUMABLE)
+
+
+def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any]) -> Handle:
+    from trainers.checkpoint import Checkpointer
+    from trainers.config import CheckpointConfig
+    from trainers.handle import Handle, Registry
+    from trainers.metrics import MetricsWriter
+    from trainers.preemption import StopFlag
+    from trainers.reporting import StepReporter
+    from trainers.saving import SaveCoordinator
+    from trainers.task import TaskError
+
+    host = _host
+    if host is not None:
+        where, rank, cfg = host.run_dir, host.rank, host.job.checkpoint
+        if run_dir is not None and Path(run_dir).resolve() != where.path.resolve():
+            log.warning("start_run(run_dir=%s) ignored under launch.py: the job's run dir %s keeps the checkpoints", run_dir, where.path)
+        host.stop.reclaim()  # the stop signals set a flag now, checked at step boundaries
+        stop = host.stop
+    else:
+        chosen = run_dir if run_dir is not None else os.environ.get(RUN_DIR_VARIABLE)
+        if not chosen:
+            raise TaskError(f"start_run() needs a run dir outside launch.py: start_run(run_dir=...) or {RUN_DIR_VARIABLE}=...")
+        where, rank, cfg = RunDir(Path(chosen)), RankInfo.from_env(os.environ), CheckpointConfig()
+        where.path.mkdir(parents=True, exist_ok=True)
+        from hpc.rank.signals import STOP_SIGNALS
+
+        stop = StopFlag().install(STOP_SIGNALS)
+        if rank.is_main and not logging.getLogger().handlers:  # a script that set up no logging still hears the handle
+            for name in ("hpc", "trainers"):
+                said = logging.getLogger(name)
+                if not said.handlers:
+                    handler = logging.StreamHandler(sys.stderr)
+                    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+                    said.addHandler(handler)
+                    said.setLevel(logging.INFO)
+    registry = Registry(state)
+    comm, owned = _collectives(rank)
+    coordinator = SaveCoordinator(Checkpointer(where.checkpoints, comm.rank, comm.world_size, cfg.keep), comm, cfg) if cfg.enabled else None
+    handle = Handle(comm, registry, stop, coordinator, metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
+    if host is not None:
+        _adopt_job_settings(handle, host)
+    else:
+        handle.reporter = StepReporter(where.steps if comm.rank == 0 else None, run_name=where.path.name)
+    handle.agree_on_registry()
+    stop.phase = "resume"
+    began = time.time()
+    handle.restore(where.checkpoints, cfg.resume)
+    handle.milestones.loaded(began, time.time())
+    stop.phase = "training"
+    return handle
+
+
+def _adopt_job_settings(handle: Handle, host: Host) -> None:
+    """launch.py's job: its reporting, watchdog, run timeline and config."""
+    from hpc.rank.main import attached_to_terminal, start_watchdog
+    from hpc.rank.signals import PROCESS_STARTED
+    from hpc.rank.timeline import Timeline
+    from trainers.reporting import StepReporter
+    from trainers.run import Milestones
+
+    job, run_dir, main = host.job, host.run_dir, host.rank.is_main
+    trainer = job.trainer
+    handle.reporter = StepReporter(
+        run_dir.steps if main else None,
+        log_every=trainer.log_every,
+        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
+        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
+        run_name=run_dir.path.name,
+        terminal=sys.stdout if attached_to_terminal() else None,
+    )
+    handle.watchdog = start_watchdog(job, run_dir, host.rank)
+    handle.milestones = Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if main else None)
+    handle.config_text = run_dir.config.read_text()
+
+
+def _collectives(rank: RankInfo) -> tuple[Collectives, bool]:
+    """Whom the handle talks through, and whether it started that itself (and closes it)."""
+    import torch.distributed as dist
+
+    from collectives.base import FakeCollectives
+    from trainers.task import TaskError
+
+    if dist.is_available() and dist.is_initialized():
+        from collectives.torchdist import TorchDistCollectives
+
+        return TorchDistCollectives.joined(), False
+    horovod = sys.modules.get("horovod.torch")
+    if horovod is not None and horovod.is_initialized():
+        from collectives.horovod import HorovodCollectives
+
+        return HorovodCollectives(horovod), False
+    if rank.world_size == 1:
+        return FakeCollectives(), False
+    if rank.launcher == "torchrun":
+        raise TaskError("start_run() under torchrun needs the process group first: call torch.distributed.init_process_group() before start_run()")
+    from collectives.mpi import MpiCollectives
+
+    return MpiCollectives.from_world(), True
+
+
+def _settle_signals(run: Run) -> None:
+    """After the handle's last step, a stop signal interrupts the script again (hosted), or
+    whatever the process had before (started by hand)."""
+    handle = run.handle
+    if handle.owned_comm:
+        handle.comm.close()
+        handle.owned_comm = False
+    if _host is not None:
+        for sig, handler in run._handlers.items():
+            signal.signal(sig, handler)
+    else:
+        handle.stop.uninstall()
+
+
+def _after_stop_unhosted(handle: Handle) -> None:
+    """Rank 0 of ranks started by hand: requeue the Slurm job, or say how to resume."""
+    from hpc import slurmctl
+
+    stop = handle.stop
+    what, requeue_id, _ = plan_after_stop(os.environ, datetime.fromtimestamp(stop.received_at or time.time()), 0)
+    log.info("stopped by %s at step %d, checkpoint committed; %s", handle.stopped_by, handle.step, what)
+    if requeue_id is not None:
+        error = slurmctl.requeue(requeue_id)
+        if error:
+            log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)

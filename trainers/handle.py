@@ -1,0 +1,362 @@
+"""The run handle's core: the guarantees of the built-in loop for a loop the user owns.
+
+What a script registers (models, optimizers, schedulers, the grad scaler, a data position, any
+object with state_dict/load_state_dict, plain values) is restored from the newest committed
+checkpoint at start; at every step boundary one small allreduce carries the stop vote, the save
+handshake, the timed-save vote and the step's metrics, so every rank decides alike whether to
+save and whether to stop; saves use the checkpoint protocol of trainers.checkpoint. Shared state
+(replicated by data parallelism) is written once, by rank 0; state marked `per_rank` and the RNG
+streams by every rank. hpc.run builds this from the launcher's environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from collectives.base import Collectives
+from trainers import metricnames
+from trainers.checkpoint import CheckpointError
+from trainers.metrics import MetricsWriter
+from trainers.preemption import StopFlag
+from trainers.recovery import agree_on_newest
+from trainers.reporting import StepReporter
+from trainers.run import Milestones
+from trainers.saving import SaveCoordinator
+from trainers.state import check_compatible, restore_rng, rng_state
+from trainers.task import TaskError
+from trainers.watchdog import Watchdog
+
+log = logging.getLogger("trainers")
+
+HANDLE_FORMAT = 1  # the layout of a handle's checkpoint (shared["handle"]["format"])
+SCRIPT_TASK = "script"  # model_config["task"] of a handle's checkpoint: the built-in loop refuses it
+PLAIN_TYPES = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """Registered state that differs between ranks (a data cursor, a stream's position): every
+    rank saves and restores its own copy."""
+
+    obj: Any
+
+
+def per_rank(obj: Any) -> PerRank:
+    return PerRank(obj)
+
+
+def unwrapped(obj: Any) -> Any:
+    """The module inside DistributedDataParallel and torch.compile wrappers: checkpoints keep
+    plain parameter names, so a resume may add or drop either."""
+    while isinstance(obj, nn.Module):
+        inner = getattr(obj, "_orig_mod", None) or getattr(obj, "module", None)
+        if not isinstance(inner, nn.Module) or type(obj).__name__ not in ("OptimizedModule", "DistributedDataParallel", "DataParallel"):
+            return obj
+        obj = inner
+    return obj
+
+
+def not_plain(obj: Any, where: str) -> str | None:
+    """Where `obj` holds something a checkpoint cannot keep without pickling (None: nothing)."""
+    if isinstance(obj, torch.Tensor) or type(obj) in PLAIN_TYPES:
+        return None
+    if type(obj) is dict or type(obj).__name__ == "OrderedDict":
+        for key, value in obj.items():
+            if type(key) not in (str, int):
+                return f"{where} has a key of type {type(key).__name__}"
+            found = not_plain(value, f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if type(obj) in (list, tuple) or isinstance(obj, torch.Size):
+        return next((found for i, value in enumerate(obj) if (found := not_plain(value, f"{where}[{i}]"))), None)
+    return f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+class Registry:
+    """The named state a run keeps: objects with state_dict/load_state_dict (shared or per rank)
+    and plain values (read and set through the handle)."""
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        self.shared: dict[str, Any] = {}
+        self.own: dict[str, Any] = {}
+        self.values: dict[str, Any] = {}
+        for name, entry in entries.items():
+            own = isinstance(entry, PerRank)
+            obj = entry.obj if own else entry
+            if stateful(obj):
+                (self.own if own else self.shared)[name] = unwrapped(obj)
+                continue
+            problem = not_plain(obj, name)
+            if own or problem:
+                shown = f"a {type(obj).__module__}.{type(obj).__qualname__}"
+                raise TaskError(
+                    f"run state {name!r} is {shown}{f' ({problem})' if problem and not own else ''}: register objects with "
+                    "state_dict() and load_state_dict(), or plain values (numbers, strings, tensors, lists and dicts of them)"
+                    + ("; per_rank() takes objects with state_dict() only" if own else "")
+                )
+            self.values[name] = obj
+
+    def layout(self) -> dict[str, list[str]]:
+        return {"state": sorted(self.shared), "values": sorted(self.values), "per_rank": sorted(self.own)}
+
+    def names(self) -> tuple[str, ...]:
+        """Every name with its kind, for comparing registries between ranks."""
+        return tuple(f"{kind}:{name}" for kind, names in self.layout().items() for name in names)
+
+    def shared_state(self) -> dict[str, Any]:
+        return {"state": checked_states(self.shared), "values": dict(self.values)}
+
+    def own_state(self) -> dict[str, Any]:
+        return checked_states(self.own)
+
+    def differences(self, saved: dict[str, list[str]]) -> str | None:
+        """How a checkpoint's registry differs from this one (None: alike)."""
+        mine = self.layout()
+        for kind, names in mine.items():
+            theirs = list(saved.get(kind, []))
+            missing, extra = [n for n in theirs if n not in names], [n for n in names if n not in theirs]
+            if missing or extra:
+                said = []
+                if missing:
+                    said.append(f"keeps {kind} {', '.join(map(repr, missing))} that this script does not register")
+                if extra:
+                    said.append(f"lacks {kind} {', '.join(map(repr, extra))} that this script registers")
+                return " and ".join(said)
+        return None
+
+    def load(self, step: int, shared: dict[str, Any], own: dict[str, Any] | None) -> None:
+        for name, obj in self.shared.items():
+            load_into(obj, shared["state"][name], name, step)
+        self.values.update(shared["values"])
+        for name, obj in self.own.items():
+            if own is not None:
+                load_into(obj, own[name], name, step)
+
+
+def checked_states(objects: dict[str, Any]) -> dict[str, Any]:
+    states = {}
+    for name, obj in objects.items():
+        state = obj.state_dict()
+        problem = not_plain(state, f"{name}.state_dict()")
+        if problem:
+            raise TaskError(
+                f"run state {name!r} cannot be saved without pickling: {problem}; keep tensors, numbers, strings, lists and dicts in its state_dict"
+            )
+        states[name] = state
+    return states
+
+
+def load_into(obj: Any, state: Any, name: str, step: int) -> None:
+    if isinstance(obj, nn.Module):
+        check_compatible(obj, state, step)
+    try:
+        obj.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError, TypeError) as err:
+        reason = " ".join(str(err).split())[:200]
+        raise CheckpointError(f"checkpoint step {step} does not fit run state {name!r}: {reason}; register the same objects or use a new run dir") from None
+
+
+@dataclass
+class StepVote:
+    """What the ranks add up at a step boundary, in one allreduce: the stop vote, the save
+    handshake, the timed-save vote, the metric names' fingerprint and the metrics."""
+
+    stop_votes: float
+    ranks_written: float
+    time_votes: float
+    names: tuple[float, ...]
+    metrics: list[float]
+
+    @classmethod
+    def exchange(cls, comm: Collectives, head: list[float], metrics: list[Any]) -> StepVote:
+        """One collective and one host sync: tensors stay on their device until the sums are read."""
+        if any(isinstance(m, torch.Tensor) for m in metrics):
+            device = comm.device
+            parts = [
+                (m.detach() if isinstance(m, torch.Tensor) else torch.tensor(m, dtype=torch.float64)).to(device=device, dtype=torch.float64).reshape(1)
+                for m in metrics
+            ]
+            buffer = torch.cat([torch.tensor(head, dtype=torch.float64).to(device), *parts])
+        else:
+            buffer = torch.tensor([*head, *metrics], dtype=torch.float64)
+        comm.allreduce_(buffer, op="sum")
+        values = buffer.tolist()
+        return cls(values[0], values[1], values[2], tuple(values[3:7]), values[7:])
+
+
+@dataclass
+class Handle:
+    """One per rank; see hpc.run for the user's side."""
+
+    comm: Collectives
+    registry: Registry
+    stop: StopFlag
+    coordinator: SaveCoordinator | None
+    reporter: StepReporter = field(default_factory=lambda: StepReporter(None))
+    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
+    watchdog: Watchdog | None = None
+    milestones: Milestones = field(default_factory=Milestones)
+    config_text: str = ""
+    step: int = 0
+    resumed_from: int | None = None
+    stopped_by: str | None = None
+    finished: bool = False
+    owned_comm: bool = False  # the handle started the collectives it votes through (MPI): it closes them
+    last: dict[str, float] = field(default_factory=dict)  # the newest step's metrics (means over ranks)
+    logged: dict[str, float] = field(default_factory=dict)  # the newest value of each metric log() wrote
+    _step_began: float = field(default_factory=time.perf_counter)
+
+    def agree_on_registry(self) -> None:
+        """Every rank registered the same names (a mismatch would pair the wrong files on resume)."""
+        everyone = metricnames.exchange(self.comm, self.registry.names())
+        first = everyone[0] or ()
+        for rank, other in enumerate(everyone):
+            extra = [n for n in other or () if n not in first]
+            missing = [n for n in first if n not in (other or ())]
+            if extra or missing:
+                who, whom, what = (rank, 0, extra[0]) if extra else (0, rank, missing[0])
+                kind, name = what.split(":", 1)
+                raise TaskError(
+                    f"the ranks register different run state: rank {who} registers {kind} {name!r}, which rank {whom} does not; "
+                    "every rank must register the same"
+                )
+
+    def restore(self, checkpoint_dir: Path, resume: bool = True) -> int | None:
+        """Load the newest committed checkpoint into the registered state; its step, or None."""
+        restored = self.coordinator.checkpointer.load_latest() if self.coordinator is not None and resume else None
+        agree_on_newest(self.comm, restored[0] if restored else None)
+        if restored is None:
+            log.info("starting fresh: no committed checkpoint in %s", checkpoint_dir)
+            return None
+        step, shared, own = restored
+        handle = shared.get("handle")
+        if not isinstance(handle, dict):
+            task = shared.get("model_config", {}).get("task", "the built-in loop")
+            raise CheckpointError(f"checkpoint step {step} in {checkpoint_dir} was written by task {task}, not by a script's run handle; use a new run dir")
+        differs = self.registry.differences(handle)
+        if differs:
+            raise CheckpointError(f"checkpoint step {step} {differs}; register the same state or use a new run dir")
+        self.registry.load(step, shared, own.get("state") if own is not None else None)
+        if own is not None:
+            restore_rng(own["rng"])
+        elif self.registry.own:
+            log.warning(
+                "world size changed (%d ranks saved, %d now): per-rank state %s starts afresh, RNG streams too",
+                handle.get("world_size", -1),
+                self.comm.world_size,
+                ", ".join(sorted(self.registry.own)),
+            )
+        self.step = self.resumed_from = step
+        log.info("resumed from checkpoint step %d%s", step, "" if own is not None else " (world size changed: fresh RNG streams)")
+        return step
+
+    def end_step(self, metrics: dict[str, Any]) -> bool:
+        """Count a step; share its metrics, the votes and the save handshake in one allreduce;
+        save when due; True when every rank must stop now (the state is saved)."""
+        if self.finished or self.stopped_by:
+            raise TaskError("end_step() after the run was stopped or finished; leave the loop when end_step() returns True")
+        names = tuple(sorted(metrics))
+        for name in names:
+            value = metrics[name]
+            if isinstance(value, torch.Tensor) and value.numel() != 1 or not isinstance(value, torch.Tensor | int | float):
+                raise TaskError(f"metric {name!r} is {describe(value)}; end_step() takes numbers or one-element tensors")
+        self.step += 1
+        coordinator = self.coordinator
+        head = [
+            float(self.stop.raised),
+            coordinator.written_flag() if coordinator else 1.0,
+            coordinator.time_vote() if coordinator else 0.0,
+            *metricnames.fingerprint(names),
+        ]
+        vote = StepVote.exchange(self.comm, head, [metrics[n] for n in names])
+        if not metricnames.fingerprints_agree(vote.names, names, self.comm.world_size):
+            metricnames.agree(self.comm, names, f"step {self.step}")  # raises on every rank, naming the key and rank
+        now = time.perf_counter()
+        step_s, self._step_began = now - self._step_began, now
+        self.last = {name: value / self.comm.world_size for name, value in zip(names, vote.metrics, strict=True)}
+        self.reporter.report({"step": self.step, **self.last, "step_ms": 1000 * step_s})
+        self.milestones.stepped(self.step, self.resumed_from)
+        if self.watchdog is not None:
+            self.watchdog.beat(self.step)
+        if coordinator is not None:
+            coordinator.on_step_boundary(vote.ranks_written)
+        if vote.stop_votes:
+            self.stopped_by = self.stop.signal_name or "a signal on another rank"
+            self.save(synchronous=True)
+            return True
+        if coordinator is not None and coordinator.due(self.step, vote.time_votes):
+            self.save(synchronous=False)
+        return False
+
+    def log(self, metrics: dict[str, Any], step: int | None) -> None:
+        """A record in metrics.jsonl (rank 0's values; no communication)."""
+        record: dict[str, Any] = {"step": self.step if step is None else step}
+        for name, value in metrics.items():
+            number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+            if not isinstance(number, int | float) or isinstance(number, bool):
+                raise TaskError(f"metric {name!r} is {describe(value)}; log() takes numbers or one-element tensors")
+            record[name] = float(number)
+        self.logged.update({k: v for k, v in record.items() if k != "step"})
+        self.metrics.write(record)
+        for name, value in record.items():
+            if name != "step" and math.isfinite(value):
+                self.reporter.scalar(name, value, int(record["step"]))
+
+    def save(self, synchronous: bool = True) -> None:
+        """A checkpoint of the current step (all ranks call it at the same point)."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        before, self.stop.phase = self.stop.phase, "the final save" if synchronous else "an asynchronous save"
+        try:
+            coordinator.save(self.step, self.shared_state, {"rng": rng_state(), "state": self.registry.own_state()}, synchronous)
+        finally:
+            self.stop.phase = before
+
+    def shared_state(self) -> dict[str, Any]:
+        return {
+            "handle": {"format": HANDLE_FORMAT, "step": self.step, "world_size": self.comm.world_size, **self.registry.layout()},
+            **self.registry.shared_state(),
+            "config": self.config_text,
+            "model_config": {"task": SCRIPT_TASK},
+        }
+
+    def finish(self) -> None:
+        """The final save (when steps were trained since the last one), and everything closed."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            if self.stopped_by is None and self.step > (self.resumed_from or 0):
+                self.save(synchronous=True)
+            elif self.coordinator is not None:
+                self.coordinator.finish_pending()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.checkpointer.wait_pruned()
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None
+        self.reporter.close()
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
