@@ -29,20 +29,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc.env import RUN_DIR_VARIABLE, RankInfo
+from hpc.rank import hosting
 from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop
 from hpc.rundir import RunDir
 
 if TYPE_CHECKING:
     from collectives.base import Collectives
-    from hpc.config.schema import JobConfig
     from trainers.handle import Handle
     from trainers.preemption import StopFlag
 
@@ -51,35 +48,12 @@ log = logging.getLogger("hpc.run")
 __all__ = ["Run", "per_rank", "start_run"]
 
 
-@dataclass
-class Host:
-    """What the rank's main (launch.py's `script=`) lends a script's handle."""
-
-    job: JobConfig
-    run_dir: RunDir
-    rank: RankInfo
-    stop: StopFlag
-    signals: tuple[signal.Signals, ...]
-
-
-_host: Host | None = None
-_current: Run | None = None
-
-
-@contextmanager
-def hosted(host: Host) -> Iterator[None]:
-    """While a script runs under the rank's main: a handle it starts uses the job's settings."""
-    global _host, _current
-    _host, _current = host, None
-    try:
-        yield
-    finally:
-        _host = None
-
-
 def current() -> Run | None:
     """The handle this process started (None: the script started none)."""
     return _current
+
+
+_current: Run | None = None
 
 
 def per_rank(obj: Any) -> Any:
@@ -89,15 +63,21 @@ def per_rank(obj: Any) -> Any:
     return mark(obj)
 
 
-def start_run(run_dir: str | os.PathLike[str] | None = None, **state: Any) -> Run:
+def start_run(
+    run_dir: str | os.PathLike[str] | None = None, *, save_every_steps: int | None = None, save_every_minutes: float | None = None, **state: Any
+) -> Run:
     """Register `state`, restore the newest committed checkpoint into it (or start fresh), and
-    return the handle. Every rank calls it, with the same names."""
+    return the handle. Every rank calls it, with the same names. A checkpoint is saved every
+    `save_every_steps` steps and every `save_every_minutes` minutes (asynchronously), and when
+    a stop is agreed; defaults: launch.py's checkpoint.every_steps and checkpoint.every_minutes
+    (0 and 10), the same by hand."""
     global _current
     if _current is not None and not _current.handle.finished:
         raise RuntimeError("start_run() was called twice; one run handle per process")
-    signals = _host.signals if _host is not None else ()
-    handlers = {sig: signal.getsignal(sig) for sig in signals}  # the script's: a signal raises in it
-    _current = Run(_build(run_dir, state), handlers)
+    host = hosting.host()
+    handlers = {sig: signal.getsignal(sig) for sig in host.signals} if host is not None else {}  # the script's: a signal raises in it
+    _current = Run(_build(run_dir, state, save_every_steps, save_every_minutes), handlers)
+    hosting.started(_current.handle)
     return _current
 
 
@@ -179,22 +159,19 @@ class Run:
         _settle_signals(self)
         if self.handle.stopped_by is None:
             return
-        if _host is None and self.is_main:
+        if hosting.host() is None and self.is_main:
             _after_stop_unhosted(self.handle)
         raise SystemExit(EXIT_RESUMABLE)
 
 
-def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any]) -> Handle:
-    from trainers.checkpoint import Checkpointer
+def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None) -> Handle:
+    import dataclasses
+
     from trainers.config import CheckpointConfig
-    from trainers.handle import Handle, Registry
-    from trainers.metrics import MetricsWriter
     from trainers.preemption import StopFlag
-    from trainers.reporting import StepReporter
-    from trainers.saving import SaveCoordinator
     from trainers.task import TaskError
 
-    host = _host
+    host = hosting.host()
     if host is not None:
         where, rank, cfg = host.run_dir, host.rank, host.job.checkpoint
         if run_dir is not None and Path(run_dir).resolve() != where.path.resolve():
@@ -218,24 +195,49 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any]) -> Han
                     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
                     said.addHandler(handler)
                     said.setLevel(logging.INFO)
+    if every_steps is not None:
+        cfg = dataclasses.replace(cfg, every_steps=every_steps)
+    if every_minutes is not None:
+        cfg = dataclasses.replace(cfg, every_minutes=every_minutes)
+    try:
+        return _start(where, rank, cfg, stop, host, state)
+    except BaseException:
+        if host is None:
+            stop.uninstall()  # the signals are the process's again
+        raise
+
+
+def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hosting.Host | None, state: dict[str, Any]) -> Handle:
+    from trainers.checkpoint import Checkpointer
+    from trainers.handle import Handle, Registry
+    from trainers.metrics import MetricsWriter
+    from trainers.reporting import StepReporter
+    from trainers.saving import SaveCoordinator
+
     registry = Registry(state)
     comm, owned = _collectives(rank)
     coordinator = SaveCoordinator(Checkpointer(where.checkpoints, comm.rank, comm.world_size, cfg.keep), comm, cfg) if cfg.enabled else None
     handle = Handle(comm, registry, stop, coordinator, metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
-    if host is not None:
-        _adopt_job_settings(handle, host)
-    else:
-        handle.reporter = StepReporter(where.steps if comm.rank == 0 else None, run_name=where.path.name)
-    handle.agree_on_registry()
-    stop.phase = "resume"
-    began = time.time()
-    handle.restore(where.checkpoints, cfg.resume)
-    handle.milestones.loaded(began, time.time())
-    stop.phase = "training"
-    return handle
+    try:
+        if host is not None:
+            _adopt_job_settings(handle, host)
+        else:
+            handle.reporter = StepReporter(where.steps if comm.rank == 0 else None, run_name=where.path.name)
+        handle.agree_on_registry()
+        stop.phase = "resume"
+        began = time.time()
+        handle.restore(where.checkpoints, cfg.resume)
+        handle.milestones.loaded(began, time.time())
+        stop.phase = "training"
+        return handle
+    except BaseException:
+        handle.close()
+        if owned:
+            comm.close()
+        raise
 
 
-def _adopt_job_settings(handle: Handle, host: Host) -> None:
+def _adopt_job_settings(handle: Handle, host: hosting.Host) -> None:
     """launch.py's job: its reporting, watchdog, run timeline and config."""
     from hpc.rank.main import attached_to_terminal, start_watchdog
     from hpc.rank.signals import PROCESS_STARTED
@@ -290,7 +292,7 @@ def _settle_signals(run: Run) -> None:
     if handle.owned_comm:
         handle.comm.close()
         handle.owned_comm = False
-    if _host is not None:
+    if run._handlers:
         for sig, handler in run._handlers.items():
             signal.signal(sig, handler)
     else:

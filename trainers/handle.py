@@ -101,9 +101,9 @@ class Registry:
                 continue
             problem = not_plain(obj, name)
             if own or problem:
-                shown = f"a {type(obj).__module__}.{type(obj).__qualname__}"
+                nested = f" ({problem})" if problem and not own and not problem.startswith(f"{name} is ") else ""  # deep inside a list or dict
                 raise TaskError(
-                    f"run state {name!r} is {shown}{f' ({problem})' if problem and not own else ''}: register objects with "
+                    f"run state {name!r} is a {type(obj).__module__}.{type(obj).__qualname__}{nested}: register objects with "
                     "state_dict() and load_state_dict(), or plain values (numbers, strings, tensors, lists and dicts of them)"
                     + ("; per_rank() takes objects with state_dict() only" if own else "")
                 )

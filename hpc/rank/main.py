@@ -160,8 +160,8 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
     error the script raises (or its own non-zero exit) ends the job as a task's would."""
     from hpc.rank.failures import repeats
+    from hpc.rank.hosting import Host
     from hpc.rank.script import ScriptFailed, ScriptResult, run_script
-    from hpc.run import Host
 
     if stop.raised:  # caught while Python and torch were importing
         return ScriptResult(str(job.script), stopped_by=stop.signal_name)

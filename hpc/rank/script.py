@@ -27,8 +27,8 @@ from pathlib import Path
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
 from hpc.env import RUN_DIR_VARIABLE, RankInfo, rendezvous
+from hpc.rank.hosting import Host, hosted, started_handle
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.run import Host, hosted
 
 log = logging.getLogger("hpc.rank")
 
@@ -60,12 +60,9 @@ class ScriptResult:
 def with_handle_figures(result: ScriptResult) -> ScriptResult:
     """The run handle's view of how the script ended: a stop it agreed on is a stop, whether
     the script then returned or exited with 75."""
-    from hpc.run import current
-
-    run = current()
-    if run is None:
+    handle = started_handle()
+    if handle is None:
         return result
-    handle = run.handle
     result.handle, result.steps, result.resumed_from = True, handle.step, handle.resumed_from
     result.loss = handle.last.get("loss")
     result.val_metrics = {name.removeprefix("val_"): value for name, value in handle.logged.items() if name.startswith("val_")}
