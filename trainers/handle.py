@@ -339,6 +339,8 @@ class Handle:
         if self.finished:
             return
         self.finished = True
+        if self.watchdog is not None:  # the other ranks may still be stepping: a stall names this rank
+            self.watchdog.leave("left the loop (the run handle's finish())")
         try:
             if self.stopped_by is None and self.step > (self.resumed_from or 0):
                 self.save(synchronous=True)

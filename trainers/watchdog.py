@@ -39,6 +39,7 @@ class Heartbeat:
     host: str
     pid: int
     time: float  # when its watchdog thread last wrote (wall clock: comparable between nodes)
+    left: str | None = None  # what took the rank out of the steps the others wait in (a run handle's finish())
 
 
 def heartbeat_file(directory: Path, rank: int) -> Path:
@@ -62,7 +63,10 @@ def describe_stall(beats: list[Heartbeat], world_size: int, now: float, silent_a
     missing = [r for r in range(world_size) if r not in heard]
     silent = [b for b in beats if now - b.time > silent_after_s]
     lowest = min((b.step for b in beats), default=0)
-    if silent:
+    gone = [b for b in beats if b.left]
+    if gone:
+        named = [f"rank {b.rank} on {b.host} (pid {b.pid}) {b.left} after step {b.step}" for b in gone]
+    elif silent:
         # No step named: a heartbeat is written once per poll, so its step may be several steps old.
         named = [f"rank {b.rank} on {b.host} (pid {b.pid}) silent for {now - b.time:.0f} s" for b in silent]
     else:
@@ -101,6 +105,7 @@ class Watchdog:
         self._started_at = time.time()  # wall clock, as in verdict files written by other nodes
         self._step = 0
         self._stepped = False  # no step finished yet: the start-up allowance applies
+        self._left: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
         if directory is not None:
@@ -116,6 +121,11 @@ class Watchdog:
         """A step finished (called by fit at every step boundary)."""
         self._last_beat, self._step, self._stepped = self._clock(), step, True
 
+    def leave(self, why: str) -> None:
+        """This rank takes no more steps (`why`): a stall of the others names it."""
+        self._left = why
+        self._write()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -128,7 +138,8 @@ class Watchdog:
         path = heartbeat_file(self._directory, self._rank)
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps({"rank": self._rank, "step": self._step, "host": self._host, "pid": os.getpid(), "time": now}))
+            beat = {"rank": self._rank, "step": self._step, "host": self._host, "pid": os.getpid(), "time": now}
+            tmp.write_text(json.dumps({**beat, "left": self._left} if self._left else beat))
             tmp.replace(path)
         except OSError as err:  # a full or flaky shared disk must not stop training
             log.warning("heartbeat not written: %s", err)

@@ -1,0 +1,92 @@
+"""A script that keeps the toolkit's guarantees through the run handle (hpc.run), started by
+launch.py, by torchrun and by mpirun: a real signal stops every rank at the same step with a
+committed checkpoint, and the resumed run's per-step losses and final weights are those of an
+uninterrupted run, bit for bit; ranks that disagree end in one line, never a hang."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc.rank.lifecycle import EXIT_RESUMABLE
+from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs
+
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
+
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "handle" / "train.py"
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def by_hand(launcher: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*launcher, str(SCRIPT), *args], cwd=cwd, env=ranks_environment(), capture_output=True, text=True, timeout=300)
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+MPIRUN = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable]
+
+
+def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", f"run_root={work / 'runs'}"]
+    stopped = subprocess.run(
+        [*command, "--", "--steps", "30", "--signal-at", "9", "--out", str(tmp_path / "ours.json")], cwd=work, capture_output=True, text=True, timeout=300
+    )
+    assert stopped.returncode == EXIT_RESUMABLE, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert "stopped by SIGUSR1 at step 9, checkpoint committed; not a Slurm job" in stopped.stdout
+    (run_dir,) = run_dirs(work)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["steps"], result["handle"]) == ("stopped", 9, True)
+    assert not (tmp_path / "ours.json").exists()  # finish() ended the script: nothing after the loop ran
+
+    again, env = resume_command(run_dir)
+    resumed = subprocess.run(again, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", 9, 30)
+    assert set(result["val_metrics"]) == {"loss"}  # what sweep.objective=val_loss reads
+
+    reference = by_hand(TORCHRUN, "--steps", "30", "--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.json"), cwd=work)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert losses(run_dir) == losses(tmp_path / "ref")
+    ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
+    assert ours["weights"] == theirs["weights"] and ours["best"] == theirs["best"]
+
+
+def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_and_resume_bit_exactly(tmp_path):
+    args = ["--sync", "ours", "--steps", "24"]
+    stopped = by_hand(MPIRUN, *args, "--signal-at", "7", "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
+    assert stopped.returncode == EXIT_RESUMABLE, stopped.stderr[-2000:]
+    assert "stopped by SIGUSR1 at step 7, checkpoint committed; not a Slurm job" in stopped.stderr
+    resumed = by_hand(MPIRUN, *args, "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from checkpoint step 7" in resumed.stderr
+    reference = by_hand(MPIRUN, *args, "--run-dir", "ref", "--out", "ref.json", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(tmp_path / "ref")) == 24
+    ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "ref.json"))
+    assert ours["weights"] == theirs["weights"] and ours["resumed_from"] == 7
+
+
+def test_ranks_that_disagree_end_in_one_line(tmp_path):
+    differ = by_hand(TORCHRUN, "--steps", "3", "--run-dir", "a", "--extra-state-rank", "1", cwd=tmp_path)
+    assert differ.returncode != 0
+    assert "the ranks register different run state: rank 1 registers state 'second', which rank 0 does not" in differ.stderr
+
+    # one rank leaves the loop alone: the watchdog ends the job naming it, instead of a hang
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", "trainer.watchdog_s=5", f"run_root={work / 'runs'}"]
+    left = subprocess.run([*command, "--", "--steps", "1000", "--leave-rank", "1", "--leave-at", "5"], cwd=work, capture_output=True, text=True, timeout=300)
+    assert left.returncode not in (0, EXIT_RESUMABLE)
+    (run_dir,) = run_dirs(work)
+    logs = "".join(path.read_text() for path in sorted((run_dir / "logs").glob("rank-*.log")))
+    assert "watchdog: no step finished for" in logs and "behind: rank 1 on" in logs
+    assert "left the loop (the run handle's finish()) after step 5" in logs
