@@ -21,6 +21,16 @@ def test_without_silent_ranks_the_lowest_step_is_named_and_missing_ranks_listed(
     assert describe_stall(beats, 4, now=1000.0, silent_after_s=5) == "rank 1 on node0 (pid 101) at step 11; never reported: ranks 2"
 
 
+def test_a_rank_that_left_the_loop_is_named_first_and_read_back_from_its_heartbeat(tmp_path):
+    beats = [beat(0, 5, 1), Heartbeat(rank=1, step=5, host="node0", pid=101, time=999.0, left="left the loop"), beat(2, 5, 30)]
+    assert describe_stall(beats, 3, now=1000.0, silent_after_s=5) == "rank 1 on node0 (pid 101) left the loop after step 5"
+    dog = Watchdog(60, tmp_path, 1, 2, "node0", on_stall=lambda message: None)
+    dog.beat(4)
+    dog.leave("left the loop")
+    (read,) = read_heartbeats(tmp_path)
+    assert (read.rank, read.step, read.left) == (1, 4, "left the loop")
+
+
 class FakeClock:
     """The watchdog's monotonic clock, moved by the test: no outcome depends on the machine's load.
     Steps are binary fractions, so "exactly the timeout" is exact."""
