@@ -1,6 +1,7 @@
 """A user's unchanged torchrun-style script on the simulated Slurm cluster (`script=train.py`):
 two ranks on two nodes meet through torchrun's variables, and a stop signal mid-run requeues the
-job, whose second start runs the script (from its frozen copy) to the end."""
+job, whose second start runs the script (from its frozen copy) to the end. With the run handle
+(hpc.run), the requeued job resumes from the checkpoint the stop committed, bit-exactly."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 
 from benchmarks.simcluster import parse_job_id, poll, release_when_requeued
 from tests.conftest import wait_until_done
-from tests.support.runs import ROOT, run_dirs
+from tests.support.runs import ROOT, run_dirs, step_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
+HANDLE_SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "handle" / "train.py"
 
 
 def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
@@ -41,3 +43,28 @@ def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
         assert seen["extra"] == ["two words"] and seen["cwd"] == str(tmp_path)
         assert seen["file"] == str(run_dir / "code" / "script" / "train.py")
     assert ranks[0]["weights"] == ranks[1]["weights"] and ranks[0]["env"]["MASTER_ADDR"] == ranks[1]["env"]["MASTER_ADDR"]
+
+
+def test_a_preempted_script_with_the_run_handle_resumes_bit_exactly_after_the_requeue(tmp_path):
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={HANDLE_SCRIPT}", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=1"]
+    command += [f"run_root={tmp_path / 'runs'}", "--", "--steps", "60", "--out", str(tmp_path / "ours.json"), "--step-seconds", "0.05"]
+    submitted = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = parse_job_id(submitted.stdout)
+    (run_dir,) = run_dirs(tmp_path)
+    poll(lambda: (run_dir / "steps.jsonl").exists() and len((run_dir / "steps.jsonl").read_text().splitlines()) >= 5, "the script's first steps")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)  # what Slurm sends before the time limit
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED"
+    first_log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "checkpoint committed; external signal: requeueing job" in first_log, first_log[-2000:]
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "completed" and summary["restarts"] == 1 and summary["steps"] == 60 and 5 <= summary["resumed_from"] < 60
+
+    # the same script uninterrupted, on two ranks started by torchrun: the same losses and weights
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HANDLE_SCRIPT)]
+    reference = subprocess.run([*torchrun, "--steps", "60", "--run-dir", "ref", "--out", "ref.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert step_losses(run_dir) == step_losses(tmp_path / "ref")
+    ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
+    assert ours["weights"] == theirs["weights"]
