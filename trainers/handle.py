@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
+from collectives.base import Handle as InFlight
 from trainers import metricnames
 from trainers.checkpoint import CheckpointError
 from trainers.metrics import MetricsWriter
@@ -180,21 +181,36 @@ class StepVote:
     names: tuple[float, ...]
     metrics: list[float]
 
+
+@dataclass
+class PendingVote:
+    """A step's vote in flight: launched at its end_step, read at the next one (or before any
+    other collective of the handle), so the allreduce overlaps the next step's compute."""
+
+    step: int
+    names: tuple[str, ...]
+    step_s: float
+    buffer: torch.Tensor
+    done: InFlight
+
     @classmethod
-    def exchange(cls, comm: Collectives, head: list[float], metrics: list[Any]) -> StepVote:
-        """One collective and one host sync: tensors stay on their device until the sums are read."""
-        if any(isinstance(m, torch.Tensor) for m in metrics):
+    def launch(cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], metrics: list[Any]) -> PendingVote:
+        """Tensors stay on their device: the one host sync is the read, a step later."""
+        if any(isinstance(m, torch.Tensor) and m.device.type != "cpu" for m in metrics):
             device = comm.device
             parts = [
                 (m.detach() if isinstance(m, torch.Tensor) else torch.tensor(m, dtype=torch.float64)).to(device=device, dtype=torch.float64).reshape(1)
                 for m in metrics
             ]
             buffer = torch.cat([torch.tensor(head, dtype=torch.float64).to(device), *parts])
-        else:
-            buffer = torch.tensor([*head, *metrics], dtype=torch.float64)
-        comm.allreduce_(buffer, op="sum")
-        values = buffer.tolist()
-        return cls(values[0], values[1], values[2], tuple(values[3:7]), values[7:])
+        else:  # reading a CPU tensor waits for nothing
+            buffer = torch.tensor([*head, *(m.detach().item() if isinstance(m, torch.Tensor) else float(m) for m in metrics)], dtype=torch.float64)
+        return cls(step, names, step_s, buffer, comm.allreduce_async(buffer, op="sum"))
+
+    def read(self) -> StepVote:
+        self.done.wait()
+        values = self.buffer.tolist()
+        return StepVote(values[0], values[1], values[2], tuple(values[3:7]), values[7:])
 
 
 @dataclass
@@ -218,6 +234,7 @@ class Handle:
     last: dict[str, float] = field(default_factory=dict)  # the newest step's metrics (means over ranks)
     logged: dict[str, float] = field(default_factory=dict)  # the newest value of each metric log() wrote
     _step_began: float = field(default_factory=time.perf_counter)
+    _pending: PendingVote | None = None
 
     def agree_on_registry(self) -> None:
         """Every rank registered the same names (a mismatch would pair the wrong files on resume)."""
@@ -274,32 +291,46 @@ class Handle:
             if isinstance(value, torch.Tensor) and value.numel() != 1 or not isinstance(value, torch.Tensor | int | float):
                 raise TaskError(f"metric {name!r} is {describe(value)}; end_step() takes numbers or one-element tensors")
         self.step += 1
+        now = time.perf_counter()
+        step_s, self._step_began = now - self._step_began, now
+        self.milestones.stepped(self.step, self.resumed_from)
+        if self.watchdog is not None:
+            self.watchdog.beat(self.step)
         coordinator = self.coordinator
+        earlier = self.settle()  # the previous step's vote, read now: its allreduce ran beside this step
         head = [
             float(self.stop.raised),
             coordinator.written_flag() if coordinator else 1.0,
             coordinator.time_vote() if coordinator else 0.0,
             *metricnames.fingerprint(names),
         ]
-        vote = StepVote.exchange(self.comm, head, [metrics[n] for n in names])
-        if not metricnames.fingerprints_agree(vote.names, names, self.comm.world_size):
-            metricnames.agree(self.comm, names, f"step {self.step}")  # raises on every rank, naming the key and rank
-        now = time.perf_counter()
-        step_s, self._step_began = now - self._step_began, now
-        self.last = {name: value / self.comm.world_size for name, value in zip(names, vote.metrics, strict=True)}
-        self.reporter.report({"step": self.step, **self.last, "step_ms": 1000 * step_s})
-        self.milestones.stepped(self.step, self.resumed_from)
-        if self.watchdog is not None:
-            self.watchdog.beat(self.step)
-        if coordinator is not None:
-            coordinator.on_step_boundary(vote.ranks_written)
-        if vote.stop_votes:
+        self._pending = PendingVote.launch(self.comm, self.step, names, step_s, head, [metrics[n] for n in names])
+        stop = earlier is not None and earlier.stop_votes > 0
+        due = coordinator is not None and coordinator.due(self.step, earlier.time_votes if earlier else 0.0)
+        if stop or due:  # a save's own collectives come after this step's vote, on every rank alike
+            latest = self.settle()
+            stop = stop or (latest is not None and latest.stop_votes > 0)
+        if stop:
             self.stopped_by = self.stop.signal_name or "a signal on another rank"
             self.save(synchronous=True)
             return True
-        if coordinator is not None and coordinator.due(self.step, vote.time_votes):
+        if due:
             self.save(synchronous=False)
         return False
+
+    def settle(self) -> StepVote | None:
+        """Read the vote in flight (None: none): its metrics reported, the save handshake advanced."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        vote = pending.read()
+        if not metricnames.fingerprints_agree(vote.names, pending.names, self.comm.world_size):
+            metricnames.agree(self.comm, pending.names, f"step {pending.step}")  # raises on every rank, naming the key and rank
+        self.last = {name: value / self.comm.world_size for name, value in zip(pending.names, vote.metrics, strict=True)}
+        self.reporter.report({"step": pending.step, **self.last, "step_ms": 1000 * pending.step_s})
+        if self.coordinator is not None:
+            self.coordinator.on_step_boundary(vote.ranks_written)
+        return vote
 
     def log(self, metrics: dict[str, Any], step: int | None) -> None:
         """A record in metrics.jsonl (rank 0's values; no communication)."""
@@ -320,6 +351,7 @@ class Handle:
         coordinator = self.coordinator
         if coordinator is None:
             return
+        self.settle()  # the vote in flight first: collectives in the same order on every rank
         before, self.stop.phase = self.stop.phase, "the final save" if synchronous else "an asynchronous save"
         try:
             coordinator.save(self.step, self.shared_state, {"rng": rng_state(), "state": self.registry.own_state()}, synchronous)
@@ -342,6 +374,7 @@ class Handle:
         if self.watchdog is not None:  # the other ranks may still be stepping: a stall names this rank
             self.watchdog.leave("left the loop (the run handle's finish())")
         try:
+            self.settle()  # the last step's vote: its metrics reported (a stop it carries comes too late to matter)
             if self.stopped_by is None and self.step > (self.resumed_from or 0):
                 self.save(synchronous=True)
             elif self.coordinator is not None:

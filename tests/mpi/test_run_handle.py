@@ -40,17 +40,17 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
         [*command, "--", "--steps", "30", "--signal-at", "9", "--out", str(tmp_path / "ours.json")], cwd=work, capture_output=True, text=True, timeout=300
     )
     assert stopped.returncode == EXIT_RESUMABLE, stopped.stdout[-2000:] + stopped.stderr[-2000:]
-    assert "stopped by SIGUSR1 at step 9, checkpoint committed; not a Slurm job" in stopped.stdout
+    assert "stopped by SIGUSR1 at step 10, checkpoint committed; not a Slurm job" in stopped.stdout  # step 9's vote, read after step 10
     (run_dir,) = run_dirs(work)
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["steps"], result["handle"]) == ("stopped", 9, True)
+    assert (result["status"], result["steps"], result["handle"]) == ("stopped", 10, True)
     assert not (tmp_path / "ours.json").exists()  # finish() ended the script: nothing after the loop ran
 
     again, env = resume_command(run_dir)
     resumed = subprocess.run(again, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", 9, 30)
+    assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", 10, 30)
     assert set(result["val_metrics"]) == {"loss"}  # what sweep.objective=val_loss reads
 
     reference = by_hand(TORCHRUN, "--steps", "30", "--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.json"), cwd=work)
@@ -64,15 +64,15 @@ def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_and_resume_bit_exa
     args = ["--sync", "ours", "--steps", "24"]
     stopped = by_hand(MPIRUN, *args, "--signal-at", "7", "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
     assert stopped.returncode == EXIT_RESUMABLE, stopped.stderr[-2000:]
-    assert "stopped by SIGUSR1 at step 7, checkpoint committed; not a Slurm job" in stopped.stderr
+    assert "stopped by SIGUSR1 at step 8, checkpoint committed; not a Slurm job" in stopped.stderr
     resumed = by_hand(MPIRUN, *args, "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed from checkpoint step 7" in resumed.stderr
+    assert "resumed from checkpoint step 8" in resumed.stderr
     reference = by_hand(MPIRUN, *args, "--run-dir", "ref", "--out", "ref.json", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-2000:]
     assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(tmp_path / "ref")) == 24
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "ref.json"))
-    assert ours["weights"] == theirs["weights"] and ours["resumed_from"] == 7
+    assert ours["weights"] == theirs["weights"] and ours["resumed_from"] == 8
 
 
 def test_ranks_that_disagree_end_in_one_line(tmp_path):

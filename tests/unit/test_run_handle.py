@@ -76,16 +76,16 @@ def test_a_stopped_run_saves_at_the_agreed_step_and_resumes_bit_exactly(tmp_path
     run = start_run(tmp_path / "run", model=model, optimizer=optimizer, scheduler=scheduler, seen=0, data=per_rank(cursor))
     assert run.resumed_from is None and run.step == 0
     first = train(run, model, optimizer, scheduler, cursor, 8, signal_at=3)
-    assert run.stopped_by == "SIGUSR1" and run.step == 3
+    assert run.stopped_by == "SIGUSR1" and run.step == 4  # the vote of step 3 is read at the next boundary
     with pytest.raises(SystemExit) as stopped:
         run.finish()  # the code after the loop runs only once training is complete
     assert stopped.value.code == EXIT_RESUMABLE
-    assert signal.getsignal(signal.SIGUSR1) is not None and (tmp_path / "run" / "checkpoints" / "step-000000003" / "COMMITTED").is_file()
+    assert signal.getsignal(signal.SIGUSR1) is not None and (tmp_path / "run" / "checkpoints" / "step-000000004" / "COMMITTED").is_file()
 
     model, optimizer, scheduler = build(seed=1)  # other weights: the checkpoint's must win
     cursor = Cursor()
     run = start_run(tmp_path / "run", model=model, optimizer=optimizer, scheduler=scheduler, seen=0, data=per_rank(cursor))
-    assert run.resumed_from == 3 and run["seen"] == 9 and cursor.offset == 9 and scheduler.last_epoch == 3
+    assert run.resumed_from == 4 and run["seen"] == 12 and cursor.offset == 12 and scheduler.last_epoch == 4
     rest = train(run, model, optimizer, scheduler, cursor, 8)
     run.finish()
     assert first + rest == reference
