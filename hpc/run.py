@@ -37,6 +37,7 @@ from hpc.env import RUN_DIR_VARIABLE, RankInfo
 from hpc.rank import hosting
 from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop
 from hpc.rundir import RunDir
+from trainers.positions import RandomWindows, ShuffledBatches, StreamCursor  # data positions a run keeps
 
 if TYPE_CHECKING:
     from collectives.base import Collectives
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hpc.run")
 
-__all__ = ["Run", "per_rank", "start_run"]
+__all__ = ["RandomWindows", "Run", "ShuffledBatches", "StreamCursor", "per_rank", "start_run"]
 
 
 def current() -> Run | None:

@@ -1,0 +1,70 @@
+"""Data positions kept by the run handle: after a save and a resume, each reads on exactly where
+the uninterrupted one would have."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hpc.run import RandomWindows, ShuffledBatches, StreamCursor, per_rank, start_run
+
+
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch):
+    for name in [n for n in os.environ if n.startswith(("OMPI_", "PMIX_", "SLURM_")) or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")]:
+        monkeypatch.delenv(name)
+
+
+def take(positions, n):  # type: ignore[no-untyped-def]
+    """n items of each position, as a loop takes one per step."""
+    batches, windows, stream = positions
+    out = []
+    for _ in range(n):
+        indices = next(batches["iter"], None)
+        if indices is None:
+            batches["iter"] = batches["obj"].epoch()
+            indices = next(batches["iter"])
+        x, _ = windows.get()
+        out.append((indices.tolist(), x.tolist(), next(stream)))
+    return out
+
+
+def make():  # type: ignore[no-untyped-def]
+    tokens = np.arange(1000, dtype=np.uint16) % 97
+    batches = ShuffledBatches(10, batch_size=3, rank=0, world_size=1, seed=4)
+    return {"obj": batches, "iter": batches.epoch()}, RandomWindows(tokens, block_size=8, batch_size=2, seed=1, rank=0), StreamCursor(lambda n: iter(range(n, 10**6)))
+
+
+def test_each_position_resumes_where_it_stood_through_a_checkpoint(tmp_path):
+    reference = take(make(), 9)  # three epochs of 3 batches: the epoch turns over twice
+
+    positions = make()
+    batches, windows, stream = positions
+    run = start_run(tmp_path, save_every_steps=1, order=batches["obj"], windows=per_rank(windows), stream=per_rank(stream))
+    first = take(positions, 4)
+    for _ in first:
+        run.end_step()
+    run.finish()
+    assert run.step == 4
+
+    positions = make()
+    batches, windows, stream = positions
+    run = start_run(tmp_path, order=batches["obj"], windows=per_rank(windows), stream=per_rank(stream))
+    batches["iter"] = batches["obj"].epoch()  # a resumed loop asks for the rest of the epoch
+    assert run.resumed_from == 4 and batches["obj"].state_dict() == {"epoch": 2, "position": 3}
+    assert first + take(positions, 5) == reference
+    run.finish()
+
+
+def test_ranks_split_each_global_batch_and_windows_differ_by_rank():
+    ranks = [ShuffledBatches(12, batch_size=2, rank=r, world_size=3, seed=0) for r in range(3)]
+    firsts = [next(r.epoch()).tolist() for r in ranks]
+    assert sorted(sum(firsts, [])) == sorted(set(sum(firsts, []))) and len(sum(firsts, [])) == 6
+    tokens = np.arange(500)
+    a, b = (RandomWindows(tokens, 16, 4, seed=0, rank=r).get()[0] for r in (0, 1))
+    assert not torch.equal(a, b) and torch.equal(a[:, 1:], a[:, :-1] + 1)  # consecutive tokens: windows of the array
+    with pytest.raises(ValueError, match="8 tokens cannot fill one window of 8"):
+        RandomWindows(np.arange(8), 8, 1, seed=0, rank=0)
