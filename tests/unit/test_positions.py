@@ -35,7 +35,8 @@ def take(positions, n):  # type: ignore[no-untyped-def]
 def make():  # type: ignore[no-untyped-def]
     tokens = np.arange(1000, dtype=np.uint16) % 97
     batches = ShuffledBatches(10, batch_size=3, rank=0, world_size=1, seed=4)
-    return {"obj": batches, "iter": batches.epoch()}, RandomWindows(tokens, block_size=8, batch_size=2, seed=1, rank=0), StreamCursor(lambda n: iter(range(n, 10**6)))
+    windows = RandomWindows(tokens, block_size=8, batch_size=2, seed=1, rank=0)
+    return {"obj": batches, "iter": batches.epoch()}, windows, StreamCursor(lambda n: iter(range(n, 10**6)))
 
 
 def test_each_position_resumes_where_it_stood_through_a_checkpoint(tmp_path):
