@@ -24,7 +24,7 @@ def readme_command(example_dir):  # type: ignore[no-untyped-def]
 
 
 def test_there_are_the_example_projects():
-    assert [p.name for p in EXAMPLES] == ["own_loop", "regression"]
+    assert [p.name for p in EXAMPLES] == ["char_gpt", "own_loop", "regression"]
 
 
 def check_regression(example, run_dir, stdout):  # type: ignore[no-untyped-def]
@@ -42,7 +42,15 @@ def check_own_loop(example, run_dir, stdout):  # type: ignore[no-untyped-def]
     assert (run_dir / "checkpoints" / "step-000000200" / "COMMITTED").is_file() and "trained 200 steps" in stdout
 
 
-CHECKS = {"regression": check_regression, "own_loop": check_own_loop}
+def check_char_gpt(example, run_dir, stdout):  # type: ignore[no-untyped-def]
+    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evaluations] == [30, 60] and evaluations[-1]["val_loss"] < 3.5  # a byte model starts at ln 256 = 5.5
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["steps"]) == ("completed", 60) and result["val_metrics"] == {"loss": evaluations[-1]["val_loss"]}
+    assert "best val loss" in stdout
+
+
+CHECKS = {"regression": check_regression, "own_loop": check_own_loop, "char_gpt": check_char_gpt}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
