@@ -34,8 +34,9 @@ def newest_shared_state(run_dir: Path) -> dict[str, Any]:
 
 def state_hash(run_dir: Path) -> str:
     state = newest_shared_state(run_dir)
+    model = state["model"] if "model" in state else state["state"]["model"]  # the built-in loop's, or a run handle's
     digest = hashlib.sha256()
-    for name, tensor in sorted(state["model"].items()):
+    for name, tensor in sorted(model.items()):
         digest.update(name.encode() + tensor.numpy().tobytes())
     return digest.hexdigest()
 

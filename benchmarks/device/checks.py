@@ -4,7 +4,8 @@
 
 GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode): resnet50 (the trainer
 against a raw loop), lm (task=lm against a plain loop, and its bf16 loss curve), resume (a signal
-stop and resume, bit for bit), handle (the run handle, once it has landed). CPU ranks (the
+stop and resume, bit for bit), handle (a user's DDP script with the run handle: nccl, a
+signal stop and resume, bit for bit). CPU ranks (the
 machine's 16 cores): allreduce, scaling, loader (benchmarks/device/cores.py). unit: the unit tier
 on the machine's torch.
 """
@@ -12,7 +13,6 @@ on the machine's torch.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import signal
@@ -258,10 +258,48 @@ def poll(found: Callable[[], Path | None], proc: subprocess.Popen[str], what: st
 
 
 def handle(mode: str, scratch: Path, report: Report) -> None:
-    if importlib.util.find_spec("trainers.handle") is None:
-        report.finish("skipped", "the run handle (issue 31) has not landed: nothing to check yet")
-        raise SystemExit(0)
-    report.note("the run handle exists but this check does not exercise it yet: extend benchmarks/device/checks.py:handle")
+    """A user's own DDP script with the run handle (examples/own_loop/train.py: nccl and the GPU
+    in gpu mode, gloo on the CPU) through launch.py on one rank: stopped by SIGUSR1 and resumed
+    against an uninterrupted run, the same loss at every step and the same final weights; and the
+    handle's time per step against the step itself."""
+    from hpc.rank.lifecycle import EXIT_RESUMABLE
+
+    script = ["script=" + str(ROOT / "examples" / "own_loop" / "train.py"), "resources.tasks_per_node=1", "checkpoint.every_minutes=null"]
+    if mode == "gpu":
+        script += ["resources.gpus_per_task=1", "cluster.gpus_per_node=1"]
+    args = ["--", "--steps", "400"]
+    reference = launch([*script, *args], scratch / "reference")
+    records = step_records(reference)
+    report.figure("uninterrupted steps", len(records))
+    report.figure("step ms (median, the script's own step with end_step)", round(statistics.median(r["step_ms"] for r in records[10:]), 3))
+    workdir = scratch / "stopped"
+    workdir.mkdir(parents=True, exist_ok=True)
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), *script, f"run_root={workdir / 'runs'}", *args],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    run_dir = poll(lambda: next((d for d in run_dirs(workdir) if logged_steps(d) >= 100), None), first, "100 logged steps")
+    for pid in rank_pids(run_dir):
+        os.kill(pid, signal.SIGUSR1)
+    code = first.wait(timeout=120)
+    if code != EXIT_RESUMABLE:
+        raise RuntimeError(f"the signalled run exited {code}, not {EXIT_RESUMABLE} (resumable): {first.stderr.read()[-1500:] if first.stderr else ''}")
+    report.figure("stopped by SIGUSR1 after step", max(step_losses(run_dir)))
+    command, env = resume_command(run_dir)
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if resumed.returncode:
+        raise RuntimeError(f"the resumed run failed (exit {resumed.returncode}): {resumed.stderr[-1500:]}")
+    ours, theirs = step_losses(run_dir), step_losses(reference)
+    differing = [s for s in theirs if ours.get(s) != theirs[s]]
+    report.target("steps whose loss differs from the uninterrupted run", len(differing), "0", not differing)
+    same = state_hash(run_dir) == state_hash(reference)
+    report.target("final weights identical", same, "True", same)
+    if differing:
+        report.note(f"first differing step {differing[0]}: {ours.get(differing[0])!r} against {theirs[differing[0]]!r}")
 
 
 def unit(mode: str, scratch: Path, report: Report) -> None:
