@@ -157,12 +157,14 @@ class Run:
         code 75, or a Slurm requeue) so that the code after the loop runs only once training is
         complete."""
         self.handle.finish()
+        stopped = self.handle.stopped_by is not None
+        if stopped and hosting.host() is None:
+            if self.is_main:
+                _after_stop_unhosted(self.handle)
+            self.handle.comm.barrier()  # no rank exits (75: srun or mpirun end the rest) before rank 0 asked for the requeue
         _settle_signals(self)
-        if self.handle.stopped_by is None:
-            return
-        if hosting.host() is None and self.is_main:
-            _after_stop_unhosted(self.handle)
-        raise SystemExit(EXIT_RESUMABLE)
+        if stopped:
+            raise SystemExit(EXIT_RESUMABLE)
 
 
 def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None) -> Handle:

@@ -63,6 +63,8 @@ def with_handle_figures(result: ScriptResult) -> ScriptResult:
     handle = started_handle()
     if handle is None:
         return result
+    if not handle.finished and not handle.stopped_by:
+        log.warning("the script returned without run.finish(): steps after the newest checkpoint are not saved (call run.finish() after the loop)")
     result.handle, result.steps, result.resumed_from = True, handle.step, handle.resumed_from
     result.loss = handle.last.get("loss")
     result.val_metrics = {name.removeprefix("val_"): value for name, value in handle.logged.items() if name.startswith("val_")}

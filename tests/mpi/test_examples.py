@@ -44,9 +44,9 @@ def check_own_loop(example, run_dir, stdout):  # type: ignore[no-untyped-def]
 
 def check_char_gpt(example, run_dir, stdout):  # type: ignore[no-untyped-def]
     evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evaluations] == [30, 60] and evaluations[-1]["val_loss"] < 3.5  # a byte model starts at ln 256 = 5.5
+    assert [e["step"] for e in evaluations] == [20, 40] and evaluations[-1]["val_loss"] < 4.0  # a byte model starts at ln 256 = 5.5
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["steps"]) == ("completed", 60) and result["val_metrics"] == {"loss": evaluations[-1]["val_loss"]}
+    assert (result["status"], result["steps"]) == ("completed", 40) and result["val_metrics"] == {"loss": evaluations[-1]["val_loss"]}
     assert "best val loss" in stdout
 
 

@@ -1,4 +1,4 @@
-"""Stop a local 2-rank job with signals at three different steps (a user's task) or once (the
+"""Stop a local 2-rank job with signals at two different steps (a user's task) or once (the
 built-in task on sharded, augmented data), resume it each time in the same run dir, and compare
 with an uninterrupted run: identical per-step losses and model state."""
 
@@ -33,7 +33,7 @@ from trainers.datasets import build_digits_hdf5
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
-# Slow enough per step (wide MLP) and long enough (220 steps) that the three signals land mid-run,
+# Slow enough per step (wide MLP) and long enough (220 steps) that the signals land mid-run,
 # even tens of steps late under load; async saves every 7 steps.
 JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=10", "checkpoint.every_steps=7", "checkpoint.every_minutes=null"]
 # The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks) that
@@ -82,7 +82,7 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
 
     (tmp_path / "b").mkdir()
     # Prepare the run dir through launch.py, then interrupt its ranks: start it with a signal
-    # arriving after a few steps, resume from command.txt, three times, then let it finish.
+    # arriving after a few steps, resume from command.txt, twice, then let it finish.
     first = start_launch(*job, cwd=tmp_path / "b", env=env)
     run_dir = wait_for_run(first, tmp_path / "b", lambda run: logged_steps(run) >= 5, "5 steps", timeout_s=120)
     # The first stop: SIGUSR2 (submitit's) to one rank only; the step's vote stops every rank at the same step
@@ -93,10 +93,11 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
     stops = [result["steps"]]
 
     command, env = resume_command(run_dir)
-    # The user's task is stopped twice more (SIGTERM, SIGUSR1): repeated resumes of one run dir.
-    # The sharded data's position and per-rank streams are proven by one exact resume (every
-    # further stop costs a start of every rank: seconds of CPU on the test machine).
-    later = ((23, signal.SIGTERM), (41, signal.SIGUSR1)) if job is USER_JOB else ()
+    # The user's task is stopped once more (SIGTERM): repeated resumes of one run dir. The sharded
+    # data's position and per-rank streams are proven by one exact resume (every further stop
+    # costs a start of every rank: 30-40 s on the test machine; SIGUSR1, Slurm's, stops the
+    # Slurm tests and the run handle's).
+    later = ((23, signal.SIGTERM),) if job is USER_JOB else ()
     for after, sig in later:
         assert run_until_signalled(command, env, run_dir, after, sig) == EXIT_RESUMABLE
         result = json.loads((run_dir / "result.json").read_text())

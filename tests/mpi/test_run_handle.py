@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from collectives.mpirun import mpirun_command
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs
 
@@ -29,7 +30,7 @@ def by_hand(launcher: list[str], *args: str, cwd: Path) -> subprocess.CompletedP
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-MPIRUN = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable]
+MPIRUN = mpirun_command(2, [sys.executable])
 
 
 def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path):
@@ -83,7 +84,7 @@ def test_ranks_that_disagree_end_in_one_line(tmp_path):
     # one rank leaves the loop alone: the watchdog ends the job naming it, instead of a hang
     work = tmp_path / "work"
     work.mkdir()
-    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", "trainer.watchdog_s=5", f"run_root={work / 'runs'}"]
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", "trainer.watchdog_s=3", f"run_root={work / 'runs'}"]
     left = subprocess.run([*command, "--", "--steps", "1000", "--leave-rank", "1", "--leave-at", "5"], cwd=work, capture_output=True, text=True, timeout=300)
     assert left.returncode not in (0, EXIT_RESUMABLE)
     (run_dir,) = run_dirs(work)

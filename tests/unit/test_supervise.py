@@ -161,10 +161,12 @@ SILENT_SRUN = """#!/bin/bash
 if [[ $1 == --nodes=1 ]]; then [[ $4 == --nodelist=node2 ]] && exit 1; exit 0; fi  # node2 does not answer
 echo "$*" >> "$FAKE_DIR/calls"
 if [[ $(wc -l < "$FAKE_DIR/calls") == 1 ]]; then
+    # the trap first: the heartbeat below starts the supervisor's clock (a loaded machine once
+    # delivered its interrupt before this script had reached the trap)
+    trap 'echo interrupted >> "$FAKE_DIR/interrupts"; [[ $(wc -l < "$FAKE_DIR/interrupts") == 2 ]] && exit 130' INT
     mkdir -p "$FAKE_DIR/run/heartbeats"
     now=$(date +%s.%N)
     echo "{\\"rank\\": 1, \\"step\\": 3, \\"host\\": \\"node2\\", \\"pid\\": 1, \\"time\\": $now}" > "$FAKE_DIR/run/heartbeats/rank-00001.json"
-    trap 'echo interrupted >> "$FAKE_DIR/interrupts"; [[ $(wc -l < "$FAKE_DIR/interrupts") == 2 ]] && exit 130' INT
     while true; do sleep 0.1; done
 fi
 exit 0
