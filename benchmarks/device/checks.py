@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.device.cores import allreduce, loader, scaling
-from benchmarks.device.report import BUDGET_VARIABLE, ROOT, Report, device_overrides, launch, step_records
+from benchmarks.device.report import BUDGET_VARIABLE, ROOT, Report, device_overrides, launch, launch_command, step_records
 from benchmarks.rundirs import logged_steps, rank_pids, resume_command, run_dirs, state_hash, step_losses
 
 
@@ -198,8 +198,6 @@ def resume(mode: str, scratch: Path, report: Report) -> None:
     """A run stopped by SIGUSR1 and resumed against an uninterrupted one: the same loss at every
     step and the same final weights, bit for bit. Crops and flips are drawn on the training device
     (the CUDA generator in gpu mode), and trainer.deterministic=true fixes the GPU's kernels."""
-    from hpc.rank.lifecycle import EXIT_RESUMABLE
-
     job = [
         "model=cnn",
         "data.crop=8",
@@ -215,24 +213,31 @@ def resume(mode: str, scratch: Path, report: Report) -> None:
     ]
     reference = launch(job, scratch / "reference")
     report.figure("uninterrupted steps", len(step_losses(reference)))
-    workdir = scratch / "stopped"
+    stop_resume_and_compare(job, reference, scratch / "stopped", 30, report)
+
+
+def stop_resume_and_compare(overrides: list[str], reference: Path, workdir: Path, after_steps: int, report: Report) -> None:
+    """The job of `overrides` started again, every rank sent SIGUSR1 after `after_steps` logged
+    steps, resumed from command.txt to the end, and compared with the uninterrupted `reference`:
+    the loss at every step and the final weights, bit for bit."""
+    from hpc.rank.lifecycle import EXIT_RESUMABLE
+
     workdir.mkdir(parents=True, exist_ok=True)
     first = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *job, f"run_root={workdir / 'runs'}"],
+        launch_command(overrides, workdir),
         cwd=workdir,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    run_dir = poll(lambda: next((d for d in run_dirs(workdir) if logged_steps(d) >= 30), None), first, "30 logged steps")
+    run_dir = poll(lambda: next((d for d in run_dirs(workdir) if logged_steps(d) >= after_steps), None), first, f"{after_steps} logged steps")
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGUSR1)
     code = first.wait(timeout=120)
     if code != EXIT_RESUMABLE:
         raise RuntimeError(f"the signalled run exited {code}, not {EXIT_RESUMABLE} (resumable): {first.stderr.read()[-1500:] if first.stderr else ''}")
-    stopped_at = max(step_losses(run_dir))
-    report.figure("stopped by SIGUSR1 after step", stopped_at)
+    report.figure("stopped by SIGUSR1 after step", max(step_losses(run_dir)))
     command, env = resume_command(run_dir)
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if resumed.returncode:
@@ -241,7 +246,8 @@ def resume(mode: str, scratch: Path, report: Report) -> None:
     differing = [s for s in theirs if ours.get(s) != theirs[s]]
     report.figure("steps compared", len(theirs))
     report.target("steps whose loss differs from the uninterrupted run", len(differing), "0", not differing)
-    report.target("final weights identical", state_hash(run_dir) == state_hash(reference), "True", state_hash(run_dir) == state_hash(reference))
+    same = state_hash(run_dir) == state_hash(reference)
+    report.target("final weights identical", same, "True", same)
     if differing:
         report.note(f"first differing step {differing[0]}: {ours.get(differing[0])!r} against {theirs[differing[0]]!r}")
 
@@ -262,8 +268,6 @@ def handle(mode: str, scratch: Path, report: Report) -> None:
     in gpu mode, gloo on the CPU) through launch.py on one rank: stopped by SIGUSR1 and resumed
     against an uninterrupted run, the same loss at every step and the same final weights; and the
     handle's time per step against the step itself."""
-    from hpc.rank.lifecycle import EXIT_RESUMABLE
-
     script = ["script=" + str(ROOT / "examples" / "own_loop" / "train.py"), "resources.tasks_per_node=1", "checkpoint.every_minutes=null"]
     if mode == "gpu":
         script += ["resources.gpus_per_task=1", "cluster.gpus_per_node=1"]
@@ -272,34 +276,7 @@ def handle(mode: str, scratch: Path, report: Report) -> None:
     records = step_records(reference)
     report.figure("uninterrupted steps", len(records))
     report.figure("step ms (median, the script's own step with end_step)", round(statistics.median(r["step_ms"] for r in records[10:]), 3))
-    workdir = scratch / "stopped"
-    workdir.mkdir(parents=True, exist_ok=True)
-    first = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), *script, f"run_root={workdir / 'runs'}", *args],
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    run_dir = poll(lambda: next((d for d in run_dirs(workdir) if logged_steps(d) >= 100), None), first, "100 logged steps")
-    for pid in rank_pids(run_dir):
-        os.kill(pid, signal.SIGUSR1)
-    code = first.wait(timeout=120)
-    if code != EXIT_RESUMABLE:
-        raise RuntimeError(f"the signalled run exited {code}, not {EXIT_RESUMABLE} (resumable): {first.stderr.read()[-1500:] if first.stderr else ''}")
-    report.figure("stopped by SIGUSR1 after step", max(step_losses(run_dir)))
-    command, env = resume_command(run_dir)
-    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    if resumed.returncode:
-        raise RuntimeError(f"the resumed run failed (exit {resumed.returncode}): {resumed.stderr[-1500:]}")
-    ours, theirs = step_losses(run_dir), step_losses(reference)
-    differing = [s for s in theirs if ours.get(s) != theirs[s]]
-    report.target("steps whose loss differs from the uninterrupted run", len(differing), "0", not differing)
-    same = state_hash(run_dir) == state_hash(reference)
-    report.target("final weights identical", same, "True", same)
-    if differing:
-        report.note(f"first differing step {differing[0]}: {ours.get(differing[0])!r} against {theirs[differing[0]]!r}")
+    stop_resume_and_compare([*script, *args], reference, scratch / "stopped", 100, report)
 
 
 def unit(mode: str, scratch: Path, report: Report) -> None:

@@ -57,12 +57,17 @@ def device_overrides(mode: str) -> list[str]:
     return ["comm=gloo"]
 
 
+def launch_command(overrides: list[str], workdir: Path) -> list[str]:
+    """`python launch.py OVERRIDES` with its run dirs under `workdir` (a script's own arguments, after `--`, last)."""
+    at = overrides.index("--") if "--" in overrides else len(overrides)
+    return [sys.executable, str(ROOT / "launch.py"), *overrides[:at], f"run_root={workdir / 'runs'}", *overrides[at:]]
+
+
 def launch(overrides: list[str], workdir: Path, timeout_s: float = 600) -> Path:
     """`python launch.py OVERRIDES` (local ranks) to the end; its run dir. A failed run raises
     with the tail of its output."""
     workdir.mkdir(parents=True, exist_ok=True)
-    at = overrides.index("--") if "--" in overrides else len(overrides)  # a script's own arguments come last
-    command = [sys.executable, str(ROOT / "launch.py"), *overrides[:at], f"run_root={workdir / 'runs'}", *overrides[at:]]
+    command = launch_command(overrides, workdir)
     done = subprocess.run(command, capture_output=True, text=True, cwd=workdir, timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode:
         raise RuntimeError(f"launch.py {' '.join(overrides)} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
