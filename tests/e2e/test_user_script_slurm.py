@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from benchmarks.simcluster import parse_job_id, poll, release_when_requeued
 from tests.conftest import wait_until_done
-from tests.support.runs import ROOT, run_dirs, step_losses
+from tests.support.runs import ROOT, logged_steps, run_dirs, step_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -21,18 +23,25 @@ SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
 HANDLE_SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "handle" / "train.py"
 
 
-def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
-    out = tmp_path / "out"
-    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=1"]
-    command += [f"run_root={tmp_path / 'runs'}", "--", "--steps", "150", "--step-seconds", "0.05", "--out", str(out), "two words"]
-    submitted = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def preempted_on_two_nodes(script: Path, args: list[str], tmp_path: Path, started: Callable[[Path], bool]) -> Path:
+    """`script` with `args` on two simulated nodes, sent USR1 once `started(run dir)` (what Slurm
+    sends before the time limit), requeued and run to completion; its run dir."""
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={script}", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=1"]
+    submitted = subprocess.run([*command, f"run_root={tmp_path / 'runs'}", "--", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job_id = parse_job_id(submitted.stdout)
     (run_dir,) = run_dirs(tmp_path)
-    poll(lambda: (out / "progress-1.txt").exists(), "the script's first steps")
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)  # what Slurm sends before the time limit
+    poll(lambda: started(run_dir), "the script's first steps")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
+    return run_dir
+
+
+def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
+    out = tmp_path / "out"
+    args = ["--steps", "150", "--step-seconds", "0.05", "--out", str(out), "two words"]
+    run_dir = preempted_on_two_nodes(SCRIPT, args, tmp_path, lambda run_dir: (out / "progress-1.txt").exists())
     first_log = (run_dir / "logs" / "rank-00000.log").read_text()
     assert "stopped by SIGUSR1, the script keeps what it saved; external signal: requeueing job" in first_log, first_log[-2000:]
     summary = json.loads((run_dir / "result.json").read_text())
@@ -46,16 +55,8 @@ def test_a_torchrun_script_trains_on_two_nodes_and_a_stop_requeues_it(tmp_path):
 
 
 def test_a_preempted_script_with_the_run_handle_resumes_bit_exactly_after_the_requeue(tmp_path):
-    command = [sys.executable, str(ROOT / "launch.py"), f"script={HANDLE_SCRIPT}", "cluster=simulated", "resources.nodes=2", "resources.tasks_per_node=1"]
-    command += [f"run_root={tmp_path / 'runs'}", "--", "--steps", "60", "--out", str(tmp_path / "ours.json"), "--step-seconds", "0.05"]
-    submitted = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = parse_job_id(submitted.stdout)
-    (run_dir,) = run_dirs(tmp_path)
-    poll(lambda: (run_dir / "steps.jsonl").exists() and len((run_dir / "steps.jsonl").read_text().splitlines()) >= 5, "the script's first steps")
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)  # what Slurm sends before the time limit
-    release_when_requeued(job_id, 0)
-    assert wait_until_done(job_id) == "COMPLETED"
+    args = ["--steps", "60", "--out", str(tmp_path / "ours.json"), "--step-seconds", "0.05"]
+    run_dir = preempted_on_two_nodes(HANDLE_SCRIPT, args, tmp_path, lambda run_dir: logged_steps(run_dir) >= 5)
     first_log = (run_dir / "logs" / "rank-00000.log").read_text()
     assert "checkpoint committed; external signal: requeueing job" in first_log, first_log[-2000:]
     summary = json.loads((run_dir / "result.json").read_text())
