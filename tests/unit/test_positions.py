@@ -3,19 +3,12 @@ the uninterrupted one would have."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
 from hpc.run import RandomWindows, ShuffledBatches, StreamCursor, per_rank, start_run
-
-
-@pytest.fixture(autouse=True)
-def one_rank(monkeypatch):
-    for name in [n for n in os.environ if n.startswith(("OMPI_", "PMIX_", "SLURM_")) or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")]:
-        monkeypatch.delenv(name)
+from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
 
 
 def take(positions, n):  # type: ignore[no-untyped-def]

@@ -13,15 +13,10 @@ from torch import nn
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.run import per_rank, start_run
+from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
 from trainers.checkpoint import CheckpointError
 from trainers.handle import not_plain
 from trainers.task import TaskError
-
-
-@pytest.fixture(autouse=True)
-def one_rank(monkeypatch):
-    for name in [n for n in os.environ if n.startswith(("OMPI_", "PMIX_", "SLURM_")) or n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")]:
-        monkeypatch.delenv(name)
 
 
 class Cursor:
