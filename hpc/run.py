@@ -211,6 +211,7 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
 
 
 def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hosting.Host | None, state: dict[str, Any]) -> Handle:
+    from trainers.boundary import StepBoundary
     from trainers.checkpoint import Checkpointer
     from trainers.handle import Handle, Registry
     from trainers.metrics import MetricsWriter
@@ -220,7 +221,7 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
     registry = Registry(state)
     comm, owned = _collectives(rank)
     coordinator = SaveCoordinator(Checkpointer(where.checkpoints, comm.rank, comm.world_size, cfg.keep), comm, cfg) if cfg.enabled else None
-    handle = Handle(comm, registry, stop, coordinator, metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
+    handle = Handle(comm, registry, StepBoundary(comm, stop, coordinator), metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
     try:
         if host is not None:
             _adopt_job_settings(handle, host)
@@ -230,7 +231,7 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
         stop.phase = "resume"
         began = time.time()
         handle.restore(where.checkpoints, cfg.resume)
-        handle.milestones.loaded(began, time.time())
+        handle.boundary.milestones.loaded(began, time.time())
         stop.phase = "training"
         return handle
     except BaseException:
@@ -242,24 +243,15 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
 
 def _adopt_job_settings(handle: Handle, host: hosting.Host) -> None:
     """launch.py's job: its reporting, watchdog, run timeline and config."""
-    from hpc.rank.main import attached_to_terminal, start_watchdog
+    from hpc.rank.main import start_watchdog, step_reporter
     from hpc.rank.signals import PROCESS_STARTED
     from hpc.rank.timeline import Timeline
-    from trainers.reporting import StepReporter
     from trainers.run import Milestones
 
     job, run_dir, main = host.job, host.run_dir, host.rank.is_main
-    trainer = job.trainer
-    handle.reporter = StepReporter(
-        run_dir.steps if main else None,
-        log_every=trainer.log_every,
-        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
-        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
-        run_name=run_dir.path.name,
-        terminal=sys.stdout if attached_to_terminal() else None,
-    )
-    handle.watchdog = start_watchdog(job, run_dir, host.rank)
-    handle.milestones = Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if main else None)
+    handle.reporter = step_reporter(job, run_dir, main)
+    handle.boundary.watchdog = start_watchdog(job, run_dir, host.rank)
+    handle.boundary.milestones = Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if main else None)
     handle.config_text = run_dir.config.read_text()
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainers.layout import MARKER, SHARED, STEP_PREFIX, rank_file, step_dir_name
+from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, read_best, step_dir_name
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
@@ -161,6 +161,7 @@ class Checkpointer:
         # Directories already checked, or committed by us: pruning after every save must not
         # re-read and re-hash every kept checkpoint. Loading always verifies afresh.
         self._verified: dict[Path, Committed] = {}
+        self.best = read_best(root)  # the checkpoint kept for its validation figure (checkpoint.best), never pruned
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -267,7 +268,10 @@ class Checkpointer:
         self.wait_pruned()
         kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
         doomed: list[Path] = []
+        best = self.best["step"] if self.best else None
         for old in kept[: -self.keep]:
+            if old.step == best:
+                continue
             trash = self.root / f".old-{old.path.name}"
             if trash.exists():  # left by a process killed while deleting it
                 shutil.rmtree(trash, ignore_errors=True)
@@ -286,6 +290,17 @@ class Checkpointer:
 
             self._deleter = threading.Thread(target=delete, name="checkpoint-prune", daemon=True)
             self._deleter.start()
+
+    def mark_best(self, step: int, metric: str, value: float, mode: str) -> None:
+        """Keep committed checkpoint `step` as the best by `metric` (rank 0 writes best.json; the
+        one it named before is pruned with the old ones from the next commit on)."""
+        record = {"step": step, "metric": metric, "value": value, "mode": mode, "path": step_dir_name(step)}
+        if self.rank == 0:
+            tmp = self.root / f".{BEST}.tmp"
+            write_durably(tmp, lambda f: f.write(json.dumps(record, indent=1).encode()))
+            os.replace(tmp, self.root / BEST)
+            fsync_dir(self.root)
+        self.best = record
 
     def wait_pruned(self) -> None:
         """Wait until old checkpoints are deleted (call before exit)."""

@@ -112,6 +112,11 @@ class TrainerConfig:
     # Steps with non-finite gradients are skipped (and counted); after this many in a row, roll
     # back to the last committed checkpoint and skip their data from then on. 0: never roll back.
     max_bad_steps: int = 3
+    eval_every: int = 0  # also evaluate every this many steps, besides each epoch's end (0: epoch ends only)
+    # torch.compile the model for the training step (evaluation runs it uncompiled). Checkpoints
+    # keep plain parameter names either way, so a resume may switch it.
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend (inductor; aot_eager and eager compile faster, for checks)
 
 
 @dataclass
@@ -122,6 +127,10 @@ class CheckpointConfig:
     every_minutes: float | None = 10.0  # None: not by time
     async_save: bool = True  # write on a background thread while training continues
     resume: bool = True  # start from the newest committed checkpoint in the run dir
+    # Also keep the checkpoint of the best validation so far by this figure (val_loss, val_accuracy,
+    # any val_ figure the task reports), saved when an evaluation improves it; best.json names it.
+    best: str | None = None
+    best_mode: str = "min"  # min | max: whether lower or higher of `best` is better
 
 
 def accumulation_steps(trainer: TrainerConfig, batch_size: int, world_size: int) -> int:

@@ -15,7 +15,7 @@ from trainers.task import adapt
 def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
     """Train `task` (trainers.task.Task: a built-in one from trainers.tasks.build_task, or a user's)."""
     task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
-    loop = build_loop(cfg, comm, task, run or RunContext())
+    loop = build_loop(cfg, comm, task, run or RunContext(), metrics)
     epoch_end = EpochEnd()
     stopped_by = loop.stop_agreed()  # a stop during start-up or resume: the newest checkpoint stays as it is
     try:
@@ -29,7 +29,7 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
                 continue
             if loop.in_skipped_range():
                 continue  # the epoch goes on past the skipped range
-            epoch_end = loop.end_epoch(ended, metrics)
+            epoch_end = loop.end_epoch(ended)
             if loop.epoch_unfinished():
                 break  # max_steps ended the epoch midway: a later run with more steps goes on from here
             loop.progress.next_epoch()

@@ -22,18 +22,16 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
-from collectives.base import Handle as InFlight
 from trainers import metricnames
+from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.checkpoint import CheckpointError
 from trainers.metrics import MetricsWriter
 from trainers.preemption import StopFlag
-from trainers.recovery import agree_on_newest
+from trainers.recovery import newest_agreed
 from trainers.reporting import StepReporter
-from trainers.run import Milestones
 from trainers.saving import SaveCoordinator
 from trainers.state import check_compatible, restore_rng, rng_state
 from trainers.task import TaskError
-from trainers.watchdog import Watchdog
 
 log = logging.getLogger("trainers")
 
@@ -171,60 +169,14 @@ def load_into(obj: Any, state: Any, name: str, step: int) -> None:
 
 
 @dataclass
-class StepVote:
-    """What the ranks add up at a step boundary, in one allreduce: the stop vote, the save
-    handshake, the timed-save vote, the metric names' fingerprint and the metrics."""
-
-    stop_votes: float
-    ranks_written: float
-    time_votes: float
-    names: tuple[float, ...]
-    metrics: list[float]
-
-
-@dataclass
-class PendingVote:
-    """A step's vote in flight: launched at its end_step, read at the next one (or before any
-    other collective of the handle), so the allreduce overlaps the next step's compute."""
-
-    step: int
-    names: tuple[str, ...]
-    step_s: float
-    buffer: torch.Tensor
-    done: InFlight
-
-    @classmethod
-    def launch(cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], metrics: list[Any]) -> PendingVote:
-        """Tensors stay on their device: the one host sync is the read, a step later."""
-        if any(isinstance(m, torch.Tensor) and m.device.type != "cpu" for m in metrics):
-            device = comm.device
-            parts = [
-                (m.detach() if isinstance(m, torch.Tensor) else torch.tensor(m, dtype=torch.float64)).to(device=device, dtype=torch.float64).reshape(1)
-                for m in metrics
-            ]
-            buffer = torch.cat([torch.tensor(head, dtype=torch.float64).to(device), *parts])
-        else:  # reading a CPU tensor waits for nothing
-            buffer = torch.tensor([*head, *(m.detach().item() if isinstance(m, torch.Tensor) else float(m) for m in metrics)], dtype=torch.float64)
-        return cls(step, names, step_s, buffer, comm.allreduce_async(buffer, op="sum"))
-
-    def read(self) -> StepVote:
-        self.done.wait()
-        values = self.buffer.tolist()
-        return StepVote(values[0], values[1], values[2], tuple(values[3:7]), values[7:])
-
-
-@dataclass
 class Handle:
     """One per rank; see hpc.run for the user's side."""
 
     comm: Collectives
     registry: Registry
-    stop: StopFlag
-    coordinator: SaveCoordinator | None
+    boundary: StepBoundary  # the stop vote, the save handshake, saving: as in the built-in loop
     reporter: StepReporter = field(default_factory=lambda: StepReporter(None))
     metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
-    watchdog: Watchdog | None = None
-    milestones: Milestones = field(default_factory=Milestones)
     config_text: str = ""
     step: int = 0
     resumed_from: int | None = None
@@ -235,6 +187,14 @@ class Handle:
     logged: dict[str, float] = field(default_factory=dict)  # the newest value of each metric log() wrote
     _step_began: float = field(default_factory=time.perf_counter)
     _pending: PendingVote | None = None
+
+    @property
+    def stop(self) -> StopFlag:
+        return self.boundary.stop
+
+    @property
+    def coordinator(self) -> SaveCoordinator | None:
+        return self.boundary.coordinator
 
     def agree_on_registry(self) -> None:
         """Every rank registered the same names (a mismatch would pair the wrong files on resume)."""
@@ -253,8 +213,7 @@ class Handle:
 
     def restore(self, checkpoint_dir: Path, resume: bool = True) -> int | None:
         """Load the newest committed checkpoint into the registered state; its step, or None."""
-        restored = self.coordinator.checkpointer.load_latest() if self.coordinator is not None and resume else None
-        agree_on_newest(self.comm, restored[0] if restored else None)
+        restored = newest_agreed(self.coordinator, self.comm, resume)
         if restored is None:
             log.info("starting fresh: no committed checkpoint in %s", checkpoint_dir)
             return None
@@ -293,20 +252,12 @@ class Handle:
         self.step += 1
         now = time.perf_counter()
         step_s, self._step_began = now - self._step_began, now
-        self.milestones.stepped(self.step, self.resumed_from)
-        if self.watchdog is not None:
-            self.watchdog.beat(self.step)
-        coordinator = self.coordinator
+        boundary = self.boundary
+        boundary.stepped(self.step, self.resumed_from)
         earlier = self.settle()  # the previous step's vote, read now: its allreduce ran beside this step
-        head = [
-            float(self.stop.raised),
-            coordinator.written_flag() if coordinator else 1.0,
-            coordinator.time_vote() if coordinator else 0.0,
-            *metricnames.fingerprint(names),
-        ]
-        self._pending = PendingVote.launch(self.comm, self.step, names, step_s, head, [metrics[n] for n in names])
+        self._pending = boundary.launch(self.step, names, [metrics[n] for n in names], step_s)
         stop = earlier is not None and earlier.stop_votes > 0
-        due = coordinator is not None and coordinator.due(self.step, earlier.time_votes if earlier else 0.0)
+        due = boundary.save_due(self.step, earlier)
         if stop or due:  # a save's own collectives come after this step's vote, on every rank alike
             latest = self.settle()
             stop = stop or (latest is not None and latest.stop_votes > 0)
@@ -323,13 +274,9 @@ class Handle:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        vote = pending.read()
-        if not metricnames.fingerprints_agree(vote.names, pending.names, self.comm.world_size):
-            metricnames.agree(self.comm, pending.names, f"step {pending.step}")  # raises on every rank, naming the key and rank
-        self.last = {name: value / self.comm.world_size for name, value in zip(pending.names, vote.metrics, strict=True)}
+        vote = self.boundary.settle(pending)
+        self.last = {name: value / self.comm.world_size for name, value in zip(pending.names, vote.values, strict=True)}
         self.reporter.report({"step": pending.step, **self.last, "step_ms": 1000 * pending.step_s})
-        if self.coordinator is not None:
-            self.coordinator.on_step_boundary(vote.ranks_written)
         return vote
 
     def log(self, metrics: dict[str, Any], step: int | None) -> None:
@@ -348,15 +295,10 @@ class Handle:
 
     def save(self, synchronous: bool = True) -> None:
         """A checkpoint of the current step (all ranks call it at the same point)."""
-        coordinator = self.coordinator
-        if coordinator is None:
+        if self.coordinator is None:
             return
         self.settle()  # the vote in flight first: collectives in the same order on every rank
-        before, self.stop.phase = self.stop.phase, "the final save" if synchronous else "an asynchronous save"
-        try:
-            coordinator.save(self.step, self.shared_state, {"rng": rng_state(), "state": self.registry.own_state()}, synchronous)
-        finally:
-            self.stop.phase = before
+        self.boundary.save(self.step, self.shared_state, lambda: {"rng": rng_state(), "state": self.registry.own_state()}, synchronous)
 
     def shared_state(self) -> dict[str, Any]:
         return {
@@ -371,8 +313,9 @@ class Handle:
         if self.finished:
             return
         self.finished = True
-        if self.watchdog is not None:  # the other ranks may still be stepping: a stall names this rank
-            self.watchdog.leave("left the loop (the run handle's finish())")
+        watchdog = self.boundary.watchdog
+        if watchdog is not None:  # the other ranks may still be stepping: a stall names this rank
+            watchdog.leave("left the loop (the run handle's finish())")
         try:
             self.settle()  # the last step's vote: its metrics reported (a stop it carries comes too late to matter)
             if self.stopped_by is None and self.step > (self.resumed_from or 0):
@@ -383,11 +326,11 @@ class Handle:
             self.close()
 
     def close(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.checkpointer.wait_pruned()
-        if self.watchdog is not None:
-            self.watchdog.close()
-            self.watchdog = None
+        boundary = self.boundary
+        boundary.close()
+        if boundary.watchdog is not None:  # the handle's own (hpc.run started it)
+            boundary.watchdog.close()
+            boundary.watchdog = None
         self.reporter.close()
 
 

@@ -4,15 +4,19 @@ without torch:
     <checkpoints>/step-000000123/shared.ckpt         model, optimizer, schedule, data position
     <checkpoints>/step-000000123/rank-00000.ckpt     that rank's RNG states (every rank writes its own)
     <checkpoints>/step-000000123/COMMITTED           JSON: step, world size, sha256 and size of every file
+    <checkpoints>/best.json                          checkpoint.best: the kept best step, its figure and value
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 STEP_PREFIX = "step-"
 MARKER = "COMMITTED"
 SHARED = "shared.ckpt"
+BEST = "best.json"
 
 
 def step_dir_name(step: int) -> str:
@@ -34,3 +38,15 @@ def committed_steps(checkpoints: Path) -> list[int]:
     against the files only when a checkpoint is loaded, trainers.checkpoint)."""
     steps = [step_of(d) for d in checkpoints.glob(f"{STEP_PREFIX}*") if (d / MARKER).is_file()]
     return sorted(step for step in steps if step is not None)
+
+
+def read_best(checkpoints: Path) -> dict[str, Any] | None:
+    """best.json: {"step", "metric", "value", "mode"}; None when absent or unreadable (then no
+    checkpoint is kept for its figure until the next evaluation names one)."""
+    try:
+        record = json.loads((checkpoints / BEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or not isinstance(record.get("value"), int | float):
+        return None
+    return record

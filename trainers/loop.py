@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from collectives.base import Collectives, broadcast_module
 from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers import metricnames, rngstreams
+from trainers.boundary import StepBoundary, StepVote
 from trainers.config import accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
@@ -35,34 +37,25 @@ from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, rng_state, shared_state
 from trainers.stragglers import StragglerWatch
-from trainers.task import MapDataset, StepOutput, Task, TaskError, pin, read_items
+from trainers.task import MapDataset, Place, StepOutput, Task, TaskError, pin, read_items
 
 log = logging.getLogger("trainers")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepSums:
-    """What the ranks add up after every step, in one tiny allreduce: the loss and the task's
-    metric sums, the stop vote, the save handshake, the timed-save vote and the step's time split."""
+    """A step's figures summed over the ranks; they ride on the step boundary's vote."""
 
     loss: float  # sum of per-sample losses
     seen: float  # samples
-    metrics: tuple[float, ...]  # the task's metric sums, in Loop.metric_names order
-    stop_votes: float  # ranks that received a stop signal
-    ranks_written: float  # ranks with no checkpoint write in flight
-    time_votes: float  # ranks whose clock says a timed save is due
     phases: tuple[float, ...]  # seconds per PHASES entry
-    names: tuple[float, ...] = (0.0,) * 4  # metricnames.fingerprint of the names this rank's step reported
+    metrics: tuple[float, ...]  # the task's metric sums, in Loop.metric_names order
+    vote: StepVote
 
-    def allreduce(self, comm: Collectives) -> StepSums:
-        scalars = [self.loss, self.seen, self.stop_votes, self.ranks_written, self.time_votes]
-        buffer = torch.tensor([*scalars, *self.names, *self.phases, *self.metrics], dtype=torch.float64)
-        comm.allreduce_(buffer, op="sum")
-        values = buffer.tolist()
-        loss, seen, stop_votes, ranks_written, time_votes = values[:5]
-        names, rest = values[5 : 5 + len(self.names)], values[5 + len(self.names) :]
-        phases, metrics = rest[: len(self.phases)], rest[len(self.phases) :]
-        return StepSums(loss, seen, tuple(metrics), stop_votes, ranks_written, time_votes, tuple(phases), tuple(names))
+    @classmethod
+    def of(cls, vote: StepVote) -> StepSums:
+        loss, seen, *rest = vote.values
+        return cls(loss, seen, tuple(rest[: len(PHASES)]), tuple(rest[len(PHASES) :]), vote)
 
 
 @dataclass
@@ -88,6 +81,7 @@ class PassEnd:
 
     comm_wait_s: float = 0.0
     data_wait_s: float = 0.0
+    eval_s: float = 0.0  # evaluations in the middle of the pass (trainer.eval_every): not training time
     stopped_by: str | None = None
     rollback: list[int] | None = None  # the bad range to skip after rolling back
 
@@ -122,7 +116,7 @@ class Loop:
     val: MapDataset
     held_out: MapDataset | None  # the task's test split: evaluated once, when training is complete
     model_config: dict[str, Any]
-    coordinator: SaveCoordinator | None
+    boundary: StepBoundary  # the stop vote, the save handshake, saving: as in the run handle
     progress: Progress
     resumed_from: int | None
     guard: BadStepGuard
@@ -131,10 +125,16 @@ class Loop:
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
     read_on_training_thread_said: bool = False  # the one line saying so is logged
     loader: WorkerLoader | None = None  # data.workers > 0: the processes reading batches
+    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))  # metrics.jsonl (rank 0)
+    train_module: nn.Module | None = None  # what the training step runs: the synced module, compiled with trainer.compile
 
     @property
     def device(self) -> torch.device:
         return self.comm.device
+
+    @property
+    def coordinator(self) -> SaveCoordinator | None:
+        return self.boundary.coordinator
 
     def more_to_train(self) -> bool:
         max_steps = self.cfg.trainer.max_steps
@@ -155,13 +155,13 @@ class Loop:
                 if micro % self.accumulation:
                     continue  # accumulation micro-step: gradients stay local
                 sums = self.finish_step(step, batches.wait_s, ended)
-                step = LocalStep(batches.wait_s)
                 if self.after_step(sums, ended):
                     break
+                step = LocalStep(batches.wait_s)  # after saves and evaluations: a step's time is its own
         finally:
             batches.close()
         ended.data_wait_s += batches.wait_s
-        self.progress.epoch_seconds += time.perf_counter() - started
+        self.progress.epoch_seconds += time.perf_counter() - started - ended.eval_s
         return ended
 
     def batches(self, indices: Iterator[np.ndarray]) -> Prefetcher | Pass:
@@ -196,7 +196,7 @@ class Loop:
         batch = self.task.batch(items, self.device)
         with self.sync.micro_step(last=last):  # no communication on micro-steps
             with torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext():
-                out = self.task.train_step(self.sync.module, batch)
+                out = self.task.train_step(self.sync.module if self.train_module is None else self.train_module, batch)
             check_loss(out)
             self.scaler.scale(out.loss / self.accumulation).backward()
         step.add(out)
@@ -219,23 +219,11 @@ class Loop:
         # The step's time split; data wait is what the prefetcher made this rank wait.
         done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
         phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
-        coordinator = self.coordinator
         reported = tuple(sorted(step.sums))
         if self.metric_names is None:  # agreed by every rank at its first step, one exchange
             self.metric_names = metricnames.agree(self.comm, reported, "the first step")
-        sums = StepSums(
-            step.loss,
-            step.seen,
-            tuple(step.sums.get(name, 0.0) for name in self.metric_names),
-            float(self.run.stop.raised),
-            ranks_written=coordinator.written_flag() if coordinator else 1.0,
-            time_votes=coordinator.time_vote() if coordinator else 0.0,
-            phases=phases,
-            names=metricnames.fingerprint(reported),
-        ).allreduce(self.comm)
-        if not metricnames.fingerprints_agree(sums.names, self.metric_names, self.comm.world_size):
-            now = metricnames.agree(self.comm, reported, f"step {progress.step}")  # raises on every rank, naming the key and rank
-            raise TaskError(metricnames.changed_line(progress.step, self.metric_names, now))  # all ranks alike, but not the first step's
+        values = [step.loss, step.seen, *phases, *(step.sums.get(name, 0.0) for name in self.metric_names)]
+        sums = StepSums.of(self.boundary.settle(self.boundary.launch(progress.step, reported, values, overlap=False), expected=self.metric_names))
         progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
         progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
         self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])
@@ -288,17 +276,13 @@ class Loop:
             log.warning("%s", straggler.line())
             record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
         self.run.steps.report(record)
-        self.run.milestones.stepped(progress.step, self.resumed_from)
-        if self.run.watchdog is not None:
-            self.run.watchdog.beat(progress.step)
+        self.boundary.stepped(progress.step, self.resumed_from)
 
     def after_step(self, sums: StepSums, ended: PassEnd) -> bool:
         """What the summed votes decide, the same on every rank; True ends the pass."""
-        progress, coordinator, max_steps = self.progress, self.coordinator, self.cfg.trainer.max_steps
-        if coordinator is not None:
-            coordinator.on_step_boundary(sums.ranks_written)
-        if sums.stop_votes:
-            ended.stopped_by = self.run.stop.signal_name or "a signal on another rank"
+        progress, max_steps = self.progress, self.cfg.trainer.max_steps
+        ended.stopped_by = self.boundary.stopped_by(sums.vote)
+        if ended.stopped_by:
             return True
         if max_steps is not None and progress.step >= max_steps:
             return True
@@ -307,9 +291,48 @@ class Loop:
             return True
         if any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip):
             return True  # a range to skip starts here: fit() starts a new pass past it
-        if coordinator is not None and coordinator.due(progress.step, sums.time_votes):
+        every = self.cfg.trainer.eval_every
+        if every and progress.step % every == 0 and self.epoch_unfinished():  # an epoch's end evaluates anyway
+            began = time.perf_counter()
+            self.evaluate_midway()
+            ended.eval_s += time.perf_counter() - began
+        if self.boundary.save_due(progress.step, sums.vote):
             self.save(synchronous=False)
         return False
+
+    def evaluate_midway(self) -> None:
+        """trainer.eval_every: the validation figures in the middle of an epoch, reported as at
+        an epoch's end (metrics.jsonl, val/ scalars), and kept if best (checkpoint.best)."""
+        progress = self.progress
+        val = self.evaluate()
+        self.run.stop.phase = "training"
+        log.info("step %d (epoch %d)  %s", progress.step, progress.epoch, figures_line("val", val))
+        self.report_validation(val)
+        self.metrics.write({"epoch": progress.epoch, "step": progress.step, **{f"val_{name}": value for name, value in val.items()}})
+        self.keep_if_best(val)
+
+    def report_validation(self, val: dict[str, float]) -> None:
+        for name, value in val.items():
+            self.run.steps.scalar(f"val/{name}", value, self.progress.step)
+
+    def keep_if_best(self, val: dict[str, float]) -> None:
+        """checkpoint.best: when this validation improves the figure, a checkpoint of this step is
+        saved (synchronously) and kept beside the newest ones."""
+        name, coordinator = self.cfg.checkpoint.best, self.coordinator
+        if name is None or coordinator is None:
+            return
+        figure = name.removeprefix("val_")
+        if figure not in val:
+            reported = ", ".join(f"val_{k}" for k in sorted(val))
+            raise TaskError(f"checkpoint.best={name}: the validation reports no such figure (it reports {reported})")
+        value, best, lower = val[figure], coordinator.checkpointer.best, self.cfg.checkpoint.best_mode == "min"
+        if not math.isfinite(value):
+            return
+        if best is not None and best.get("metric") == name and (value >= best["value"] if lower else value <= best["value"]):
+            return
+        self.save(synchronous=True)
+        coordinator.checkpointer.mark_best(self.progress.step, name, value, self.cfg.checkpoint.best_mode)
+        log.info("step %d: the best %s so far (%.4f): its checkpoint is kept", self.progress.step, name, value)
 
     def roll_back_past(self, bad_range: list[int]) -> None:
         """To the newest committed checkpoint; the bad range is never trained on again."""
@@ -329,7 +352,7 @@ class Loop:
         step_samples = self.accumulation * self.sampler.global_batch
         return self.progress.position + step_samples <= self.sampler.steps_per_epoch * self.sampler.global_batch
 
-    def end_epoch(self, ended: PassEnd, metrics: MetricsWriter) -> EpochEnd:
+    def end_epoch(self, ended: PassEnd) -> EpochEnd:
         """Evaluate, and report the epoch's figures (the same on every rank)."""
         progress, comm = self.progress, self.comm
         # Throughput is set by the slowest rank: every rank reports that one figure.
@@ -349,9 +372,8 @@ class Loop:
         tokens = getattr(self.task, "tokens_per_sample", None)  # a token task's throughput in its own unit too
         rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
         log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate)
-        for name, value in figures.val.items():
-            self.run.steps.scalar(f"val/{name}", value, progress.step)
-        metrics.write(
+        self.report_validation(figures.val)
+        self.metrics.write(
             {
                 "epoch": progress.epoch,
                 "step": progress.step,
@@ -365,14 +387,12 @@ class Loop:
                 "world_size": comm.world_size,
             }
         )
+        self.keep_if_best(figures.val)
         return figures
 
     def stop_agreed(self) -> str | None:
-        """Before the first step: whether any rank was asked to stop during start-up or resume
-        (one vote, as at every step boundary); the signal's name, or None to train."""
-        votes = torch.tensor([float(self.run.stop.raised)], dtype=torch.float64)
-        self.comm.allreduce_(votes, op="max")
-        return (self.run.stop.signal_name or "a signal on another rank") if votes[0] > 0 else None
+        """Before the first step: whether any rank was asked to stop during start-up or resume."""
+        return self.boundary.stop_agreed()
 
     def evaluate(self, data: MapDataset | None = None) -> dict[str, float]:
         """The validation split's figures (or `data`'s), the same on every rank."""
@@ -389,20 +409,13 @@ class Loop:
         return figures
 
     def save(self, synchronous: bool) -> None:
-        if self.coordinator is not None:
-            # The phase is what the main thread does: an asynchronous save goes on in the background
-            # once its snapshot is taken, and training with it.
-            before, self.run.stop.phase = self.run.stop.phase, "the final save" if synchronous else "an asynchronous save"
-            try:
-                self.coordinator.save(
-                    self.progress.step,
-                    lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
-                    {"rng": rng_state()},
-                    synchronous,
-                    later=self.stepped_tensors(),
-                )
-            finally:
-                self.run.stop.phase = before
+        self.boundary.save(
+            self.progress.step,
+            lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
+            lambda: {"rng": rng_state()},
+            synchronous,
+            later=self.stepped_tensors(),
+        )
 
     def stepped_tensors(self) -> Callable[[torch.Tensor], bool]:
         """Whether a tensor of the state is a parameter or optimizer state: only the optimizer
@@ -414,8 +427,7 @@ class Loop:
     def close(self) -> None:
         if self.loader is not None:
             self.loader.close()
-        if self.coordinator is not None:
-            self.coordinator.checkpointer.wait_pruned()
+        self.boundary.close()
         for data in (self.train, self.val, self.held_out):
             close = getattr(data, "close", None)  # a data set holding a file
             if close is not None:
@@ -434,8 +446,9 @@ def apply_deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -> Loop:
+def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, metrics: MetricsWriter | None = None) -> Loop:
     """Model, optimizer, schedule, gradient sync and data, resumed from the newest checkpoint."""
+    task.set_place(Place(comm.rank, comm.world_size, comm.device))
     torch.manual_seed(cfg.trainer.seed)
     if cfg.trainer.deterministic:
         apply_deterministic_kernels()
@@ -453,6 +466,9 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     optimizer = build_optimizer(cfg.optim, task.param_groups(model), scaled_lr(cfg.optim, global_batch))
     sync = build_gradient_sync(model, optimizer, comm, cfg.comm, accumulation)
     optimizer = sync.optimizer
+    # Compiled for training only: evaluation's eval mode would compile a second graph. The state
+    # saved is the plain model's (no `_orig_mod.` prefix), so a resume may switch compile.
+    train_module = compiled(sync.module, cfg.trainer.compile_backend) if cfg.trainer.compile else None
     precision = cfg.trainer.precision
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     train, val, held_out = task.train_data(), task.eval_data(), task.test_data()
@@ -471,7 +487,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
     run.milestones.loaded(load_began, time.time())
     log.info(
         "training %s: %d train / %d validation%s samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
-        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s",
+        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s%s",
         task_name(task),
         len(train),
         len(val),
@@ -488,6 +504,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
         global_batch,
         optimizer.param_groups[0]["initial_lr"],
         precision,
+        ", compiled" if train_module is not None else "",
     )
     run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
     return Loop(
@@ -506,13 +523,22 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -
         val,
         held_out,
         model_config=task.describe(),
-        coordinator=coordinator,
+        boundary=StepBoundary(comm, run.stop, coordinator, run.watchdog, run.milestones),
         progress=progress,
         resumed_from=resumed_from,
         guard=BadStepGuard(cfg.trainer.max_bad_steps),
         watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
         autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
+        metrics=metrics or MetricsWriter(None),
+        train_module=train_module,
     )
+
+
+def compiled(module: nn.Module, backend: str) -> nn.Module:
+    known = torch.compiler.list_backends(exclude_tags=())
+    if backend not in known:
+        raise TaskError(f"trainer.compile_backend={backend!r} is not a torch.compile backend here; one of {', '.join(sorted(known))}")
+    return cast(nn.Module, torch.compile(module, backend=backend))  # an OptimizedModule
 
 
 def figures_line(split: str, figures: dict[str, float]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +28,14 @@ def agree_on_newest(comm: Collectives, step: int | None) -> None:
         raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-found[1])}..{int(found[0])}); check the shared file system")
 
 
+def newest_agreed(coordinator: SaveCoordinator | None, comm: Collectives, resume: bool = True) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
+    """The newest committed checkpoint (step, rank 0's shared state, this rank's own state), the
+    same on every rank; None: none (or checkpoints off, or resume=False)."""
+    restored = coordinator.checkpointer.load_latest() if coordinator is not None and resume else None
+    agree_on_newest(comm, restored[0] if restored else None)
+    return restored
+
+
 def roll_back(
     comm: Collectives,
     coordinator: SaveCoordinator | None,
@@ -41,8 +50,7 @@ def roll_back(
     data of those steps is skipped from now on (the record travels in every later checkpoint)."""
     if coordinator is not None:
         coordinator.fence()  # a pending asynchronous save still copying the weights restore() overwrites
-    restored = coordinator.checkpointer.load_latest() if coordinator is not None else None
-    agree_on_newest(comm, restored[0] if restored else None)
+    restored = newest_agreed(coordinator, comm)
     if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
         progress.skip = [*progress.skip, bad_range]
         log.warning(
@@ -81,10 +89,8 @@ def resume_or_start(
     the checkpoint resumed from (None: a fresh start)."""
     if not cfg.enabled or checkpoint_dir is None:
         return None, Progress(), None
-    checkpointer = Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep)
-    coordinator = SaveCoordinator(checkpointer, comm, cfg)
-    restored = checkpointer.load_latest() if cfg.resume else None
-    agree_on_newest(comm, restored[0] if restored else None)
+    coordinator = SaveCoordinator(Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep), comm, cfg)
+    restored = newest_agreed(coordinator, comm, cfg.resume)
     if restored is None:
         return coordinator, Progress(), None
     step, shared, own = restored

@@ -44,7 +44,24 @@ class StepOutput:
     sums: dict[str, float] = field(default_factory=dict)  # metric sums over the batch's samples
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a task runs, told before build_model (Task.set_place): tasks need not read launcher
+    variables to sample text on one rank or name a file per rank."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
 class Task(Protocol):
+    def set_place(self, place: Place) -> None:
+        """Optional: this rank's place (rank, world size, is_main, device), before build_model."""
+
     def build_model(self) -> nn.Module:
         """The model, on the CPU; the toolkit moves it, wraps it for gradient sync, and makes
         its parameters the same on every rank."""
@@ -154,6 +171,11 @@ class _Adapted:
         """Optional: the tokens one sample holds (a language model's context), for tokens/s."""
         value = getattr(self._task, "tokens_per_sample", None)
         return int(value) if isinstance(value, int) and value > 0 else None
+
+    def set_place(self, place: Place) -> None:
+        custom = getattr(self._task, "set_place", None)
+        if custom is not None:
+            custom(place)
 
     def build_model(self) -> nn.Module:
         model = self._task.build_model()

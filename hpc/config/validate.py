@@ -175,6 +175,23 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
+    check_evaluation(job)
+
+
+def check_evaluation(job: JobConfig) -> None:
+    """trainer.eval_every and checkpoint.best: evaluation in the middle of an epoch, and which
+    checkpoint is kept for its validation figure."""
+    if job.trainer.eval_every < 0:
+        raise UserError(f"trainer.eval_every={job.trainer.eval_every} must be >= 0 (0: evaluate at epoch ends only)")
+    checkpoint = job.checkpoint
+    if checkpoint.best_mode not in ("min", "max"):
+        raise UserError(f"checkpoint.best_mode={checkpoint.best_mode!r} must be min or max")
+    if checkpoint.best is None:
+        return
+    if not str(checkpoint.best).startswith("val_") or len(str(checkpoint.best)) == 4:
+        raise UserError(f"checkpoint.best={checkpoint.best!r} must name a validation figure: val_loss, val_accuracy, or another val_ figure the task reports")
+    if not checkpoint.enabled:
+        raise UserError(f"checkpoint.best={checkpoint.best} keeps a checkpoint, but checkpoint.enabled=false; enable checkpoints or drop checkpoint.best")
 
 
 def check_loading(data: DataConfig) -> None:

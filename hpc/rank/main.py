@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing thi
     from hpc.config.schema import JobConfig
     from hpc.rank.script import ScriptResult
     from trainers.preemption import StopFlag
+    from trainers.reporting import StepReporter
     from trainers.run import FitResult
     from trainers.watchdog import Watchdog
 
@@ -210,10 +211,25 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
         return None
 
 
+def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
+    """Where a job's steps are reported: steps.jsonl, the progress line, Prometheus, TensorBoard
+    (rank 0; the other ranks' reporter only closes)."""
+    from trainers.reporting import StepReporter
+
+    trainer = job.trainer
+    return StepReporter(
+        run_dir.steps if is_main else None,
+        log_every=trainer.log_every,
+        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
+        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
+        run_name=run_dir.path.name,
+        terminal=sys.stdout if attached_to_terminal() else None,
+    )
+
+
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
-    from trainers.reporting import StepReporter
     from trainers.run import FitConfig, Milestones, RunContext
     from trainers.tasks import build_task
 
@@ -222,14 +238,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         checkpoint_dir=run_dir.checkpoints,
         config_text=run_dir.config.read_text(),
         stop=stop,
-        steps=StepReporter(
-            run_dir.steps if rank.is_main else None,
-            log_every=job.trainer.log_every,
-            prometheus_file=run_dir.path / job.trainer.prometheus_file if job.trainer.prometheus_file else None,
-            tensorboard_dir=run_dir.path / "tensorboard" if job.trainer.tensorboard else None,
-            run_name=run_dir.path.name,
-            terminal=sys.stdout if attached_to_terminal() else None,
-        ),
+        steps=step_reporter(job, run_dir, rank.is_main),
         host=rank.host,
         watchdog=watchdog,
         milestones=Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if rank.is_main else None),

@@ -44,11 +44,15 @@ def test_linear_lr_scaling_and_warm_up():
         ("trainer.global_batch=100", "trainer.global_batch=100 is not a whole multiple of 2 ranks x data.batch_size=32 = 64"),
         ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm=0.0 must be > 0"),
         ("optim.warmup_steps=-1", "optim.warmup_steps=-1 must be >= 0"),
+        ("trainer.eval_every=-1", "trainer.eval_every=-1 must be >= 0"),
+        ("checkpoint.best=loss", "checkpoint.best='loss' must name a validation figure"),
+        ("checkpoint.best_mode=median", "checkpoint.best_mode='median' must be min or max"),
+        ("checkpoint.best=val_loss checkpoint.enabled=false", "checkpoint.best=val_loss keeps a checkpoint, but checkpoint.enabled=false"),
     ],
 )
 def test_bad_training_settings_are_refused_before_launch(override, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_training(compose_job([override]))
+        check_training(compose_job(override.split()))
 
 
 def test_the_fp16_loss_scale_is_checkpointed_and_restored():
@@ -142,7 +146,7 @@ def test_the_cosine_falls_to_its_floor_and_adamw_takes_its_betas():
 )
 def test_a_floor_above_the_lr_or_bad_betas_are_refused(override, message):
     with pytest.raises(UserError, match=message):
-        check_training(compose_job([override]))
+        check_training(compose_job(override.split()))
 
 
 def test_the_model_group_is_checked_for_the_built_in_task_only():

@@ -1,0 +1,150 @@
+"""The step boundary, once for both loops (the built-in Loop and the run handle of a user's loop).
+
+After every optimizer step the ranks add up one small buffer: the stop vote (a signal on any rank
+stops all of them at the same step), the save handshake (an asynchronous checkpoint commits once
+every rank has written its part), the timed-save vote, the fingerprint of the metric names
+(trainers.metricnames) and the step's own figures. Every rank then reads the same sums and decides
+alike: stop, save, or go on. The launch and the read are separate calls, so a loop may let the
+allreduce run beside its next step (the run handle does) or read it at once (the built-in Loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from collectives.base import Collectives, Deferred
+from collectives.base import Handle as InFlight
+from trainers import metricnames
+from trainers.preemption import StopFlag
+from trainers.run import Milestones
+from trainers.saving import SaveCoordinator
+from trainers.task import TaskError
+from trainers.watchdog import Watchdog
+
+HEAD = 7  # stop votes, ranks written, time votes and the names' four fingerprint numbers
+
+
+@dataclass
+class StepVote:
+    """A step boundary's sums over the ranks."""
+
+    stop_votes: float  # ranks that received a stop signal
+    ranks_written: float  # ranks with no checkpoint write in flight
+    time_votes: float  # ranks whose clock says a timed save is due
+    names: tuple[float, ...]  # the metric names' fingerprints, summed
+    values: list[float]  # the loop's own figures, summed
+
+
+@dataclass
+class PendingVote:
+    """A step's vote in flight, until `StepBoundary.settle` reads it."""
+
+    step: int
+    names: tuple[str, ...]  # the metric names this rank reported (their fingerprint rides along)
+    step_s: float
+    buffer: torch.Tensor
+    done: InFlight
+
+    @classmethod
+    def launch(
+        cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], values: list[Any], overlap: bool = True
+    ) -> PendingVote:
+        """Tensors stay on their device: the one host sync is the read. overlap=False: reduced
+        here, on this thread (no hand-over to the engine's background thread)."""
+        if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values):
+            device = comm.device
+            parts = [
+                (v.detach() if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)).to(device=device, dtype=torch.float64).reshape(1)
+                for v in values
+            ]
+            buffer = torch.cat([torch.tensor(head, dtype=torch.float64).to(device), *parts])
+        else:  # reading a CPU tensor waits for nothing
+            buffer = torch.tensor([*head, *(v.detach().item() if isinstance(v, torch.Tensor) else float(v) for v in values)], dtype=torch.float64)
+        if not overlap:
+            comm.allreduce_(buffer, op="sum")
+            return cls(step, names, step_s, buffer, Deferred.of())
+        return cls(step, names, step_s, buffer, comm.allreduce_async(buffer, op="sum"))
+
+    def read(self) -> StepVote:
+        self.done.wait()
+        values = self.buffer.tolist()
+        return StepVote(values[0], values[1], values[2], tuple(values[3:HEAD]), values[HEAD:])
+
+
+@dataclass
+class StepBoundary:
+    """What every step's end agrees on, and the saves it decides."""
+
+    comm: Collectives
+    stop: StopFlag
+    coordinator: SaveCoordinator | None
+    watchdog: Watchdog | None = None
+    milestones: Milestones = field(default_factory=Milestones)
+
+    def stepped(self, step: int, resumed_from: int | None) -> None:
+        """A step finished on this rank: the watchdog and the run's timeline learn of it."""
+        self.milestones.stepped(step, resumed_from)
+        if self.watchdog is not None:
+            self.watchdog.beat(step)
+
+    def launch(self, step: int, names: tuple[str, ...], values: list[Any], step_s: float = 0.0, overlap: bool = True) -> PendingVote:
+        coordinator = self.coordinator
+        head = [
+            float(self.stop.raised),
+            coordinator.written_flag() if coordinator else 1.0,
+            coordinator.time_vote() if coordinator else 0.0,
+            *metricnames.fingerprint(names),
+        ]
+        return PendingVote.launch(self.comm, step, names, step_s, head, values, overlap)
+
+    def settle(self, pending: PendingVote, expected: tuple[str, ...] | None = None) -> StepVote:
+        """The sums, once every rank reported the same metric names (`expected`: the names agreed
+        earlier, when the values travel in their order); the save handshake advanced."""
+        vote = pending.read()
+        agreed = pending.names if expected is None else expected
+        if not metricnames.fingerprints_agree(vote.names, agreed, self.comm.world_size):
+            now = metricnames.agree(self.comm, pending.names, f"step {pending.step}")  # raises on every rank, naming the key and rank
+            raise TaskError(metricnames.changed_line(pending.step, agreed, now))  # all ranks alike, but not as agreed
+        if self.coordinator is not None:
+            self.coordinator.on_step_boundary(vote.ranks_written)
+        return vote
+
+    def stopped_by(self, vote: StepVote) -> str | None:
+        """The stop every rank agreed on (the signal's name), or None to go on."""
+        return (self.stop.signal_name or "a signal on another rank") if vote.stop_votes > 0 else None
+
+    def save_due(self, step: int, vote: StepVote | None) -> bool:
+        return self.coordinator is not None and self.coordinator.due(step, vote.time_votes if vote else 0.0)
+
+    def stop_agreed(self) -> str | None:
+        """Before the first step: whether any rank was asked to stop during start-up or resume."""
+        votes = torch.tensor([float(self.stop.raised)], dtype=torch.float64)
+        self.comm.allreduce_(votes, op="max")
+        return (self.stop.signal_name or "a signal on another rank") if votes[0] > 0 else None
+
+    def save(
+        self,
+        step: int,
+        shared: Callable[[], dict[str, Any]],
+        own: Callable[[], dict[str, Any]],
+        synchronous: bool,
+        later: Callable[[torch.Tensor], bool] | None = None,
+    ) -> None:
+        """A checkpoint of `step` (every rank calls it at the same point). The stop flag's phase
+        says what the main thread does: an asynchronous save goes on in the background once its
+        snapshot is taken, and training with it."""
+        if self.coordinator is None:
+            return
+        before, self.stop.phase = self.stop.phase, "the final save" if synchronous else "an asynchronous save"
+        try:
+            self.coordinator.save(step, shared, own(), synchronous, later=later)
+        finally:
+            self.stop.phase = before
+
+    def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.checkpointer.wait_pruned()
