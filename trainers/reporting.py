@@ -127,7 +127,8 @@ class StepReporter:
         of = f"/{self.total_steps}" if self.total_steps else ""
         if "samples_per_s" not in record:  # a script's step (hpc.run): its own metrics and the step's time
             own = "".join(f"{name} {value:.4g}  " for name, value in task_metrics(record).items())
-            return f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  {own}{record.get('step_ms', 0.0):.1f} ms/step"
+            loss = f"loss {record['loss']:.4f}  " if "loss" in record else ""  # a GAN's losses have names of their own
+            return f"step {record['step']}{of}  {loss}{own}{record.get('step_ms', 0.0):.1f} ms/step"
         metrics = "".join(f"{SHORT_NAMES.get(name, name)} {value:.3f}  " for name, value in task_metrics(record).items())
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
         return f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  {metrics}{record['samples_per_s']:.0f} samples/s  ms: {split}"

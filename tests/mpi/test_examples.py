@@ -24,7 +24,7 @@ def readme_command(example_dir):  # type: ignore[no-untyped-def]
 
 
 def test_there_are_the_example_projects():
-    assert [p.name for p in EXAMPLES] == ["char_gpt", "own_loop", "regression"]
+    assert [p.name for p in EXAMPLES] == ["char_gpt", "gan_ema", "own_loop", "regression"]
 
 
 def check_regression(example, run_dir, stdout):  # type: ignore[no-untyped-def]
@@ -50,7 +50,19 @@ def check_char_gpt(example, run_dir, stdout):  # type: ignore[no-untyped-def]
     assert "best val loss" in stdout
 
 
-CHECKS = {"regression": check_regression, "own_loop": check_own_loop, "char_gpt": check_char_gpt}
+def check_gan_ema(example, run_dir, stdout):  # type: ignore[no-untyped-def]
+    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evaluations] == [250, 500, 750, 1000]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["steps"]) == ("completed", 1000) and result["val_metrics"] == {"w1": evaluations[-1]["val_w1"], "w1_ema": evaluations[-1]["val_w1_ema"]}
+    assert evaluations[-1]["val_w1_ema"] < 0.4  # the two modes are 4 apart: a generator that found one only is 2 away
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert {"d_loss", "g_loss"} <= set(steps[-1]) and "trained 1000 steps" in stdout
+    shared = run_dir / "checkpoints" / "step-000001000"
+    assert (shared / "COMMITTED").is_file()
+
+
+CHECKS = {"regression": check_regression, "own_loop": check_own_loop, "char_gpt": check_char_gpt, "gan_ema": check_gan_ema}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
