@@ -74,7 +74,8 @@ WITH_HANDLE = [
 def edited(text: str, edits: list[tuple[str, str]], checkout: Path) -> str:
     for before, after in edits:
         if text.count(before) != 1:
-            raise SystemExit(f"{checkout}/train.py is not the nanoGPT train.py this benchmark knows (looked for {before.strip()!r}); use karpathy/nanoGPT at 3adf61e")
+            known = "use karpathy/nanoGPT at 3adf61e"
+            raise SystemExit(f"{checkout}/train.py is not the nanoGPT train.py this benchmark knows (looked for {before.strip()!r}); {known}")
         text = text.replace(before, after)
     return text
 
@@ -82,8 +83,9 @@ def edited(text: str, edits: list[tuple[str, str]], checkout: Path) -> str:
 def make_dataset(folder: Path) -> int:
     """nanoGPT's character data layout (as its shakespeare_char/prepare.py writes): uint16 ids,
     and meta.pkl with the vocabulary, which nanoGPT's train.py reads for the model's size."""
-    import numpy as np
     from pydoc_data.topics import topics
+
+    import numpy as np
 
     text = "\n".join(topics[k] for k in sorted(topics))
     chars = sorted(set(text))
