@@ -111,8 +111,8 @@ def prepared(checkout: Path, into: Path, handle: bool) -> Path:
 
 
 def figures(output: str, eval_interval: int) -> dict[str, object]:
-    times = {int(m[1]): float(m[2]) for m in re.finditer(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)}
-    losses = {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)", output, re.M)}
+    times = {int(m[1]): float(m[2]) for m in re.finditer(r"\biter (\d+): loss [\d.]+, time ([\d.]+)ms", output, re.M)}
+    losses = {int(m[1]): float(m[2]) for m in re.finditer(r"\bstep (\d+): train loss [\d.]+, val loss ([\d.]+)", output, re.M)}
     steady = [t for i, t in times.items() if i >= 5 and i % eval_interval]
     if not steady or not losses:
         raise SystemExit(f"no iteration times or evaluations in nanoGPT's output:\n{output[-1500:]}")
@@ -131,10 +131,7 @@ def one_run(handle: bool, args: argparse.Namespace, tmp: Path, index: int) -> di
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks), "train.py", *TRAIN_ARGS, *schedule]
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-    output = done.stdout
-    if handle:  # launch.py shows rank 0's lines prefixed; its log in the run dir has them as printed
-        logs = sorted((work / "runs").rglob("rank-0*.log")) or sorted((work / "runs").rglob("*rank0*"))
-        output = "\n".join(p.read_text(errors="replace") for p in logs) or output
+    output = done.stdout + done.stderr  # launch.py passes the script's prints through
     if done.returncode != 0:
         raise SystemExit(f"a run failed (exit {done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
     return figures(output, args.eval_interval)

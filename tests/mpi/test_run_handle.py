@@ -5,6 +5,7 @@ uninterrupted run, bit for bit; ranks that disagree end in one line, never a han
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from collectives.mpirun import mpirun_command
 from hpc.rank.lifecycle import EXIT_RESUMABLE
+from tests.conftest import require
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -61,8 +63,11 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     assert ours["weights"] == theirs["weights"] and ours["best"] == theirs["best"]
 
 
-def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_and_resume_bit_exactly(tmp_path):
-    args = ["--sync", "ours", "--steps", "24"]
+@pytest.mark.parametrize("sync", ["ours", "horovod"])
+def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_or_horovod_and_resume_bit_exactly(tmp_path, sync):
+    if sync == "horovod":
+        require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
+    args = ["--sync", sync, "--steps", "24"]
     stopped = by_hand(MPIRUN, *args, "--signal-at", "7", "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
     assert stopped.returncode == EXIT_RESUMABLE, stopped.stderr[-2000:]
     assert "stopped by SIGUSR1 at step 8, checkpoint committed; not a Slurm job" in stopped.stderr
@@ -74,6 +79,7 @@ def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_and_resume_bit_exa
     assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(tmp_path / "ref")) == 24
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "ref.json"))
     assert ours["weights"] == theirs["weights"] and ours["resumed_from"] == 8
+    assert ours["voted_by"] == {"ours": "MpiCollectives", "horovod": "HorovodCollectives"}[sync]  # the handle votes through the script's own sync
 
 
 def test_ranks_that_disagree_end_in_one_line(tmp_path):
