@@ -25,6 +25,7 @@ from collectives.base import Collectives
 from trainers import metricnames
 from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.checkpoint import CheckpointError
+from trainers.memory import peaks_over_ranks
 from trainers.metrics import MetricsWriter
 from trainers.preemption import StopFlag
 from trainers.recovery import newest_agreed
@@ -322,6 +323,7 @@ class Handle:
                 self.save(synchronous=True)
             elif self.coordinator is not None:
                 self.coordinator.finish_pending()
+            self.metrics.write({"step": self.step, "peak_memory_mib": peaks_over_ranks(self.comm)})
         finally:
             self.close()
 

@@ -27,6 +27,7 @@ from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, grads_finite, skip_past
 from trainers.loader import Pass, WorkerLoader
+from trainers.memory import peaks_over_ranks
 from trainers.metrics import MetricsWriter
 from trainers.optim import build_optimizer, build_schedule
 from trainers.recompute import recompute_in_backward
@@ -308,7 +309,8 @@ class Loop:
         self.run.stop.phase = "training"
         log.info("step %d (epoch %d)  %s", progress.step, progress.epoch, figures_line("val", val))
         self.report_validation(val)
-        self.metrics.write({"epoch": progress.epoch, "step": progress.step, **{f"val_{name}": value for name, value in val.items()}})
+        figures = {f"val_{name}": value for name, value in val.items()}
+        self.metrics.write({"epoch": progress.epoch, "step": progress.step, **figures, "world_size": self.comm.world_size})
         self.keep_if_best(val)
 
     def report_validation(self, val: dict[str, float]) -> None:
@@ -361,6 +363,7 @@ class Loop:
         epoch_seconds, waited, data_waited = slowest.tolist()
         progress.train_seconds += epoch_seconds
         steps = max(progress.epoch_steps, 1)
+        peaks = peaks_over_ranks(comm)
         figures = EpochEnd(
             loss=progress.epoch_loss_sum / max(progress.epoch_seen, 1),
             val=self.evaluate(),
@@ -371,7 +374,8 @@ class Loop:
         validated = figures_line("val", figures.val)
         tokens = getattr(self.task, "tokens_per_sample", None)  # a token task's throughput in its own unit too
         rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
-        log.info("epoch %d/%d  loss %.4f  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate)
+        memory = f"peak memory {max(peaks):.0f} MiB (rank {peaks.index(max(peaks))})"
+        log.info("epoch %d/%d  loss %.4f  %s  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate, memory)
         self.report_validation(figures.val)
         self.metrics.write(
             {
@@ -385,6 +389,7 @@ class Loop:
                 "comm_wait_ms": figures.comm_wait_ms,
                 "data_wait_ms": 1000 * data_waited / steps,
                 "world_size": comm.world_size,
+                "peak_memory_mib": peaks,
             }
         )
         self.keep_if_best(figures.val)

@@ -81,6 +81,7 @@ class RunStatus:
     interrupted: str = ""
     search: Search | None = None  # the search this run is a trial of; None: no search's
     value: float | None = None  # the search's objective from result.json; None until reported
+    peak_memory: str = ""  # "peak memory 812 MiB (rank 1)": the newest peaks the ranks reported
 
     @property
     def objective(self) -> str:
@@ -100,6 +101,7 @@ class RunStatus:
         objective = f"{self.objective:<{objective_width}} " if objective_width else ""
         metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
         interrupted = f"  ({self.interrupted})" if self.interrupted else ""
+        interrupted += f"  ({self.peak_memory})" if self.peak_memory else ""
         head = f"{self.job_id or 'local':<12} {swept}{objective}{state:<24}"
         return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}{interrupted}"
 
@@ -114,6 +116,14 @@ def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 
 def figure(value: float) -> str:
     """An objective's value in four significant digits; a throughput in whole samples/s."""
     return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+
+
+def peak_memory_line(records: list[dict[str, Any]]) -> str:
+    """The newest per-rank peaks in metrics.jsonl (an epoch's end, or a script's finish), as their maximum."""
+    peaks = next((r["peak_memory_mib"] for r in reversed(records) if isinstance(r.get("peak_memory_mib"), list) and r["peak_memory_mib"]), None)
+    if not peaks or not all(isinstance(p, int | float) for p in peaks):
+        return ""
+    return f"peak memory {max(peaks):.0f} MiB (rank {peaks.index(max(peaks))})"
 
 
 def step_metrics(record: dict[str, Any] | None) -> str:
@@ -309,6 +319,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         total_line(read_jsonl(run_dir.path / TIMELINE)) or "",
         search,
         objective_value(result, search.objective) if search else None,
+        peak_memory_line(read_jsonl(run_dir.metrics)),
     )
 
 

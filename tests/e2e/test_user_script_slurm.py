@@ -6,6 +6,7 @@ job, whose second start runs the script (from its frozen copy) to the end. With 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import parse_job_id, poll, release_when_requeued
+from collectives.mpirun import mpirun_command
 from tests.conftest import wait_until_done
-from tests.support.runs import ROOT, logged_steps, run_dirs, step_losses
+from tests.support.runs import ROOT, logged_steps, ranks_environment, run_dirs, step_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -69,3 +71,31 @@ def test_a_preempted_script_with_the_run_handle_resumes_bit_exactly_after_the_re
     assert step_losses(run_dir) == step_losses(tmp_path / "ref")
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
     assert ours["weights"] == theirs["weights"]
+
+
+def test_ranks_started_by_hand_with_srun_requeue_their_job_and_resume_bit_exactly(tmp_path):
+    """No launch.py: the user's own sbatch script runs `srun python train.py --run-dir run`; the
+    handle (unhosted) votes through MPI, and after a stop rank 0 requeues the job itself."""
+    args = ["--sync", "ours", "--steps", "60", "--step-seconds", "0.05"]
+    srun = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", sys.executable, str(HANDLE_SCRIPT), *args, "--run-dir", "run", "--out", "ours.json"]
+    batch = tmp_path / "train.sbatch"
+    batch.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n"
+        f"#SBATCH --output={shlex.quote(str(tmp_path / 'slurm-%j.out'))}\n"
+        f"cd {shlex.quote(str(tmp_path))}\n{shlex.join(srun)}\n"
+    )
+    submitted = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True, timeout=60, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    poll(lambda: logged_steps(tmp_path / "run") >= 5, "the script's first steps")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    release_when_requeued(job_id, 0)
+    assert wait_until_done(job_id) == "COMPLETED", (tmp_path / f"slurm-{job_id}.out").read_text()[-3000:]
+    output = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert "checkpoint committed; external signal: requeueing job" in output, output[-3000:]
+
+    by_mpirun = [*mpirun_command(2, [sys.executable]), str(HANDLE_SCRIPT), *args, "--run-dir", "ref", "--out", "ref.json"]
+    reference = subprocess.run(by_mpirun, cwd=tmp_path, env=ranks_environment(), capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert step_losses(tmp_path / "run") == step_losses(tmp_path / "ref")
+    ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
+    assert ours["weights"] == theirs["weights"] and 5 <= ours["resumed_from"] < 60 and ours["voted_by"] == "MpiCollectives"

@@ -43,7 +43,9 @@ def check_own_loop(example, run_dir, stdout):  # type: ignore[no-untyped-def]
 
 
 def check_char_gpt(example, run_dir, stdout):  # type: ignore[no-untyped-def]
-    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluations, (memory,) = records[:-1], records[-1:]  # run.finish() adds each rank's peak memory
+    assert len(memory["peak_memory_mib"]) == 2 and all(peak > 50 for peak in memory["peak_memory_mib"])  # torch alone takes more
     assert [e["step"] for e in evaluations] == [20, 40] and evaluations[-1]["val_loss"] < 4.0  # a byte model starts at ln 256 = 5.5
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["status"], result["steps"]) == ("completed", 40) and result["val_metrics"] == {"loss": evaluations[-1]["val_loss"]}
@@ -51,7 +53,7 @@ def check_char_gpt(example, run_dir, stdout):  # type: ignore[no-untyped-def]
 
 
 def check_gan_ema(example, run_dir, stdout):  # type: ignore[no-untyped-def]
-    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][:-1]  # the last: peak memory
     assert [e["step"] for e in evaluations] == [250, 500, 750, 1000]
     result = json.loads((run_dir / "result.json").read_text())
     last = evaluations[-1]

@@ -92,3 +92,14 @@ def test_best_json_that_cannot_be_read_is_ignored(tmp_path: Path) -> None:
     assert read_best(tmp_path) is None
     (tmp_path / "best.json").write_text(json.dumps({"step": "3", "value": 1.0}))
     assert read_best(tmp_path) is None
+
+
+def test_every_epoch_reports_each_rank_s_peak_memory_and_status_shows_the_highest(tmp_path):
+    from hpc.tools.status import peak_memory_line
+
+    train(tmp_path, Regression(), task_config())
+    epochs = [m for m in read_metrics(tmp_path / "metrics.jsonl") if "loss" in m]
+    assert len(epochs) == 2 and all(len(m["peak_memory_mib"]) == 1 and m["peak_memory_mib"][0] > 50 for m in epochs)  # torch alone takes more
+    assert epochs[1]["peak_memory_mib"][0] >= epochs[0]["peak_memory_mib"][0]  # a peak never falls
+    assert peak_memory_line([{"step": 1}, {"peak_memory_mib": [10.0, 30.4]}, {"val_loss": 1.0}]) == "peak memory 30 MiB (rank 1)"
+    assert peak_memory_line([{"peak_memory_mib": "lots"}]) == ""

@@ -1,0 +1,77 @@
+"""python -m trainers.export: a run's model weights as safetensors, loaded again in a fresh process
+that has torch but not the toolkit (the README's reader, run as written)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+import torch
+from torch import nn
+
+from hpc.run import start_run
+from tests.support.fit_in_process import Regression, train
+from tests.support.fit_in_process import config as task_config
+from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
+from tests.support.runs import ROOT
+from trainers.checkpoint import load_tensor_file
+from trainers.export import load, main
+from trainers.layout import SHARED, step_dir_name
+
+
+def readme_reader() -> str:
+    """The Python block of the README's export section: a safetensors reader in plain torch."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### The trained model, out of the toolkit") :]
+    return section[section.index("```python\n") + len("```python\n") : section.index("```", section.index("```python\n") + 10)]
+
+
+def test_a_run_s_model_exported_loads_in_plain_torch_without_the_toolkit(tmp_path, capsys):
+    result = train(tmp_path / "run", Regression(), task_config(max_steps=5))
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "model.safetensors")]) == 0
+    assert "model of checkpoint step 5 (2 tensors, 2 values; task " in capsys.readouterr().out
+    saved = load_tensor_file(tmp_path / "run" / "checkpoints" / step_dir_name(result.steps) / SHARED)["model"]
+
+    # A fresh interpreter without site's path hooks: torch from site-packages, the toolkit nowhere.
+    code = readme_reader().replace("model.safetensors", str(tmp_path / "model.safetensors"))
+    code += "\nimport importlib.util, json\nassert importlib.util.find_spec('trainers') is None and importlib.util.find_spec('hpc') is None\n"
+    code += "print(json.dumps({'weights': {k: v.tolist() for k, v in weights.items()}, 'metadata': metadata}))\n"
+    purelib = sysconfig.get_paths()["purelib"]
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env={"PYTHONPATH": purelib}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert loaded["weights"] == {name: tensor.tolist() for name, tensor in saved.items()}
+    assert loaded["metadata"]["hpctk_step"] == "5" and json.loads(loaded["metadata"]["hpctk_task"])["name"] == "regression"
+    model = nn.Linear(1, 1)
+    model.load_state_dict(load(tmp_path / "model.safetensors")[0])  # the toolkit's own reader agrees
+
+
+def test_a_script_s_checkpoint_names_its_modules_and_exports_the_one_asked_for(tmp_path, capsys):
+    torch.manual_seed(0)
+    generator, critic = nn.Linear(2, 3, dtype=torch.bfloat16), nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(critic.parameters(), lr=0.1)
+    run = start_run(tmp_path / "run", generator=generator, critic=critic, optimizer=optimizer)
+    run.end_step(loss=1.0)
+    run.finish()
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors")]) == 1
+    assert "error: the checkpoint registers 2 modules ('critic', 'generator'): choose one with --state NAME" in capsys.readouterr().err
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--state", "optimizer"]) == 1
+    assert "that state holds no module weights" in capsys.readouterr().err
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--step", "7"]) == 1
+    err = capsys.readouterr().err
+    assert "no checkpoint step 7 in" in err and "(it keeps steps 1)" in err
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--state", "generator"]) == 0
+    weights, metadata = load(tmp_path / "g.safetensors")
+    assert weights["weight"].dtype == torch.bfloat16 and torch.equal(weights["weight"], generator.weight.detach())
+    assert metadata["hpctk_state"] == "generator"
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--best"], "keeps no best checkpoint"), ([], "holds no committed checkpoint")])
+def test_what_cannot_be_exported_is_said_in_one_line(tmp_path, capsys, args, message):
+    (tmp_path / "checkpoints").mkdir()
+    assert main([str(tmp_path), "--out", str(tmp_path / "m.safetensors"), *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

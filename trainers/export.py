@@ -1,0 +1,182 @@
+"""The trained model out of the toolkit: a run's checkpoint's model weights as a safetensors file.
+
+    python -m trainers.export RUN_DIR --out model.safetensors [--step N | --best] [--state NAME]
+
+The checkpoint is the newest committed one that verifies (its checksums), or the step asked
+for, or the one checkpoint.best kept. Its model's state dict is written as safetensors (the
+format of Hugging Face's `safetensors` package: an 8-byte header length, a JSON header naming each
+tensor's dtype, shape and byte range, then the bytes), with the task's description, the step and
+the run's config in the header's metadata. Nothing is unpickled on the way (trainers.tensorfile).
+A checkpoint of a script's run handle holds every registered object: the model is the one module
+registered (or `--state NAME` among several). Loading it needs torch only: see `load` below, or
+`safetensors.torch.load_file` where that package is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainers.checkpoint import CheckpointError, load_tensor_file, verify
+from trainers.layout import SHARED, read_best, step_dir_name
+
+DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+class ExportError(ValueError):
+    """What cannot be exported, in one line naming why."""
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """`tensors` (CPU or not) as one safetensors file, written under a temporary name and renamed."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    parts: list[bytes] = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        if tensor.dtype not in DTYPES:
+            raise ExportError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold")
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        header[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + len(data)]}
+        parts.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the tensor bytes start 8-byte aligned
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for data in parts:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def load(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A safetensors file's tensors and metadata, with torch alone (the README shows these lines)."""
+    data = Path(path).read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    metadata = header.pop("__metadata__", {})
+    dtypes = {code: dtype for dtype, code in DTYPES.items()}
+    body = bytearray(data[8 + size :])
+    tensors = {}
+    for name, entry in header.items():
+        dtype, (start, end) = dtypes[entry["dtype"]], entry["data_offsets"]
+        if start == end:
+            tensors[name] = torch.empty(entry["shape"], dtype=dtype)
+            continue
+        tensors[name] = torch.frombuffer(body, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start).reshape(entry["shape"]).clone()
+    return tensors, metadata
+
+
+def chosen_checkpoint(run_dir: Path, step: int | None, best: bool) -> Path:
+    checkpoints = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+    if not checkpoints.is_dir():
+        raise ExportError(f"{run_dir} is not a run dir (no checkpoints/ in it)")
+    if best:
+        record = read_best(checkpoints)
+        if record is None:
+            raise ExportError(f"{checkpoints} keeps no best checkpoint (best.json: the run needs checkpoint.best=val_<figure>)")
+        step = int(record["step"])
+    if step is not None:
+        directory = checkpoints / step_dir_name(step)
+        if not directory.is_dir():
+            kept = sorted(int(d.name.removeprefix("step-")) for d in checkpoints.glob("step-*") if d.name.removeprefix("step-").isdigit())
+            raise ExportError(f"no checkpoint step {step} in {checkpoints} (it keeps steps {', '.join(map(str, kept)) or 'none'})")
+        verify(directory)  # CheckpointError names a missing or corrupted file
+        return directory
+    for directory in sorted(checkpoints.glob("step-*"), reverse=True):
+        try:
+            verify(directory)
+        except CheckpointError as err:
+            print(f"skipping {directory.name}: {err}", file=sys.stderr)
+            continue
+        return directory
+    raise ExportError(f"{checkpoints} holds no committed checkpoint")
+
+
+def module_like(state: Any) -> bool:
+    """A module's state dict: names to tensors (an optimizer's has `state` and `param_groups`)."""
+    return isinstance(state, dict) and bool(state) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+
+
+def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str, torch.Tensor]]:
+    """The checkpoint's model weights and what they are called: the built-in loop's `model`, or
+    the run handle's one registered module (`name` among several)."""
+    if "handle" not in shared:
+        if name not in (None, "model"):
+            raise ExportError(f"--state {name}: a checkpoint of the built-in loop holds one model ('model')")
+        return "model", dict(shared["model"])
+    registered = shared.get("state", {})
+    modules = sorted(key for key, value in registered.items() if module_like(value))
+    if name is not None:
+        if name not in registered:
+            raise ExportError(f"--state {name}: the checkpoint registers {', '.join(map(repr, sorted(registered)))}")
+        if not module_like(registered[name]):
+            raise ExportError(f"--state {name}: that state holds no module weights (an optimizer's or a schedule's state)")
+        return name, dict(registered[name])
+    if len(modules) != 1:
+        found = ", ".join(map(repr, modules)) or "none"
+        raise ExportError(f"the checkpoint registers {len(modules)} modules ({found}): choose one with --state NAME")
+    return modules[0], dict(registered[modules[0]])
+
+
+def export(run_dir: Path, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
+    """Write the chosen checkpoint's model as safetensors; what was written (for the summary line)."""
+    directory = chosen_checkpoint(run_dir, step, best)
+    shared = load_tensor_file(directory / SHARED)
+    name, weights = model_state(shared, state)
+    description = {key: value for key, value in shared.get("model_config", {}).items()}
+    metadata = {
+        "format": "pt",
+        "hpctk_state": name,
+        "hpctk_step": str(int(directory.name.removeprefix("step-"))),
+        "hpctk_task": json.dumps(description, sort_keys=True, default=str),
+        "hpctk_config": str(shared.get("config", "")),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out, weights, metadata)
+    count = sum(t.numel() for t in weights.values())
+    return {"step": int(metadata["hpctk_step"]), "state": name, "tensors": len(weights), "parameters": count, "task": description}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainers.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="a run dir (or its checkpoints/ dir)")
+    parser.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="this checkpoint step instead of the newest")
+    which.add_argument("--best", action="store_true", help="the checkpoint checkpoint.best kept")
+    parser.add_argument("--state", help="a script's registered module to export, where it registers several")
+    args = parser.parse_args(argv)
+    try:
+        written = export(args.run_dir, args.out, args.step, args.best, args.state)
+    except (ExportError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    task = written["task"].get("task", "a script")
+    print(f"{args.out}: {written['state']} of checkpoint step {written['step']} ({written['tensors']} tensors, {written['parameters']:,} values; task {task})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
