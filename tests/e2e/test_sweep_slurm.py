@@ -82,7 +82,8 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     final = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     for line in final.stdout.splitlines()[1:]:
         swept, last_step = r"optim\.lr=0\.(05|1)\s+model=(mlp|cnn)", r"loss=\S+ accuracy=\S+"  # the task's metric by its own name
-        assert re.match(rf"{array_id}_\d\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+{last_step}\s+\S+rank-00000.log$", line), line
+        memory = r"\(peak memory \d+ MiB \(rank \d\)\)"  # the ranks' highest peak
+        assert re.match(rf"{array_id}_\d\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+{last_step}\s+\S+rank-00000.log  {memory}$", line), line
 
     # Slurm's stdout log of a task: plain timestamped progress lines, no progress bar.
     stdout = next((sweep_dir / "slurm").glob(f"{array_id}_0/*_0_log.out")).read_text()

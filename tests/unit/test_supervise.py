@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -111,7 +112,17 @@ def run_supervisor(
         "HPCTK_ALLOCATION_RESTARTS": "3",
         **extra,
     }
-    done = subprocess.run([sys.executable, "-m", "hpc.submit.supervise", "srun", "--mpi=pmix", "ranks"], env=env, capture_output=True, text=True, timeout=60)
+    # SIGINT at its default in the supervisor, hence in the fake srun: bash cannot trap a signal it
+    # started with ignored (a test run started in the background ignores it), and the fake srun's
+    # trap is how these tests see the supervisor's two interrupts.
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc.submit.supervise", "srun", "--mpi=pmix", "ranks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     steps = [json.loads(line) for line in (requests / "7.steps.jsonl").read_text().splitlines()]
     return done.returncode, steps, (tmp_path / "calls").read_text().splitlines(), done.stderr
 
