@@ -113,9 +113,13 @@ class StepBoundary:
             self.coordinator.on_step_boundary(vote.ranks_written)
         return vote
 
+    def stop_name(self) -> str:
+        """What an agreed stop is named by on this rank: its own signal, or another rank's."""
+        return self.stop.signal_name or "a signal on another rank"
+
     def stopped_by(self, vote: StepVote) -> str | None:
         """The stop every rank agreed on (the signal's name), or None to go on."""
-        return (self.stop.signal_name or "a signal on another rank") if vote.stop_votes > 0 else None
+        return self.stop_name() if vote.stop_votes > 0 else None
 
     def save_due(self, step: int, vote: StepVote | None) -> bool:
         return self.coordinator is not None and self.coordinator.due(step, vote.time_votes if vote else 0.0)
@@ -124,7 +128,7 @@ class StepBoundary:
         """Before the first step: whether any rank was asked to stop during start-up or resume."""
         votes = torch.tensor([float(self.stop.raised)], dtype=torch.float64)
         self.comm.allreduce_(votes, op="max")
-        return (self.stop.signal_name or "a signal on another rank") if votes[0] > 0 else None
+        return self.stop_name() if votes[0] > 0 else None
 
     def save(
         self,

@@ -263,7 +263,7 @@ class Handle:
             latest = self.settle()
             stop = stop or (latest is not None and latest.stop_votes > 0)
         if stop:
-            self.stopped_by = self.stop.signal_name or "a signal on another rank"
+            self.stopped_by = self.boundary.stop_name()
             self.save(synchronous=True)
             return True
         if due:

@@ -414,6 +414,8 @@ class Loop:
         return figures
 
     def save(self, synchronous: bool) -> None:
+        if self.coordinator is None:  # checkpoints off: nothing to snapshot
+            return
         self.boundary.save(
             self.progress.step,
             lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
