@@ -37,6 +37,10 @@ class Collectives(Protocol):
 
     def allgather_async(self, mine: torch.Tensor) -> Handle: ...
 
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Handle:
+        """Start a sum over ranks of `buffer` (its length a multiple of the world size) of which
+        this rank gets chunk `rank` of `world_size` equal chunks; wait() returns that chunk."""
+
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         """Overwrite a contiguous CPU tensor with root's copy."""
 
@@ -68,6 +72,14 @@ def broadcast_module(comm: Collectives, module: torch.nn.Module, root: int = 0) 
     flat = _flat(tensors)
     comm.broadcast_(flat, root)
     _unflatten_into(flat, tensors)
+
+
+def reduce_scatter_by_allreduce(comm: Collectives, buffer: torch.Tensor) -> torch.Tensor:
+    """A reduce-scatter for backends without one: the whole sum, then this rank's chunk (twice
+    the traffic of a real one)."""
+    summed = buffer.reshape(-1).clone()
+    comm.allreduce_(summed, op="sum")
+    return summed.view(comm.world_size, -1)[comm.rank]
 
 
 def allreduce_sums(comm: Collectives, values: list[float]) -> list[float]:
@@ -115,6 +127,9 @@ class FakeCollectives:
 
     def allgather_async(self, mine: torch.Tensor) -> Deferred:
         return Deferred.of(self.allgather(mine))
+
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
+        return Deferred.of(buffer.reshape(-1))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         return None
@@ -222,6 +237,9 @@ class ThreadCollectives:
 
     def allgather_async(self, mine: torch.Tensor) -> Deferred:
         return Deferred.of(self.allgather(mine))
+
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
+        return Deferred.of(reduce_scatter_by_allreduce(self, buffer))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         buffer.copy_(self._world.exchange(self.rank, buffer)[root])

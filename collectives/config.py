@@ -9,6 +9,7 @@ CPU_BACKENDS = ("mpi", "gloo", "horovod")  # they train on CPU tensors
 ENGINE_BUCKET_MB, DDP_BUCKET_MB = 4.0, 25.0
 ALGORITHMS = ("auto", "ring", "rhd", "hierarchical", "mpi")
 COMPRESSIONS = ("none", "fp16", "bf16", "topk")
+SHARDINGS = ("none", "optimizer", "gradients", "full")
 
 
 @dataclass
@@ -28,6 +29,10 @@ class CommConfig:
     # A CPU-only backend (mpi, gloo, horovod) on a job that asks for GPUs is refused (it would hold
     # the GPUs and train on cores) unless this says that is meant.
     cpu_with_gpus: bool = False
+    # none: every rank holds all the state (replicated data parallel); optimizer (ZeRO-1): each rank
+    # keeps the optimizer state of its 1/world of the parameters; gradients (ZeRO-2): and receives
+    # only its part of the averaged gradients. Both on comm=mpi (collectives/zero.py).
+    sharding: str = "none"
 
 
 def resolve_backend(comm: CommConfig, gpus_per_task: int) -> CommConfig:

@@ -41,10 +41,34 @@ class GradientSync(Protocol):
     def step_context(self) -> contextlib.AbstractContextManager[None]:
         """Around optimizer.step() after synchronize()."""
 
+    def grads_finite(self, model: nn.Module) -> bool:
+        """Whether the averaged gradients hold no inf or NaN (the same answer on every rank)."""
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
+        """Scale the averaged gradients to a global 2-norm of at most max_norm; the norm before."""
+
     def close(self) -> None: ...
 
 
-class MpiSync:
+def grads_finite(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)  # one fused pass; a NaN or Inf anywhere shows in its tensor's norm
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
+class ReplicatedGradients:
+    """Every rank holds the whole averaged gradients: torch's own checks on the model."""
+
+    def grads_finite(self, model: nn.Module) -> bool:
+        return grads_finite(model)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
+        return float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+
+
+class MpiSync(ReplicatedGradients):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> None:
         self.module = model
         self.optimizer = apply_distributed_optimizer(optimizer, model, comm, cfg, accumulation)
@@ -66,7 +90,7 @@ class MpiSync:
         self.optimizer.remove_hooks()  # type: ignore[attr-defined]
 
 
-class DdpSync:
+class DdpSync(ReplicatedGradients):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
@@ -109,7 +133,28 @@ class DdpSync:
         pass
 
 
+class ZeroSync(MpiSync):
+    """comm.sharding=optimizer|gradients on our engine: the optimizer state (and the gradients)
+    sharded over the ranks; clipping and the finite check run over the shards."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> None:
+        from collectives.zero import STAGES, shard_optimizer
+
+        self.module = model
+        self.optimizer = shard_optimizer(optimizer, model, comm, cfg, STAGES[cfg.sharding], accumulation)
+
+    def grads_finite(self, model: nn.Module) -> bool:
+        return bool(self.optimizer.grads_finite())  # type: ignore[attr-defined]
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
+        return float(self.optimizer.clip_grad_norm_(max_norm))  # type: ignore[attr-defined]
+
+
 def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> GradientSync:
+    if cfg.sharding != "none" and cfg.backend != "mpi":
+        raise ValueError(f"comm.sharding={cfg.sharding} runs on comm=mpi; comm={cfg.backend} trains replicated (comm.sharding=none)")
+    if cfg.sharding in ("optimizer", "gradients"):
+        return ZeroSync(model, optimizer, comm, cfg, accumulation)
     if cfg.backend in ("gloo", "nccl"):
         return DdpSync(model, optimizer, comm, cfg)
     if cfg.backend == "horovod":

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from collectives.base import CollectivesError, Deferred, ReduceOp
+from collectives.base import CollectivesError, Deferred, ReduceOp, reduce_scatter_by_allreduce
 from collectives.config import CommConfig
+from collectives.gradsync import ReplicatedGradients
 
 
 def _hvd() -> Any:
@@ -59,6 +60,9 @@ class HorovodCollectives:
         result = self.allgather(mine)
         return Deferred.of(result)
 
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
+        return Deferred.of(reduce_scatter_by_allreduce(self, buffer))
+
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         self._hvd.broadcast_(buffer, root_rank=root, name=self._name("broadcast"))
 
@@ -72,7 +76,7 @@ class HorovodCollectives:
         self._hvd.shutdown()
 
 
-class HorovodSync:
+class HorovodSync(ReplicatedGradients):
     """Horovod's DistributedOptimizer: it averages gradients in fused buffers during backward
     and skips communication on the first backward_passes_per_step - 1 passes."""
 

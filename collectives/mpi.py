@@ -171,6 +171,10 @@ class MpiCollectives:
     def reduce_scatter(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         return self._call(algorithms.reduce_scatter, self._comm, _flat_view(buffer), op)
 
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
+        """The ring's reduce-scatter (half an allreduce's traffic); the chunk is a view of `buffer`."""
+        return Deferred(self._submit(algorithms.reduce_scatter, self._comm, _flat_view(buffer), "sum").result)
+
     def barrier(self) -> None:
         self._call(self._comm.Barrier)
 

@@ -15,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from collectives.base import CollectivesError, Deferred, ReduceOp
+from collectives.base import CollectivesError, Deferred, ReduceOp, reduce_scatter_by_allreduce
 
 
 class TorchDistCollectives:
@@ -80,6 +80,9 @@ class TorchDistCollectives:
         parts = [torch.empty_like(work) for _ in range(self.world_size)]
         handle = dist.all_gather(parts, work, async_op=True)
         return Deferred(lambda: (handle.wait(), torch.cat(parts).to(mine.device))[1])
+
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
+        return Deferred.of(reduce_scatter_by_allreduce(self, buffer))
 
     def broadcast_(self, buffer: torch.Tensor, root: int = 0) -> None:
         work = self._on_device(buffer)

@@ -328,6 +328,12 @@ class Checkpointer:
         """Valid checkpoints, oldest first; invalid ones are reported and skipped."""
         return sorted(self._checked_newest_first(), key=lambda c: c.step)
 
+    def rank_states(self, step: int) -> Iterator[dict[str, Any]]:
+        """Every rank's own file of committed checkpoint `step`, read one at a time (resharding)."""
+        directory = self.root / step_dir_name(step)
+        for path in sorted(directory.glob(rank_file(0).replace("00000", "*"))):
+            yield load_tensor_file(path)
+
     def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
         """(step, shared state, this rank's own state or None if the world size changed).
         Only the newest checkpoints are read, down to the first that verifies and loads."""

@@ -9,18 +9,7 @@ the model goes back to the last committed checkpoint and the data of those steps
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from trainers.state import Progress
-
-
-def grads_finite(model: nn.Module) -> bool:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return True
-    norms = torch._foreach_norm(grads)  # one fused pass; a NaN or Inf anywhere shows in its tensor's norm
-    return bool(torch.isfinite(torch.stack(norms)).all())
 
 
 def skip_past(progress: Progress) -> bool:

@@ -25,7 +25,7 @@ from trainers.boundary import StepBoundary, StepVote
 from trainers.config import accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
-from trainers.guard import BadStepGuard, grads_finite, skip_past
+from trainers.guard import BadStepGuard, skip_past
 from trainers.loader import Pass, WorkerLoader
 from trainers.memory import peaks_over_ranks
 from trainers.metrics import MetricsWriter
@@ -36,7 +36,7 @@ from trainers.reporting import PHASES
 from trainers.run import FitConfig, RunContext
 from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
-from trainers.state import Progress, rng_state, shared_state
+from trainers.state import Progress, own_state, rng_state, shared_state
 from trainers.stragglers import StragglerWatch
 from trainers.task import MapDataset, Place, StepOutput, Task, TaskError, pin, read_items
 
@@ -234,9 +234,9 @@ class Loop:
         """The optimizer step on averaged gradients; False (and no update) when they are not finite."""
         scaler = self.scaler
         scaler.unscale_(self.optimizer)
-        finite = scaler.is_enabled() or grads_finite(self.model)  # fp16: the scaler skips such steps itself
+        finite = scaler.is_enabled() or self.sync.grads_finite(self.model)  # fp16: the scaler skips such steps itself
         if finite and self.cfg.trainer.clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.clip_grad_norm)
+            self.sync.clip_grad_norm_(self.model, self.cfg.trainer.clip_grad_norm)  # the global norm, also over sharded gradients
         if finite:
             if self.coordinator is not None:
                 self.coordinator.fence()  # an asynchronous save still copying what this step changes
@@ -419,7 +419,7 @@ class Loop:
         self.boundary.save(
             self.progress.step,
             lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
-            lambda: {"rng": rng_state()},
+            lambda: {"rng": rng_state(), **own_state(self.optimizer)},
             synchronous,
             later=self.stepped_tensors(),
         )

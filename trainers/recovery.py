@@ -60,8 +60,9 @@ def roll_back(
             bad_range[0],
         )
         return progress
-    step, shared, _ = restored
-    back = restore(model, optimizer, schedule, step, shared, scaler)
+    step, shared, own = restored
+    checkpointer = coordinator.checkpointer if coordinator is not None else None
+    back = restore(model, optimizer, schedule, step, shared, scaler, own, (lambda: checkpointer.rank_states(step)) if checkpointer else None)
     back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]
     optimizer.zero_grad()
     log.warning(
@@ -98,7 +99,7 @@ def resume_or_start(
     saved_task = str(shared.get("model_config", {}).get("task", CLASSIFY_TASK))
     if saved_task != task:
         raise CheckpointError(f"checkpoint step {step} was written by task {saved_task}, not {task}; use a new run dir or the old task")
-    progress = restore(model, optimizer, schedule, step, shared, scaler)
+    progress = restore(model, optimizer, schedule, step, shared, scaler, own, lambda: coordinator.checkpointer.rank_states(step))
     if own is not None:
         restore_rng(own["rng"])
     log.info(

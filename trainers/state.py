@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -10,7 +11,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from collectives.zero import ShardingError, full_state, is_sharded
 from trainers.checkpoint import CheckpointError
+
+ShardSources = Callable[[], Iterable[dict[str, Any]]]  # every saved rank's optimizer shard, read one at a time
 
 
 @dataclass
@@ -68,7 +72,8 @@ def shared_state(
         "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else {},
         "config": config_text,
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict(),  # sharded (comm.sharding): the param groups; the state is in the ranks' files
+        "optimizer_sharded": is_sharded(optimizer),
         "schedule": schedule.state_dict(),
         "progress": asdict(progress),
         "model_config": model_config,
@@ -91,10 +96,54 @@ def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int
             )
 
 
-def restore(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, step: int, shared: dict[str, Any], scaler: Any = None) -> Progress:
+def own_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What a rank saves of the optimizer in its own file: its shard when sharded."""
+    return {"optimizer_shard": optimizer.shard_state()} if is_sharded(optimizer) else {}  # type: ignore[attr-defined]
+
+
+def restore_optimizer(
+    optimizer: torch.optim.Optimizer, saved: dict[str, Any], was_sharded: bool, own: dict[str, Any] | None, shards: ShardSources | None, step: int
+) -> None:
+    """The optimizer's state from a checkpoint of any sharding and world size: a replicated
+    state into a replicated optimizer or into shards; saved shards into shards (from this rank's
+    own file when it holds exactly the pieces this rank owns now, else from every rank's) or
+    assembled into a replicated optimizer."""
+    try:
+        if not was_sharded:
+            optimizer.load_state_dict(saved)  # a sharded optimizer takes its pieces of it
+            return
+        mine = (own or {}).get("optimizer_shard")
+        sources: Iterable[dict[str, Any]]
+        if mine is not None and is_sharded(optimizer) and optimizer.owns_exactly(mine):  # type: ignore[attr-defined]
+            sources = [mine]
+        elif shards is not None:
+            sources = (rank.get("optimizer_shard", {"pieces": []}) for rank in shards())
+        else:
+            raise ShardingError("its optimizer state is sharded over the ranks' files, which were not given")
+        if is_sharded(optimizer):
+            optimizer.load_state_dict(saved)
+            optimizer.load_shard_state(sources)  # type: ignore[attr-defined]
+        else:
+            optimizer.load_state_dict({**saved, "state": full_state(optimizer, sources)})
+    except (ShardingError, ValueError, KeyError) as err:
+        raise CheckpointError(f"checkpoint step {step}: the optimizer state does not load: {err}") from None
+
+
+def restore(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: Any,
+    step: int,
+    shared: dict[str, Any],
+    scaler: Any = None,
+    own: dict[str, Any] | None = None,
+    shards: ShardSources | None = None,
+) -> Progress:
+    """The state of checkpoint `step`: `shared` (rank 0's), this rank's `own` file (None when the
+    world size changed) and, for a sharded optimizer state, every rank's files (`shards`)."""
     check_compatible(model, shared["model"], step)
     model.load_state_dict(shared["model"])
-    optimizer.load_state_dict(shared["optimizer"])
+    restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), own, shards, step)
     schedule.load_state_dict(shared["schedule"])
     if scaler is not None and scaler.is_enabled() and shared.get("scaler"):
         scaler.load_state_dict(shared["scaler"])  # the fp16 loss scale continues where it was
