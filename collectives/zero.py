@@ -119,7 +119,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
         self._stage = stage
         if stage == 1:  # the gradients: the engine's allreduce (buckets, overlap, compression)
             self._init_distributed(comm, model, cfg, backward_passes_per_step)
-            for hook in self._hooks[-2:]:  # its step hooks: step() here calls synchronize() itself
+            for hook in self._hooks[-2:]:  # its step hooks: the shards' step hook synchronizes itself
                 hook.remove()
             self._hooks = self._hooks[:-2]
         else:
@@ -138,6 +138,8 @@ class _ZeroOptimizer(_DistributedOptimizer):
             self._hooks = [p.register_post_accumulate_grad_hook(self._shard_grad_ready) for p in own] if cfg.overlap else []
             self._reset_shard_step()
         self._inner = self._make_inner()
+        self._hooks.append(self.register_step_pre_hook(lambda optimizer, args, kwargs: optimizer._step_shards(args, kwargs)))  # type: ignore[attr-defined]
+        self._hooks.append(self.register_step_post_hook(lambda optimizer, args, kwargs: setattr(optimizer, "_synchronized", False)))  # type: ignore[attr-defined]
 
     def _make_inner(self) -> torch.optim.Optimizer | None:
         base = next(c for c in type(self).__mro__ if c in ELEMENTWISE)
@@ -210,8 +212,11 @@ class _ZeroOptimizer(_DistributedOptimizer):
         self._synchronized = True
         self.comm_wait_s += time.perf_counter() - started
 
-    def step(self, closure: Any = None) -> None:
-        if closure is not None:
+    def _step_shards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The step itself, run by a step pre-hook: it runs for callers holding the base class's
+        step too (an LR scheduler made before sharding wraps that one). The base step that
+        follows finds no gradients on the whole parameters and changes nothing."""
+        if args[1:] or kwargs.get("closure") is not None:  # args[0] is the optimizer itself
             raise ShardingError("comm.sharding: step(closure) is not supported (LBFGS-like optimizers are not elementwise)")
         self.synchronize()
         if self._inner is not None:
@@ -223,7 +228,9 @@ class _ZeroOptimizer(_DistributedOptimizer):
                 inner_group.update({k: v for k, v in outer.items() if k != "params"})  # the schedule's lr, changed hyperparameters
             self._inner.step()
         self.gather_parameters()
-        self._synchronized = False
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            for p in group["params"]:
+                p.grad = None  # the base step must not update again (stage 1's whole gradients)
 
     def gather_parameters(self) -> None:
         """Every rank's updated slices to every rank: all buckets launched, then unpacked in order."""
@@ -401,11 +408,13 @@ def shard_optimizer(
 ) -> torch.optim.Optimizer:
     """Return `optimizer` turned into a ZeRO one of a subclass of its own type (stage 1 or 2)."""
     check_shardable(optimizer, {1: "optimizer", 2: "gradients"}[stage])
-    if optimizer.state:
-        raise ShardingError("comm.sharding: the optimizer has already stepped; shard it before the first step")
+    loaded = optimizer.state_dict() if optimizer.state else None  # restored already (a resumed script): kept as this rank's pieces
+    optimizer.state.clear()
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (_ZeroOptimizer, base), {})
     optimizer._init_zero(comm, model, cfg, stage, backward_passes_per_step)  # type: ignore[attr-defined]
+    if loaded is not None:
+        optimizer.load_state_dict(loaded)
     return optimizer
 
 

@@ -133,20 +133,38 @@ class Run:
         what hpc.status, hpc.report and sweep.objective read."""
         self.handle.log(metrics, step)
 
-    def sync_gradients(self, model: Any, optimizer: Any) -> None:
+    def sync_gradients(self, model: Any, optimizer: Any, sharding: str | None = None) -> None:
         """For a script without DistributedDataParallel or Horovod: `optimizer.step()` first
         averages the gradients over the ranks on the toolkit's engine (buckets, overlapped with
-        backward); on a fresh start every rank takes rank 0's weights."""
+        backward); on a fresh start every rank takes rank 0's weights. `sharding`: "optimizer"
+        (ZeRO-1: each rank keeps the optimizer state of its part of the parameters) or
+        "gradients" (ZeRO-2: and receives only that part of the averaged gradients; clip with
+        `optimizer.clip_grad_norm_(max_norm)`, which computes the norm over all ranks' parts);
+        None: the job's comm.sharding under launch.py, else "none". The optimizer must be
+        registered in start_run: its shards are saved by every rank and reshard on resume."""
+        from collectives.config import SHARDINGS, CommConfig
+        from trainers.task import TaskError
+
+        host = hosting.host()
+        chosen = sharding if sharding is not None else (host.job.comm.sharding if host is not None else "none")
+        if chosen not in SHARDINGS or chosen == "full":
+            raise TaskError(f"sync_gradients(sharding={chosen!r}): one of none, optimizer, gradients")
         if self.world_size == 1:
             return
         from collectives.base import broadcast_module
-        from collectives.config import CommConfig
-        from collectives.optimizer import apply_distributed_optimizer
         from trainers.handle import unwrapped
 
         if self.resumed_from is None:
             broadcast_module(self.handle.comm, unwrapped(model))  # a resume loaded rank 0's weights everywhere already
-        apply_distributed_optimizer(optimizer, model, self.handle.comm, CommConfig())
+        cfg = CommConfig(sharding=chosen)
+        if chosen == "none":
+            from collectives.optimizer import apply_distributed_optimizer
+
+            apply_distributed_optimizer(optimizer, model, self.handle.comm, cfg)
+            return
+        from collectives.zero import STAGES, shard_optimizer
+
+        shard_optimizer(optimizer, unwrapped(model), self.handle.comm, cfg, STAGES[chosen])
 
     def save(self) -> None:
         """A checkpoint of the current step now (every rank calls it at the same point)."""

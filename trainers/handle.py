@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
+from collectives.zero import is_sharded
 from trainers import metricnames
 from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.checkpoint import CheckpointError
@@ -31,7 +33,7 @@ from trainers.preemption import StopFlag
 from trainers.recovery import newest_agreed
 from trainers.reporting import StepReporter
 from trainers.saving import SaveCoordinator
-from trainers.state import check_compatible, restore_rng, rng_state
+from trainers.state import check_compatible, restore_optimizer, restore_rng, rng_state
 from trainers.task import TaskError
 
 log = logging.getLogger("trainers")
@@ -117,10 +119,15 @@ class Registry:
         return tuple(f"{kind}:{name}" for kind, names in self.layout().items() for name in names)
 
     def shared_state(self) -> dict[str, Any]:
-        return {"state": checked_states(self.shared), "values": dict(self.values)}
+        sharded = sorted(name for name, obj in self.shared.items() if is_sharded(obj))
+        return {"state": checked_states(self.shared), "values": dict(self.values), "sharded": sharded}
 
     def own_state(self) -> dict[str, Any]:
         return checked_states(self.own)
+
+    def optimizer_shards(self) -> dict[str, Any]:
+        """The optimizer state each sharded optimizer keeps on this rank (comm.sharding)."""
+        return {name: obj.shard_state() for name, obj in self.shared.items() if is_sharded(obj)}
 
     def differences(self, saved: dict[str, list[str]]) -> str | None:
         """How a checkpoint's registry differs from this one (None: alike)."""
@@ -137,13 +144,25 @@ class Registry:
                 return " and ".join(said)
         return None
 
-    def load(self, step: int, shared: dict[str, Any], own: dict[str, Any] | None) -> None:
+    def load(self, step: int, shared: dict[str, Any], own: dict[str, Any] | None, ranks: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        """The registered state from checkpoint `step`: `own` is this rank's file (None when the
+        world size changed); `ranks` reads every rank's file (a sharded optimizer's state)."""
+        sharded = set(shared.get("sharded", []))
         for name, obj in self.shared.items():
-            load_into(obj, shared["state"][name], name, step)
+            if name in sharded:
+                mine = (own or {}).get("optimizer_shards", {}).get(name)
+                restore_optimizer(obj, shared["state"][name], True, mine, shards_of(name, ranks), step)
+            else:
+                load_into(obj, shared["state"][name], name, step)
         self.values.update(shared["values"])
         for name, obj in self.own.items():
             if own is not None:
-                load_into(obj, own[name], name, step)
+                load_into(obj, own["state"][name], name, step)
+
+
+def shards_of(name: str, ranks: Callable[[], Iterable[dict[str, Any]]]) -> Callable[[], Iterable[dict[str, Any]]]:
+    """Every rank's saved shard of sharded optimizer `name`, read one file at a time."""
+    return lambda: (own["optimizer_shards"][name] for own in ranks())
 
 
 def checked_states(objects: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +245,8 @@ class Handle:
         differs = self.registry.differences(handle)
         if differs:
             raise CheckpointError(f"checkpoint step {step} {differs}; register the same state or use a new run dir")
-        self.registry.load(step, shared, own.get("state") if own is not None else None)
+        checkpointer = self.coordinator.checkpointer if self.coordinator is not None else None
+        self.registry.load(step, shared, own, lambda: checkpointer.rank_states(step) if checkpointer is not None else iter(()))
         if own is not None:
             restore_rng(own["rng"])
         elif self.registry.own:
@@ -299,7 +319,12 @@ class Handle:
         if self.coordinator is None:
             return
         self.settle()  # the vote in flight first: collectives in the same order on every rank
-        self.boundary.save(self.step, self.shared_state, lambda: {"rng": rng_state(), "state": self.registry.own_state()}, synchronous)
+        self.boundary.save(
+            self.step,
+            self.shared_state,
+            lambda: {"rng": rng_state(), "state": self.registry.own_state(), "optimizer_shards": self.registry.optimizer_shards()},
+            synchronous,
+        )
 
     def shared_state(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from torch import nn
 from collectives.zero import ShardingError, full_state, is_sharded
 from trainers.checkpoint import CheckpointError
 
-ShardSources = Callable[[], Iterable[dict[str, Any]]]  # every saved rank's optimizer shard, read one at a time
+ShardSources = Callable[[], Iterable[dict[str, Any]]]  # every saved rank's file (or its optimizer shard), read one at a time
 
 
 @dataclass
@@ -102,22 +102,21 @@ def own_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def restore_optimizer(
-    optimizer: torch.optim.Optimizer, saved: dict[str, Any], was_sharded: bool, own: dict[str, Any] | None, shards: ShardSources | None, step: int
+    optimizer: torch.optim.Optimizer, saved: dict[str, Any], was_sharded: bool, mine: dict[str, Any] | None, shards: ShardSources | None, step: int
 ) -> None:
     """The optimizer's state from a checkpoint of any sharding and world size: a replicated
-    state into a replicated optimizer or into shards; saved shards into shards (from this rank's
-    own file when it holds exactly the pieces this rank owns now, else from every rank's) or
-    assembled into a replicated optimizer."""
+    state into a replicated optimizer or into shards; saved shards (`mine`: this rank's, used
+    when it holds exactly the pieces this rank owns now; `shards`: every rank's, read one at a
+    time) into shards, or assembled into a replicated optimizer."""
     try:
         if not was_sharded:
             optimizer.load_state_dict(saved)  # a sharded optimizer takes its pieces of it
             return
-        mine = (own or {}).get("optimizer_shard")
         sources: Iterable[dict[str, Any]]
         if mine is not None and is_sharded(optimizer) and optimizer.owns_exactly(mine):  # type: ignore[attr-defined]
             sources = [mine]
         elif shards is not None:
-            sources = (rank.get("optimizer_shard", {"pieces": []}) for rank in shards())
+            sources = shards()
         else:
             raise ShardingError("its optimizer state is sharded over the ranks' files, which were not given")
         if is_sharded(optimizer):
@@ -143,7 +142,8 @@ def restore(
     world size changed) and, for a sharded optimizer state, every rank's files (`shards`)."""
     check_compatible(model, shared["model"], step)
     model.load_state_dict(shared["model"])
-    restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), own, shards, step)
+    own_shards = (lambda: (rank.get("optimizer_shard", {}) for rank in shards())) if shards is not None else None
+    restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), (own or {}).get("optimizer_shard"), own_shards, step)
     schedule.load_state_dict(shared["schedule"])
     if scaler is not None and scaler.is_enabled() and shared.get("scaler"):
         scaler.load_state_dict(shared["scaler"])  # the fp16 loss scale continues where it was

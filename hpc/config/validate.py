@@ -10,7 +10,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS, CPU_BACKENDS
+from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS, CPU_BACKENDS, SHARDINGS
 from collectives.mpirun import find_mpirun
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
@@ -208,6 +208,7 @@ def check_backend(job: JobConfig) -> None:
     comm = job.comm
     if comm.backend != "mpi" and comm.compression == "topk":
         raise UserError(f"comm.compression=topk works with comm=mpi only; comm={comm.backend} offers none, fp16, bf16")
+    check_sharding(job)
     if job.trainer.sync_batchnorm and comm.backend != "nccl":
         raise UserError(
             "trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); "
@@ -231,6 +232,34 @@ def check_backend(job: JobConfig) -> None:
 
             if not torch.cuda.is_available():
                 raise UserError("comm=nccl needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi")
+
+
+def check_sharding(job: JobConfig) -> None:
+    """comm.sharding: which backend shards what, and what sharding cannot go with (one line each)."""
+    comm, sharding = job.comm, job.comm.sharding
+    if sharding not in SHARDINGS:
+        raise UserError(f"comm.sharding={sharding!r} is not one of {', '.join(SHARDINGS)}")
+    if sharding == "none":
+        return
+    backend = "nccl" if comm.backend == "auto" and job.resources.gpus_per_task > 0 else "mpi" if comm.backend == "auto" else comm.backend
+    if sharding == "full":
+        raise UserError(
+            "comm.sharding=full (parameters sharded too, FSDP2) is not offered yet; comm=mpi shards the optimizer state "
+            "(comm.sharding=optimizer) and the gradients too (comm.sharding=gradients)"
+        )
+    if backend != "mpi":
+        raise UserError(f"comm.sharding={sharding} runs on the toolkit's engine: use comm=mpi (comm={backend} trains replicated, comm.sharding=none)")
+    if sharding == "gradients" and comm.compression != "none":
+        raise UserError(
+            f"comm.sharding=gradients reduce-scatters uncompressed gradients; set comm.compression=none (or comm.sharding=optimizer to keep {comm.compression})"
+        )
+    if sharding == "gradients" and job.trainer.precision == "fp16":
+        raise UserError(
+            "comm.sharding=gradients cannot unscale fp16 gradients it does not hold whole; "
+            "use trainer.precision=bf16 (no loss scaling) or comm.sharding=optimizer"
+        )
+    if job.trainer.channels_last:
+        raise UserError(f"comm.sharding={sharding} needs contiguous parameters; set trainer.channels_last=false")
 
 
 def check_data(job: JobConfig) -> DatasetInfo:

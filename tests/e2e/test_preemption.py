@@ -38,7 +38,8 @@ JOB = (
 )
 
 # The same for a user's task from a package outside the toolkit (tests/fixtures/mytasks, found on
-# PYTHONPATH at submission and frozen into the run dir; the ranks import that copy).
+# PYTHONPATH at submission and frozen into the run dir; the ranks import that copy), with the
+# optimizer state and gradients sharded over the ranks.
 USER_JOB = (
     *JOB[:3],
     "task._target_=mytasks.regression.Regression",
@@ -46,6 +47,7 @@ USER_JOB = (
     "+task.samples=8192",
     "data.batch_size=128",
     "optim=adamw",
+    "comm.sharding=gradients",  # ZeRO-2: each rank saves its part of the optimizer state, resumed from its own file
     "trainer.epochs=6",  # 192 steps: the rank death after three preemptions comes before the end
     *JOB[5:],
 )

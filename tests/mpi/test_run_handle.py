@@ -63,11 +63,13 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     assert ours["weights"] == theirs["weights"] and ours["best"] == theirs["best"]
 
 
-@pytest.mark.parametrize("sync", ["ours", "horovod"])
+@pytest.mark.parametrize("sync", ["ours", "horovod", "ours-zero2"])
 def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_or_horovod_and_resume_bit_exactly(tmp_path, sync):
+    """ours-zero2: the optimizer state and the gradients sharded over the ranks (ZeRO-2), each
+    rank saving its own part of the state."""
     if sync == "horovod":
         require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
-    args = ["--sync", sync, "--steps", "24"]
+    args = ["--sync", sync.removesuffix("-zero2"), "--steps", "24", *(["--sharding", "gradients"] if sync.endswith("zero2") else [])]
     stopped = by_hand(MPIRUN, *args, "--signal-at", "7", "--run-dir", "run", "--out", "run.json", cwd=tmp_path)
     assert stopped.returncode == EXIT_RESUMABLE, stopped.stderr[-2000:]
     assert "stopped by SIGUSR1 at step 8, checkpoint committed; not a Slurm job" in stopped.stderr
@@ -79,7 +81,8 @@ def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_or_horovod_and_res
     assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(tmp_path / "ref")) == 24
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("run.json", "ref.json"))
     assert ours["weights"] == theirs["weights"] and ours["resumed_from"] == 8
-    assert ours["voted_by"] == {"ours": "MpiCollectives", "horovod": "HorovodCollectives"}[sync]  # the handle votes through the script's own sync
+    voters = {"ours": "MpiCollectives", "horovod": "HorovodCollectives", "ours-zero2": "MpiCollectives"}
+    assert ours["voted_by"] == voters[sync]  # the handle votes through the script's own sync
 
 
 def test_ranks_that_disagree_end_in_one_line(tmp_path):

@@ -20,8 +20,9 @@ from trainers.config import TrainerConfig
 SLURM = ClusterConfig(name="sim", launcher="slurm", partition="debug")
 
 
-def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM, gpus: int = 0) -> JobConfig:
-    return JobConfig(cluster=cluster, resources=replace(ResourcesConfig(), gpus_per_task=gpus), comm=CommConfig(backend=backend, compression=compression))
+def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM, gpus: int = 0, sharding: str = "none") -> JobConfig:
+    comm = CommConfig(backend=backend, compression=compression, sharding=sharding)
+    return JobConfig(cluster=cluster, resources=replace(ResourcesConfig(), gpus_per_task=gpus), comm=comm)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,13 @@ def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM,
         (job("mpi", gpus=1), r"comm=mpi trains on the CPU, but the job asks for 1 GPU\(s\) per task: use comm=nccl \(or comm=auto"),
         (job("gloo", gpus=2), "comm=gloo trains on the CPU, but the job asks for 2 GPU"),
         (job("horovod", gpus=1), "comm=horovod trains on the CPU.*comm.cpu_with_gpus=true"),
+        (job("mpi", sharding="zero"), "comm.sharding='zero' is not one of none, optimizer, gradients, full"),
+        (job("gloo", sharding="optimizer"), r"comm.sharding=optimizer runs on the toolkit's engine: use comm=mpi \(comm=gloo trains replicated"),
+        (job("auto", gpus=1, sharding="gradients"), "comm.sharding=gradients runs on the toolkit's engine: use comm=mpi .comm=nccl"),
+        (job("mpi", sharding="full"), "comm.sharding=full .parameters sharded too, FSDP2. is not offered yet"),
+        (job("mpi", "topk", sharding="gradients"), "comm.sharding=gradients reduce-scatters uncompressed gradients; set comm.compression=none"),
+        (replace(job("mpi", sharding="gradients"), trainer=replace(TrainerConfig(), precision="fp16")), "use trainer.precision=bf16"),
+        (replace(job("mpi", sharding="optimizer"), trainer=replace(TrainerConfig(), channels_last=True)), "set trainer.channels_last=false"),
     ],
 )
 def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
