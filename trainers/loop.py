@@ -494,7 +494,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
     run.milestones.loaded(load_began, time.time())
     log.info(
         "training %s: %d train / %d validation%s samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
-        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s), global batch %d, lr %g, precision %s%s",
+        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s%s), global batch %d, lr %g, precision %s%s",
         task_name(task),
         len(train),
         len(val),
@@ -508,6 +508,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
         cfg.comm.bucket_mb,
         cfg.comm.overlap,
         cfg.comm.compression,
+        f", sharding {cfg.comm.sharding}" if cfg.comm.sharding != "none" else "",
         global_batch,
         optimizer.param_groups[0]["initial_lr"],
         precision,

@@ -5,7 +5,7 @@
 GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode): resnet50 (the trainer
 against a raw loop), lm (task=lm against a plain loop, and its bf16 loss curve), resume (a signal
 stop and resume, bit for bit), handle (a user's DDP script with the run handle: nccl, a
-signal stop and resume, bit for bit). CPU ranks (the
+signal stop and resume, bit for bit), memory (bytes per parameter, replicated and FSDP2). CPU ranks (the
 machine's 16 cores): allreduce, scaling, loader (benchmarks/device/cores.py). unit: the unit tier
 on the machine's torch.
 """
@@ -279,6 +279,70 @@ def handle(mode: str, scratch: Path, report: Report) -> None:
     stop_resume_and_compare([*script, *args], reference, scratch / "stopped", 100, report)
 
 
+def memory(mode: str, scratch: Path, report: Report) -> None:
+    """Memory accounting of one rank (issue 32): a GPT with fp32 AdamW, replicated and under
+    FSDP2 (`fully_shard` per block, NCCL process group of one in gpu mode, gloo in cpu mode):
+    bytes per parameter after building (parameters), after the first backward (+ gradients) and
+    at the peak of three steps (+ AdamW's two moments and activations), against 4 / 8 / 16."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from trainers.gpt import GPT, GPTShape, next_token_loss
+
+    gpu = mode == "gpu"
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    shape = GPTShape(vocab_size=256, context=256, layers=12, heads=16, width=1024) if gpu else GPTShape(vocab_size=256, context=32, layers=2, heads=4, width=64)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
+    dist.init_process_group("nccl" if gpu else "gloo", rank=0, world_size=1, **({"device_id": device} if gpu else {}))
+
+    def allocated() -> float:
+        if gpu:
+            torch.cuda.synchronize()
+            return float(torch.cuda.memory_allocated(device))
+        from trainers.memory import peak_memory_mib
+
+        return peak_memory_mib(device) * 2**20
+
+    try:
+        for variant in ("replicated", "fsdp2"):
+            torch.manual_seed(0)
+            if gpu:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            base = allocated()
+            model = GPT(shape).to(device)
+            if variant == "fsdp2":
+                for block in model.blocks:
+                    fully_shard(block)
+                fully_shard(model)
+            params = sum(p.numel() for p in model.parameters())
+            built = allocated() - base
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            tokens = torch.randint(0, shape.vocab_size, (8, shape.context + 1), device=device)
+            losses, after_backward = [], 0.0
+            started = time.perf_counter()
+            for step in range(3):
+                loss = next_token_loss(model(tokens[:, :-1]), tokens[:, 1:])
+                loss.backward()
+                if step == 0:
+                    after_backward = allocated() - base
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+            seconds = time.perf_counter() - started
+            peak = (torch.cuda.max_memory_allocated(device) if gpu else allocated()) - base
+            report.figure(f"{variant}: parameters", params)
+            report.figure(f"{variant}: bytes/param built (theory 4)", round(built / params, 2))
+            report.figure(f"{variant}: bytes/param after backward (theory 8 + activations freed)", round(after_backward / params, 2))
+            report.figure(f"{variant}: bytes/param at the peak (theory 16 + activations)", round(peak / params, 2))
+            report.figure(f"{variant}: losses of 3 steps", [round(x, 4) for x in losses])
+            report.figure(f"{variant}: s for 3 steps", round(seconds, 3))
+            del model, optimizer
+    finally:
+        dist.destroy_process_group()
+
+
 def unit(mode: str, scratch: Path, report: Report) -> None:
     """The unit tier on this machine's torch (the GPU machine's may be older than the pinned one)."""
     if mode == "cpu":
@@ -307,6 +371,7 @@ CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "lm": lm,
     "resume": resume,
     "handle": handle,
+    "memory": memory,
     "allreduce": allreduce,
     "scaling": scaling,
     "loader": loader,
