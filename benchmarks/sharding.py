@@ -5,8 +5,10 @@
 A GPT whose AdamW state dominates memory (about 38 M parameters at the defaults: 12 blocks of
 width 512), a tiny batch (one sequence of 32 tokens per rank, so the step is the optimizer's and
 the communication's), trained on random tokens by mpirun ranks for each comm.sharding mode,
-modes interleaved per repeat. Each rank measures its resident set before building the model and
-its peak after the steps (getrusage): the difference is what training holds (parameters,
+modes interleaved per repeat. Each rank measures its resident set before building the model (once
+an optimizer has stepped and a collective has run: the modules and buffers they bring are a
+constant of the process) and its peak after the steps (getrusage): the difference is what
+training holds (parameters,
 gradients, optimizer state, buffers). The theory (ZeRO paper, table 1, for fp32 AdamW): 16 bytes
 per parameter replicated (4 parameter + 4 gradient + 8 optimizer state); ZeRO-1 4 + 4 + 8/N;
 ZeRO-2 4 + (4 + 8)/N. Step rates are the median of the timed steps after two warm-up steps.
@@ -52,6 +54,11 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     comm = MpiCollectives.from_world()
+    warm = nn.Linear(4, 4)  # the modules an optimizer's first step imports (torch._dynamo: ~70 MiB) count before, not per parameter
+    warm_optimizer = torch.optim.AdamW(warm.parameters())
+    warm(torch.ones(1, 4)).sum().backward()
+    warm_optimizer.step()
+    comm.allreduce_(torch.zeros(1 << 16))  # and the engine's first collective
     before = resident_mib()
     torch.manual_seed(0)
     model = GPT(GPTShape(vocab_size=256, context=args.context, layers=args.layers, heads=8, width=args.width))
@@ -83,11 +90,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_mode(ranks: int, mode: str, args: argparse.Namespace) -> dict[str, object]:
-    from collectives.mpirun import mpirun_command
+    from collectives.mpirun import mpirun_command, root_environment
 
     command = mpirun_command(ranks, [sys.executable, "-m", "benchmarks.sharding", "--worker", "--mode", mode])
     command += ["--layers", str(args.layers), "--width", str(args.width), "--context", str(args.context), "--steps", str(args.steps)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **root_environment(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{mode} on {ranks} ranks failed: {done.stderr[-1500:]}")

@@ -64,14 +64,30 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += n
 
 
-def broadcast_module(comm: Collectives, module: torch.nn.Module, root: int = 0) -> None:
-    """Make every rank start from root's parameters and buffers."""
+def broadcast_module(comm: Collectives, module: torch.nn.Module, root: int = 0, chunk_bytes: int = 16 << 20) -> None:
+    """Make every rank start from root's parameters and buffers, in flat chunks of about
+    `chunk_bytes` (one flat copy of a large model would add its whole size to every rank's peak)."""
     tensors = [t.data for t in module.parameters()] + [b for b in module.buffers() if b.is_floating_point()]
     if comm.world_size == 1 or not tensors:
         return
-    flat = _flat(tensors)
-    comm.broadcast_(flat, root)
-    _unflatten_into(flat, tensors)
+    for group in _chunks_by_dtype(tensors, chunk_bytes):
+        flat = _flat(group)
+        comm.broadcast_(flat, root)
+        _unflatten_into(flat, group)
+
+
+def _chunks_by_dtype(tensors: list[torch.Tensor], chunk_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive tensors of one dtype, up to about chunk_bytes a group (order kept per dtype)."""
+    groups: list[list[torch.Tensor]] = []
+    open_group: dict[torch.dtype, tuple[list[torch.Tensor], int]] = {}
+    for t in tensors:
+        members, filled = open_group.get(t.dtype, ([], 0))
+        if not members:
+            groups.append(members)
+        members.append(t)
+        filled += t.numel() * t.element_size()
+        open_group[t.dtype] = ([], 0) if filled >= chunk_bytes else (members, filled)
+    return groups
 
 
 def reduce_scatter_by_allreduce(comm: Collectives, buffer: torch.Tensor) -> torch.Tensor:

@@ -52,19 +52,25 @@ class Bucket:
     wire: Any = None  # what was sent: a compressed tensor, or (indices, values) for topk
     residual: torch.Tensor | None = None  # topk error feedback
 
-    def pack(self, scale: float = 1.0) -> None:
+    def pack(self, scale: float = 1.0, release: bool = False) -> None:
         """Gradients into the bucket, times `scale` in the same pass (pre-averaging: dividing the
-        sum afterwards would cost another pass over the bucket)."""
+        sum afterwards would cost another pass over the bucket). `release`: let go of autograd's
+        gradient tensors once packed (unpack() points the gradients at the bucket; holding both
+        until then adds the whole gradients' size to the step's peak), so until synchronize()
+        the parameters show no gradient."""
         offset = 0
         for p in self.params:
             n = p.numel()
             part = self.buffer[offset : offset + n]
             if p.grad is None:
                 part.zero_()
-            elif scale != 1.0:
+            elif p.grad.data_ptr() == part.data_ptr():  # already the bucket's view (unpack; zero_grad(set_to_none=False))
+                if scale != 1.0:
+                    part.mul_(scale)
+            else:
                 torch.mul(p.grad.reshape(-1), scale, out=part)
-            elif p.grad.data_ptr() != part.data_ptr():  # not already the bucket's view (unpack)
-                part.copy_(p.grad.reshape(-1))
+                if release:
+                    p.grad = None
             offset += n
 
     def unpack(self) -> None:
@@ -150,6 +156,7 @@ class _DistributedOptimizer:
         self._hooks.append(self.register_step_post_hook(lambda optimizer, args, kwargs: setattr(optimizer, "_synchronized", False)))  # type: ignore[attr-defined]
         self._reset_step()
         self._synchronized = False  # gradients of this step already averaged (clipping, AMP unscale)
+        self._release_packed = False  # ZeRO-1 (collectives/zero.py) lets go of packed gradients
         self.comm_wait_s = 0.0  # time step() spent finishing communication (not hidden)
 
     def _reset_step(self) -> None:
@@ -173,7 +180,7 @@ class _DistributedOptimizer:
     def _launch_in_order(self, everything: bool = False) -> None:
         while self._next_bucket < len(self._buckets) and (everything or self._next_bucket in self._complete):
             bucket = self._buckets[self._next_bucket]
-            bucket.pack(1.0 / self._comm.world_size if self._compressor.kind == "none" else 1.0)
+            bucket.pack(1.0 / self._comm.world_size if self._compressor.kind == "none" else 1.0, release=self._release_packed)
             self._compressor.launch(self._comm, bucket)
             self._next_bucket += 1
 

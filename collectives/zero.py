@@ -50,6 +50,7 @@ ELEMENTWISE = (
     torch.optim.ASGD,
 )
 STAGES = {"optimizer": 1, "gradients": 2}
+IN_FLIGHT = 2  # buckets packed and on the wire at once: enough to overlap, a bucket's memory each
 
 
 class ShardingError(ValueError):
@@ -78,6 +79,13 @@ class ShardBucket:
     shard_grad: torch.Tensor | None = None  # stage 2: this rank's slice of the averaged gradients
     pending: int = 0
     handle: Any = None
+
+
+def _unpack_gathered(bucket: ShardBucket, handle: Any) -> None:
+    gathered = handle.wait()
+    with torch.no_grad():
+        for p, offset in zip(bucket.params, bucket.offsets, strict=True):
+            p.view(-1).copy_(gathered[offset : offset + p.numel()])
 
 
 def layout(params: list[nn.Parameter], index_of: dict[nn.Parameter, int], bucket_bytes: int, rank: int, world: int) -> list[ShardBucket]:
@@ -119,6 +127,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
         self._stage = stage
         if stage == 1:  # the gradients: the engine's allreduce (buckets, overlap, compression)
             self._init_distributed(comm, model, cfg, backward_passes_per_step)
+            self._release_packed = True
             for hook in self._hooks[-2:]:  # its step hooks: the shards' step hook synchronizes itself
                 hook.remove()
             self._hooks = self._hooks[:-2]
@@ -160,6 +169,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
 
     def _reset_shard_step(self) -> None:
         self._next_bucket = 0
+        self._in_flight: list[ShardBucket] = []
         self._complete: set[int] = set()
         self._passes.clear()
         for bucket in self._zero_buckets:
@@ -178,7 +188,8 @@ class _ZeroOptimizer(_DistributedOptimizer):
 
     def _launch_shards(self, everything: bool = False) -> None:
         """Reduce-scatter the ready buckets in order (every rank launches them in the same order);
-        a bucket's full gradients are let go of as soon as they are packed."""
+        a bucket's whole gradients are let go of as soon as they are packed, and at most
+        IN_FLIGHT packed buckets wait for the wire (each is a bucket's size of memory)."""
         world = self._comm.world_size
         while self._next_bucket < len(self._zero_buckets):
             bucket = self._zero_buckets[self._next_bucket]
@@ -190,7 +201,15 @@ class _ZeroOptimizer(_DistributedOptimizer):
                     torch.mul(p.grad.reshape(-1), 1.0 / world, out=send[offset : offset + p.numel()])  # pre-averaged: the sum is the mean
                     p.grad = None
             bucket.handle = self._comm.reduce_scatter_async(send)
+            self._in_flight.append(bucket)
             self._next_bucket += 1
+            while len(self._in_flight) > IN_FLIGHT:
+                self._finish_shard(self._in_flight.pop(0))
+
+    def _finish_shard(self, bucket: ShardBucket) -> None:
+        assert bucket.shard_grad is not None
+        bucket.shard_grad.copy_(bucket.handle.wait().reshape(-1))
+        bucket.handle = None
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -204,10 +223,8 @@ class _ZeroOptimizer(_DistributedOptimizer):
             return
         started = time.perf_counter()
         self._launch_shards(everything=True)
-        for bucket in self._zero_buckets:
-            assert bucket.shard_grad is not None
-            bucket.shard_grad.copy_(bucket.handle.wait().reshape(-1))
-            bucket.handle = None
+        while self._in_flight:
+            self._finish_shard(self._in_flight.pop(0))
         self._reset_shard_step()
         self._synchronized = True
         self.comm_wait_s += time.perf_counter() - started
@@ -233,21 +250,20 @@ class _ZeroOptimizer(_DistributedOptimizer):
                 p.grad = None  # the base step must not update again (stage 1's whole gradients)
 
     def gather_parameters(self) -> None:
-        """Every rank's updated slices to every rank: all buckets launched, then unpacked in order."""
-        world = self._comm.world_size
-        if world == 1:
+        """Every rank's updated slices to every rank, bucket by bucket, IN_FLIGHT buckets ahead
+        (all at once would hold a second copy of the whole model)."""
+        if self._comm.world_size == 1:
             return
-        handles = []
+        pending: list[tuple[ShardBucket, Any]] = []
         for bucket in self._zero_buckets:
             send = torch.zeros(bucket.chunk, dtype=bucket.dtype)
             for piece in bucket.pieces:
                 send[piece.shard_offset : piece.shard_offset + piece.stop - piece.start].copy_(piece.view.detach())
-            handles.append(self._comm.allgather_async(send))
-        for bucket, handle in zip(self._zero_buckets, handles, strict=True):
-            gathered = handle.wait()
-            with torch.no_grad():
-                for p, offset in zip(bucket.params, bucket.offsets, strict=True):
-                    p.view(-1).copy_(gathered[offset : offset + p.numel()])
+            pending.append((bucket, self._comm.allgather_async(send)))
+            if len(pending) > IN_FLIGHT:
+                _unpack_gathered(*pending.pop(0))
+        for bucket, handle in pending:
+            _unpack_gathered(bucket, handle)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
@@ -266,6 +282,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
 
     def grads_finite(self) -> bool:
         """Whether every rank's gradient shard is finite (the same answer on every rank)."""
+        self.synchronize()
         grads = self.shard_grads()
         local = float(all(bool(torch.isfinite(g).all()) for g in grads))
         flag = torch.tensor([local], dtype=torch.float64)
@@ -275,6 +292,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
     def clip_grad_norm_(self, max_norm: float) -> float:
         """torch.nn.utils.clip_grad_norm_ over the sharded gradients: the global 2-norm from
         every rank's sum of squares, then each shard scaled by the same factor."""
+        self.synchronize()  # once per step: a script may clip right after backward
         if self._stage == 1:  # the whole averaged gradients are here: torch's own, on every rank alike
             params = [p for group in self.param_groups for p in group["params"]]  # type: ignore[attr-defined]
             return float(nn.utils.clip_grad_norm_(params, max_norm))
