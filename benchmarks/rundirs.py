@@ -33,8 +33,12 @@ def newest_shared_state(run_dir: Path) -> dict[str, Any]:
 
 
 def state_hash(run_dir: Path) -> str:
-    state = newest_shared_state(run_dir)
-    model = state["model"] if "model" in state else state["state"]["model"]  # the built-in loop's, or a run handle's
+    """A digest of the newest checkpoint's model weights (consolidated where the ranks saved rows)."""
+    from trainers.export import checkpoint_weights
+
+    newest = sorted((run_dir / "checkpoints").glob(f"{STEP_PREFIX}*"))[-1]
+    state = load_tensor_file(newest / SHARED)
+    model = checkpoint_weights(newest, state)[1] if "handle" not in state else state["state"]["model"]  # the built-in loop's, or a run handle's
     digest = hashlib.sha256()
     for name, tensor in sorted(model.items()):
         digest.update(name.encode() + tensor.numpy().tobytes())

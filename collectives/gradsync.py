@@ -151,6 +151,12 @@ class ZeroSync(MpiSync):
 
 
 def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> GradientSync:
+    if cfg.sharding == "full":
+        if cfg.backend not in ("gloo", "nccl"):
+            raise ValueError(f"comm.sharding=full runs FSDP2 on torch.distributed: comm=gloo or comm=nccl, not comm={cfg.backend}")
+        from collectives.fsdp import FsdpSync
+
+        return FsdpSync(model, optimizer, comm)
     if cfg.sharding != "none" and cfg.backend != "mpi":
         raise ValueError(f"comm.sharding={cfg.sharding} runs on comm=mpi; comm={cfg.backend} trains replicated (comm.sharding=none)")
     if cfg.sharding in ("optimizer", "gradients"):

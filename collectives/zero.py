@@ -370,14 +370,14 @@ def pieces_of_replicated(state: dict[Any, dict[str, Any]], sizes: dict[int, int]
     return {"pieces": pieces}
 
 
-def fill_pieces(targets: dict[int, tuple[int, int]], sources: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def fill_pieces(targets: dict[Any, tuple[int, int]], sources: Iterable[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     """The state of each target piece (parameter index -> element range) from saved pieces, one
     source (a rank's shard) at a time so only one is in memory. Raises when a range is not covered."""
-    states: dict[int, dict[str, Any]] = {}
-    covered: dict[tuple[int, str], int] = {}
+    states: dict[Any, dict[str, Any]] = {}
+    covered: dict[tuple[Any, str], int] = {}
     for source in sources:
         for saved in source.get("pieces", []):
-            index = int(saved["index"])
+            index = saved["index"]  # a parameter's number (optimizer state) or name (model state)
             if index not in targets:
                 continue
             start, stop = targets[index]

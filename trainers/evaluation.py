@@ -19,14 +19,25 @@ def average_buffers(comm: Collectives, model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def evaluate(task: Task, model: nn.Module, data: MapDataset, comm: Collectives, batch_size: int, device: torch.device) -> dict[str, float]:
+def evaluate(
+    task: Task, model: nn.Module, data: MapDataset, comm: Collectives, batch_size: int, device: torch.device, lockstep: bool = False
+) -> dict[str, float]:
     """The task's evaluation over every rank's shard: "loss" and each metric, as means per sample
-    over all ranks (the same on every rank)."""
+    over all ranks (the same on every rank). `lockstep`: a model whose forward communicates
+    (FSDP) runs the same number of forwards on every rank."""
     model.eval()
     indices = eval_shard(len(data), comm.rank, comm.world_size)
     loss, count = 0.0, 0
     sums: dict[str, float] = {}
-    for lo in range(0, len(indices), batch_size):
+    starts = list(range(0, len(indices), batch_size))
+    if lockstep:  # every rank runs as many forwards as the one with the most batches (their collectives pair up)
+        most = torch.tensor([float(len(starts))], dtype=torch.float64)
+        comm.allreduce_(most, op="max")
+        starts += [-1] * (int(most[0]) - len(starts))
+    for lo in starts:
+        if lo < 0:  # a forward whose result is not counted: the first batch again
+            task.eval_step(model, task.batch(read_items(data, indices[:batch_size]), device))
+            continue
         out = task.eval_step(model, task.batch(read_items(data, indices[lo : lo + batch_size]), device))
         loss, count = loss + float(out.loss) * out.count, count + out.count
         for name, value in out.sums.items():

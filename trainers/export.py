@@ -140,11 +140,24 @@ def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str
     return modules[0], dict(registered[modules[0]])
 
 
+def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | None = None) -> tuple[str, dict[str, torch.Tensor]]:
+    """A committed checkpoint's model weights, whole: with comm.sharding=full consolidated from
+    the rows every rank saved (read one file at a time)."""
+    name, weights = model_state(shared, state)
+    if shared.get("model_sharded"):
+        from collectives.fsdp import full_model_state
+
+        ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in sorted(directory.glob("rank-*.ckpt")))
+        shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
+        weights = {**weights, **full_model_state(ranks, shapes)}
+    return name, weights
+
+
 def export(run_dir: Path, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
     """Write the chosen checkpoint's model as safetensors; what was written (for the summary line)."""
     directory = chosen_checkpoint(run_dir, step, best)
     shared = load_tensor_file(directory / SHARED)
-    name, weights = model_state(shared, state)
+    name, weights = checkpoint_weights(directory, shared, state)
     description = {key: value for key, value in shared.get("model_config", {}).items()}
     metadata = {
         "format": "pt",

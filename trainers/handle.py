@@ -33,7 +33,8 @@ from trainers.preemption import StopFlag
 from trainers.recovery import newest_agreed
 from trainers.reporting import StepReporter
 from trainers.saving import SaveCoordinator
-from trainers.state import check_compatible, restore_optimizer, restore_rng, rng_state
+from trainers.shards import restore_optimizer
+from trainers.state import check_compatible, restore_rng, rng_state
 from trainers.task import TaskError
 
 log = logging.getLogger("trainers")
@@ -68,6 +69,11 @@ def unwrapped(obj: Any) -> Any:
 
 def not_plain(obj: Any, where: str) -> str | None:
     """Where `obj` holds something a checkpoint cannot keep without pickling (None: nothing)."""
+    if isinstance(obj, torch.Tensor) and type(obj).__name__ == "DTensor":
+        return (
+            f"{where} is a DTensor (FSDP2's sharded tensor), which the run handle does not save yet; "
+            "shard with run.sync_gradients(model, optimizer, sharding='gradients') or train with launch.py's comm.sharding=full"
+        )
     if isinstance(obj, torch.Tensor) or type(obj) in PLAIN_TYPES:
         return None
     if type(obj) is dict or type(obj).__name__ == "OrderedDict":

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives, broadcast_module
+from collectives.fsdp import shard_model
 from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers import metricnames, rngstreams
 from trainers.boundary import StepBoundary, StepVote
@@ -36,7 +37,8 @@ from trainers.reporting import PHASES
 from trainers.run import FitConfig, RunContext
 from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
-from trainers.state import Progress, own_state, rng_state, shared_state
+from trainers.shards import own_state
+from trainers.state import Progress, rng_state, shared_state
 from trainers.stragglers import StragglerWatch
 from trainers.task import MapDataset, Place, StepOutput, Task, TaskError, pin, read_items
 
@@ -403,7 +405,9 @@ class Loop:
         """The validation split's figures (or `data`'s), the same on every rank."""
         self.run.stop.phase = "evaluation"
         average_buffers(self.comm, self.model)
-        return self.task.summarize(evaluate(self.task, self.model, self.val if data is None else data, self.comm, self.cfg.data.eval_batch_size, self.device))
+        data = self.val if data is None else data
+        lockstep = self.cfg.comm.sharding == "full"
+        return self.task.summarize(evaluate(self.task, self.model, data, self.comm, self.cfg.data.eval_batch_size, self.device, lockstep))
 
     def test_once(self) -> dict[str, float]:
         """The held-out test split's figures, for a run whose training is complete ({} without one)."""
@@ -419,7 +423,7 @@ class Loop:
         self.boundary.save(
             self.progress.step,
             lambda: shared_state(self.model, self.optimizer, self.schedule, self.progress, self.model_config, self.run.config_text, self.scaler),
-            lambda: {"rng": rng_state(), **own_state(self.optimizer)},
+            lambda: {"rng": rng_state(), **own_state(self.model, self.optimizer)},
             synchronous,
             later=self.stepped_tensors(),
         )
@@ -468,6 +472,8 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
     if cfg.trainer.activation_checkpointing:
         recompute_in_backward(task.checkpointed_modules(model))
     broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
+    if cfg.comm.sharding == "full":  # before the optimizer: FSDP2 replaces the parameters with their shards
+        model = shard_model(model, sharding_units(task, model))
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
     global_batch = accumulation * cfg.data.batch_size * comm.world_size
     optimizer = build_optimizer(cfg.optim, task.param_groups(model), scaled_lr(cfg.optim, global_batch))
@@ -540,6 +546,15 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
         metrics=metrics or MetricsWriter(None),
         train_module=train_module,
     )
+
+
+def sharding_units(task: Task, model: nn.Module) -> list[nn.Module]:
+    """What comm.sharding=full shards one by one: the task's checkpointed_modules (a transformer's
+    blocks) where it names them; else the model as one unit."""
+    try:
+        return list(task.checkpointed_modules(model) or [])
+    except TaskError:
+        return []
 
 
 def compiled(module: nn.Module, backend: str) -> nn.Module:

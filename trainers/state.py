@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -11,10 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from collectives.zero import ShardingError, full_state, is_sharded
 from trainers.checkpoint import CheckpointError
-
-ShardSources = Callable[[], Iterable[dict[str, Any]]]  # every saved rank's file (or its optimizer shard), read one at a time
+from trainers.shards import RankFiles, fsdp_sharded, model_entry, optimizer_is_sharded, restore_model, restore_optimizer
 
 
 @dataclass
@@ -71,9 +68,11 @@ def shared_state(
     return {
         "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else {},
         "config": config_text,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),  # sharded (comm.sharding): the param groups; the state is in the ranks' files
-        "optimizer_sharded": is_sharded(optimizer),
+        "model": model_entry(model),  # comm.sharding=full: the buffers; the parameters' rows are in the ranks' files
+        "model_sharded": fsdp_sharded(model),
+        "model_shapes": {name: list(value.shape) for name, value in model.state_dict().items()} if fsdp_sharded(model) else {},
+        "optimizer": optimizer.state_dict() if not optimizer_is_sharded(optimizer) else {**optimizer.state_dict(), "state": {}},
+        "optimizer_sharded": optimizer_is_sharded(optimizer),  # then the state is in the ranks' files
         "schedule": schedule.state_dict(),
         "progress": asdict(progress),
         "model_config": model_config,
@@ -96,38 +95,6 @@ def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int
             )
 
 
-def own_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """What a rank saves of the optimizer in its own file: its shard when sharded."""
-    return {"optimizer_shard": optimizer.shard_state()} if is_sharded(optimizer) else {}  # type: ignore[attr-defined]
-
-
-def restore_optimizer(
-    optimizer: torch.optim.Optimizer, saved: dict[str, Any], was_sharded: bool, mine: dict[str, Any] | None, shards: ShardSources | None, step: int
-) -> None:
-    """The optimizer's state from a checkpoint of any sharding and world size: a replicated
-    state into a replicated optimizer or into shards; saved shards (`mine`: this rank's, used
-    when it holds exactly the pieces this rank owns now; `shards`: every rank's, read one at a
-    time) into shards, or assembled into a replicated optimizer."""
-    try:
-        if not was_sharded:
-            optimizer.load_state_dict(saved)  # a sharded optimizer takes its pieces of it
-            return
-        sources: Iterable[dict[str, Any]]
-        if mine is not None and is_sharded(optimizer) and optimizer.owns_exactly(mine):  # type: ignore[attr-defined]
-            sources = [mine]
-        elif shards is not None:
-            sources = shards()
-        else:
-            raise ShardingError("its optimizer state is sharded over the ranks' files, which were not given")
-        if is_sharded(optimizer):
-            optimizer.load_state_dict(saved)
-            optimizer.load_shard_state(sources)  # type: ignore[attr-defined]
-        else:
-            optimizer.load_state_dict({**saved, "state": full_state(optimizer, sources)})
-    except (ShardingError, ValueError, KeyError) as err:
-        raise CheckpointError(f"checkpoint step {step}: the optimizer state does not load: {err}") from None
-
-
 def restore(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -136,13 +103,14 @@ def restore(
     shared: dict[str, Any],
     scaler: Any = None,
     own: dict[str, Any] | None = None,
-    shards: ShardSources | None = None,
+    ranks: RankFiles | None = None,
 ) -> Progress:
     """The state of checkpoint `step`: `shared` (rank 0's), this rank's `own` file (None when the
-    world size changed) and, for a sharded optimizer state, every rank's files (`shards`)."""
-    check_compatible(model, shared["model"], step)
-    model.load_state_dict(shared["model"])
-    own_shards = (lambda: (rank.get("optimizer_shard", {}) for rank in shards())) if shards is not None else None
+    world size changed) and, for sharded state, every rank's files (`ranks`, read one at a time)."""
+    if not fsdp_sharded(model) and not shared.get("model_sharded"):
+        check_compatible(model, shared["model"], step)
+    restore_model(model, shared, own, ranks, step)
+    own_shards = (lambda: (rank.get("optimizer_shard", {}) for rank in ranks())) if ranks is not None else None
     restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), (own or {}).get("optimizer_shard"), own_shards, step)
     schedule.load_state_dict(shared["schedule"])
     if scaler is not None and scaler.is_enabled() and shared.get("scaler"):

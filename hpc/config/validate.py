@@ -243,12 +243,16 @@ def check_sharding(job: JobConfig) -> None:
         return
     backend = "nccl" if comm.backend == "auto" and job.resources.gpus_per_task > 0 else "mpi" if comm.backend == "auto" else comm.backend
     if sharding == "full":
-        raise UserError(
-            "comm.sharding=full (parameters sharded too, FSDP2) is not offered yet; comm=mpi shards the optimizer state "
-            "(comm.sharding=optimizer) and the gradients too (comm.sharding=gradients)"
-        )
+        if backend not in ("gloo", "nccl"):
+            raise UserError(f"comm.sharding=full runs FSDP2 on torch.distributed: use comm=gloo (CPUs) or comm=nccl (GPUs), not comm={backend}")
+        if job.trainer.compile:
+            raise UserError("comm.sharding=full with trainer.compile=true is not offered; set trainer.compile=false")
+        return
     if backend != "mpi":
-        raise UserError(f"comm.sharding={sharding} runs on the toolkit's engine: use comm=mpi (comm={backend} trains replicated, comm.sharding=none)")
+        raise UserError(
+            f"comm.sharding={sharding} runs on the toolkit's engine: use comm=mpi (comm={backend} trains replicated, comm.sharding=none; "
+            "comm.sharding=full shards on gloo and nccl)"
+        )
     if sharding == "gradients" and comm.compression != "none":
         raise UserError(
             f"comm.sharding=gradients reduce-scatters uncompressed gradients; set comm.compression=none (or comm.sharding=optimizer to keep {comm.compression})"

@@ -70,7 +70,12 @@ def digits_shards(directory: Path) -> str:
 # The built-in task on the built-in file with the prefetch thread is not a case of its own (45 s):
 # the sharded case trains the built-in task, the thread's batches equal the workers' bit for bit
 # (tests/unit/test_fit_in_process.py), and the real preemption on Slurm resumes it.
-@pytest.mark.parametrize("job", [USER_JOB, SHARDED_JOB], ids=["user-task-workers", "sharded-workers-augmented"])
+# FSDP2 (comm.sharding=full on gloo): parameters, gradients and optimizer state in rows over the
+# ranks, each rank's rows saved in its own file and read back by the resumed run.
+FSDP_JOB = [*USER_JOB, "comm=gloo", "comm.sharding=full"]
+
+
+@pytest.mark.parametrize("job", [USER_JOB, SHARDED_JOB, FSDP_JOB], ids=["user-task-workers", "sharded-workers-augmented", "user-task-fsdp2"])
 def test_signal_stops_resume_bit_exactly(tmp_path, job):
     env = fixtures_env()
     if job is SHARDED_JOB:
@@ -97,7 +102,7 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
     # data's position and per-rank streams are proven by one exact resume (every further stop
     # costs a start of every rank: 30-40 s on the test machine; SIGUSR1, Slurm's, stops the
     # Slurm tests and the run handle's).
-    later = ((23, signal.SIGTERM),) if job is USER_JOB else ()
+    later = ((23, signal.SIGTERM),) if job is USER_JOB else ()  # FSDP2's case: one stop
     for after, sig in later:
         assert run_until_signalled(command, env, run_dir, after, sig) == EXIT_RESUMABLE
         result = json.loads((run_dir / "result.json").read_text())
@@ -107,7 +112,7 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
     assert final.returncode == 0, final.stderr
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["resumed_from"] == stops[-1] and result["finished"] is True
-    assert ("accuracy" in result["val_metrics"]) == (job is not USER_JOB)  # the task's own metrics only: a regression has no accuracy
+    assert ("accuracy" in result["val_metrics"]) == (job is SHARDED_JOB)  # the task's own metrics only: a regression has no accuracy
     reference_result = json.loads((ref_dir / "result.json").read_text())
     assert result["test_metrics"] == reference_result["test_metrics"] and bool(result["test_metrics"]) == any(a.startswith("data.path=") for a in job)
 
@@ -121,7 +126,7 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
         return [(m["epoch"], m["step"], m["loss"], *(v for k, v in sorted(m.items()) if k.startswith("val_"))) for m in rows]
 
     assert strip(metrics) == strip(ref_metrics)
-    if job is USER_JOB:  # the random streams too: each batch's, read on the workers, and each rank's own
+    if job is not SHARDED_JOB:  # the random streams too: each batch's, read on the workers, and each rank's own
         draws = [{k: v for k, v in row.items() if k.endswith(("_noise", "_draw"))} for row in logged_rows(run_dir)]
         assert draws == [{k: v for k, v in row.items() if k.endswith(("_noise", "_draw"))} for row in logged_rows(ref_dir)]
         assert all(row["rank0_draw"] != row["rank1_draw"] for row in draws)  # every rank its own stream

@@ -22,6 +22,7 @@ from trainers.checkpoint import load_tensor_file
 from trainers.config import DataConfig, ModelConfig
 from trainers.data import H5Split
 from trainers.datasets import inspect_hdf5, resolve_data_path
+from trainers.export import checkpoint_weights
 from trainers.layout import SHARED, step_dir_name
 from trainers.models import build_model
 from trainers.sampler import ShardSampler
@@ -68,7 +69,8 @@ def loss_on_window(run_dir: Path, step: int, epoch: int, start: int, size: int) 
     data = resolve_data_path(DataConfig())
     info = inspect_hdf5(data, DataConfig())
     model = build_model(ModelConfig(hidden_sizes=[512, 512]), info.input_shape, info.num_classes)
-    model.load_state_dict(load_tensor_file(run_dir / "checkpoints" / step_dir_name(step) / SHARED)["model"])
+    directory = run_dir / "checkpoints" / step_dir_name(step)
+    model.load_state_dict(checkpoint_weights(directory, load_tensor_file(directory / SHARED))[1])  # consolidated from the ranks' rows (FSDP)
     order = ShardSampler(info.num_train, BATCH, 0, 1, SEED).epoch_order(epoch)
     train = H5Split(data, "train/x", "train/y")
     try:
@@ -85,9 +87,9 @@ def logged_loss(run_dir: Path, step: int) -> float:
     return loss
 
 
-def first_stop(tmp_path: Path) -> Path:
+def first_stop(tmp_path: Path, sharding: list[str]) -> Path:
     """Start the run on 2 ranks through launch.py and stop it with SIGTERM after a few steps."""
-    launched = start_launch(*JOB, cwd=tmp_path)
+    launched = start_launch(*JOB, *sharding, cwd=tmp_path)
     run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 3, "3 steps")
     for pid in rank_pids(run_dir):
         os.kill(pid, signal.SIGTERM)
@@ -122,8 +124,12 @@ def check_continues(run_dir: Path, resumed: int, ranks: int, stopped: int) -> No
     assert (after["epoch"], after["position"]) == advance(epoch, position, stopped - resumed, ranks)
 
 
-def test_a_run_resumes_on_more_and_on_fewer_ranks_at_the_exact_data_position(tmp_path):
-    run_dir = first_stop(tmp_path)  # 2 ranks
+# Replicated on our engine, and FSDP2 on gloo (comm.sharding=full): each rank's checkpoint file
+# then holds its rows of every parameter and of the optimizer state, which 3 ranks read back as
+# their own rows, and 2 ranks again.
+@pytest.mark.parametrize("sharding", [[], ["comm=gloo", "comm.sharding=full"]], ids=["replicated", "fsdp2"])
+def test_a_run_resumes_on_more_and_on_fewer_ranks_at_the_exact_data_position(tmp_path, sharding):
+    run_dir = first_stop(tmp_path, sharding)  # 2 ranks
     stopped = json.loads((run_dir / "result.json").read_text())["steps"]
     first = progress_at(run_dir, stopped)
     assert (first["epoch"], first["position"]) == advance(1, 0, stopped, ranks=2)

@@ -1,0 +1,205 @@
+"""comm.sharding=full on torch.distributed (gloo, nccl): FSDP2, torch's `fully_shard`, applied per
+block and at the root, so parameters, gradients and optimizer state are all split over the ranks
+(each parameter by rows, dimension 0) and whole parameters exist only while a block computes.
+
+The shards are saved as pieces (collectives/zero.py's form): a parameter's local rows are the
+element range [first row * row size, end row * row size) of its flat view, so a checkpoint
+reshards to another world size, or to and from replicated and ZeRO runs, by the same
+`fill_pieces`. Only public torch APIs: `fully_shard`, `FSDPModule.set_requires_gradient_sync`,
+`DTensor.to_local` / `DTensor.from_local`, `device_mesh`, `placements`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from collectives.base import Collectives
+from collectives.zero import ShardingError, fill_pieces
+
+
+def is_distributed_tensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def local_of(value: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor; a plain tensor as it is."""
+    return value.to_local() if is_distributed_tensor(value) else value  # type: ignore[attr-defined]
+
+
+def shard_model(model: nn.Module, blocks: Iterable[nn.Module]) -> nn.Module:
+    """fully_shard each block (its parameters gathered only while it runs), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        if block is not model:
+            fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def row_range(value: Any) -> tuple[int, int]:
+    """The rows [start, stop) of a dim-0-sharded DTensor this rank holds (torch.chunk's split)."""
+    from torch.distributed.tensor import Shard
+
+    placements = value.placements
+    if len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
+        raise ShardingError(f"a parameter sharded as {placements}; the checkpoint format expects rows (Shard(0)) on one mesh dimension")
+    mesh = value.device_mesh
+    rows, world, rank = value.shape[0] if value.dim() else 1, mesh.size(), mesh.get_local_rank()
+    chunk = -(-rows // world)
+    start = min(rank * chunk, rows)
+    stop = min(start + chunk, rows)
+    local_rows = value.to_local().shape[0] if value.dim() else 1
+    if local_rows != stop - start:
+        raise ShardingError(f"this rank holds {local_rows} rows of {rows}, not rows {start}..{stop} as torch.chunk splits them")
+    return start, stop
+
+
+def element_range(value: Any) -> tuple[int, int]:
+    start, stop = row_range(value)
+    row = value.numel() // max(value.shape[0], 1) if value.dim() else 1
+    return start * row, stop * row
+
+
+def local_pieces(state: dict[Any, Any]) -> list[dict[str, Any]]:
+    """The DTensors of {key: tensor} as this rank's pieces (whole tensors are left out)."""
+    pieces = []
+    for key, value in state.items():
+        if is_distributed_tensor(value):
+            start, stop = element_range(value)
+            local = value.to_local().detach().reshape(-1)
+            pieces.append({"index": key, "start": start, "stop": stop, "shape": list(value.shape), "ranged": {"value": local}, "whole": {}})
+    return pieces
+
+
+def model_shard_state(model: nn.Module) -> dict[str, Any]:
+    """This rank's rows of every sharded parameter, by name."""
+    return {"pieces": local_pieces(dict(model.state_dict()))}
+
+
+def model_ranges(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Every sharded parameter's element range on this rank, by name."""
+    return {name: element_range(value) for name, value in model.state_dict().items() if is_distributed_tensor(value)}
+
+
+def whole_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's entries that are not sharded (buffers): rank 0 saves them in shared.ckpt."""
+    return {name: value for name, value in model.state_dict().items() if not is_distributed_tensor(value)}
+
+
+def load_model_shards(model: nn.Module, whole: dict[str, torch.Tensor], sources: Iterable[dict[str, Any]]) -> None:
+    """Fill this rank's rows of every sharded parameter from saved pieces (any world size, or a
+    replicated checkpoint given as one whole piece per name), and the whole entries."""
+    state = model.state_dict()
+    targets = model_ranges(model)
+    filled = fill_pieces(targets, sources)
+    missing = sorted(set(targets) - set(filled))
+    if missing:
+        raise ShardingError(f"the checkpoint has no {missing[0]!r}")
+    with torch.no_grad():
+        for name, value in state.items():
+            if name in filled:
+                value.to_local().copy_(filled[name]["value"].view_as(value.to_local()))
+            elif name in whole:
+                value.copy_(whole[name])
+
+
+def pieces_of_whole_model(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A replicated checkpoint's model state as one source of whole pieces, by name."""
+    return {"pieces": [{"index": name, "start": 0, "stop": t.numel(), "ranged": {"value": t.reshape(-1)}, "whole": {}} for name, t in state.items()]}
+
+
+def full_model_state(sources: Iterable[dict[str, Any]], shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """The whole parameters assembled from every rank's pieces (consolidation, export)."""
+    filled = fill_pieces({name: (0, _numel(shape)) for name, shape in shapes.items()}, sources)
+    return {name: filled[name]["value"].view(shapes[name]) for name in shapes if name in filled}
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for size in shape:
+        n *= int(size)
+    return n
+
+
+def optimizer_shard_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state of this rank's rows, as ZeRO's pieces (parameter index, range)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    pieces = []
+    for index, p in enumerate(params):
+        state = optimizer.state.get(p)
+        if not state:
+            continue
+        start, stop = element_range(p)
+        ranged = {k: v.to_local().detach().reshape(-1) for k, v in state.items() if is_distributed_tensor(v) and v.shape == p.shape}
+        whole = {k: v for k, v in state.items() if k not in ranged and not is_distributed_tensor(v)}
+        pieces.append({"index": index, "start": start, "stop": stop, "ranged": ranged, "whole": whole})
+    return {"pieces": pieces, "layout": "fsdp"}  # only parameters with state: not a complete list of this rank's rows
+
+
+def load_optimizer_shards(optimizer: torch.optim.Optimizer, sources: Iterable[dict[str, Any]]) -> None:
+    """This rank's rows of the optimizer state from saved pieces, as DTensors shaped like the parameters."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    filled = fill_pieces({i: element_range(p) for i, p in enumerate(params)}, sources)
+    for index, state in filled.items():
+        p = params[index]
+        local_shape = p.to_local().shape
+        optimizer.state[p] = {
+            k: DTensor.from_local(v.view(local_shape).to(p.device), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+            if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.numel() == p.to_local().numel()
+            else v
+            for k, v in state.items()
+        }
+
+
+class FsdpSync:
+    """The GradientSync of comm.sharding=full: FSDP2 reduce-scatters gradients inside backward."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            raise ShardingError("comm.sharding=full: the model must be sharded (shard_model) before its optimizer is built")
+        self.module = model
+        self.optimizer = optimizer
+        self._comm = comm
+
+    @property
+    def comm_wait_s(self) -> float:
+        return 0.0  # inside backward
+
+    @contextlib.contextmanager
+    def micro_step(self, last: bool) -> Iterator[None]:
+        self.module.set_requires_gradient_sync(last)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
+
+    def synchronize(self) -> None:
+        pass  # FSDP2 has reduce-scattered the gradients by the end of backward
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def grads_finite(self, model: nn.Module) -> bool:
+        local = [local_of(p.grad) for p in model.parameters() if p.grad is not None]
+        flag = torch.tensor([float(all(bool(torch.isfinite(g).all()) for g in local))], dtype=torch.float64)
+        self._comm.allreduce_(flag, op="min")
+        return bool(flag[0] > 0)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # DTensor gradients: the norm over every rank's rows
+        return float(norm.full_tensor() if is_distributed_tensor(norm) else norm)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        pass
