@@ -385,11 +385,11 @@ def fill_pieces(targets: dict[Any, tuple[int, int]], sources: Iterable[dict[str,
             state = states.setdefault(index, {})
             for key, value in saved["whole"].items():
                 state.setdefault(key, value.clone() if isinstance(value, torch.Tensor) else value)
-            if hi <= lo:
-                continue
             for key, value in saved["ranged"].items():
-                if key not in state:
+                if key not in state:  # also where this piece adds nothing: a target with no elements still gets its keys
                     state[key] = torch.zeros(stop - start, dtype=value.dtype)
+                if hi <= lo:
+                    continue
                 state[key][lo - start : hi - start].copy_(value[lo - int(saved["start"]) : hi - int(saved["start"])])
                 covered[index, key] = covered.get((index, key), 0) + hi - lo
     for index, state in states.items():
@@ -397,7 +397,7 @@ def fill_pieces(targets: dict[Any, tuple[int, int]], sources: Iterable[dict[str,
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.numel() == stop - start and covered.get((index, key), 0) != stop - start:
                 raise ShardingError(
-                    f"the checkpoint's optimizer state covers {covered.get((index, key), 0)} of elements {start}..{stop} of parameter {index} ({key}); "
+                    f"the checkpoint's shards cover {covered.get((index, key), 0)} of elements {start}..{stop} of parameter {index!r} ({key}); "
                     "its shards are incomplete or of another model"
                 )
     return states

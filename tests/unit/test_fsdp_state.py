@@ -91,7 +91,7 @@ def test_a_truncated_shard_is_named(one_rank: None) -> None:
     first["stop"] -= 1
     first["ranged"]["value"] = first["ranged"]["value"][:-1]
     fresh, _ = build(sharded=True)
-    with pytest.raises(ValueError, match=f"covers .* of parameter {first['index']}"):
+    with pytest.raises(ValueError, match=f"cover .* of parameter {first['index']!r}"):
         fsdp.load_model_shards(fresh, fsdp.whole_model_state(model), [pieces])
 
 
