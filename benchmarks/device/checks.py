@@ -308,6 +308,7 @@ def memory(mode: str, scratch: Path, report: Report) -> None:
         for variant in ("replicated", "fsdp2"):
             torch.manual_seed(0)
             if gpu:
+                torch.zeros(1, device=device)  # the allocator exists: resetting its statistics before that fails
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
             base = allocated()
