@@ -36,7 +36,7 @@ BUDGET_S = {
     "resnet50": 120,
     "lm": 75,
     "resume": 100,
-    "handle": 40,
+    "handle": 60,
     "allreduce": 100,
     "scaling": 110,
     "loader": 45,
