@@ -224,7 +224,9 @@ def write(args: argparse.Namespace, rows: list[tuple[int, str, int, float, float
         f"## Sharded data parallel on our engine: memory per rank and step rate ({date.today().isoformat()})",
         "",
         f"`python -m benchmarks.sharding --ranks {' '.join(map(str, args.ranks))} --layers {args.layers} --width {args.width} "
-        f"--steps {args.steps} --repeats {args.repeats} --mmap-threshold {args.mmap_threshold}` on {platform.node() or 'this machine'} ({os.cpu_count()} cores), mpirun ranks, "
+        f"--steps {args.steps} --repeats {args.repeats} --mmap-threshold {args.mmap_threshold}"
+        + (f" --limit-demo-mib {args.limit_demo_mib:.0f}" if args.limit_demo_mib else "")
+        + f"` on {platform.node() or 'this machine'} ({os.cpu_count()} cores), mpirun ranks, "
         "a GPT with AdamW (fp32), one 32-token sequence per rank, modes interleaved. *Held*: the rank's peak resident set minus "
         "its resident set before the model was built (max over ranks and repeats); theory: ZeRO paper table 1 for fp32 AdamW.",
         "",
