@@ -109,6 +109,26 @@ def layout(params: list[nn.Parameter], index_of: dict[nn.Parameter, int], bucket
     return buckets
 
 
+class BufferRing:
+    """IN_FLIGHT + 1 flat buffers per dtype, used in turn and kept between steps: a packed bucket
+    waits in one while at most IN_FLIGHT others are on the wire, and no step allocates (an
+    allocation of a bucket's size costs page faults every time where the allocator maps it)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._next: dict[torch.dtype, int] = {}
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        ring = self._buffers.setdefault(dtype, [])
+        turn = self._next.get(dtype, 0)
+        self._next[dtype] = (turn + 1) % (IN_FLIGHT + 1)
+        if turn == len(ring):
+            ring.append(torch.empty(numel, dtype=dtype))
+        if ring[turn].numel() < numel:
+            ring[turn] = torch.empty(numel, dtype=dtype)
+        return ring[turn][:numel]
+
+
 class _ZeroOptimizer(_DistributedOptimizer):
     """Mixed into the user's optimizer class (shard_optimizer): its param groups (the schedule's,
     the grad scaler's) stay the whole parameters; its `state` stays empty; the inner optimizer
@@ -147,6 +167,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
             self._hooks = [p.register_post_accumulate_grad_hook(self._shard_grad_ready) for p in own] if cfg.overlap else []
             self._reset_shard_step()
         self._inner = self._make_inner()
+        self._send_ring, self._gather_ring = BufferRing(), BufferRing()
         self._hooks.append(self.register_step_pre_hook(lambda optimizer, args, kwargs: optimizer._step_shards(args, kwargs)))  # type: ignore[attr-defined]
         self._hooks.append(self.register_step_post_hook(lambda optimizer, args, kwargs: setattr(optimizer, "_synchronized", False)))  # type: ignore[attr-defined]
 
@@ -195,11 +216,15 @@ class _ZeroOptimizer(_DistributedOptimizer):
             bucket = self._zero_buckets[self._next_bucket]
             if not everything and id(bucket) not in self._complete:
                 return
-            send = torch.zeros(bucket.chunk * world, dtype=bucket.dtype)
+            send = self._send_ring.take(bucket.chunk * world, bucket.dtype)
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
-                if p.grad is not None:
-                    torch.mul(p.grad.reshape(-1), 1.0 / world, out=send[offset : offset + p.numel()])  # pre-averaged: the sum is the mean
+                part = send[offset : offset + p.numel()]
+                if p.grad is None:
+                    part.zero_()
+                else:
+                    torch.mul(p.grad.reshape(-1), 1.0 / world, out=part)  # pre-averaged: the sum is the mean
                     p.grad = None
+            send[bucket.offsets[-1] + bucket.params[-1].numel() :].zero_()  # the padding
             bucket.handle = self._comm.reduce_scatter_async(send)
             self._in_flight.append(bucket)
             self._next_bucket += 1
@@ -256,7 +281,8 @@ class _ZeroOptimizer(_DistributedOptimizer):
             return
         pending: list[tuple[ShardBucket, Any]] = []
         for bucket in self._zero_buckets:
-            send = torch.zeros(bucket.chunk, dtype=bucket.dtype)
+            send = self._gather_ring.take(bucket.chunk, bucket.dtype)
+            send.zero_()  # where this rank owns less than its slice (the padding, a model smaller than the world)
             for piece in bucket.pieces:
                 send[piece.shard_offset : piece.shard_offset + piece.stop - piece.start].copy_(piece.view.detach())
             pending.append((bucket, self._comm.allgather_async(send)))

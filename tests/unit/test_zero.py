@@ -196,21 +196,21 @@ def test_a_model_smaller_than_the_world_still_trains() -> None:
 # --- the built-in loop (fit) with sharded state and sharded checkpoints, on thread ranks ----------
 
 
-def fit_config(sharding: str, max_steps: int) -> FitConfig:
+def fit_config(sharding: str, max_steps: int, **trainer: object) -> FitConfig:
     return FitConfig(
         model=ModelConfig(hidden_sizes=[32, 16]),  # no dropout: thread ranks share torch's global RNG
         data=DataConfig(batch_size=32),
         optim=OptimConfig(name="adamw", lr=0.01),
-        trainer=dataclasses.replace(TrainerConfig(), epochs=1, max_steps=max_steps, watchdog_s=None, clip_grad_norm=0.5),
+        trainer=dataclasses.replace(TrainerConfig(), epochs=1, max_steps=max_steps, watchdog_s=None, clip_grad_norm=0.5, **trainer),
         comm=CommConfig(bucket_mb=0.002, sharding=sharding),  # small buckets: parameters split between ranks
         checkpoint=CheckpointConfig(every_steps=2, every_minutes=None, keep=3),
     )
 
 
-def fit_ranks(run_dir: Path, ranks: int, sharding: str, stop_at: int | None = None) -> list[float]:
+def fit_ranks(run_dir: Path, ranks: int, sharding: str, stop_at: int | None = None, **trainer: object) -> list[float]:
     """fit() on thread ranks to step 6, stopped (as by a signal) after `stop_at`; the per-step
     losses of the whole run dir so far."""
-    cfg = fit_config(sharding, 6)
+    cfg = fit_config(sharding, 6, **trainer)
     ThreadWorld(ranks).run(lambda comm: fit_in_process(run_dir, builtin_task(cfg), cfg, comm, stop_at=stop_at))
     return [loss for _, loss in sorted(step_losses(run_dir).items())]
 
@@ -244,3 +244,11 @@ def test_fit_switches_between_replicated_and_sharded_checkpoints(tmp_path: Path)
     fit_ranks(tmp_path / "plain", 3, "none", stop_at=4)
     plain = fit_ranks(tmp_path / "plain", 2, "none")
     assert switched == pytest.approx(plain, rel=1e-4, abs=1e-6)
+
+
+def test_fit_sharded_with_bf16_autocast_and_accumulation_trains_as_replicated(tmp_path: Path) -> None:
+    features = {"precision": "bf16", "accumulation_steps": 2}
+    sharded = fit_ranks(tmp_path / "sharded", 2, "gradients", **features)
+    replicated = fit_ranks(tmp_path / "replicated", 2, "none", **features)
+    assert len(sharded) == 6 and sharded == pytest.approx(replicated, rel=2e-3)
+    assert sharded != fit_ranks(tmp_path / "fp32", 2, "gradients")  # bf16 autocast did run
