@@ -81,7 +81,7 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
 
 def wait_as_the_trainer_does(model: torch.nn.Module, loss: torch.Tensor) -> None:
     """The trainer's two waits for the device between backward and the optimizer step."""
-    from collectives.gradsync import grads_finite
+    from collectives.replicated import grads_finite
 
     loss.item()
     grads_finite(model)

@@ -171,7 +171,7 @@ def theory_bytes(mode: str, ranks: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sharding", description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--mode", default="none")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])

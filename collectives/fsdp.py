@@ -12,6 +12,7 @@ reshards to another world size, or to and from replicated and ZeRO runs, by the 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ from collectives.zero import ShardingError, fill_pieces
 
 
 def is_distributed_tensor(value: Any) -> bool:
+    if type(value).__name__ != "DTensor":  # no torch.distributed import for the plain values of every state dict
+        return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(value, DTensor)
@@ -203,3 +206,82 @@ class FsdpSync:
 
     def close(self) -> None:
         pass
+
+
+# --- any object's state dict holding DTensors (a script's FSDP2 model and optimizer, the run handle) ---
+
+SHARDED = "__hpctk_sharded__"  # marks where a DTensor stood in a saved state dict
+
+
+def split_sharded(state: Any, name: str) -> tuple[Any, list[dict[str, Any]]]:
+    """`state` with every DTensor replaced by a marker naming it, and this rank's rows of them
+    as pieces keyed by that name (the object's name and the path inside its state dict)."""
+    pieces: list[dict[str, Any]] = []
+
+    def walk(value: Any, path: tuple[Any, ...]) -> Any:
+        if is_distributed_tensor(value):
+            key = json.dumps([name, *path])
+            start, stop = element_range(value)
+            pieces.append({"index": key, "start": start, "stop": stop, "ranged": {"value": value.to_local().detach().reshape(-1)}, "whole": {}})
+            return {SHARDED: key, "shape": list(value.shape)}
+        if isinstance(value, dict):
+            return {k: walk(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v, (*path, i)) for i, v in enumerate(value))
+        return value
+
+    return walk(state, ()), pieces
+
+
+def sharded_keys(saved: Any) -> list[str]:
+    """The markers split_sharded left in a saved state dict."""
+    if isinstance(saved, dict):
+        if SHARDED in saved:
+            return [str(saved[SHARDED])]
+        return [key for value in saved.values() for key in sharded_keys(value)]
+    if isinstance(saved, list | tuple):
+        return [key for value in saved for key in sharded_keys(value)]
+    return []
+
+
+def join_sharded(saved: Any, templates: dict[str, Any], sources: Iterable[dict[str, Any]]) -> Any:
+    """`saved` with every marker replaced by a DTensor laid out as its template (the live object's
+    tensor at that place now, any world size), its rows filled from the saved pieces."""
+    from torch.distributed.tensor import DTensor
+
+    filled = fill_pieces({key: element_range(template) for key, template in templates.items()}, sources)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if SHARDED in value:
+                key, template = str(value[SHARDED]), templates[str(value[SHARDED])]
+                local = filled[key]["value"].view(template.to_local().shape).to(template.device)
+                return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False, shape=template.shape, stride=template.stride())
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    return walk(saved)
+
+
+def templates_of(obj: Any, name: str, keys: list[str]) -> dict[str, Any]:
+    """For each marker of object `name`, the live DTensor that gives its layout now: the one at
+    the same place in obj.state_dict(), or for an optimizer's state not created yet, its parameter's."""
+    current, params = obj.state_dict(), None
+    if isinstance(obj, torch.optim.Optimizer):
+        params = [p for group in obj.param_groups for p in group["params"]]
+    templates = {}
+    for key in keys:
+        _, *path = json.loads(key)
+        value: Any = current
+        for part in path:
+            value = value.get(part, value.get(str(part))) if isinstance(value, dict) else value[part] if isinstance(value, list | tuple) else None
+            if value is None:
+                break
+        if value is None and params is not None and len(path) == 3 and path[0] == "state":
+            value = params[int(path[1])]  # optimizer state is shaped and laid out as its parameter
+        if not is_distributed_tensor(value):
+            raise ShardingError(f"run state {name!r}: the checkpoint holds a sharded tensor at {'/'.join(map(str, path))}, which is not sharded here")
+        templates[key] = value
+    return templates

@@ -20,6 +20,7 @@ from torch import nn
 from collectives.base import Collectives
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
+from collectives.replicated import ReplicatedGradients
 
 
 class GradientSync(Protocol):
@@ -48,24 +49,6 @@ class GradientSync(Protocol):
         """Scale the averaged gradients to a global 2-norm of at most max_norm; the norm before."""
 
     def close(self) -> None: ...
-
-
-def grads_finite(model: nn.Module) -> bool:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return True
-    norms = torch._foreach_norm(grads)  # one fused pass; a NaN or Inf anywhere shows in its tensor's norm
-    return bool(torch.isfinite(torch.stack(norms)).all())
-
-
-class ReplicatedGradients:
-    """Every rank holds the whole averaged gradients: torch's own checks on the model."""
-
-    def grads_finite(self, model: nn.Module) -> bool:
-        return grads_finite(model)
-
-    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
-        return float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
 
 class MpiSync(ReplicatedGradients):

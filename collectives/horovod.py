@@ -15,7 +15,7 @@ from torch import nn
 
 from collectives.base import CollectivesError, Deferred, ReduceOp, reduce_scatter_by_allreduce
 from collectives.config import CommConfig
-from collectives.gradsync import ReplicatedGradients
+from collectives.replicated import ReplicatedGradients
 
 
 def _hvd() -> Any:

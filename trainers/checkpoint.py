@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, read_best, step_dir_name
+from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, rank_files, read_best, step_dir_name
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
@@ -330,8 +330,7 @@ class Checkpointer:
 
     def rank_states(self, step: int) -> Iterator[dict[str, Any]]:
         """Every rank's own file of committed checkpoint `step`, read one at a time (resharding)."""
-        directory = self.root / step_dir_name(step)
-        for path in sorted(directory.glob(rank_file(0).replace("00000", "*"))):
+        for path in rank_files(self.root / step_dir_name(step)):
             yield load_tensor_file(path)
 
     def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trainers.checkpoint import CheckpointError, load_tensor_file, verify
-from trainers.layout import SHARED, read_best, step_dir_name
+from trainers.layout import SHARED, rank_files, read_best, step_dir_name
 
 DTYPES = {
     torch.float64: "F64",
@@ -147,7 +147,7 @@ def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | Non
     if shared.get("model_sharded"):
         from collectives.fsdp import full_model_state
 
-        ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in sorted(directory.glob("rank-*.ckpt")))
+        ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in rank_files(directory))
         shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
         weights = {**weights, **full_model_state(ranks, shapes)}
     return name, weights

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
-from collectives.zero import is_sharded
+from collectives.fsdp import join_sharded, sharded_keys, split_sharded, templates_of
+from collectives.zero import ShardingError, is_sharded
 from trainers import metricnames
 from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.checkpoint import CheckpointError
@@ -70,10 +71,7 @@ def unwrapped(obj: Any) -> Any:
 def not_plain(obj: Any, where: str) -> str | None:
     """Where `obj` holds something a checkpoint cannot keep without pickling (None: nothing)."""
     if isinstance(obj, torch.Tensor) and type(obj).__name__ == "DTensor":
-        return (
-            f"{where} is a DTensor (FSDP2's sharded tensor), which the run handle does not save yet; "
-            "shard with run.sync_gradients(model, optimizer, sharding='gradients') or train with launch.py's comm.sharding=full"
-        )
+        return f"{where} is a DTensor (FSDP2's sharded tensor): register it as shared run state (start_run(name=obj)), not per_rank()"
     if isinstance(obj, torch.Tensor) or type(obj) in PLAIN_TYPES:
         return None
     if type(obj) is dict or type(obj).__name__ == "OrderedDict":
@@ -126,7 +124,12 @@ class Registry:
 
     def shared_state(self) -> dict[str, Any]:
         sharded = sorted(name for name, obj in self.shared.items() if is_sharded(obj))
-        return {"state": checked_states(self.shared), "values": dict(self.values), "sharded": sharded}
+        return {"state": checked_states(self.shared, split=True), "values": dict(self.values), "sharded": sharded}
+
+    def dtensor_pieces(self) -> dict[str, Any]:
+        """This rank's rows of every DTensor in the shared state (a script's FSDP2 model and
+        optimizer): saved in its own file, keyed by object and place."""
+        return {"pieces": [piece for name, obj in self.shared.items() for piece in split_sharded(obj.state_dict(), name)[1]]}
 
     def own_state(self) -> dict[str, Any]:
         return checked_states(self.own)
@@ -155,11 +158,15 @@ class Registry:
         world size changed); `ranks` reads every rank's file (a sharded optimizer's state)."""
         sharded = set(shared.get("sharded", []))
         for name, obj in self.shared.items():
+            saved = shared["state"][name]
             if name in sharded:
                 mine = (own or {}).get("optimizer_shards", {}).get(name)
-                restore_optimizer(obj, shared["state"][name], True, mine, shards_of(name, ranks), step)
-            else:
-                load_into(obj, shared["state"][name], name, step)
+                restore_optimizer(obj, saved, True, mine, shards_of(name, ranks), step)
+                continue
+            keys = sharded_keys(saved)
+            if keys:  # FSDP2's DTensors: this rank's rows now, from its own file or every rank's
+                saved = joined_dtensors(obj, name, saved, keys, own, ranks, step)
+            load_into(obj, saved, name, step)
         self.values.update(shared["values"])
         for name, obj in self.own.items():
             if own is not None:
@@ -171,10 +178,29 @@ def shards_of(name: str, ranks: Callable[[], Iterable[dict[str, Any]]]) -> Calla
     return lambda: (own["optimizer_shards"][name] for own in ranks())
 
 
-def checked_states(objects: dict[str, Any]) -> dict[str, Any]:
+def joined_dtensors(
+    obj: Any, name: str, saved: Any, keys: list[str], own: dict[str, Any] | None, ranks: Callable[[], Iterable[dict[str, Any]]], step: int
+) -> Any:
+    """A saved state dict with its DTensors rebuilt as the live object lays them out now."""
+    try:
+        templates = templates_of(obj, name, keys)
+        mine = (own or {}).get("dtensor_pieces")
+        if mine is not None:
+            try:
+                return join_sharded(saved, templates, [mine])
+            except ShardingError:
+                pass  # sharded otherwise than when saved: every rank's rows
+        return join_sharded(saved, templates, (rank.get("dtensor_pieces", {"pieces": []}) for rank in ranks()))
+    except ShardingError as err:
+        raise CheckpointError(f"checkpoint step {step} does not fit run state {name!r}: {err}") from None
+
+
+def checked_states(objects: dict[str, Any], split: bool = False) -> dict[str, Any]:
+    """Every object's state dict, refused in one line where it would need pickling; `split`:
+    DTensors replaced by markers (their rows go into each rank's own file)."""
     states = {}
     for name, obj in objects.items():
-        state = obj.state_dict()
+        state = split_sharded(obj.state_dict(), name)[0] if split else obj.state_dict()
         problem = not_plain(state, f"{name}.state_dict()")
         if problem:
             raise TaskError(
@@ -328,7 +354,12 @@ class Handle:
         self.boundary.save(
             self.step,
             self.shared_state,
-            lambda: {"rng": rng_state(), "state": self.registry.own_state(), "optimizer_shards": self.registry.optimizer_shards()},
+            lambda: {
+                "rng": rng_state(),
+                "state": self.registry.own_state(),
+                "optimizer_shards": self.registry.optimizer_shards(),
+                "dtensor_pieces": self.registry.dtensor_pieces(),
+            },
             synchronous,
         )
 

@@ -27,6 +27,11 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.ckpt"
 
 
+def rank_files(directory: Path) -> list[Path]:
+    """Every rank's own file of a checkpoint directory, in rank order."""
+    return sorted(directory.glob("rank-*.ckpt"))
+
+
 def step_of(directory: Path) -> int | None:
     """The step a `step-NNNNNNNNN` directory holds; None for any other name."""
     digits = directory.name.removeprefix(STEP_PREFIX)

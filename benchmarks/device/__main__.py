@@ -33,6 +33,7 @@ CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "pyt
 BUDGET_S = {
     "environment": 30,
     "memory": 40,
+    "fsdp": 90,
     "resnet50": 120,
     "lm": 75,
     "resume": 100,
@@ -50,6 +51,7 @@ CPU_BUDGET_S = {
     "resume": 200,
     "handle": 70,
     "memory": 60,
+    "fsdp": 150,
     "allreduce": 150,
     "scaling": 150,
     "loader": 100,

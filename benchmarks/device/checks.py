@@ -5,7 +5,8 @@
 GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode): resnet50 (the trainer
 against a raw loop), lm (task=lm against a plain loop, and its bf16 loss curve), resume (a signal
 stop and resume, bit for bit), handle (a user's DDP script with the run handle: nccl, a
-signal stop and resume, bit for bit), memory (bytes per parameter, replicated and FSDP2). CPU ranks (the
+signal stop and resume, bit for bit), memory (bytes per parameter, replicated and FSDP2), fsdp
+(comm.sharding=full through the trainer: a signal stop and resume, bit for bit). CPU ranks (the
 machine's 16 cores): allreduce, scaling, loader (benchmarks/device/cores.py). unit: the unit tier
 on the machine's torch.
 """
@@ -216,6 +217,31 @@ def resume(mode: str, scratch: Path, report: Report) -> None:
     stop_resume_and_compare(job, reference, scratch / "stopped", 30, report)
 
 
+def fsdp(mode: str, scratch: Path, report: Report) -> None:
+    """comm.sharding=full (FSDP2) through the trainer: the language-model task on one rank (NCCL
+    on the GPU, gloo on the CPU), its blocks sharded, bf16, stopped by SIGUSR1 and resumed against
+    an uninterrupted run (the same loss at every step, the same consolidated weights), and its
+    first losses beside a replicated run's."""
+    job = [
+        "task=lm",
+        "trainer.precision=bf16",
+        "trainer.deterministic=true",
+        f"trainer.max_steps={120 if mode == 'gpu' else 30}",
+        "checkpoint.every_steps=25",
+        "checkpoint.every_minutes=null",
+        "resources.tasks_per_node=1",
+        *device_overrides(mode),
+    ]
+    sharded = [*job, "comm.sharding=full"]
+    reference = launch(sharded, scratch / "reference")
+    replicated = step_losses(launch(job, scratch / "replicated"))
+    ours = step_losses(reference)
+    report.figure("uninterrupted steps", len(ours))
+    report.figure("losses at steps 1, 10, last: FSDP2", [round(ours[s], 4) for s in (1, 10, max(ours))])
+    report.figure("losses at steps 1, 10, last: replicated", [round(replicated[s], 4) for s in (1, 10, max(replicated))])
+    stop_resume_and_compare(sharded, reference, scratch / "stopped", 40 if mode == "gpu" else 10, report)
+
+
 def stop_resume_and_compare(overrides: list[str], reference: Path, workdir: Path, after_steps: int, report: Report) -> None:
     """The job of `overrides` started again, every rank sent SIGUSR1 after `after_steps` logged
     steps, resumed from command.txt to the end, and compared with the uninterrupted `reference`:
@@ -373,6 +399,7 @@ CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "resume": resume,
     "handle": handle,
     "memory": memory,
+    "fsdp": fsdp,
     "allreduce": allreduce,
     "scaling": scaling,
     "loader": loader,

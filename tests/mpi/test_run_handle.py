@@ -35,12 +35,19 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 MPIRUN = mpirun_command(2, [sys.executable])
 
 
-def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path):
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path, sync):
+    """fsdp: the script shards its model with fully_shard (FSDP2); the handle saves each rank's
+    rows of the parameters and of AdamW's state in its own file and rebuilds them on resume."""
     work = tmp_path / "work"
     work.mkdir()
     command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", f"run_root={work / 'runs'}"]
     stopped = subprocess.run(
-        [*command, "--", "--steps", "30", "--signal-at", "9", "--out", str(tmp_path / "ours.json")], cwd=work, capture_output=True, text=True, timeout=300
+        [*command, "--", "--sync", sync, "--steps", "30", "--signal-at", "9", "--out", str(tmp_path / "ours.json")],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert stopped.returncode == EXIT_RESUMABLE, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     assert "stopped by SIGUSR1 at step 10, checkpoint committed; not a Slurm job" in stopped.stdout  # step 9's vote, read after step 10
@@ -56,7 +63,7 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", 10, 30)
     assert set(result["val_metrics"]) == {"loss"}  # what sweep.objective=val_loss reads
 
-    reference = by_hand(TORCHRUN, "--steps", "30", "--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.json"), cwd=work)
+    reference = by_hand(TORCHRUN, "--sync", sync, "--steps", "30", "--run-dir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.json"), cwd=work)
     assert reference.returncode == 0, reference.stderr[-2000:]
     assert losses(run_dir) == losses(tmp_path / "ref")
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))

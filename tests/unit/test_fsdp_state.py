@@ -15,7 +15,7 @@ from torch import nn
 from collectives import fsdp
 from collectives.zero import full_state
 from trainers.gpt import GPT, GPTShape, next_token_loss
-from trainers.handle import Registry
+from trainers.handle import Registry, per_rank
 from trainers.task import TaskError
 
 SHAPE = GPTShape(vocab_size=32, context=8, layers=2, heads=2, width=16)
@@ -95,7 +95,28 @@ def test_a_truncated_shard_is_named(one_rank: None) -> None:
         fsdp.load_model_shards(fresh, fsdp.whole_model_state(model), [pieces])
 
 
-def test_the_run_handle_refuses_dtensors_it_cannot_save(one_rank: None) -> None:
+def test_the_run_handle_saves_a_scripts_fsdp2_model_and_optimizer_and_resumes_bit_for_bit(one_rank: None) -> None:
+    """A script's own fully_shard model and optimizer registered with the run handle: the shared
+    state keeps markers, each rank's file its rows, and a fresh registry continues exactly."""
     model, optimizer = build(sharded=True)
-    with pytest.raises(TaskError, match="is a DTensor .FSDP2's sharded tensor., which the run handle does not save yet"):
-        Registry({"model": model, "optimizer": optimizer}).shared_state()
+    train(model, optimizer, 3)
+    registry = Registry({"model": model, "optimizer": optimizer})
+    shared = copied(registry.shared_state())
+    own = {"dtensor_pieces": copied(registry.dtensor_pieces())}
+    assert "DTensor" not in repr(shared) and own["dtensor_pieces"]["pieces"]
+    straight = train(model, optimizer, 2, first=3)
+
+    resumed, resumed_optimizer = build(sharded=True)
+    Registry({"model": resumed, "optimizer": resumed_optimizer}).load(3, copied(shared), own, lambda: [own])  # a fresh read each time:
+    # the optimizer keeps the loaded step-count tensors themselves and counts on in them
+    assert train(resumed, resumed_optimizer, 2, first=3) == straight
+    # Without its own file (another world size): from every rank's, the same rows.
+    again, again_optimizer = build(sharded=True)
+    Registry({"model": again, "optimizer": again_optimizer}).load(3, copied(shared), None, lambda: [own])
+    assert train(again, again_optimizer, 2, first=3) == straight
+
+
+def test_the_run_handle_refuses_dtensors_kept_per_rank(one_rank: None) -> None:
+    model, _ = build(sharded=True)
+    with pytest.raises(TaskError, match="is a DTensor .FSDP2's sharded tensor.: register it as shared run state"):
+        Registry({"model": per_rank(model)}).own_state()
