@@ -67,7 +67,10 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 def broadcast_module(comm: Collectives, module: torch.nn.Module, root: int = 0, chunk_bytes: int = 16 << 20) -> None:
     """Make every rank start from root's parameters and buffers, in flat chunks of about
     `chunk_bytes` (one flat copy of a large model would add its whole size to every rank's peak)."""
-    tensors = [t.data for t in module.parameters()] + [b for b in module.buffers() if b.is_floating_point()]
+    # A DTensor (FSDP2) holds this rank's rows, not a copy of root's: the ranks' rows are equal as
+    # far as they need be (sharded from one initialisation), and root's would be the wrong ones.
+    whole = [t for t in [*module.parameters(), *module.buffers()] if type(t).__name__ != "DTensor" and type(t.data).__name__ != "DTensor"]
+    tensors = [t.data for t in whole if t.is_floating_point() or isinstance(t, torch.nn.Parameter)]
     if comm.world_size == 1 or not tensors:
         return
     for group in _chunks_by_dtype(tensors, chunk_bytes):

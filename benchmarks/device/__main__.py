@@ -51,7 +51,7 @@ CPU_BUDGET_S = {
     "resume": 200,
     "handle": 70,
     "memory": 60,
-    "fsdp": 150,
+    "fsdp": 300,
     "allreduce": 150,
     "scaling": 150,
     "loader": 100,

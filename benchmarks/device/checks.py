@@ -226,7 +226,7 @@ def fsdp(mode: str, scratch: Path, report: Report) -> None:
         "task=lm",
         "trainer.precision=bf16",
         "trainer.deterministic=true",
-        f"trainer.max_steps={120 if mode == 'gpu' else 30}",
+        f"trainer.max_steps={120 if mode == 'gpu' else 20}",
         "checkpoint.every_steps=25",
         "checkpoint.every_minutes=null",
         "resources.tasks_per_node=1",
@@ -239,7 +239,7 @@ def fsdp(mode: str, scratch: Path, report: Report) -> None:
     report.figure("uninterrupted steps", len(ours))
     report.figure("losses at steps 1, 10, last: FSDP2", [round(ours[s], 4) for s in (1, 10, max(ours))])
     report.figure("losses at steps 1, 10, last: replicated", [round(replicated[s], 4) for s in (1, 10, max(replicated))])
-    stop_resume_and_compare(sharded, reference, scratch / "stopped", 40 if mode == "gpu" else 10, report)
+    stop_resume_and_compare(sharded, reference, scratch / "stopped", 40 if mode == "gpu" else 8, report)
 
 
 def stop_resume_and_compare(overrides: list[str], reference: Path, workdir: Path, after_steps: int, report: Report) -> None:
