@@ -33,7 +33,7 @@ CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "submitit", "pyt
 BUDGET_S = {
     "environment": 30,
     "memory": 40,
-    "fsdp": 90,
+    "fsdp": 120,
     "resnet50": 120,
     "lm": 75,
     "resume": 100,
