@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -121,15 +122,8 @@ def pieces_of_whole_model(state: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 def full_model_state(sources: Iterable[dict[str, Any]], shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     """The whole parameters assembled from every rank's pieces (consolidation, export)."""
-    filled = fill_pieces({name: (0, _numel(shape)) for name, shape in shapes.items()}, sources)
+    filled = fill_pieces({name: (0, math.prod(int(size) for size in shape)) for name, shape in shapes.items()}, sources)
     return {name: filled[name]["value"].view(shapes[name]) for name in shapes if name in filled}
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for size in shape:
-        n *= int(size)
-    return n
 
 
 def optimizer_shard_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

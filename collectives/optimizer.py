@@ -166,10 +166,14 @@ class _DistributedOptimizer:
         for bucket in self._buckets:
             bucket.pending = len(bucket.params)
 
-    def _grad_ready(self, param: nn.Parameter) -> None:
+    def _last_pass(self, param: nn.Parameter) -> bool:
+        """Count a backward pass of `param`; True on the step's last (backward_passes_per_step)."""
         passes = self._passes.get(param, 0) + 1
         self._passes[param] = passes
-        if passes != self._passes_per_step or self._comm.world_size == 1:
+        return passes == self._passes_per_step
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if not self._last_pass(param) or self._comm.world_size == 1:
             return  # an accumulation micro-step: no communication
         bucket = self._bucket_of[param]
         bucket.pending -= 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,9 +197,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
             bucket.pending = len(bucket.params)
 
     def _shard_grad_ready(self, param: nn.Parameter) -> None:
-        passes = self._passes.get(param, 0) + 1
-        self._passes[param] = passes
-        if passes != self._passes_per_step:
+        if not self._last_pass(param):
             return  # an accumulation micro-step: no communication
         bucket = self._zero_bucket_of[param]
         bucket.pending -= 1
@@ -464,9 +462,3 @@ def shard_optimizer(
 
 def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, _ZeroOptimizer)
-
-
-def shard_sources(files: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """The saved shards in a checkpoint's rank files (their `optimizer_shard` entry)."""
-    for own in files:
-        yield own.get("optimizer_shard", {"pieces": []})
