@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from collectives.fsdp import SHARDED
 from trainers.checkpoint import CheckpointError, load_tensor_file, verify
 from trainers.layout import SHARED, rank_files, read_best, step_dir_name
 
@@ -115,8 +116,13 @@ def chosen_checkpoint(run_dir: Path, step: int | None, best: bool) -> Path:
 
 
 def module_like(state: Any) -> bool:
-    """A module's state dict: names to tensors (an optimizer's has `state` and `param_groups`)."""
-    return isinstance(state, dict) and bool(state) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    """A module's state dict: names to tensors, or to the markers a script's FSDP2 module leaves
+    where each rank saved its rows (an optimizer's has `state` and `param_groups`)."""
+    return isinstance(state, dict) and bool(state) and all(isinstance(k, str) and (isinstance(v, torch.Tensor) or is_marker(v)) for k, v in state.items())
+
+
+def is_marker(value: Any) -> bool:
+    return isinstance(value, dict) and SHARDED in value
 
 
 def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str, torch.Tensor]]:
@@ -150,6 +156,16 @@ def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | Non
         ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in rank_files(directory))
         shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
         weights = {**weights, **full_model_state(ranks, shapes)}
+    markers = {key: value for key, value in weights.items() if is_marker(value)}
+    if markers:  # a script's own fully_shard model under the run handle: every rank's rows
+        from collectives.fsdp import full_model_state
+
+        ranks = (load_tensor_file(path).get("dtensor_pieces", {"pieces": []}) for path in rank_files(directory))
+        whole = full_model_state(ranks, {str(m[SHARDED]): m["shape"] for m in markers.values()})
+        lacking = [key for key, m in markers.items() if str(m[SHARDED]) not in whole]
+        if lacking:
+            raise ExportError(f"{directory}: no rank's file holds the rows of {', '.join(lacking[:3])}: the checkpoint is incomplete")
+        weights = {key: whole[str(m[SHARDED])] if is_marker(m) else m for key, m in weights.items()}
     return name, weights
 
 

@@ -17,6 +17,8 @@ from collectives.mpirun import mpirun_command
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.conftest import require
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs
+from trainers.export import export
+from trainers.export import load as load_safetensors
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -68,6 +70,10 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     assert losses(run_dir) == losses(tmp_path / "ref")
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
     assert ours["weights"] == theirs["weights"] and ours["best"] == theirs["best"]
+    # The model out of the toolkit (for fsdp: every rank's rows consolidated): the final weights
+    written = export(run_dir, tmp_path / "model.safetensors")
+    tensors, _ = load_safetensors(tmp_path / "model.safetensors")
+    assert written["step"] == 30 and [t.flatten().tolist() for t in tensors.values()] == ours["weights"]
 
 
 @pytest.mark.parametrize("sync", ["ours", "horovod", "ours-zero2"])
