@@ -125,7 +125,7 @@ def worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     from collectives import init_collectives
-    from collectives.base import FakeCollectives
+    from collectives.base import SingleProcess
     from collectives.config import CommConfig
     from hpc.env import RankInfo
     from trainers.tokens import embedded_token_path
@@ -155,7 +155,7 @@ def worker(args: argparse.Namespace) -> None:
                     plain = plain_run(comms[backend], backend, args.steps, args.warmup, BATCH, tokens)
                     seconds.setdefault(f"plain loop, {'DDP over Gloo' if backend == 'gloo' else 'our optimizer (mpi)'}", []).append(plain)
     if place.rank == 0:  # the same global batch on one rank
-        _, losses["1 rank"] = toolkit_run(FakeCollectives(), "mpi", args.steps, args.warmup, BATCH * place.world_size, tokens)
+        _, losses["1 rank"] = toolkit_run(SingleProcess(), "mpi", args.steps, args.warmup, BATCH * place.world_size, tokens)
     MPI.COMM_WORLD.Barrier()
     for comm in comms.values():
         comm.close()

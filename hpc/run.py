@@ -277,7 +277,7 @@ def _collectives(rank: RankInfo) -> tuple[Collectives, bool]:
     """Whom the handle talks through, and whether it started that itself (and closes it)."""
     import torch.distributed as dist
 
-    from collectives.base import FakeCollectives
+    from collectives.base import SingleProcess
     from trainers.task import TaskError
 
     if dist.is_available() and dist.is_initialized():
@@ -290,7 +290,7 @@ def _collectives(rank: RankInfo) -> tuple[Collectives, bool]:
 
         return HorovodCollectives(horovod), False
     if rank.world_size == 1:
-        return FakeCollectives(), False
+        return SingleProcess(), False
     if rank.launcher == "torchrun":
         raise TaskError("start_run() under torchrun needs the process group first: call torch.distributed.init_process_group() before start_run()")
     from collectives.mpi import MpiCollectives

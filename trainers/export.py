@@ -156,7 +156,7 @@ def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | Non
         ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in rank_files(directory))
         shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
         weights = {**weights, **full_model_state(ranks, shapes)}
-    markers = {key: value for key, value in weights.items() if is_marker(value)}
+    markers: dict[str, Any] = {key: value for key, value in weights.items() if is_marker(value)}
     if markers:  # a script's own fully_shard model under the run handle: every rank's rows
         from collectives.fsdp import full_model_state
 
@@ -165,7 +165,7 @@ def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | Non
         lacking = [key for key, m in markers.items() if str(m[SHARDED]) not in whole]
         if lacking:
             raise ExportError(f"{directory}: no rank's file holds the rows of {', '.join(lacking[:3])}: the checkpoint is incomplete")
-        weights = {key: whole[str(m[SHARDED])] if is_marker(m) else m for key, m in weights.items()}
+        weights = {key: whole[str(markers[key][SHARDED])] if key in markers else value for key, value in weights.items()}
     return name, weights
 
 

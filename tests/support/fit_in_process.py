@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from collectives.base import FakeCollectives
+from collectives.base import SingleProcess
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.datasets import resolve_data_path
@@ -118,7 +118,7 @@ def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: i
     steps._prometheus = run_dir / "metrics.prom" if main else None  # the exporter's file, as trainer.prometheus_file sets it
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
     metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
-    return fit(cfg, comm or FakeCollectives(), task, metrics, run)
+    return fit(cfg, comm or SingleProcess(), task, metrics, run)
 
 
 def steps_of(run_dir: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from collectives.base import FakeCollectives, _flat, _unflatten_into, broadcast_module
+from collectives.base import SingleProcess, _flat, _unflatten_into, broadcast_module
 from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 from collectives.mpirun import HUGE_PAGES, huge_pages_environment
 
@@ -22,7 +22,7 @@ def test_flatten_roundtrip_preserves_shapes_and_values():
 def test_single_rank_broadcast_is_identity():
     model = nn.Linear(3, 3)
     before = [p.clone() for p in model.parameters()]
-    broadcast_module(FakeCollectives(), model)
+    broadcast_module(SingleProcess(), model)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 

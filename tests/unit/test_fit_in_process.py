@@ -1,4 +1,4 @@
-"""fit() in-process, without mpirun: on a one-rank FakeCollectives (the loop's bookkeeping) and
+"""fit() in-process, without mpirun: on a one-rank SingleProcess (the loop's bookkeeping) and
 on two thread ranks of a ThreadWorld (what the ranks share after every step)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from collectives.base import FakeCollectives, ThreadCollectives, ThreadWorld
+from collectives.base import SingleProcess
 from collectives.config import CommConfig
+from collectives.testing import ThreadCollectives, ThreadWorld
 from tests.support.fit_in_process import Regression, builtin_task, steps_of, train
 from tests.support.fit_in_process import config as task_config
 from tests.support.runs import step_losses
@@ -38,7 +39,7 @@ def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: flo
 
 def run_fit(run_dir: Path, max_steps: int | None):  # type: ignore[no-untyped-def]
     cfg = fit_config(max_steps)
-    return fit(cfg, FakeCollectives(), builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints"))
+    return fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints"))
 
 
 def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp_path):
@@ -91,7 +92,7 @@ def test_worker_processes_train_exactly_as_the_prefetch_thread(tmp_path, augment
         cfg = fit_config(8, batch_size=256)  # 5 steps per epoch: the workers serve two passes
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, workers=workers, **augment), trainer=dataclasses.replace(cfg.trainer, epochs=2))
         run = RunContext(checkpoint_dir=tmp_path / f"w{workers}" / "checkpoints")
-        results.append(fit(cfg, FakeCollectives(), builtin_task(cfg), MetricsWriter(None), run))
+        results.append(fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(None), run))
     assert results[0].steps == results[1].steps == 8
     assert (results[0].loss, results[0].val_metrics["accuracy"]) == (results[1].loss, results[1].val_metrics["accuracy"])
 
@@ -188,7 +189,7 @@ def test_a_cnn_trains_channels_last_when_asked_and_reports_its_step_phases(tmp_p
     )
     spy = MemoryFormatSpy(builtin_task(cfg))
     run = RunContext(steps=StepReporter(tmp_path / "steps.jsonl"))
-    result = fit(cfg, FakeCollectives(), spy, MetricsWriter(None), run)
+    result = fit(cfg, SingleProcess(), spy, MetricsWriter(None), run)
     assert result.steps == 2 and spy.nhwc == [channels_last] * 2 and math.isfinite(result.loss)
     steps = steps_of(tmp_path)
     assert len(steps) == 2 and all(step[key] >= 0 for step in steps for key in ("data_ms", "compute_ms", "comm_ms", "optimizer_ms"))

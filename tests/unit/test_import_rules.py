@@ -18,13 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "tests")
 LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions"}
-# `python -m hpc.status` and friends: public command names forwarding to hpc.tools, and the two
-# names sbatch scripts written before the split still run (a requeued job reruns its script).
-COMMANDS = {
-    **{f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")},
-    "hpc.prepare": "hpc.submit.prepare",
-    "hpc.rank_main": "hpc.rank.main",
-}
+# `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
+COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")}
 
 
 @dataclass(frozen=True)
@@ -314,6 +309,13 @@ def test_the_checkpoint_layout_is_named_in_one_place():
 @pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers", "hydra_plugins"])
 def test_nothing_outside_tests_imports_tests(package):
     bad = violations((package,), ("tests",))
+    assert not bad, bad
+
+
+def test_the_library_runs_no_test_double():
+    """collectives.testing (ranks as threads) is for tests, the toolkit's and users': no product
+    module uses it."""
+    bad = violations(("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "launch"), ("collectives.testing",))
     assert not bad, bad
 
 

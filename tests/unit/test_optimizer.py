@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from collectives.base import Deferred, FakeCollectives
+from collectives.base import Deferred, SingleProcess
 from collectives.config import CommConfig
 from collectives.optimizer import Bucket, Compressor, apply_distributed_optimizer, plan_buckets
 
@@ -21,7 +21,7 @@ def test_buckets_keep_order_and_reach_their_size(sizes, bucket_bytes):
         assert all(sum(sizes[i] for i in b) >= bucket_bytes for b in plan[:-1])
 
 
-class CountingTwoRanks(FakeCollectives):
+class CountingTwoRanks(SingleProcess):
     """Pretends a second rank holds identical gradients; counts what would be sent."""
 
     world_size = 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from collectives.base import FakeCollectives
+from collectives.base import SingleProcess
 from trainers.checkpoint import Checkpointer
 from trainers.config import CheckpointConfig
 from trainers.saving import SaveCoordinator
@@ -12,7 +12,7 @@ from trainers.saving import SaveCoordinator
 
 def coordinator(tmp_path, every_steps: int, every_minutes: float | None) -> SaveCoordinator:  # type: ignore[no-untyped-def]
     cfg = CheckpointConfig(every_steps=every_steps, every_minutes=every_minutes)
-    return SaveCoordinator(Checkpointer(tmp_path, 0, 1, keep=cfg.keep), FakeCollectives(), cfg)
+    return SaveCoordinator(Checkpointer(tmp_path, 0, 1, keep=cfg.keep), SingleProcess(), cfg)
 
 
 def test_a_time_vote_from_any_rank_makes_the_save_due_on_every_rank(tmp_path):

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from collectives.base import ThreadWorld
 from collectives.config import CommConfig
+from collectives.testing import ThreadWorld
 from collectives.torchdist import TorchDistCollectives
 from tests.support.fit_in_process import builtin_task, config, steps_of, train
 from trainers.config import ModelConfig, OptimConfig

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from collectives.base import ThreadWorld
+from collectives.testing import ThreadWorld
 from tests.support.fit_in_process import Regression, config, steps_of, train
 from trainers.layout import committed_steps
 from trainers.preemption import StopFlag

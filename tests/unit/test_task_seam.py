@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from collectives.base import FakeCollectives, ThreadWorld
+from collectives.base import SingleProcess
+from collectives.testing import ThreadWorld
 from tests.support.fit_in_process import HeldOut, Regression, config, steps_of, train
 from trainers.config import OptimConfig
 from trainers.fit import fit
@@ -111,7 +112,7 @@ def test_a_user_tasks_metric_names_reach_tensorboard(tmp_path):
 
     steps = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
     run = RunContext(checkpoint_dir=tmp_path / "checkpoints", stop=StopFlag(), steps=steps)
-    fit(config(), FakeCollectives(), Regression(), MetricsWriter(tmp_path / "metrics.jsonl"), run)
+    fit(config(), SingleProcess(), Regression(), MetricsWriter(tmp_path / "metrics.jsonl"), run)
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])

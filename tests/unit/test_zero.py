@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from collectives.base import ThreadWorld
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
+from collectives.testing import ThreadWorld
 from collectives.zero import ShardingError, full_state, is_sharded, shard_optimizer
 from tests.support.fit_in_process import builtin_task
 from tests.support.fit_in_process import train as fit_in_process
