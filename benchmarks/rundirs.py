@@ -57,8 +57,8 @@ def logged_steps(run_dir: Path) -> int:
 
 
 def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
-    """The rank processes of a run: Python interpreters running module `entry` (hpc.rank.entry
-    under srun, whose argument is under the run dir); never a launcher whose command line names
+    """The rank processes of a run: Python interpreters running module `entry` with the run dir
+    (under srun and mpirun alike); never a launcher whose command line names
     it too (mpirun, srun, hpc.submit.ranks), nor a rank's loader process (data.workers: forked
     from the rank, it has the rank's command line and the rank for its parent)."""
     out = subprocess.run(["pgrep", "-f", re.escape(f"{entry} {run_dir}")], capture_output=True, text=True)  # pgrep takes a regex

@@ -2,18 +2,16 @@
 
     python -m hpc.rank.main RUN_DIR     (under mpirun, srun, or sbatch/train.sbatch)
 
-submitit calls `run_rank(RUN_DIR)` directly. Module import stays light (no torch) because
-the login node pickles `run_rank` by reference.
+Its first statement catches the stop signals, before any other import (hpc.rank.signals).
 
 A stop (a signal, preemption, the time limit) ends in one line on rank 0 saying what happened
 and what follows: `stopped by SIGUSR1 at step 40, checkpoint committed; preemption: requeueing
-job 12 once every rank has exited ...`, or `...; not a Slurm job: ... (exit code 75)`. A stopped
-rank never returns to submitit, which would log "Job completed successfully" after it.
+job 12 once every rank has exited ...`, or `...; not a Slurm job: ... (exit code 75)`.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # mpirun, a hand-typed sbatch script: no stop signal lost during the imports below
+if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop signal lost during the imports below
     from hpc.rank.signals import catch_stop_signals
 
     catch_stop_signals()
@@ -46,7 +44,7 @@ from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir
 
-if TYPE_CHECKING:  # the login node pickles run_rank by reference: importing this module stays light
+if TYPE_CHECKING:  # the module level stays light: srun starts it after catching the stop signals
     from collectives.base import Collectives
     from hpc.config.schema import JobConfig
     from hpc.rank.script import ScriptResult
@@ -83,16 +81,6 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
             console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         handlers.append(console)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
-
-
-def run_rank(run_dir_path: str) -> dict[str, Any]:
-    """submitit's entry point. After a stop, exits (SystemExit, which submitit does not catch)
-    instead of returning: submitit would log "Job completed successfully" on every rank."""
-    summary = train_rank(run_dir_path)
-    if summary["status"] == "stopped":
-        logging.shutdown()
-        raise SystemExit(summary["exit_code"])
-    return summary
 
 
 def train_rank(run_dir_path: str) -> dict[str, Any]:

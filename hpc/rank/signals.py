@@ -2,9 +2,9 @@
 
 Slurm may signal a job at any moment (preemption, the time limit), also while its ranks still
 import Python and torch. A signal whose handler is not installed yet takes its default action:
-SIGUSR1, SIGUSR2 and SIGTERM terminate the rank. So the rank's first module (hpc.rank.entry
-under srun, hpc.rank.main under mpirun) catches them before anything else is imported, and
-hpc.rank.main hands what was caught to the training's stop flag. Standard library only.
+SIGUSR1, SIGUSR2 and SIGTERM terminate the rank. So the rank's first module (hpc.rank.main,
+under srun and mpirun alike) catches them before anything else is imported, and hands what was
+caught to the training's stop flag. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Slurm through submitit: sbatch parameters, the exact script, submission, job state.
+"""Slurm through submitit's public API: sbatch parameters, the exact script, submission, job state.
 
-`sbatch_parameters` and `render_sbatch` are pure: the dry run prints the very text that
-submitit writes at submission, because both go through submitit's own renderer.
+The dry run prints the very text submitit writes at submission: it is a submission, to an
+`sbatch` that accepts it and runs nothing (render_sbatch).
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -112,7 +114,8 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
 
 def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """submitit's parameters. submitit writes no srun line of its own (use_srun=False): the
-    command (`batch_command`) is the step supervisor running srun with `srun_args`."""
+    function it runs in the batch step is the step supervisor, running srun with `srun_args`
+    (srun_line)."""
     res, cluster = job.resources, job.cluster
     setup = job_setup_lines(env, code_root, res.nodes, cluster.allocation_restarts)
     setup += exit_trap_lines(cluster.failure_requeues if cluster.requeue else 0)
@@ -147,67 +150,32 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     return params
 
 
-def batch_command(folder: Path, srun_args: list[str], array: bool = False) -> str:
-    """The batch script's command: the step supervisor (hpc.submit.supervise, which restarts the
-    ranks inside the allocation) running srun, whose ranks run submitit's job runner behind
-    hpc.rank.entry (it catches the stop signals before anything is imported, and keeps submitit's
-    own handlers out). The per-task logs are named as submitit names them."""
+def srun_line(folder: Path, srun_args: list[str], run_dir: Path, array: bool = False) -> list[str]:
+    """The ranks' step: srun running `python -m hpc.rank.main RUN_DIR` on every task (its first
+    module catches the stop signals before anything is imported). The per-task logs are named
+    as submitit names them."""
     from submitit.core.utils import JobPaths
 
     paths = JobPaths(folder=folder)
     stdout, stderr = str(paths.stdout), str(paths.stderr)
     if array:
         stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
-    python = shlex.quote(sys.executable)
-    srun = shlex.join(["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args])
-    return f"{python} -u -m hpc.submit.supervise {srun} {python} -u -m hpc.rank.entry {shlex.quote(str(folder))}"
-
-
-def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    folder = run_dir.submitit / "%j"
-    params = sbatch_parameters(job, env, run_dir.code)
-    return _make_sbatch_string(command=batch_command(folder, params["srun_args"]), folder=folder, **params)
-
-
-def render_array_sbatch(params: dict[str, Any], folder: Path, tasks: int) -> str:
-    """The script of a job array as submitit writes it (`--array=0-N%parallelism`)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    task_folder = folder / "%j"
-    return _make_sbatch_string(command=batch_command(task_folder, params["srun_args"], array=True), folder=task_folder, map_count=tasks, **params)
-
-
-def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
-    """Submit `hpc.rank.main.run_rank(run_dir)` on every task; returns the Slurm job id."""
-    job_ids, script = submit_array(sbatch_parameters(job, env, code_root), [run_dir], run_dir.submitit)
-    run_dir.sbatch.write_text(script)
-    return job_ids[0]
+    return ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args, sys.executable, "-u", "-m", "hpc.rank.main", str(run_dir)]
 
 
 def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None = None) -> tuple[list[str], str]:
-    """One sbatch for all `run_dirs` (a job array when there are several: `--array=0-N%max_parallel`),
-    each task running `hpc.rank.main.run_rank(its run dir)`. Returns the job ids ("123" or
-    "123_0", "123_1", ...) and the submitted script."""
+    """One sbatch for all `run_dirs` (a job array when there are several: `--array=0-N%max_parallel`).
+    Returns the job ids ("123" or "123_0", "123_1", ...) and the submitted script.
+
+    Through submitit's public API only: its parameters (`setup` before the command, use_srun=False),
+    and the function it runs in the batch step: hpc.submit.supervise.supervise_step, the step
+    supervisor running the ranks' srun line (srun_line) with the run dir of its array task."""
     import submitit
 
-    from hpc.rank.main import run_rank
-
-    class Executor(submitit.SlurmExecutor):
-        @property
-        def _submitit_command_str(self) -> str:  # the supervisor's srun line, as render_sbatch shows it
-            return batch_command(self.folder, params["srun_args"], array=len(run_dirs) > 1)
-
-    executor = Executor(folder=folder / "%j", python=shlex.quote(sys.executable))
-    executor.update_parameters(**params, array_parallelism=max_parallel or len(run_dirs))
     array_scripts_before = set(folder.glob(ARRAY_SCRIPT_GLOB))
     try:
         with _quiet_stderr_fd():  # sbatch's own error lines would repeat the one we print
-            if len(run_dirs) == 1:
-                submitted = [executor.submit(run_rank, str(run_dirs[0].path))]
-            else:
-                submitted = executor.map_array(run_rank, [str(run_dir.path) for run_dir in run_dirs])
+            submitted = _submit(params, run_dirs, folder, max_parallel)
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
         lines = [line.removeprefix("sbatch: error: ") for line in str(err).splitlines() if line.strip()]
         raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
@@ -216,6 +184,68 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
     else:  # submitit keeps an array's script under a random name in the folder
         (script,) = set(folder.glob(ARRAY_SCRIPT_GLOB)) - array_scripts_before
     return [str(job.job_id) for job in submitted], script.read_text()
+
+
+def _submit(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None) -> list[Any]:
+    import submitit
+
+    from hpc.submit.supervise import supervise_step
+
+    executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
+    array = len(run_dirs) > 1
+    lines = [srun_line(executor.folder, params["srun_args"], run_dir.path, array) for run_dir in run_dirs]
+    # The srun line travels in submitit's pickle; the script shows it too, for whoever reads it
+    shown = shlex.join([*lines[0][:-1], "RUN_DIR"]) if array else shlex.join(lines[0])
+    note = ["# the ranks' step, started by the step supervisor (hpc.submit.supervise) that submitit runs below:", f"#   {shown}"]
+    if array:
+        note.append(f"#   RUN_DIR: the array task's point dir, {shlex.quote(str(run_dirs[0].path.parent))}/<point number>")
+    executor.update_parameters(**{**params, "setup": [*params["setup"], *note]}, array_parallelism=max_parallel or len(run_dirs))
+    if not array:
+        return [executor.submit(supervise_step, lines[0])]
+    return list(executor.map_array(supervise_step, lines))
+
+
+def render_sbatch(job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+    """The script `submit` would give sbatch (dry_run=true), written by submitit itself: a
+    submission to an `sbatch` that accepts it without running anything. It leaves nothing in
+    the run dir."""
+    return render_array_sbatch(sbatch_parameters(job, env, run_dir.code), run_dir.submitit, [run_dir])
+
+
+def render_array_sbatch(params: dict[str, Any], folder: Path, run_dirs: list[RunDir]) -> str:
+    """The script of one sbatch for `run_dirs` (a job array when several), as submit_array would
+    submit it; `folder` is removed again where this made it."""
+    made = next((path for path in reversed([folder, *folder.parents]) if not path.exists()), None)  # the first folder submitit will make
+    try:
+        with _sbatch_accepting_anything():
+            limit = params.get("array_parallelism")
+            return submit_array({k: v for k, v in params.items() if k != "array_parallelism"}, run_dirs, folder, limit)[1]
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sbatch_accepting_anything() -> Iterator[None]:
+    """PATH with an `sbatch` first that answers every submission with job id 0 (submitit runs
+    the `sbatch` on PATH; a dry run is a submission that goes nowhere)."""
+    with tempfile.TemporaryDirectory(prefix="hpctk-dry-sbatch-") as stub_dir:
+        stub = Path(stub_dir) / "sbatch"
+        stub.write_text("#!/bin/sh\necho 'Submitted batch job 0'\n")
+        stub.chmod(0o755)
+        before = os.environ.get("PATH", "")
+        os.environ["PATH"] = f"{stub_dir}{os.pathsep}{before}"
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = before
+
+
+def submit(job: JobConfig, env: dict[str, str], run_dir: RunDir, code_root: Path) -> str:
+    """Submit the job's ranks (hpc.rank.main RUN_DIR under the step supervisor); the Slurm job id."""
+    job_ids, script = submit_array(sbatch_parameters(job, env, code_root), [run_dir], run_dir.submitit)
+    run_dir.sbatch.write_text(script)
+    return job_ids[0]
 
 
 @contextlib.contextmanager

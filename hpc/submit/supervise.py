@@ -1,4 +1,5 @@
-"""`python -m hpc.submit.supervise srun ARGS...`: what the batch script runs in place of a bare srun.
+"""The step supervisor: what the batch step runs in place of a bare srun (submitit runs
+`supervise_step(srun line)` there; by hand: `python -m hpc.submit.supervise srun ARGS...`).
 
 It runs the ranks' step. When a rank dies or stalls, it starts the ranks again in the same
 allocation at once, and they resume from the newest committed checkpoint: no requeue, no queue
@@ -364,6 +365,17 @@ class Supervisor:
 
 def say(message: str) -> None:
     print(f"hpc-toolkit: {message}", file=sys.stderr, flush=True)
+
+
+def supervise_step(srun: list[str]) -> None:
+    """What submitit runs in the batch step (hpc.submit.slurm.submit_array): the ranks' srun line
+    under the supervisor. A failed step ends the process with its exit code (SystemExit, which
+    submitit's job runner lets through): the batch script's EXIT trap decides on a requeue by it."""
+    for name in ("SIGTERM", "SIGCONT"):  # submitit's runner ignores them; the batch step ends on SIGTERM as a plain script does
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    code = main(list(srun))
+    if code:
+        raise SystemExit(code)
 
 
 def main(argv: list[str]) -> int:

@@ -157,7 +157,8 @@ def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable
         emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
         for point in group:
             emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
-        emit(slurm.render_array_sbatch({**params, "array_parallelism": limit}, sweep_dir / "slurm", len(group)))
+        run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
+        emit(slurm.render_array_sbatch({**params, "array_parallelism": limit}, sweep_dir / "slurm", run_dirs))
     for point in points:
         if point.job.cluster.launcher == "local":
             emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")

@@ -69,7 +69,7 @@ def test_a_sigkilled_rank_restarts_inside_the_allocation_and_matches_an_uninterr
     job_id, run_dir = submit_job(*JOB, cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 6 and newest_committed_step(run_dir) >= 4, "step 6 and a committed checkpoint", 180)
     committed = newest_committed_step(run_dir)
-    os.kill(rank_pids(run_dir, "hpc.rank.entry")[-1], signal.SIGKILL)
+    os.kill(rank_pids(run_dir)[-1], signal.SIGKILL)
 
     assert wait_until_done(job_id) == "COMPLETED"
     assert restarts(job_id) == 0  # never requeued

@@ -54,7 +54,7 @@ RESUMED = "resumed from checkpoint step "
 
 
 def python_ranks(run_dir: Path) -> list[int]:
-    return rank_pids(run_dir, "hpc.rank.entry")  # what srun runs on every task
+    return rank_pids(run_dir)  # what srun runs on every task
 
 
 def rank_of(pid: int) -> int | None:

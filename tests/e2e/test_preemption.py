@@ -82,7 +82,7 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
         subprocess.run(command, check=True, capture_output=True)
         release_when_requeued(job_id, count)
     steps_in_this_start(run_dir, 7)
-    os.kill(rank_pids(run_dir, "hpc.rank.entry")[-1], signal.SIGKILL)  # after 3 preemptions, with failure_requeues=2
+    os.kill(rank_pids(run_dir)[-1], signal.SIGKILL)  # after 3 preemptions, with failure_requeues=2
     release_when_requeued(job_id, 3)
 
     assert wait_until_done(job_id) == "COMPLETED" and wait_until_done(reference_id) == "COMPLETED"
@@ -164,14 +164,14 @@ def test_an_approaching_time_limit_is_told_apart_from_preemption_and_requeues(tm
 
 
 def test_a_preemption_during_start_up_stops_before_the_first_step_requeues_and_completes(tmp_path):
-    """USR1 while the ranks still import Python and torch: before hpc.rank.entry they would die
+    """USR1 while the ranks still import Python and torch: before hpc.rank.main's first statement they would die
     of it (its default action), and the batch script would count a failure. Now each rank
     catches it from its first instruction, they agree to stop before the first step, save
     nothing, and the job requeues as a preemption and completes."""
     job_id, run_dir = submit_job(*JOB[:3], "trainer.epochs=2", cwd=tmp_path)
 
     def ranks_ready() -> bool:
-        pids = rank_pids(run_dir, "hpc.rank.entry")
+        pids = rank_pids(run_dir)
         return len(pids) == 2 and all(catches(pid, signal.SIGUSR1) for pid in pids)
 
     poll(ranks_ready, "every rank to catch the stop signals")

@@ -36,12 +36,13 @@ def directive_values(script: str) -> dict[str, str]:
     return values
 
 
-BASELINE_LINES = len(render_sbatch(JobConfig(cluster=replace(CLUSTER, account="a", constraint="c"), name="train"), {}, RunDir(Path("/runs/x"))).splitlines())
+def baseline_lines(root: Path) -> int:
+    return len(render_sbatch(JobConfig(cluster=replace(CLUSTER, account="a", constraint="c"), name="train"), {}, RunDir(root / "x")).splitlines())
 
 
 @SLOW
 @given(name=nasty_text, partition=nasty_text, account=nasty_text, constraint=nasty_text)
-def test_sbatch_directive_values_are_literal_or_refused(name, partition, account, constraint):
+def test_sbatch_directive_values_are_literal_or_refused(tmp_path_factory, name, partition, account, constraint):
     job = JobConfig(cluster=replace(CLUSTER, partition=partition, account=account, constraint=constraint), name=name)
     try:
         check_script_values(job)
@@ -50,8 +51,9 @@ def test_sbatch_directive_values_are_literal_or_refused(name, partition, account
         controls = [c for c in name + partition + account + constraint if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
         assert controls or "/" in name or not name.strip()
         return
-    script = render_sbatch(job, {}, RunDir(Path("/runs/x")))
-    assert len(script.splitlines()) == BASELINE_LINES  # no line was added: nothing can run
+    root = tmp_path_factory.mktemp("sbatch")
+    script = render_sbatch(job, {}, RunDir(root / "x"))
+    assert len(script.splitlines()) == baseline_lines(root)  # no line was added: nothing can run
     values = directive_values(script)
     assert (values["job-name"], values["partition"], values["account"], values["constraint"]) == (name, partition, account, constraint)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)

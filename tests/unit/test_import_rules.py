@@ -172,25 +172,23 @@ def closure(start: str, module_level_only: bool) -> set[str]:
     return seen
 
 
-# The srun command's module: it runs submitit's job runner on the rank (hpc.rank.entry.run_submitit_job).
-RANK_RUNNER = "hpc.rank.entry"
-
-
 def test_the_rank_side_never_imports_submission_code_hydra_or_submitit():
     bad = violations(("hpc.rank",), ("hpc.submit", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
-    assert [v for v in bad if not v.startswith(f"{RANK_RUNNER}:")] == [], bad
-    for module in (m for m in MODULES if under(m, "hpc.rank") and m != RANK_RUNNER):  # nor through what it imports, at any depth
+    assert bad == [], bad
+    for module in (m for m in MODULES if under(m, "hpc.rank")):  # nor through what it imports, at any depth
         reached = {m for m in closure(module, module_level_only=False) if under(m, "hpc.submit", "hpc.tools", "hydra", "hydra_plugins", "submitit")}
         assert not reached, f"{module} reaches {sorted(reached)}"
 
 
-def test_the_ranks_first_module_imports_the_standard_library_only_and_submitit_only_to_run_the_job():
-    """It runs before anything slow: a stop signal must be caught before torch starts importing."""
-    for module in (RANK_RUNNER, "hpc.rank.signals"):
-        at_start = {i.target for i in GRAPH[module] if i.at_module_level} - {"hpc.rank.signals"}
-        assert all(target.split(".")[0] in sys.stdlib_module_names for target in at_start), sorted(at_start)
-    later = {i.target.split(".")[0] for i in GRAPH[RANK_RUNNER] if not i.at_module_level}
-    assert "submitit" in later and all(top == "submitit" or top in sys.stdlib_module_names for top in later), sorted(later)
+def test_the_ranks_first_statement_catches_the_stop_signals_with_the_standard_library_only():
+    """srun and mpirun start `python -m hpc.rank.main`: a stop signal must be caught before torch
+    (or anything slow) starts importing."""
+    at_start = {i.target for i in GRAPH["hpc.rank.signals"] if i.at_module_level}
+    assert all(target.split(".")[0] in sys.stdlib_module_names for target in at_start), sorted(at_start)
+    body = ast.parse((ROOT / "hpc" / "rank" / "main.py").read_text()).body
+    first = next(node for node in body[1:] if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"))  # after the docstring
+    assert isinstance(first, ast.If) and "__main__" in ast.unparse(first.test), ast.unparse(first)
+    assert "from hpc.rank.signals import catch_stop_signals" in ast.unparse(first) and "catch_stop_signals()" in ast.unparse(first)
 
 
 def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
@@ -198,11 +196,13 @@ def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
     assert not bad, bad
 
 
-def test_the_rank_entry_point_imports_no_heavy_library_when_pickled():
-    # submitit pickles hpc.rank.main.run_rank on the login node by reference: importing it must stay light
-    heavy = {"torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py"}
-    reached = closure("hpc.rank.main", module_level_only=True)
-    assert not reached & heavy, sorted(reached & heavy)
+def test_what_the_batch_step_and_the_ranks_import_first_is_light():
+    # submitit pickles hpc.submit.supervise.supervise_step on the login node by reference and runs
+    # it in the batch step: importing it must stay light; so must hpc.rank.main's module level
+    heavy = {"torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py", "submitit"}
+    for module in ("hpc.submit.supervise", "hpc.rank.main"):
+        reached = closure(module, module_level_only=True)
+        assert not reached & heavy, (module, sorted(reached & heavy))
 
 
 def test_login_node_commands_do_not_import_torch_at_start():

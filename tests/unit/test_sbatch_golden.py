@@ -45,24 +45,24 @@ CASES = {
 }
 
 
-def portable(text: str) -> str:
-    """The interpreter's path is the one part that differs between machines."""
-    return text.replace(sys.executable, "{python}")
+def portable(text: str, root: Path) -> str:
+    """The interpreter's path and the test's directory are what differ between machines."""
+    return text.replace(sys.executable, "{python}").replace(str(root), "/runs")
 
 
-def rendered(name: str) -> str:
+def rendered(name: str, root: Path) -> str:
     job = CASES[name]
-    return portable(render_sbatch(job, ENV, RunDir(Path("/runs/golden run"))))
+    return portable(render_sbatch(job, ENV, RunDir(root / "golden run")), root)
 
 
-def rendered_array() -> str:
-    params = {**sbatch_parameters(CASES["no-requeue"], ENV, Path("/runs/sweep/code")), "array_parallelism": 2}
-    return portable(render_array_sbatch(params, Path("/runs/sweep/slurm"), 3))
+def rendered_array(root: Path) -> str:
+    params = {**sbatch_parameters(CASES["no-requeue"], ENV, root / "sweep" / "code"), "array_parallelism": 2}
+    return portable(render_array_sbatch(params, root / "sweep" / "slurm", [RunDir(root / "sweep" / str(n)) for n in range(3)]), root)
 
 
 @pytest.mark.parametrize("name", [*CASES, "array"])
-def test_sbatch_text_matches_golden_file(name: str) -> None:
-    text = rendered_array() if name == "array" else rendered(name)
+def test_sbatch_text_matches_golden_file(name: str, tmp_path: Path) -> None:
+    text = rendered_array(tmp_path) if name == "array" else rendered(name, tmp_path)
     golden = GOLDEN / f"{name}.sbatch"
     if os.environ.get("HPCTK_WRITE_GOLDEN") == "1":
         golden.write_text(text)

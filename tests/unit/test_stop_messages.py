@@ -9,8 +9,6 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from hpc.config.schema import JobConfig
 from hpc.config.validate import check_resources
 from hpc.env import REQUEST_DIR_VARIABLE
@@ -36,17 +34,6 @@ def test_every_signal_validation_accepts_is_handled_as_a_stop():
     accepted = accepted_signals()
     assert "SIGINT" in accepted and "SIGUSR1" in accepted
     assert sorted(accepted) == sorted(sig.name for sig in rank_main.STOP_SIGNALS)
-
-
-def test_a_stopped_rank_exits_instead_of_returning_to_submitit(monkeypatch):
-    monkeypatch.setattr(rank_main, "train_rank", lambda path: {"status": "stopped", "exit_code": 0})
-    with pytest.raises(SystemExit, match="^0$"):
-        rank_main.run_rank("/nowhere")
-    monkeypatch.setattr(rank_main, "train_rank", lambda path: {"status": "stopped", "exit_code": 75})
-    with pytest.raises(SystemExit, match="^75$"):
-        rank_main.run_rank("/nowhere")
-    monkeypatch.setattr(rank_main, "train_rank", lambda path: {"status": "completed", "exit_code": 0})
-    assert rank_main.run_rank("/nowhere")["status"] == "completed"
 
 
 def run_trap(tmp_path: Path, env: dict[str, str], srun_exit: int, max_failure_requeues: int = 3) -> tuple[list[str], str]:
