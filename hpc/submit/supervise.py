@@ -369,13 +369,13 @@ def say(message: str) -> None:
 
 def supervise_step(srun: list[str]) -> None:
     """What submitit runs in the batch step (hpc.submit.slurm.submit_array): the ranks' srun line
-    under the supervisor. A failed step ends the process with its exit code (SystemExit, which
-    submitit's job runner lets through): the batch script's EXIT trap decides on a requeue by it."""
+    under the supervisor. It ends the process with the step's exit code (SystemExit, which
+    submitit's job runner lets through): the batch script's EXIT trap decides on a requeue by it,
+    and the runner does not log "Job completed successfully" after ranks that stopped to requeue."""
     for name in ("SIGTERM", "SIGCONT"):  # submitit's runner ignores them; the batch step ends on SIGTERM as a plain script does
         signal.signal(getattr(signal, name), signal.SIG_DFL)
-    code = main(list(srun))
-    if code:
-        raise SystemExit(code)
+    sys.stdout.flush()
+    raise SystemExit(main(list(srun)))
 
 
 def main(argv: list[str]) -> int:

@@ -51,7 +51,8 @@ def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
     assert list((run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.out"))
 
     script = (run_dir / "job.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in script and re.search(r"^\S+ -u -m hpc\.submit\.supervise srun .*--mpi=pmix", script, re.M)
+    assert "#SBATCH --nodes=2" in script and re.search(r"^#   srun .*--mpi=pmix .*-u -m hpc\.rank\.main ", script, re.M)  # shown
+    assert re.search(r"^\S+ -u -m submitit\.core\._submit ", script, re.M)  # submitit's job runner: the step supervisor
     dry = run_launch("dry_run=true", *TWO_BY_TWO, cwd=tmp_path)
     printed = dry.stdout.split("# sbatch script\n", 1)[1]
     dry_dir = re.search(r"--output=(/\S+)/slurm/%j", printed).group(1)

@@ -28,8 +28,10 @@ def summary(out: Path) -> dict:
 
 
 # Every check but `resume` (suite time: 70 s here): its stop, resume and comparison are the
-# `handle` check's own (stop_resume_and_compare), and the two tests below start it.
-CPU_CHECKS = "environment,memory,resnet50,lm,handle,allreduce,scaling,loader,unit"
+# `handle` check's own (stop_resume_and_compare), and the two tests below start it; and but
+# `allreduce` (25-30 s): its launches are `python -m collectives.bench --np N`, which
+# tests/mpi/test_mpi_ranks.py runs the same way.
+CPU_CHECKS = "environment,memory,resnet50,lm,handle,scaling,loader,unit"
 
 
 def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
@@ -55,7 +57,7 @@ def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
     assert checks["lm"]["targets"]["toolkit / plain loop"]["value"] > 0
     memory = checks["memory"]["figures"]  # replicated and FSDP2 (world size one) train alike
     assert memory["replicated: losses of 3 steps"] == memory["fsdp2: losses of 3 steps"] and memory["fsdp2: parameters"] > 0
-    assert "| 2 |" in checks["scaling"]["tables"][0] and "2 ranks, busbw" in checks["allreduce"]["tables"][0]
+    assert "| 2 |" in checks["scaling"]["tables"][0]
     markdown = (tmp_path / "summary.md").read_text()
     assert all(f"## {name}: " in markdown for name in checks)
     assert "===== handle: ok" in (tmp_path / "logs.txt").read_text()

@@ -1,5 +1,5 @@
 """A real Optuna study on local MPI ranks (cluster=local): trials one after another, Ctrl-C in the
-middle of one, the same command again continues the study, and it beats the default lr."""
+middle of one, the same command again continues the study to its number of trials."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 TRIAL = ("trainer.epochs=3", "model.hidden_sizes=[1024,1024]", "resources.tasks_per_node=1")
 
 
-def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_default(tmp_path):
+def test_an_interrupted_local_study_continues_to_its_number_of_trials(tmp_path):
     sweep_dir = tmp_path / "study"
     first = subprocess.Popen(launch_command(*TRIAL, sweep_dir=sweep_dir), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -44,14 +44,7 @@ def test_an_interrupted_local_study_continues_and_finds_a_better_lr_than_the_def
     assert again.stdout.count("running locally") == (2 if late else 3)  # trial 1 resumed, 2 and 3 new; trial 0 was done
     if not late:
         assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
-    values = check_study(sweep_dir, trials=4)
-
-    default = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *TRIAL, f"run_root={tmp_path / 'default'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
-    assert default.returncode == 0, default.stderr[-2000:]
-    (result,) = (tmp_path / "default").glob("*/*/result.json")
-    assert max(values.values()) > json.loads(result.read_text())["val_metrics"]["accuracy"]
+    check_study(sweep_dir, trials=4)  # that the study beats the default lr: tests/e2e/test_search_slurm.py (the same sweeper and trials)
 
     status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout
