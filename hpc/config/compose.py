@@ -17,7 +17,7 @@ from typing import Any
 from hpc.config.schema import JobConfig, to_job_config, unknown_key_message
 from hpc.errors import UserError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # package data: found installed or in a checkout
 ARRAY_LAUNCHER = "hydra_plugins.hpc_array_launcher.array_launcher.ArrayLauncher"
 
 

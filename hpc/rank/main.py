@@ -338,13 +338,15 @@ def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog 
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m hpc.rank.main RUN_DIR", file=sys.stderr)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hpc.rank.main", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory launch.py (or sbatch/train.sbatch) prepared: its config.yaml")
+    run_dir = parser.parse_args(argv).run_dir
+    if not RunDir(Path(run_dir)).config.is_file():
+        print(f"error: {run_dir} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    if not RunDir(Path(argv[0])).config.is_file():
-        print(f"error: {argv[0]} is not a run directory (no config.yaml)", file=sys.stderr)
-        return 2
-    code = int(train_rank(argv[0])["exit_code"])
+    code = int(train_rank(run_dir)["exit_code"])
     if code == EXIT_RESUMABLE and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
         return 0  # hpc.submit.ranks returns result.json's code: a non-zero exit here can hang mpirun
     return code

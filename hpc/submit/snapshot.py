@@ -52,7 +52,7 @@ def user_sources(targets: Iterable[str]) -> list[Path]:
     found: dict[str, Path] = {}
     for target in targets:
         top = target.split(".")[0]
-        if not top or top in (*PACKAGES, "conf") or top in found or top in sys.builtin_module_names:
+        if not top or top in PACKAGES or top in found or top in sys.builtin_module_names:
             continue  # the toolkit's own tasks are frozen with it
         spec = importlib.machinery.PathFinder.find_spec(top, search)
         if spec is None:
@@ -106,13 +106,13 @@ def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()
     ranks import those frozen copies too, and a script file's directory as <dest>/script (the
     ranks run the script from there); returns `dest`."""
     dest.mkdir(parents=True)
-    copied = sum(_copy_sources(root / package, dest / package) for package in (*PACKAGES, "conf"))
+    copied = sum(_copy_sources(root / package, dest / package) for package in PACKAGES)  # hpc/conf with hpc
     for source in user:
         copied += _copy_sources(source, dest / source.name)
     if script_dir is not None:
         copied += _copy_sources(script_dir, dest / SCRIPT_DIR)
     commit = _git(["rev-parse", "HEAD"], root)
-    diff = _git(["diff", "HEAD", "--", *PACKAGES, "conf"], root) if commit else None
+    diff = _git(["diff", "HEAD", "--", *PACKAGES], root) if commit else None
     if diff:
         (dest / "git.diff").write_text(diff)
     source_info = {

@@ -42,27 +42,6 @@ def test_a_user_task_trains_on_two_mpi_ranks_through_launch(tmp_path):
     assert result["status"] == "completed" and result["world_size"] == 2 and result["val_metrics"]["close"] == epochs[-1]["val_close"]
 
 
-def test_the_readme_task_runs_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Your own task") :]
-    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))]
-    command = section[section.index("```bash\n") + len("```bash\n") : section.index("```\n", section.index("```bash"))].strip().splitlines()
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "tasks.py").write_text(code)
-    assert command[0] == "touch mypkg/__init__.py"
-    (tmp_path / "mypkg" / "__init__.py").touch()
-    words = command[1].split()
-    assert words[:3] == ["PYTHONPATH=$PWD", "python", "/path/to/launch.py"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    overrides = [*words[3:], "trainer.epochs=1", f"run_root={tmp_path / 'runs'}"]
-    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
-    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    assert len(steps) == 1024 // (2 * 32) and epochs[-1]["val_loss"] < 0.5 * steps[0]["loss"] and "val_close" in epochs[-1]
-
-
 def test_the_user_package_is_frozen_with_the_run_and_resumed_from_the_copy(tmp_path):
     user = tmp_path / "user"
     shutil.copytree(FIXTURE, user / "mytasks")
