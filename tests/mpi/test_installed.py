@@ -29,14 +29,15 @@ def readme_task() -> tuple[str, list[str]]:
 
 
 def test_the_installed_command_runs_the_first_job_and_the_readme_task_from_a_project_dir(tmp_path):
-    # A copy of the sources (pip builds in the source tree), installed without its dependencies:
+    # A copy of the sources (pip builds in the source tree), built as pip builds any package (an
+    # isolated build environment with the build-system requirements) and installed without its dependencies:
     # those are this machine's (--system-site-packages), the toolkit is the wheel's.
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=LEFT_OUT)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     installed = subprocess.run(
-        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--disable-pip-version-check", str(source)],
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(source)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -54,7 +55,7 @@ def test_the_installed_command_runs_the_first_job_and_the_readme_task_from_a_pro
     first = subprocess.run(["hpc-launch", "trainer.epochs=1", "run_root=runs/first"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     (run_dir,) = [p.parent for p in (project / "runs" / "first").glob("*/*/config.yaml")]
-    assert json.loads((run_dir / "result.json").read_text())["val_metrics"]["accuracy"] > 0.5
+    assert json.loads((run_dir / "result.json").read_text())["val_metrics"]["accuracy"] > 0.3  # ten digits: chance is 0.1
     assert (run_dir / "code" / "hpc" / "conf" / "config.yaml").is_file()  # the installed toolkit, frozen with the run
 
     # The README's task, written and run as it says

@@ -73,7 +73,7 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     # The model out of the toolkit (for fsdp: every rank's rows consolidated): the final weights
     written = export(run_dir, tmp_path / "model.safetensors")
     tensors, _ = load_safetensors(tmp_path / "model.safetensors")
-    assert written["step"] == 30 and [t.flatten().tolist() for t in tensors.values()] == ours["weights"]
+    assert written["step"] == 30 and sorted(t.flatten().tolist() for t in tensors.values()) == sorted(ours["weights"])  # the file orders by name
 
 
 @pytest.mark.parametrize("sync", ["ours", "horovod", "ours-zero2"])
