@@ -14,7 +14,7 @@ def _project(root):
         "hpc/a.py": "A = 1\n",
         "trainers/b.py": "B = 2\n",
         "collectives/c.py": "",
-        "conf/x/y.yaml": "k: 1\n",
+        "hpc/conf/x/y.yaml": "k: 1\n",  # the configs are package data of hpc
         "hpc/__pycache__/a.cpython-311.pyc": "junk",
         "hpc/notes.txt": "not code",
     }.items():
@@ -27,7 +27,7 @@ def test_sources_are_copied_and_nothing_else(tmp_path):
     _project(root)
     frozen = freeze_code(tmp_path / "run" / "code", root)
     copied = sorted(str(p.relative_to(frozen)) for p in frozen.rglob("*") if p.is_file())
-    assert copied == ["SOURCE.json", "collectives/c.py", "conf/x/y.yaml", "hpc/__init__.py", "hpc/a.py", "trainers/b.py"]
+    assert copied == ["SOURCE.json", "collectives/c.py", "hpc/__init__.py", "hpc/a.py", "hpc/conf/x/y.yaml", "trainers/b.py"]
     (root / "hpc/a.py").write_text("A = 'edited after submission'\n")
     assert (frozen / "hpc/a.py").read_text() == "A = 1\n"
     assert json.loads((frozen / "SOURCE.json").read_text())["git_commit"] is None
