@@ -194,11 +194,13 @@ def _submit(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_pa
     executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
     array = len(run_dirs) > 1
     lines = [srun_line(executor.folder, params["srun_args"], run_dir.path, array) for run_dir in run_dirs]
-    # The srun line travels in submitit's pickle; the script shows it too, for whoever reads it
+    # The srun line travels in submitit's pickle; the script shows it too, for whoever reads it, as
+    # comments (a line break in a path is shown escaped: it would end the comment)
     shown = shlex.join([*lines[0][:-1], "RUN_DIR"]) if array else shlex.join(lines[0])
     note = ["# the ranks' step, started by the step supervisor (hpc.submit.supervise) that submitit runs below:", f"#   {shown}"]
     if array:
         note.append(f"#   RUN_DIR: the array task's point dir, {shlex.quote(str(run_dirs[0].path.parent))}/<point number>")
+    note = [line.replace("\n", "\\n").replace("\r", "\\r") for line in note]
     executor.update_parameters(**{**params, "setup": [*params["setup"], *note]}, array_parallelism=max_parallel or len(run_dirs))
     if not array:
         return [executor.submit(supervise_step, lines[0])]

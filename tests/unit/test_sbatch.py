@@ -76,3 +76,11 @@ def test_switches_become_an_sbatch_flag_and_are_checked(tmp_path):
     assert not any("--switches" in line for line in sbatch_lines(render(tmp_path, nodes=4)))
     with pytest.raises(UserError, match="cluster.switches=5 must be between 1 and resources.nodes=4"):
         validate_job(replace(job, cluster=replace(job.cluster, switches=5)))
+
+
+def test_a_line_break_in_the_run_dir_cannot_end_the_comment_that_shows_the_srun_line(tmp_path):
+    job = JobConfig(cluster=CLUSTER, name="train")
+    text = render_sbatch(job, {}, RunDir(tmp_path / "a\ntouch pwned"))
+    shown = text[text.index("# the ranks' step") : text.index("# command")].strip().splitlines()
+    assert len(shown) == 2 and all(line.startswith("#") for line in shown), shown
+    assert "a\\ntouch pwned" in shown[1]
