@@ -12,7 +12,6 @@ The built-in configs are package data (hpc/conf); `--config-dir DIR` adds a proj
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 from pathlib import Path
@@ -50,12 +49,9 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def run(cfg: DictConfig, checked: JobConfig | None = None) -> None:
-    """The job Hydra composed, in the run dir Hydra made for it (HydraConfig). `checked`: the
-    same config, already typed and validated."""
-    run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
+def execute(job: JobConfig, run_dir: RunDir) -> None:
+    """Run or submit the validated job from its run dir; exits with its code."""
     try:
-        job = checked or to_job_config(cfg)
         code = launch(job, run_dir)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
     except UserError as err:
@@ -70,6 +66,12 @@ def run(cfg: DictConfig, checked: JobConfig | None = None) -> None:
         sys.exit(code)
 
 
+def run(cfg: DictConfig) -> None:
+    """hydra.main's task, in the run dir Hydra made for it; only a run that hydra.main itself
+    starts (single runs go through run_single) reaches it."""
+    execute(to_job_config(cfg), RunDir(Path(HydraConfig.get().runtime.output_dir)))
+
+
 main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run)  # absolute: a file path, installed or not
 
 
@@ -80,12 +82,31 @@ def discard(run_dir: RunDir) -> None:
         prune_empty(run_dir.path)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Hydra's own command-line parser: `--config-dir DIR` and `--config-dir=DIR` alike. A
-    script's own options before `--` get a line saying where they go."""
-    from hydra._internal.utils import get_args_parser
+def flags_parser() -> argparse.ArgumentParser:
+    """Hydra's command-line flags, as documented (`--help`, `--cfg`, `-m`, `--config-dir` ...)."""
+    parser = argparse.ArgumentParser(prog="hpc-launch", add_help=False, allow_abbrev=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--help", "-h", action="store_true")
+    parser.add_argument("--hydra-help", action="store_true")
+    parser.add_argument("--version", action="store_true")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--resolve", action="store_true")
+    parser.add_argument("--package", "-p")
+    parser.add_argument("--run", "-r", action="store_true")
+    parser.add_argument("--multirun", "-m", action="store_true")
+    parser.add_argument("--shell-completion", "-sc", action="store_true")
+    parser.add_argument("--config-path", "-cp")
+    parser.add_argument("--config-name", "-cn")
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--experimental-rerun")
+    parser.add_argument("--info", "-i", const="all", nargs="?", choices=["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"])
+    return parser
 
-    args, unknown = get_args_parser().parse_known_args(argv)
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Hydra's flags: `--config-dir DIR` and `--config-dir=DIR` alike. A script's own options
+    before `--` get a line saying where they go."""
+    args, unknown = flags_parser().parse_known_args(argv)
     if unknown:
         raise UserError(f"unrecognized arguments: {' '.join(unknown)} (a script's own arguments go after --: python launch.py script=train.py -- --lr 0.1)")
     return args
@@ -106,17 +127,17 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
 
 def info_only(args: argparse.Namespace) -> bool:
     """Hydra prints something (help, config, info) and runs nothing."""
-    return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.experimental_rerun)
+    return bool(args.help or args.hydra_help or args.version or args.cfg or args.info or args.shell_completion or args.experimental_rerun)
 
 
-def check_command(args: argparse.Namespace) -> tuple[list[JobConfig], Search | None]:
+def check_command(args: argparse.Namespace) -> tuple[list[tuple[list[str], JobConfig]], Search | None]:
     """Every check a job gets, before Hydra makes a run (or sweep) dir: a refused command
     leaves nothing. Raises UserError with one line. A searching sweeper's run comes back too."""
     source = config_source(args)
     if not args.multirun:
         job = compose_job(args.overrides, source)
         validate_job(job)
-        return [job], None
+        return [(args.overrides, job)], None
     sweeper = sweeper_config(fixed_overrides(args.overrides), source)
     search = None if is_basic(sweeper) else check_search(args.overrides, sweeper, source)
     points = search.points if search else sweep_points(args.overrides, source, sweeper)
@@ -130,7 +151,40 @@ def check_command(args: argparse.Namespace) -> tuple[list[JobConfig], Search | N
                 else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
             )
             raise UserError(f"{where}: {err}") from None
-    return [job for _, job in points], search
+    return points, search
+
+
+def run_grid(args: argparse.Namespace, points: list[tuple[list[str], JobConfig]]) -> None:
+    """`-m` with the basic sweeper (a grid), through the compose API: the sweep dir
+    (hydra.sweep.dir) with its multirun.yaml, then every point validated and submitted as job
+    arrays, or run locally one after another (hpc.submit.sweep)."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from hpc.submit.sweep import SweepPoint, discard_unsubmitted, launch_sweep
+
+    source = config_source(args)
+    with initialized(source):
+        cfg = compose_run(fixed_overrides(args.overrides), source)
+    sweep_dir = Path(str(cfg.hydra.sweep.dir)).absolute()
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.MULTIRUN
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, sweep_dir / "multirun.yaml")  # as Hydra's sweepers record a sweep
+    nums = list(range(len(points)))
+    try:
+        code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, points, strict=True)], sweep_dir)
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
+    except UserError as err:
+        discard_unsubmitted(sweep_dir, nums)
+        fail(str(err), err.exit_code)
+    except BrokenPipeError:  # `launch.py -m ... | head -1`
+        discard_unsubmitted(sweep_dir, nums)
+        end_on_closed_stdout()
+        return
+    discard_unsubmitted(sweep_dir, nums)  # a dry run: nothing went out
+    if code:
+        sys.exit(code)
 
 
 def restrict_access(jobs: list[JobConfig]) -> None:
@@ -144,21 +198,18 @@ def restrict_access(jobs: list[JobConfig]) -> None:
 
 
 def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
-    """One job with one Hydra composition: the config that is checked is the one that runs
-    (hydra.main would compose it twice more: once for the run mode, once for the run). False,
-    having done nothing, where the config itself asks for a multirun (hydra.mode=MULTIRUN)."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra.core.utils import run_job
-    from hydra.types import HydraContext, RunMode
-    from omegaconf import open_dict, read_write
+    """One job with one Hydra composition (the compose API): the config that is checked is the one
+    that runs. False, having done nothing, where the config itself asks for a multirun
+    (hydra.mode=MULTIRUN)."""
+    from hydra.types import RunMode
 
     try:
         source = config_source(args)
     except UserError as err:
         fail(str(err), err.exit_code)
-    with initialized(source) as hydra_app:
+    with initialized(source):
         try:
-            cfg = compose_run(hydra_app, args.overrides, source)
+            cfg = compose_run(args.overrides, source)
             if cfg.hydra.mode == RunMode.MULTIRUN:
                 return False
             job = validated(cfg)
@@ -166,16 +217,38 @@ def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
             restrict_access([job])
         except UserError as err:
             fail(str(err), err.exit_code)
-        with read_write(cfg.hydra), open_dict(cfg.hydra):  # as Hydra's own run records it
-            cfg.hydra.mode = RunMode.RUN
-            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-        callbacks = Callbacks(cfg)
-        callbacks.on_run_start(config=cfg, config_name=source.config_name)
-        context = HydraContext(config_loader=hydra_app.config_loader, callbacks=callbacks)
-        done = run_job(task_function=functools.partial(run, checked=job), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
-        callbacks.on_run_end(config=cfg, config_name=source.config_name, job_return=done)
-        done.return_value  # noqa: B018  (re-raises what the run raised, as Hydra's own run does)
+    execute(job, start_run(cfg))
     return True
+
+
+def start_run(cfg: DictConfig) -> RunDir:
+    """What Hydra's own run does before the task, through public APIs: the run dir
+    (hydra.run.dir), its record in <run dir>/.hydra (config.yaml, hydra.yaml, overrides.yaml),
+    hydra.job.env_set, the job's logging (hydra.job_logging: the console and <run dir>/launch.log),
+    and HydraConfig for `${hydra:...}` in the job's config."""
+    import logging.config
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    path = Path(str(cfg.hydra.run.dir)).absolute()
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.runtime.output_dir = str(path)
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    HydraConfig.instance().set_config(cfg)
+    path.mkdir(parents=True, exist_ok=True)
+    if cfg.hydra.output_subdir is not None:
+        record = path / str(cfg.hydra.output_subdir)
+        record.mkdir(exist_ok=True)
+        task = OmegaConf.masked_copy(cfg, [str(key) for key in cfg if key != "hydra"])
+        OmegaConf.save(task, record / "config.yaml")
+        OmegaConf.save(OmegaConf.create({"hydra": cfg.hydra}), record / "hydra.yaml")
+        OmegaConf.save(cfg.hydra.overrides.task, record / "overrides.yaml")
+    os.environ.update({str(key): str(value) for key, value in cfg.hydra.job.env_set.items()})
+    logging.config.dictConfig(OmegaConf.to_container(cfg.hydra.job_logging, resolve=True))  # type: ignore[arg-type]
+    return RunDir(path)
 
 
 def validated(cfg: DictConfig) -> JobConfig:
@@ -221,16 +294,20 @@ def cli() -> None:
         except BrokenPipeError:
             end_on_closed_stdout()
             return
+        args.multirun = True  # the config asks for it (hydra.mode=MULTIRUN)
     if not info_only(args):
         try:
-            jobs, search = check_command(args)
-            restrict_access(jobs)
+            points, search = check_command(args)
+            restrict_access([job for _, job in points])
         except UserError as err:
             fail(str(err), err.exit_code)
-        if search and jobs[0].dry_run:
-            print_search(search, jobs[0], args.overrides)
+        if search is None:
+            run_grid(args, points)
             return
-        if search and search.sweeper == "optuna":  # the study outlives this process (hydra_plugins/hpc_array_launcher/study.py)
+        if points[0][1].dry_run:
+            print_search(search, points[0][1], args.overrides)
+            return
+        if search.sweeper == "optuna":  # the study outlives this process (hydra_plugins/hpc_array_launcher/study.py)
             sys.argv.append(f"hydra.sweeper._target_={STUDY_SWEEPER}")
     try:
         main()

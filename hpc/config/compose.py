@@ -57,19 +57,28 @@ def load_plugins() -> None:
     try:
         Plugins.instance()
     except Exception as err:
-        module = _scanned_module(err.__traceback__) or "a module under hydra_plugins"
+        module = failing_plugin() or "a module under hydra_plugins"
         python = f"{sys.version_info.major}.{sys.version_info.minor}"
         cause = f"{type(err).__name__}: {err}"
         fix = f"uninstall its package, or install a release that supports Python {python}"
         raise UserError(f"the installed Hydra plugin {module} fails to import ({cause}): {fix}") from None
 
 
-def _scanned_module(tb: Any) -> str | None:
-    """The plugin module Hydra's scan was importing when it failed (its loop variable)."""
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "_scan_all_plugins":
-            return tb.tb_frame.f_locals.get("modname")
-        tb = tb.tb_next
+def failing_plugin() -> str | None:
+    """The first module under the hydra_plugins namespace that fails to import (as Hydra's own
+    scan imports them all)."""
+    import importlib
+    import pkgutil
+
+    try:
+        import hydra_plugins
+    except ImportError:
+        return None
+    for found in pkgutil.walk_packages(hydra_plugins.__path__, "hydra_plugins.", onerror=lambda name: None):
+        try:
+            importlib.import_module(found.name)
+        except Exception:
+            return found.name
     return None
 
 
@@ -87,31 +96,44 @@ class ConfigSource:
         roots = [Path(p) for p in (self.config_path, self.config_dir) if p and not p.startswith("pkg://")]
         return [root / group for root in roots if (root / group).is_dir()]
 
+    def dirs(self) -> tuple[str, str | None]:
+        """(the directory the compose API starts from, the one more it searches). Hydra finds the
+        primary config before it reads `hydra.searchpath`, so a primary config that only the
+        --config-dir holds makes that the first directory (its options then come first too)."""
+        name = self.config_name if self.config_name.endswith(".yaml") else f"{self.config_name}.yaml"
+        if self.config_dir is not None and not self.config_path.startswith("pkg://"):
+            if not (Path(self.config_path) / name).is_file() and (Path(self.config_dir) / name).is_file():
+                return self.config_dir, self.config_path
+        return self.config_path, self.config_dir
+
+    def search_overrides(self) -> list[str]:
+        """--config-dir as the compose API takes it: Hydra's documented `hydra.searchpath`, which
+        puts the directory after the primary config's, where Hydra's flag puts it."""
+        extra = self.dirs()[1]
+        if extra is None:
+            return []
+        quoted = "'" + f"file://{extra}".replace("'", "\\'") + "'"  # any path: spaces, commas, brackets
+        return [f"hydra.searchpath=[{quoted}]"]
+
 
 DEFAULT_SOURCE = ConfigSource()
 
 
 @contextmanager
-def initialized(source: ConfigSource) -> Iterator[Any]:
-    """Hydra's compose API set up with the search path `launch.py` with these flags gets (as
-    hydra.initialize_config_dir does, plus --config-dir where Hydra's own parser puts it)."""
-    from hydra import version
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+def initialized(source: ConfigSource) -> Iterator[None]:
+    """Hydra's compose API set up for the primary config `launch.py` with these flags gets
+    (compose with source.search_overrides() for --config-dir)."""
+    from hydra import initialize_config_dir, initialize_config_module
 
     register_schemas()  # idempotent: the same node stored again
-    backup = get_gh_backup()
-    version.setbase("1.3")
-    search_path = create_config_search_path(search_path_dir=source.config_path)
-    if source.config_dir is not None:  # after the primary dir, before the structured schemas
-        search_path.prepend(provider="command-line", path=f"file://{source.config_dir}", anchor=SearchPathQuery(provider="schema"))
-    app = Hydra.create_main_hydra2(task_name="launch", config_search_path=search_path)
-    try:
-        yield app
-    finally:
-        restore_gh_from_backup(backup)
+    context: Any
+    primary = source.dirs()[0]
+    if primary.startswith("pkg://"):
+        context = initialize_config_module(config_module=primary.removeprefix("pkg://").replace("/", "."), version_base="1.3", job_name="launch")
+    else:
+        context = initialize_config_dir(config_dir=primary, version_base="1.3", job_name="launch")
+    with context:
+        yield
 
 
 HELP_MARK = "# help:"  # in an option's leading comments: its one-line description in --help
@@ -214,7 +236,7 @@ def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE)
             for overrides in points:
                 plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
                 try:
-                    jobs.append(to_job_config(compose(source.config_name, overrides=plain)))  # type errors surface here too
+                    jobs.append(to_job_config(compose(source.config_name, overrides=[*plain, *source.search_overrides()])))  # type errors surface here too
                 except UserError:
                     raise  # already one line (a key `+key=value` added that no schema declares)
                 except Exception as err:  # hydra and omegaconf raise many types; all become one line
@@ -224,14 +246,14 @@ def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE)
     return jobs
 
 
-def compose_run(app: Any, overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> Any:
+def compose_run(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> Any:
     """The whole config of one run (`hydra` node included, command-line `hydra.*` overrides
-    applied) as Hydra's own run composes it, inside `initialized(source)`; UserError, one line."""
+    applied), inside `initialized(source)`; UserError, one line."""
+    from hydra import compose
     from hydra.errors import MissingConfigException
-    from hydra.types import RunMode
 
     try:
-        return app.compose_config(source.config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+        return compose(source.config_name, overrides=[*overrides, *source.search_overrides()], return_hydra_config=True)
     except MissingConfigException as err:
         if err.missing_cfg_file == source.config_name or not str(err.missing_cfg_file or "").count("/"):
             raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
@@ -253,7 +275,7 @@ def sweeper_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) 
 
     try:
         with initialized(source):
-            hydra_cfg = compose(source.config_name, overrides=overrides, return_hydra_config=True).hydra
+            hydra_cfg = compose(source.config_name, overrides=[*overrides, *source.search_overrides()], return_hydra_config=True).hydra
     except MissingConfigException as err:
         group, _, option = str(err.missing_cfg_file or "").rpartition("/")
         if group == "hydra/sweeper":
@@ -287,17 +309,23 @@ def fixed_overrides(arguments: list[str]) -> list[str]:
 def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
     """Hydra's grid expansion of `-m` arguments (and of `hydra.sweeper.params`, as Hydra's basic
     sweeper does): one override list per point. Raises UserError for bad syntax or no points."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    import itertools
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     params = [f"{key}={value}" for key, value in (sweeper_params or {}).items()]
     try:
         parsed = OverridesParser.create().parse_overrides([*params, *arguments])
-        batches = BasicSweeper.split_arguments(parsed, None)
+        choices = [
+            [f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
+            if o.is_sweep_override()
+            else [f"{o.get_key_element()}={o.get_value_element_as_str()}"]
+            for o in parsed
+        ]
     except HydraException as err:
         raise UserError(" ".join(str(err).split())) from None
-    points = [list(point) for batch in batches for point in batch]
+    points = [list(point) for point in itertools.product(*choices)]  # the basic sweeper's order: the last key varies fastest
     if not points:
         empty = [str(o.input_line) for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
         raise UserError(f"empty sweep: {', '.join(empty) or 'the sweep'} expands to no values")

@@ -59,7 +59,7 @@ class ArrayLauncher(Launcher):
         discard_unsubmitted(sweep_dir, nums)  # a dry run: nothing went out
         if code:
             sys.exit(code)
-        return [JobReturn(overrides=list(o), status=JobStatus.COMPLETED, _return_value=None) for o in job_overrides]
+        return [job_return(o, JobStatus.COMPLETED, None) for o in job_overrides]
 
     def run_trials(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, trials: Sequence[int] | None = None) -> list[JobReturn]:
         from hpc.submit.trials import run_batch
@@ -142,5 +142,12 @@ class TrialFailed(Exception):
 def trial_return(overrides: Sequence[str], outcome: Any) -> JobReturn:
     """A trial's outcome as Hydra's sweepers read it: the objective, or a failure (never a number)."""
     if outcome.value is not None:
-        return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=outcome.value)
-    return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=TrialFailed(f"trial #{outcome.num}: {outcome.error}"))
+        return job_return(overrides, JobStatus.COMPLETED, outcome.value)
+    return job_return(overrides, JobStatus.FAILED, TrialFailed(f"trial #{outcome.num}: {outcome.error}"))
+
+
+def job_return(overrides: Sequence[str], status: JobStatus, value: Any) -> JobReturn:
+    """A JobReturn through its public `return_value` setter (a failure's value is its exception)."""
+    done = JobReturn(overrides=list(overrides), status=status)
+    done.return_value = value
+    return done
