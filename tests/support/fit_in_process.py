@@ -123,3 +123,19 @@ def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: i
 
 def steps_of(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def counting_blocks(task: Any) -> tuple[Any, list[int]]:
+    """`task` whose model counts the calls of the first linear layer inside each block: once per
+    forward, and once more per backward when the block's activations are recomputed."""
+    calls = [0]
+    build = task.build_model
+
+    def build_counting() -> nn.Module:
+        model = build()
+        for block in model.blocks:
+            next(m for m in block.modules() if isinstance(m, nn.Linear)).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        return model
+
+    task.build_model = build_counting
+    return task, calls

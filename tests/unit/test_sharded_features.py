@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from collectives.config import CommConfig
 from collectives.testing import ThreadWorld
 from collectives.torchdist import TorchDistCollectives
-from tests.support.fit_in_process import builtin_task, config, steps_of, train
+from tests.support.fit_in_process import builtin_task, config, counting_blocks, steps_of, train
 from trainers.config import ModelConfig, OptimConfig
 from trainers.run import FitConfig
 
@@ -34,22 +33,6 @@ def small_lm(tokens: Path) -> Any:
         write_token_file(embedded_corpus()[:30000], tokens)
     # No dropout: thread ranks share torch's global random numbers
     return LanguageModelTask(tokens=str(tokens), context=16, layers=2, heads=2, width=32, dropout=0.0)
-
-
-def counted(task: Any) -> tuple[Any, list[int]]:
-    """`task` whose blocks count their first linear layer's calls: once per forward, once more
-    per backward where the block's activations are recomputed."""
-    calls = [0]
-    build = task.build_model
-
-    def build_counting() -> nn.Module:
-        model = build()
-        for block in model.blocks:
-            next(m for m in block.modules() if isinstance(m, nn.Linear)).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        return model
-
-    task.build_model = build_counting
-    return task, calls
 
 
 def lm_config(sharding: str, backend: str = "mpi", recompute: bool = True, **trainer: object) -> FitConfig:
@@ -73,7 +56,7 @@ def fit_threads(run_dir: Path, tokens: Path, cfg: FitConfig, ranks: int = 2) -> 
     counts: list[int] = [0] * ranks
 
     def rank(comm: Any) -> None:
-        task, calls = counted(small_lm(tokens))
+        task, calls = counting_blocks(small_lm(tokens))
         train(run_dir, task, cfg, comm)
         counts[comm.rank] = calls[0]
 
@@ -134,9 +117,9 @@ def one_rank(tmp_path: Path) -> Iterator[TorchDistCollectives]:
 def test_fsdp2_with_recomputation_accumulation_and_clipping_trains_as_ddp_and_resumes_bit_for_bit(tmp_path: Path, one_rank: TorchDistCollectives) -> None:
     tokens = tmp_path / "tokens.h5"
     full = lm_config("full", backend="gloo")
-    task, calls = counted(small_lm(tokens))
+    task, calls = counting_blocks(small_lm(tokens))
     train(tmp_path / "full", task, full, one_rank)
-    kept_task, kept_calls = counted(small_lm(tokens))  # DDP keeping the activations
+    kept_task, kept_calls = counting_blocks(small_lm(tokens))  # DDP keeping the activations
     train(tmp_path / "ddp", kept_task, lm_config("none", backend="gloo", recompute=False), one_rank)
     assert len(losses(tmp_path / "full")) == STEPS
     assert losses(tmp_path / "full") == pytest.approx(losses(tmp_path / "ddp"), rel=1e-5)

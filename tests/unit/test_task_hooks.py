@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from benchmarks.rundirs import newest_shared_state
-from tests.support.fit_in_process import Regression, config, steps_of, train
+from tests.support.fit_in_process import Regression, config, counting_blocks, steps_of, train
 from trainers.config import OptimConfig
 from trainers.run import FitConfig
 from trainers.task import TaskError
@@ -149,22 +149,6 @@ def small_lm(tmp_path: Path, dropout: float) -> Any:
 def lm_config(checkpointing: bool, precision: str = "fp32") -> FitConfig:
     cfg = with_optim(config(max_steps=12, batch_size=8, every_steps=6), name="adamw", lr=3e-3, weight_decay=0.1)
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, activation_checkpointing=checkpointing, precision=precision))
-
-
-def counting_blocks(task: Any) -> tuple[Any, list[int]]:
-    """`task` whose model counts the calls of the first linear layer inside each block: once per
-    forward, and once more per backward when the block's activations are recomputed."""
-    calls = [0]
-    build = task.build_model
-
-    def build_counting() -> nn.Module:
-        model = build()
-        for block in model.blocks:
-            next(m for m in block.modules() if isinstance(m, nn.Linear)).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        return model
-
-    task.build_model = build_counting
-    return task, calls
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
