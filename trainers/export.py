@@ -147,26 +147,28 @@ def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str
 
 
 def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | None = None) -> tuple[str, dict[str, torch.Tensor]]:
-    """A committed checkpoint's model weights, whole: with comm.sharding=full consolidated from
-    the rows every rank saved (read one file at a time)."""
+    """A committed checkpoint's model weights, whole: with comm.sharding=full, or a script's own
+    fully_shard model under the run handle, consolidated from the rows every rank saved."""
     name, weights = model_state(shared, state)
     if shared.get("model_sharded"):
-        from collectives.fsdp import full_model_state
-
-        ranks = (load_tensor_file(path).get("model_shard", {"pieces": []}) for path in rank_files(directory))
         shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
-        weights = {**weights, **full_model_state(ranks, shapes)}
+        weights = {**weights, **ranks_rows(directory, "model_shard", shapes)}
     markers: dict[str, Any] = {key: value for key, value in weights.items() if is_marker(value)}
-    if markers:  # a script's own fully_shard model under the run handle: every rank's rows
-        from collectives.fsdp import full_model_state
-
-        ranks = (load_tensor_file(path).get("dtensor_pieces", {"pieces": []}) for path in rank_files(directory))
-        whole = full_model_state(ranks, {str(m[SHARDED]): m["shape"] for m in markers.values()})
+    if markers:
+        whole = ranks_rows(directory, "dtensor_pieces", {str(m[SHARDED]): m["shape"] for m in markers.values()})
         lacking = [key for key, m in markers.items() if str(m[SHARDED]) not in whole]
         if lacking:
             raise ExportError(f"{directory}: no rank's file holds the rows of {', '.join(lacking[:3])}: the checkpoint is incomplete")
         weights = {key: whole[str(markers[key][SHARDED])] if key in markers else value for key, value in weights.items()}
     return name, weights
+
+
+def ranks_rows(directory: Path, key: str, shapes: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Whole tensors of these shapes from the pieces every rank's file keeps under `key`, read one
+    file at a time."""
+    from collectives.fsdp import full_model_state
+
+    return full_model_state((load_tensor_file(path).get(key, {"pieces": []}) for path in rank_files(directory)), shapes)
 
 
 def export(run_dir: Path, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
