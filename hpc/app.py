@@ -14,37 +14,40 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hpc.config import show
 from hpc.config.compose import (
+    ARRAY_LAUNCHER,
     CONF_DIR,
     ConfigSource,
-    compose_job,
+    compose_jobs,
     compose_run,
     fixed_overrides,
     initialized,
     load_plugins,
+    multirun_config,
     register_schemas,
     sweep_points,
-    sweeper_config,
+    sweeper_of,
 )
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
 from hpc.config.scripts import split_passthrough, with_script_args
-from hpc.config.search import STUDY_SWEEPER, Search, check_search, is_basic
+from hpc.config.search import Search, check_search, is_basic
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit.launch import discard_run_dir, launch
 from hpc.submit.tidy import end_on_closed_stdout, note_run_root, prune_empty
 
-HERE = Path(__file__).resolve().parent  # Hydra takes a relative --config-path from hydra.main's module: this one
+HERE = Path(__file__).resolve().parent  # a relative --config-path is taken from here, as hydra.main takes it from its module
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -66,15 +69,6 @@ def execute(job: JobConfig, run_dir: RunDir) -> None:
         sys.exit(code)
 
 
-def run(cfg: DictConfig) -> None:
-    """hydra.main's task, in the run dir Hydra made for it; only a run that hydra.main itself
-    starts (single runs go through run_single) reaches it."""
-    execute(to_job_config(cfg), RunDir(Path(HydraConfig.get().runtime.output_dir)))
-
-
-main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(run)  # absolute: a file path, installed or not
-
-
 def discard(run_dir: RunDir) -> None:
     """Remove the run dir if Hydra's files are all it holds, then the parents this command made."""
     discard_run_dir(run_dir)
@@ -82,9 +76,14 @@ def discard(run_dir: RunDir) -> None:
         prune_empty(run_dir.path)
 
 
+class FlagsParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage and error
+        raise UserError(message)
+
+
 def flags_parser() -> argparse.ArgumentParser:
     """Hydra's command-line flags, as documented (`--help`, `--cfg`, `-m`, `--config-dir` ...)."""
-    parser = argparse.ArgumentParser(prog="hpc-launch", add_help=False, allow_abbrev=False)
+    parser = FlagsParser(prog="hpc-launch", add_help=False, allow_abbrev=False)
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--help", "-h", action="store_true")
     parser.add_argument("--hydra-help", action="store_true")
@@ -99,7 +98,7 @@ def flags_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-name", "-cn")
     parser.add_argument("--config-dir", "-cd")
     parser.add_argument("--experimental-rerun")
-    parser.add_argument("--info", "-i", const="all", nargs="?", choices=["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"])
+    parser.add_argument("--info", "-i", const="all", nargs="?", choices=show.INFO_SECTIONS)
     return parser
 
 
@@ -108,7 +107,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     before `--` get a line saying where they go."""
     args, unknown = flags_parser().parse_known_args(argv)
     if unknown:
-        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (a script's own arguments go after --: python launch.py script=train.py -- --lr 0.1)")
+        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (a script's own arguments go after --: hpc-launch script=train.py -- --lr 0.1)")
+    if args.shell_completion:
+        raise UserError("--shell-completion: hpc-launch has no shell completion (--help lists the config groups and keys)")
+    if args.experimental_rerun:
+        raise UserError("--experimental-rerun: not supported (it unpickles a file); rerun with the overrides in <run dir>/.hydra/overrides.yaml")
+    if args.run and args.multirun:
+        raise UserError("--run and --multirun exclude each other")
     return args
 
 
@@ -127,18 +132,51 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
 
 def info_only(args: argparse.Namespace) -> bool:
     """Hydra prints something (help, config, info) and runs nothing."""
-    return bool(args.help or args.hydra_help or args.version or args.cfg or args.info or args.shell_completion or args.experimental_rerun)
+    return bool(args.help or args.hydra_help or args.version or args.cfg or args.info)
 
 
-def check_command(args: argparse.Namespace) -> tuple[list[tuple[list[str], JobConfig]], Search | None]:
-    """Every check a job gets, before Hydra makes a run (or sweep) dir: a refused command
-    leaves nothing. Raises UserError with one line. A searching sweeper's run comes back too."""
+def print_info(args: argparse.Namespace) -> None:
+    """--version, --help, --hydra-help, --cfg, --info: of the config these overrides compose (with
+    -m, of what every point shares)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if args.version:
+        print(show.version())
+        return
     source = config_source(args)
-    if not args.multirun:
-        job = compose_job(args.overrides, source)
-        validate_job(job)
-        return [(args.overrides, job)], None
-    sweeper = sweeper_config(fixed_overrides(args.overrides), source)
+    overrides = fixed_overrides(args.overrides) if args.multirun else args.overrides
+    with initialized(source):
+        cfg = compose_run(overrides, source)
+        if args.help:
+            print(show.app_help(cfg))
+        elif args.hydra_help:
+            print(show.hydra_help())
+        elif args.cfg:
+            HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the job's config, for --resolve
+            print(show.show_cfg(cfg, args.cfg, args.package, args.resolve))
+        else:
+            print(show.show_info(cfg, args.info))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """`-m`, checked: every point (a grid's) or every edge of the search space (a search's)
+    composed and validated, and the config every point shares (hydra.sweep.dir)."""
+
+    points: list[tuple[list[str], JobConfig]]
+    search: Search | None
+    shared: DictConfig
+
+
+def check_sweep(args: argparse.Namespace) -> Sweep:
+    """Every check a sweep gets, before its sweep dir is made: a refused command leaves nothing.
+    Raises UserError with one line."""
+    source = config_source(args)
+    shared = multirun_config(fixed_overrides(args.overrides), source)
+    sweeper = sweeper_of(shared)
+    if sweeper.get("launcher") != ARRAY_LAUNCHER:
+        launcher = sweeper.get("launcher")
+        raise UserError(f"hydra.launcher._target_={launcher}: hpc-launch submits sweeps itself (job arrays): leave hydra/launcher at hpc_array")
     search = None if is_basic(sweeper) else check_search(args.overrides, sweeper, source)
     points = search.points if search else sweep_points(args.overrides, source, sweeper)
     for num, (overrides, job) in enumerate(points):
@@ -151,40 +189,56 @@ def check_command(args: argparse.Namespace) -> tuple[list[tuple[list[str], JobCo
                 else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
             )
             raise UserError(f"{where}: {err}") from None
-    return points, search
+    return Sweep(points, search, shared)
 
 
-def run_grid(args: argparse.Namespace, points: list[tuple[list[str], JobConfig]]) -> None:
-    """`-m` with the basic sweeper (a grid), through the compose API: the sweep dir
-    (hydra.sweep.dir) with its multirun.yaml, then every point validated and submitted as job
-    arrays, or run locally one after another (hpc.submit.sweep)."""
+def sweep_dir_of(shared: DictConfig) -> Path:
+    return Path(str(shared.hydra.sweep.dir)).absolute()
+
+
+def run_grid(sweep: Sweep) -> None:
+    """`-m` with the basic sweeper (a grid): the sweep dir (hydra.sweep.dir) with its
+    multirun.yaml, then every point submitted as job arrays, or run locally one after another
+    (hpc.submit.sweep)."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict, read_write
 
     from hpc.submit.sweep import SweepPoint, discard_unsubmitted, launch_sweep
 
-    source = config_source(args)
-    with initialized(source):
-        cfg = compose_run(fixed_overrides(args.overrides), source)
-    sweep_dir = Path(str(cfg.hydra.sweep.dir)).absolute()
+    cfg = sweep.shared
+    sweep_dir = sweep_dir_of(cfg)
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.MULTIRUN
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, sweep_dir / "multirun.yaml")  # as Hydra's sweepers record a sweep
-    nums = list(range(len(points)))
+    nums = list(range(len(sweep.points)))
     try:
-        code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, points, strict=True)], sweep_dir)
+        code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, sweep.points, strict=True)], sweep_dir)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
-    except UserError as err:
+    except UserError:
         discard_unsubmitted(sweep_dir, nums)
-        fail(str(err), err.exit_code)
-    except BrokenPipeError:  # `launch.py -m ... | head -1`
+        raise
+    except BrokenPipeError:  # `hpc-launch -m ... | head -1`
         discard_unsubmitted(sweep_dir, nums)
-        end_on_closed_stdout()
-        return
+        raise
     discard_unsubmitted(sweep_dir, nums)  # a dry run: nothing went out
     if code:
         sys.exit(code)
+
+
+def run_search(args: argparse.Namespace, sweep: Sweep) -> None:
+    """`-m hydra/sweeper=optuna`: the study, its trials composed as Optuna asks for them."""
+    from hpc.submit.study import StudyRun, run_study
+
+    assert sweep.search is not None
+    source = config_source(args)
+    run_study(StudyRun(sweep.search, args.argv, sweep_dir_of(sweep.shared), lambda points: compose_jobs(points, source), program()))
+
+
+def program() -> list[str]:
+    """How this command was started, to print a command that runs it again."""
+    started = sys.argv[0]
+    return ["python", started] if started.endswith(".py") else [Path(started).name]
 
 
 def restrict_access(jobs: list[JobConfig]) -> None:
@@ -203,20 +257,13 @@ def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
     (hydra.mode=MULTIRUN)."""
     from hydra.types import RunMode
 
-    try:
-        source = config_source(args)
-    except UserError as err:
-        fail(str(err), err.exit_code)
+    source = config_source(args)
     with initialized(source):
-        try:
-            cfg = compose_run(args.overrides, source)
-            if cfg.hydra.mode == RunMode.MULTIRUN:
-                return False
-            job = validated(cfg)
-            job = with_script_args(job, script_args)
-            restrict_access([job])
-        except UserError as err:
-            fail(str(err), err.exit_code)
+        cfg = compose_run(args.overrides, source)
+        if cfg.hydra.mode == RunMode.MULTIRUN:
+            return False
+        job = with_script_args(validated(cfg), script_args)
+        restrict_access([job])
     execute(job, start_run(cfg))
     return True
 
@@ -272,45 +319,35 @@ def print_search(search: Search, job: JobConfig, command: list[str]) -> None:
     print(f"dry run: nothing submitted; trials would run {where}")
 
 
-def cli() -> None:
+def main(argv: list[str]) -> None:
+    """hpc-launch ARGV: print (--help, --cfg ...), run one job, or sweep (-m)."""
     register_schemas()
+    load_plugins()
+    argv, script_args = split_passthrough(argv)
+    args = parse_args(argv)
+    args.argv = argv
+    if script_args is not None and (args.multirun or info_only(args)):
+        raise UserError("arguments after -- go to a single run's script: with -m (or --cfg, --help) give the script's settings as script_args=[...]")
+    if info_only(args):
+        print_info(args)
+        return
+    if not args.multirun and run_single(args, script_args):
+        return
+    sweep = check_sweep(args)  # -m, or the config asks for it (hydra.mode=MULTIRUN)
+    restrict_access([job for _, job in sweep.points])
+    if sweep.search is None:
+        run_grid(sweep)
+    elif sweep.points[0][1].dry_run:
+        print_search(sweep.search, sweep.points[0][1], args.overrides)
+    else:
+        run_search(args, sweep)
+
+
+def cli() -> None:
     try:
-        load_plugins()
-    except UserError as err:
-        fail(str(err), err.exit_code)
-    argv, script_args = split_passthrough(sys.argv[1:])
-    sys.argv[1:] = argv  # Hydra's own parsing (a multirun's) sees its arguments only
-    try:
-        args = parse_args(argv)
-        if script_args is not None and (args.multirun or info_only(args)):
-            raise UserError("arguments after -- go to a single run's script: with -m (or --cfg, --help) give the script's settings as script_args=[...]")
-    except UserError as err:
-        fail(str(err), err.exit_code)
-    if not info_only(args) and not args.multirun:
-        try:
-            if run_single(args, script_args):
-                sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
-                return
-        except BrokenPipeError:
-            end_on_closed_stdout()
-            return
-        args.multirun = True  # the config asks for it (hydra.mode=MULTIRUN)
-    if not info_only(args):
-        try:
-            points, search = check_command(args)
-            restrict_access([job for _, job in points])
-        except UserError as err:
-            fail(str(err), err.exit_code)
-        if search is None:
-            run_grid(args, points)
-            return
-        if points[0][1].dry_run:
-            print_search(search, points[0][1], args.overrides)
-            return
-        if search.sweeper == "optuna":  # the study outlives this process (hydra_plugins/hpc_array_launcher/study.py)
-            sys.argv.append(f"hydra.sweeper._target_={STUDY_SWEEPER}")
-    try:
-        main()
+        main(sys.argv[1:])
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
-    except BrokenPipeError:  # in Hydra's own printing (--help, --cfg); ours handle it in main()
+    except UserError as err:
+        fail(str(err), err.exit_code)
+    except BrokenPipeError:  # `hpc-launch --cfg job | head -1`
         end_on_closed_stdout()

@@ -18,11 +18,7 @@ from hpc.config.schema import JobConfig, to_job_config, unknown_key_message
 from hpc.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # package data: found installed or in a checkout
-ARRAY_LAUNCHER = "hydra_plugins.hpc_array_launcher.array_launcher.ArrayLauncher"
-
-
-def _config_groups_help() -> str:
-    return render_group_help(search_dirs()).replace("$", "$$")  # Hydra then fills the template with string.Template
+ARRAY_LAUNCHER = "hpc.submit.sweep.launch_sweep"  # hydra/launcher=hpc_array: named in Hydra's config; hpc-launch calls it, Hydra never does
 
 
 _registered = False
@@ -35,10 +31,6 @@ def register_schemas() -> None:
         return
     _registered = True
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    # ${hpc_config_groups:} in hydra.help.template (conf/config.yaml): each option, one line.
-    OmegaConf.register_new_resolver("hpc_config_groups", _config_groups_help, replace=True)
 
     store = ConfigStore.instance()
     store.store(name="job_schema", node=JobConfig)
@@ -255,6 +247,8 @@ def compose_run(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> 
     try:
         return compose(source.config_name, overrides=[*overrides, *source.search_overrides()], return_hydra_config=True)
     except MissingConfigException as err:
+        if str(err.missing_cfg_file or "").startswith("hydra/sweeper/"):
+            raise  # multirun_config names it
         if err.missing_cfg_file == source.config_name or not str(err.missing_cfg_file or "").count("/"):
             raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
         raise UserError(explain_composition_error(err, overrides, source)) from None
@@ -262,31 +256,36 @@ def compose_run(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> 
         raise UserError(explain_composition_error(err, overrides, source)) from None
 
 
-SWEEPER_PLUGINS = {"optuna": "hydra-optuna-sweeper", "nevergrad": "hydra-nevergrad-sweeper", "ax": "hydra-ax-sweeper"}
-
-
 def sweeper_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> dict[str, Any]:
     """The `hydra.sweeper` node (unresolved) of the config these (non-sweep) overrides compose,
     with `hydra.launcher._target_` under "launcher". Its `params` (e.g. from experiment=scaling)
     join the command line's sweep, as Hydra's sweepers do."""
-    from hydra import compose
+    return sweeper_of(multirun_config(overrides, source))
+
+
+def multirun_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> Any:
+    """The whole config (`hydra` node included) that a sweep's non-sweep overrides compose;
+    UserError, one line (a sweeper that is not there named as such)."""
     from hydra.errors import MissingConfigException
-    from omegaconf import OmegaConf
 
     try:
         with initialized(source):
-            hydra_cfg = compose(source.config_name, overrides=[*overrides, *source.search_overrides()], return_hydra_config=True).hydra
-    except MissingConfigException as err:
+            return compose_run(overrides, source)
+    except UserError:
+        raise
+    except MissingConfigException as err:  # compose_run lets this one through for us
         group, _, option = str(err.missing_cfg_file or "").rpartition("/")
         if group == "hydra/sweeper":
-            plugin = SWEEPER_PLUGINS.get(option, f"the plugin that provides hydra/sweeper={option}")
-            raise UserError(f"hydra/sweeper={option} is not installed: pip install {plugin} (see the README: Hyperparameter search)") from None
+            raise UserError(f"hydra/sweeper={option}: hpc-launch runs grids (the default sweeper) and Optuna searches (hydra/sweeper=optuna)") from None
         raise UserError(explain_composition_error(err, overrides, source)) from None
-    except Exception as err:  # as in compose_job: every failure is one line
-        raise UserError(explain_composition_error(err, overrides, source)) from None
-    node = OmegaConf.to_container(hydra_cfg.sweeper, resolve=False)
+
+
+def sweeper_of(cfg: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False)
     sweeper = {str(k): v for k, v in node.items()} if isinstance(node, dict) else {}
-    return {**sweeper, "launcher": str(hydra_cfg.launcher.get("_target_", ""))}
+    return {**sweeper, "launcher": str(cfg.hydra.launcher.get("_target_", ""))}
 
 
 def sweeper_params(sweeper: dict[str, Any]) -> dict[str, str]:
@@ -339,20 +338,4 @@ def sweep_points(arguments: list[str], source: ConfigSource = DEFAULT_SOURCE, sw
     if sweeper is None:
         sweeper = sweeper_config(fixed_overrides(arguments), source)
     points = expand_sweep(arguments, sweeper_params(sweeper))
-    composed = list(zip(points, compose_jobs(points, source), strict=True))
-    remember_composed(composed)
-    return composed
-
-
-def remember_composed(composed: Sequence[tuple[Sequence[str], JobConfig]]) -> None:
-    _COMPOSED.update((tuple(overrides), job) for overrides, job in composed)
-
-
-# Every point launch.py composed (to check it before Hydra makes the sweep dir), by its
-# overrides: the array launcher takes these instead of composing each point a second time.
-_COMPOSED: dict[tuple[str, ...], JobConfig] = {}
-
-
-def composed_point(overrides: Sequence[str]) -> JobConfig | None:
-    """The config sweep_points composed for these overrides in this process; None if none."""
-    return _COMPOSED.get(tuple(overrides))
+    return list(zip(points, compose_jobs(points, source), strict=True))

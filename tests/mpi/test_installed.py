@@ -58,6 +58,11 @@ def test_the_installed_command_runs_the_first_job_and_the_readme_task_from_a_pro
     assert json.loads((run_dir / "result.json").read_text())["val_metrics"]["accuracy"] > 0.3  # ten digits: chance is 0.1
     assert (run_dir / "code" / "hpc" / "conf" / "config.yaml").is_file()  # the installed toolkit, frozen with the run
 
+    # The package's nested configs (hydra/sweeper/optuna.yaml and its samplers) came with it
+    search = ["hpc-launch", "-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=random", "optim.lr=interval(0.01,0.1)", "sweep.objective=val_accuracy"]
+    dry = subprocess.run([*search, "dry_run=true"], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "each trial returns sweep.objective=val_accuracy (maximize)" in dry.stdout, dry.stdout + dry.stderr
+
     # The README's task, written and run as it says
     code, commands = readme_task()
     (project / "mypkg").mkdir()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,6 @@ def sweep_points(sweep_dir: Path) -> list[dict[str, Any]]:
 def check_study(sweep_dir: Path, trials: int) -> dict[int, float]:
     """The study in optuna.db against the runs: `trials` finished trials, each run once, each
     told the objective its run reported. Returns the objective by trial number."""
-    os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")  # optuna 2.x on SQLAlchemy 1.4
     import optuna
 
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "tests")
+PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "tests")
 LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions"}
 # `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
 COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel")}
@@ -240,7 +240,7 @@ def test_config_imports_no_submission_rank_or_tool_code():
     assert not bad, bad
 
 
-PRODUCT = ("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "launch")
+PRODUCT = ("hpc", "collectives", "trainers", "benchmarks", "launch")
 
 
 def constants(path: Path) -> Iterator[ast.AST]:
@@ -306,7 +306,7 @@ def test_the_checkpoint_layout_is_named_in_one_place():
         assert not used, f"{module} spells the checkpoint layout ({used}); use trainers.layout"
 
 
-@pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers", "hydra_plugins"])
+@pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers"])
 def test_nothing_outside_tests_imports_tests(package):
     bad = violations((package,), ("tests",))
     assert not bad, bad
@@ -315,7 +315,7 @@ def test_nothing_outside_tests_imports_tests(package):
 def test_the_library_runs_no_test_double():
     """collectives.testing (ranks as threads) is for tests, the toolkit's and users': no product
     module uses it."""
-    bad = violations(("hpc", "collectives", "trainers", "benchmarks", "hydra_plugins", "launch"), ("collectives.testing",))
+    bad = violations(("hpc", "collectives", "trainers", "benchmarks", "launch"), ("collectives.testing",))
     assert not bad, bad
 
 
@@ -335,10 +335,6 @@ def test_a_broken_rule_is_caught(monkeypatch, tmp_path):
 # --- other projects through their public doors only (issue 33) ------------------------------
 
 EXTERNAL = ("hydra", "submitit", "optuna", "omegaconf", "hydra_plugins")
-OURS_UNDER_HYDRA_PLUGINS = "hydra_plugins.hpc_array_launcher"
-# Still reaching into hydra-optuna-sweeper's internals: the study driver, to be rewritten on
-# Optuna's own API (issue 33 stays open until this is empty).
-KNOWN_PRIVATE = {"hydra_plugins/hpc_array_launcher/study.py"}
 
 
 def private_uses(path: Path) -> list[str]:
@@ -348,13 +344,13 @@ def private_uses(path: Path) -> list[str]:
     external_names: set[str] = set()
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in EXTERNAL and not node.module.startswith(OURS_UNDER_HYDRA_PLUGINS):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in EXTERNAL:
             external_names.update(a.asname or a.name for a in node.names)
             if any(part.startswith("_") for part in node.module.split(".")) or any(a.name.startswith("_") for a in node.names):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] in EXTERNAL and not alias.name.startswith(OURS_UNDER_HYDRA_PLUGINS):
+                if alias.name.split(".")[0] in EXTERNAL:
                     external_names.add((alias.asname or alias.name).split(".")[0])
                     if any(part.startswith("_") for part in alias.name.split(".")):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {alias.name}")
@@ -373,7 +369,7 @@ def our_python_files() -> list[Path]:
 
 
 def test_no_module_reaches_into_hydra_submitit_or_optuna_internals():
-    found = [use for path in our_python_files() if str(path.relative_to(ROOT)) not in KNOWN_PRIVATE for use in private_uses(path)]
+    found = [use for path in our_python_files() for use in private_uses(path)]
     assert not found, "use the public API (or write the piece ourselves):\n" + "\n".join(found)
 
 

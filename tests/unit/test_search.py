@@ -13,13 +13,13 @@ import pytest
 
 from hpc import slurmctl
 from hpc.config.compose import fixed_overrides, sweeper_config
-from hpc.config.search import check_search, edge_points, search_arguments, sweeper_name
+from hpc.config.search import check_search, edge_points, search_arguments, search_space, sweeper_name
 from hpc.errors import UserError
 from hpc.objective import check_objective, objective_direction, objective_value, reported_objectives
 from hpc.rundir import RunDir
 from hpc.submit import trials
+from hpc.submit.study import tell
 from hpc.submit.sweep import SweepPoint
-from hydra_plugins.hpc_array_launcher.array_launcher import TrialFailed, trial_return
 from tests.support.runs import ROOT
 
 OPTUNA = ["hydra/sweeper=optuna"]
@@ -69,7 +69,12 @@ def test_edges_of_the_search_space_are_composed_not_only_its_first_point():
     [
         (["optim.lr=interval(0.01,0.3)"], "set sweep.objective"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_perplexity"], "task=classify runs report"),
-        (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_accuracy"], "set hydra.sweeper.direction=maximize"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=val_accuracy", "hydra.sweeper.direction=minimize"], "set hydra.sweeper.direction=maximize"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.direction=up"], "choose maximize or minimize"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.n_trials=0"], "n_trials=0 must be a whole number >= 1"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "hydra.sweeper.max_failure_rate=2"], "max_failure_rate=2 must be a fraction"),
+        (["optim.lr=interval(0.01,0.3)", "sweep.objective=loss", "+hydra.sweeper.sampler.bogus=1"], "unexpected keyword argument 'bogus'"),
+        (["optim.lr=tag(log,interval(0,0.3))", "sweep.objective=loss"], r"optim.lr=tag\(log,interval\(0,0.3\)\): `low > 0`"),
         (["optim.lr=interval(0.01,0.3)", "sweep.objective=test_accuracy"], "must not tune on the held-out test split"),
         (["cluster=local,simulated", "sweep.objective=loss"], "cluster cannot be searched"),
         (["sweep.max_parallel=1,2", "sweep.objective=loss"], "sweep.max_parallel cannot be searched"),
@@ -91,25 +96,63 @@ def test_a_search_space_edge_that_no_trial_could_run_with_leaves_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_sweeper_that_is_not_installed_names_its_package(tmp_path):
+def test_a_sweeper_other_than_the_grid_and_optuna_is_refused_in_one_line(tmp_path):
     command = [sys.executable, str(ROOT / "launch.py"), "-m", "hydra/sweeper=nevergrad", "optim.lr=0.1,0.2", f"run_root={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2 and "pip install hydra-nevergrad-sweeper" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "hydra/sweeper=nevergrad: hpc-launch runs grids (the default sweeper) and Optuna searches" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_command_of_a_study_ignores_what_may_change_when_it_is_continued():
     argv = ["-m", "hydra/sweeper=optuna", "optim.lr=interval(0.01,0.3)", "hydra.sweeper.n_trials=8", "hydra.sweep.dir=/x"]
     assert search_arguments(argv) == ["hydra/sweeper=optuna", "optim.lr=interval(0.01,0.3)"]
-    assert sweeper_name("hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper") == "optuna"
+    assert sweeper_name("hydra_plugins.hydra_nevergrad_sweeper.nevergrad_sweeper.NevergradSweeper") == "nevergrad"
 
 
-def test_a_trial_without_an_objective_reaches_the_sweeper_as_a_failure_never_a_number():
-    assert trial_return(["optim.lr=0.1"], trials.Outcome(3, 0.9)).return_value == 0.9
-    failed = trial_return(["optim.lr=0.1"], trials.Outcome(3, None, "job 7_1 ended FAILED"))
-    # Hydra's plugin discovery may execute the launcher's module again: compare the class by name.
-    with pytest.raises(Exception, match="trial #3: job 7_1 ended FAILED") as raised:
-        failed.return_value  # noqa: B018
-    assert type(raised.value).__name__ == TrialFailed.__name__
+def test_the_search_space_becomes_optunas_distributions_as_hydras_override_grammar_reads():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    arguments = [
+        "optim.lr=tag(log,interval(0.001,0.1))",
+        "model=mlp,cnn",
+        "trainer.epochs=range(1,7,2)",  # 1, 3, 5: Hydra's range leaves its stop out
+        "optim.momentum=interval(0.5,0.9)",
+        "data.batch_size=choice(16,32)",
+        "seed=3",
+        "hydra.sweeper.n_trials=4",
+    ]
+    params = {"params": {"optim.momentum": "0.9", "optim.weight_decay": "interval(0,0.1)", "seed": "range(1,3)"}}
+    space, fixed = search_space(arguments, params)
+    assert space == {
+        "optim.weight_decay": FloatDistribution(0.0, 0.1),
+        "optim.lr": FloatDistribution(0.001, 0.1, log=True),
+        "model": CategoricalDistribution(["mlp", "cnn"]),
+        "trainer.epochs": IntDistribution(1, 5, step=2),
+        "optim.momentum": FloatDistribution(0.5, 0.9),  # the command line's wins over params
+        "data.batch_size": CategoricalDistribution([16, 32]),
+    }
+    assert fixed == ["seed=3"]  # the command line's fixed value wins over params' range; Hydra's own keys are not the job's
+    with pytest.raises(UserError, match=r"optim.lr=tag\(log,interval\(0,0.1\)\): "):
+        search_space(["optim.lr=tag(log,interval(0,0.1))"], {})
+
+
+def test_without_a_direction_the_objective_says_which_way_is_better():
+    for objective, direction in (("val_accuracy", "maximize"), ("loss", "minimize")):
+        arguments = ["optim.lr=interval(0.01,0.3)", f"sweep.objective={objective}"]
+        search = check_search(arguments, sweeper_config(fixed_overrides([*OPTUNA, *arguments])))
+        assert search.direction == direction and search.space and search.sampler is not None
+
+
+def test_a_trial_without_an_objective_is_told_to_optuna_as_failed_never_as_a_number():
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    failed, completed = study.ask(), study.ask()
+    tell(study, failed.number, None)
+    tell(study, completed.number, 0.5)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
+    assert study.best_value == 0.5
 
 
 def _point(num: int, job_config) -> SweepPoint:
