@@ -25,9 +25,10 @@ import time
 from datetime import date
 from pathlib import Path
 
-from benchmarks.rundirs import logged_steps
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as `python benchmarks/stop_loop.py`
+
+from benchmarks.rundirs import logged_steps  # noqa: E402  (after the path)
 
 
 def one_stop(command: list[str], env: dict[str, str], run_dir: Path, hang_after_s: float) -> tuple[int | None, float]:

@@ -72,7 +72,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
 
 
 def load(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """A safetensors file's tensors and metadata, with torch alone (the README shows these lines)."""
+    """A safetensors file's tensors and metadata, with torch alone (docs/checkpoints.md shows these lines)."""
     data = Path(path).read_bytes()
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + size])

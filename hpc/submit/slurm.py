@@ -24,7 +24,7 @@ from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NOD
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
 
-ARRAY_SCRIPT_GLOB = ".submission_file_*.sh"
+SUBMITTED_SCRIPT_GLOB = "*_submission.sh"  # where submitit (1.5.0 and later) keeps the script it gave sbatch: <job id>_submission.sh
 UNKNOWN_POLLS = 5  # consecutive squeue answers of UNKNOWN (forgotten, or squeue failing) that end wait_for_job
 
 
@@ -172,7 +172,7 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
     supervisor running the ranks' srun line (srun_line) with the run dir of its array task."""
     import submitit
 
-    array_scripts_before = set(folder.glob(ARRAY_SCRIPT_GLOB))
+    scripts_before = set(folder.rglob(SUBMITTED_SCRIPT_GLOB)) if folder.exists() else set()
     try:
         with _quiet_stderr_fd():  # sbatch's own error lines would repeat the one we print
             submitted = _submit(params, run_dirs, folder, max_parallel)
@@ -181,8 +181,8 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
         raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
     if len(run_dirs) == 1:
         script = submitted[0].paths.submission_file
-    else:  # submitit keeps an array's script under a random name in the folder
-        (script,) = set(folder.glob(ARRAY_SCRIPT_GLOB)) - array_scripts_before
+    else:  # an array's script: under the array's own job id, not a task's
+        (script,) = {path for path in folder.rglob(SUBMITTED_SCRIPT_GLOB) if not path.is_symlink()} - scripts_before
     return [str(job.job_id) for job in submitted], script.read_text()
 
 

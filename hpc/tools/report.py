@@ -299,6 +299,10 @@ def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
         xticks=sorted(set(ranks)),
         xticklabels=[str(r) for r in sorted(set(ranks))],
     )
+    for ax in (ax_rate, ax_eff):
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # the log axis's own labels between the rank counts
+        ax.grid(True, alpha=0.3)
+    ax_rate.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -19,13 +19,19 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 LEFT_OUT = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", ".mypy_cache", ".ruff_cache", ".pytest_cache", "tests", "docs", "examples")
 
 
-def readme_task() -> tuple[str, list[str]]:
-    """The README's own task (### Your own task): its Python file and its commands."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Your own task") :]
+def task_section(text: str, heading: str) -> tuple[str, list[str]]:
+    """The user task under `heading`: its Python file and its commands."""
+    section = text[text.index(heading) :]
     code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))]
     commands = section[section.index("```bash\n") + len("```bash\n") : section.index("```\n", section.index("```bash"))].strip().splitlines()
     return code, commands
+
+
+def readme_task() -> tuple[str, list[str]]:
+    """The README's own task (### Your own task), the same as docs/your-code.md shows."""
+    task = task_section((ROOT / "README.md").read_text(), "### Your own task")
+    assert task == task_section((ROOT / "docs" / "your-code.md").read_text(), "## Your own task"), "README.md and docs/your-code.md show different tasks"
+    return task
 
 
 def test_the_installed_command_runs_the_first_job_and_the_readme_task_from_a_project_dir(tmp_path):

@@ -23,9 +23,9 @@ from trainers.layout import SHARED, step_dir_name
 
 
 def readme_reader() -> str:
-    """The Python block of the README's export section: a safetensors reader in plain torch."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### The trained model, out of the toolkit") :]
+    """The Python block of the docs' export section: a safetensors reader in plain torch."""
+    text = (ROOT / "docs" / "checkpoints.md").read_text()
+    section = text[text.index("## The trained model, out of the toolkit") :]
     return section[section.index("```python\n") + len("```python\n") : section.index("```", section.index("```python\n") + 10)]
 
 

@@ -295,8 +295,8 @@ def test_too_many_cpus_per_node_names_fixes_that_lower_them():
     assert "add nodes" not in str(err.value)
 
 
-def test_the_readme_error_examples_are_what_launch_prints():
-    block = re.search(r"```\n(\$ python launch\.py .*?)```", (ROOT / "README.md").read_text(), re.S)
+def test_the_docs_error_examples_are_what_launch_prints():
+    block = re.search(r"```\n(\$ python launch\.py .*?)```", (ROOT / "docs" / "running-jobs.md").read_text(), re.S)
     assert block is not None
     examples = re.findall(r"\$ python launch\.py (.*)\n(error: .*)\n", block.group(1))
     assert len(examples) >= 2
@@ -318,8 +318,8 @@ def test_help_gives_every_group_option_a_line_of_its_own(tmp_path):
         assert re.search(rf"^{path.parent.name}:$(\n  .*)*\n  {path.stem} +{re.escape(description)}$", done.stdout, re.M), path
 
 
-def test_the_readme_config_group_table_lists_every_option():
-    table = dict(re.findall(r"^\| `(\w+)` \| (`.*?`) \|", (ROOT / "README.md").read_text(), re.M))
+def test_the_docs_config_group_table_lists_every_option():
+    table = dict(re.findall(r"^\| `(\w+)` \| (`.*?`) \|", (ROOT / "docs" / "running-jobs.md").read_text(), re.M))
     for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "experiment"):
         listed = set(re.findall(r"`(\w+)`", table.get(group.name, "")))
         assert listed == {p.stem for p in group.glob("*.yaml")}, group.name

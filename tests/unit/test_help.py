@@ -1,4 +1,4 @@
-"""Every command the README and docs/benchmarks.md name answers --help and -h: exit 0, a usage text.
+"""Every command the README and the docs pages name answers --help and -h: exit 0, a usage text.
 
 The commands are read from the documents themselves, so a command added there without a parser
 that knows --help fails here. Each check starts Python (some start torch): one start per command.
@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.runs import ROOT
 
-DOCS = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Named in the docs as history, not as commands to run: "(since replaced by ...)"
 RETIRED = {"benchmarks/default_job.py"}
 # What the extraction must find, so that a change in the docs' wording cannot empty the list unseen

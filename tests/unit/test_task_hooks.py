@@ -198,7 +198,7 @@ def test_activation_checkpointing_without_modules_or_with_batch_norm_is_one_line
         train(tmp_path, task, dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, activation_checkpointing=True)))
 
 
-def test_the_readmes_optimizer_command_composes_and_passes_the_login_node_checks():
+def test_the_docs_optimizer_command_composes_and_passes_the_login_node_checks():
     import re
     import shlex
 
@@ -206,8 +206,8 @@ def test_the_readmes_optimizer_command_composes_and_passes_the_login_node_checks
     from hpc.config.validate import validate_job
     from tests.support.runs import ROOT
 
-    command = re.search(r"python launch\.py (\+optim\.optimizer\._target_=.*?)\n\s*```", (ROOT / "README.md").read_text(), re.S)
-    assert command, "the README shows a custom optimizer and scheduler"
+    command = re.search(r"python launch\.py (\+optim\.optimizer\._target_=.*?)\n\s*```", (ROOT / "docs" / "your-code.md").read_text(), re.S)
+    assert command, "docs/your-code.md shows a custom optimizer and scheduler"
     job = compose_job(shlex.split(command.group(1).replace("\\\n", " ")))  # a continued line
     assert job.optim.optimizer == {"_target_": "torch.optim.RMSprop", "alpha": 0.95}
     assert job.optim.scheduler["_target_"] == "torch.optim.lr_scheduler.OneCycleLR"
