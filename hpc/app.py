@@ -299,10 +299,13 @@ def start_run(cfg: DictConfig) -> RunDir:
 
 
 def validated(cfg: DictConfig) -> JobConfig:
-    from omegaconf import OmegaConf, open_dict
+    """The job in the composed config (typed already: the defaults list starts with its
+    schema), checked."""
+    from omegaconf import open_dict
 
-    task = OmegaConf.masked_copy(cfg, [str(key) for key in cfg if key != "hydra"])
+    task = cfg.copy()  # shallow: the hydra node stays in cfg
     with open_dict(task):
+        del task["hydra"]
         job = to_job_config(task)
     validate_job(job)
     return job

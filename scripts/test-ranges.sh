@@ -12,7 +12,7 @@ python=${PYTHON:-python3}
 if (($#)); then ends=("$@"); else ends=(oldest newest); fi
 
 # The login path: composition, flags, sweeps and searches, sbatch text through submitit, the step supervisor.
-tests=(tests/unit/test_cli.py tests/unit/test_help.py tests/unit/test_launch_path.py tests/unit/test_overrides.py
+tests=(tests/unit/test_cli.py tests/unit/test_launch_path.py tests/unit/test_overrides.py
     tests/unit/test_sbatch.py tests/unit/test_sbatch_golden.py tests/unit/test_search.py tests/unit/test_sweep.py
     tests/unit/test_supervise.py tests/unit/test_prepare.py)
 

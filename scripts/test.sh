@@ -12,6 +12,9 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m mypy
 # Under CI=true, tests that need Slurm or MPI fail instead of skipping (tests/conftest.py).
+# pyproject.toml's version ranges at both ends (Hydra, omegaconf, submitit): the login path's
+# tests and one local job, a virtualenv each (about 2 minutes).
+if ((!$#)); then scripts/test-ranges.sh; fi
 # --durations: the slowest tests end the log, to keep the suite well inside CI's limit.
 if (($#)); then  # the tests asked for, as asked
     exec python3 -m pytest -q -ra --durations=15 "$@"

@@ -166,12 +166,12 @@ def unknown_key_message(key: str, parent: str, names: list[str]) -> str:
 def to_job_config(cfg: Any) -> JobConfig:
     """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf.
     Raises UserError naming a key no schema declares."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     found = unknown_key(cfg)
     if found is not None:
         raise UserError(unknown_key_message(*found))
-    merged = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg)
-    job = OmegaConf.to_object(merged)
+    typed = isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is JobConfig  # composed with the schema: validated already
+    job = OmegaConf.to_object(cfg if typed else OmegaConf.merge(OmegaConf.structured(JobConfig), cfg))
     assert isinstance(job, JobConfig)
     return dataclasses.replace(job, comm=resolve_backend(job.comm, job.resources.gpus_per_task))  # config.yaml names the backend the ranks run

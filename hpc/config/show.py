@@ -8,7 +8,6 @@ Each function returns the text; hpc.app prints it.
 from __future__ import annotations
 
 import string
-from importlib import metadata
 from typing import Any
 
 from hpc.config.compose import render_group_help, search_dirs
@@ -116,6 +115,8 @@ def plugins(_: Any) -> str:
 
 
 def version() -> str:
+    from importlib import metadata  # 20 ms: only --version needs it
+
     def of(name: str) -> str:
         try:
             return metadata.version(name)
