@@ -247,8 +247,9 @@ def compose_run(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> 
     try:
         return compose(source.config_name, overrides=[*overrides, *source.search_overrides()], return_hydra_config=True)
     except MissingConfigException as err:
-        if str(err.missing_cfg_file or "").startswith("hydra/sweeper/"):
-            raise  # multirun_config names it
+        group, _, option = str(err.missing_cfg_file or "").rpartition("/")
+        if group == "hydra/sweeper":
+            raise UserError(f"hydra/sweeper={option}: hpc-launch runs grids (the default sweeper) and Optuna searches (hydra/sweeper=optuna)") from None
         if err.missing_cfg_file == source.config_name or not str(err.missing_cfg_file or "").count("/"):
             raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
         raise UserError(explain_composition_error(err, overrides, source)) from None
@@ -265,19 +266,9 @@ def sweeper_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) 
 
 def multirun_config(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> Any:
     """The whole config (`hydra` node included) that a sweep's non-sweep overrides compose;
-    UserError, one line (a sweeper that is not there named as such)."""
-    from hydra.errors import MissingConfigException
-
-    try:
-        with initialized(source):
-            return compose_run(overrides, source)
-    except UserError:
-        raise
-    except MissingConfigException as err:  # compose_run lets this one through for us
-        group, _, option = str(err.missing_cfg_file or "").rpartition("/")
-        if group == "hydra/sweeper":
-            raise UserError(f"hydra/sweeper={option}: hpc-launch runs grids (the default sweeper) and Optuna searches (hydra/sweeper=optuna)") from None
-        raise UserError(explain_composition_error(err, overrides, source)) from None
+    UserError, one line."""
+    with initialized(source):
+        return compose_run(overrides, source)
 
 
 def sweeper_of(cfg: Any) -> dict[str, Any]:

@@ -73,6 +73,8 @@ def show_cfg(cfg: Any, part: str, package: str | None, resolve: bool) -> str:
     """`--cfg job|hydra|all [--package KEY] [--resolve]`, as Hydra prints it."""
     from omegaconf import Container, OmegaConf
 
+    if resolve:  # in the whole config: the hydra node's interpolations name the job's keys (run_root)
+        cfg = OmegaConf.create(resolved(cfg))
     node: Any = task_node(cfg) if part == "job" else OmegaConf.create({"hydra": cfg.hydra}) if part == "hydra" else cfg
     header = ""
     if package and package != "_global_":
@@ -82,7 +84,28 @@ def show_cfg(cfg: Any, part: str, package: str | None, resolve: bool) -> str:
         header = f"# @package {package}\n"
     if not isinstance(node, Container):
         return f"{header}{node}"
-    return header + OmegaConf.to_yaml(node, resolve=resolve).rstrip()
+    return header + OmegaConf.to_yaml(node).rstrip()
+
+
+def resolved(cfg: Any) -> Any:
+    """The config as plain containers, each interpolation resolved where it can be; one that
+    cannot be outside a run (hydra.job.num before a sweep, a key that is missing) stays as written."""
+    from omegaconf import Container, OmegaConf
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(value, f"{path}.{key}" if path else str(key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, f"{path}[{index}]") for index, value in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            try:
+                value = OmegaConf.select(cfg, path, throw_on_missing=True)
+            except Exception:  # omegaconf's many errors: the value stays as written
+                return node
+            return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+        return node
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")
 
 
 def show_info(cfg: Any, what: str) -> str:

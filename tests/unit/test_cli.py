@@ -1,6 +1,7 @@
 """launch.py as users type it: help, config printing, dry runs, and one-line errors."""
 
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -147,3 +148,21 @@ def test_a_hydra_plugin_that_fails_to_import_is_named_in_one_line(tmp_path):
             "error: the installed Hydra plugin hydra_plugins.broken_sweeper fails to import (ValueError: mutable default for field early_stop): "
             f"uninstall its package, or install a release that supports Python {sys.version_info.major}.{sys.version_info.minor}"
         ]
+
+
+def test_hydras_flags_print_from_the_composition_the_job_would_run(tmp_path):
+    """--cfg, --info, --version, --hydra-help: printed by hpc-launch itself (no hydra.main), each
+    nothing more than it asks for, and nothing runs."""
+    part = run_launch("--cfg", "job", "--package", "optim", "optim=adamw", cwd=tmp_path)
+    assert part.returncode == 0 and part.stdout.startswith("# @package optim\nname: adamw\n"), part.stdout + part.stderr
+    hydra = run_launch("--cfg", "hydra", "--resolve", cwd=tmp_path)  # its run dir names the job's run_root: resolved in the whole config
+    assert hydra.returncode == 0 and f"dir: {tmp_path / 'runs'}/" in hydra.stdout and "subdir: ${hydra.job.num}" in hydra.stdout, hydra.stdout + hydra.stderr
+    info = run_launch("--info", "defaults", "model=cnn", cwd=tmp_path)
+    assert info.returncode == 0 and re.search(r"^model +cnn$", info.stdout, re.M) and re.search(r"^hydra/sweeper +basic$", info.stdout, re.M), info.stdout
+    version = run_launch("--version", cwd=tmp_path)
+    assert re.fullmatch(r"hpc-launch \S+ \(Hydra 1\.3\.\d+, omegaconf 2\.\d+\.\d+, submitit 1\.\d+\.\d+\)\n", version.stdout), version.stdout
+    assert_one_line_error(run_launch("--cfg", "job", "--package", "optim.nope", cwd=tmp_path), "--package optim.nope: no such key")
+    assert_one_line_error(run_launch("hydra/sweeper=nevergrad", cwd=tmp_path), "hydra/sweeper=nevergrad: hpc-launch runs grids")
+    assert_one_line_error(run_launch("--info", "defaults-tree", cwd=tmp_path), "invalid choice: 'defaults-tree'")
+    assert_one_line_error(run_launch("--experimental-rerun", "x.pickle", cwd=tmp_path), "not supported (it unpickles a file)")
+    assert run_dirs(tmp_path) == []
