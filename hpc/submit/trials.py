@@ -1,12 +1,12 @@
-"""The trials of a search (hydra/sweeper=optuna and other sweepers that need results).
+"""The trials of a search (hydra/sweeper=optuna: hpc.submit.study asks for them).
 
-Each batch the sweeper asks for goes out as one job array per resource shape (on cluster=local:
+Each batch the study asks for goes out as one job array per resource shape (on cluster=local:
 one run after another, here). The launcher then waits for the batch, printing one line each time
 a trial's state changes, and hands back each trial's objective (`sweep.objective`, read from its
 result.json), or why it has none. A trial whose job is preempted or reaches its time limit is
 requeued and resumes like any job; it is done only when its run completes or its job ends for
 good. Everything goes into sweep.json as it happens, so hpc.status shows the study and a
-launcher started again (hydra_plugins/hpc_array_launcher/study.py) finds the trials it had
+launcher started again (hpc.submit.study) finds the trials it had
 submitted.
 """
 
@@ -30,7 +30,7 @@ from hpc.submit.launch import rank_environment
 from hpc.submit.sweep import SweepPoint, prepare_points, read_record, submit_arrays, write_point_dirs, write_record
 
 POLL_S = 2.0
-COMMAND_LINE = frozenset(sys.argv[1:])  # what every trial shares (a sweeper adds it to each one's overrides)
+COMMAND_LINE = frozenset(sys.argv[1:])  # what every trial shares (the study adds it to each one's overrides)
 GONE_POLLS = 5  # answers in a row that Slurm no longer knows a job (or squeue fails) before it counts as ended
 GONE = "GONE"  # the job's state when neither squeue nor sacct knows it
 ENDED_POLLS = 2  # an ended state seen twice: Slurm shows NODE_FAIL or PREEMPTED for a moment before it requeues
