@@ -63,14 +63,25 @@ def edge_values(override: Any) -> list[str]:
     return values if len(values) <= MAX_EDGE_VALUES else [values[0], values[-1]]
 
 
-def edge_points(arguments: list[str], sweeper: dict[str, Any]) -> list[list[str]]:
-    """Override lists that visit every edge value of every searched key once."""
+def parsed_search(arguments: list[str], sweeper: dict[str, Any]) -> list[Any]:
+    """hydra.sweeper.params, then the command line, through Hydra's override parser (the later
+    of a key's two wins where it matters); UserError, one line, for bad syntax."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     params = [f"{key}={value}" for key, value in sweeper_params(sweeper).items()]
     try:
-        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
+        return list(OverridesParser.create().parse_overrides([*params, *arguments]))
+    except HydraException as err:
+        raise UserError(" ".join(str(err).split())) from None
+
+
+def edge_points(arguments: list[str], sweeper: dict[str, Any]) -> list[list[str]]:
+    """Override lists that visit every edge value of every searched key once."""
+    from hydra.errors import HydraException
+
+    parsed = parsed_search(arguments, sweeper)
+    try:
         searched = {o.get_key_element(): edge_values(o) for o in parsed if o.is_sweep_override()}
     except HydraException as err:
         raise UserError(" ".join(str(err).split())) from None
@@ -199,16 +210,10 @@ def search_space(arguments: list[str], sweeper: dict[str, Any]) -> tuple[dict[st
     hydra-optuna-sweeper reads them: `a,b` and choice() are categorical; interval() is a float or
     int range (tag(log, ...) samples its log); range() is the int (or float) grid of its values,
     its stop left out as Hydra's range leaves it out."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import IntervalSweep, RangeSweep, Transformer
-    from hydra.errors import HydraException
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    params = [f"{key}={value}" for key, value in sweeper_params(sweeper).items()]
-    try:
-        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
-    except HydraException as err:
-        raise UserError(" ".join(str(err).split())) from None
+    parsed = parsed_search(arguments, sweeper)
     entries: dict[str, Any] = {}
     for override in parsed:
         key = override.get_key_element()
