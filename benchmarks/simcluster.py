@@ -32,11 +32,12 @@ def parse_job_id(launch_stdout: str) -> str:
     return found.group(1)
 
 
-def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120, explain: Callable[[], str] | None = None) -> None:
+    """Wait until `condition` holds; a timeout names `what` and, with `explain`, what it saw."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
+            raise TimeoutError(f"timed out waiting for {what}" + (f": {explain()}" if explain else ""))
         # Slurm and the step log give no event to wait on. Each look costs a process and an RPC
         # (scontrol, squeue, pgrep: 7-30 ms of CPU): every 0.25 s keeps that a few % of a core.
         time.sleep(0.25)
@@ -71,6 +72,27 @@ def release_when_requeued(job_id: str, restarts_before: int) -> None:
     after = math.floor(time.time()) + 2
     poll(lambda: time.time() >= after, "the second of the killed run's revocation to pass")
     start_job_now(job_id)
+
+
+def job_summary(job_id: str) -> str:
+    """The fields that say why a job is not running: for a timeout's message."""
+    fields = job_fields(job_id)
+    return " ".join(f"{key}={fields.get(key, '?')}" for key in ("JobState", "Reason", "Restarts", "BeginTime", "ExitCode", "NodeList"))
+
+
+def wait_for_resume(job_id: str, resumed: Callable[[], bool], released_at: int, timeout_s: float = 120) -> None:
+    """Wait until a released job's run has `resumed`. A signal can requeue the job again before
+    that (a kill Slurm still had queued for the ended run reaching the new one): each such
+    requeue is released too rather than left to Slurm's 2-minute hold."""
+    deadline = time.monotonic() + timeout_s
+    while not resumed():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out waiting for job {job_id} to resume: {job_summary(job_id)}")
+        now = restarts(job_id)
+        if now > released_at and job_state(job_id) == "PENDING":
+            release_when_requeued(job_id, released_at)
+            released_at = now
+        time.sleep(0.25)  # as in poll: no event to wait on
 
 
 def end_process(pid: int) -> None:

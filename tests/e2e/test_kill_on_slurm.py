@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts
+from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts, wait_for_resume
 from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, rank_pids, run_dirs, run_launch, submit_job
@@ -143,7 +143,7 @@ def test_sigkill_during_a_save_never_commits_it_and_resumes_from_the_one_before(
         restored = Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).load_latest()
         assert restored is not None and restored[0] == committed, f"loads {restored and restored[0]}, not the newest committed step {committed}"
         release_when_requeued(job_id, before)  # start it without Slurm's delay
-        poll(lambda: RESUMED in rank0_log.read_text()[log_offset:], "the restarted job to resume")
+        wait_for_resume(job_id, lambda: RESUMED in rank0_log.read_text()[log_offset:], released_at=restarts(job_id))
         assert first_resume_after(rank0_log, log_offset) == committed, (kill, saving, committed)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
