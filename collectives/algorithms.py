@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from collectives.waits import wait_all
+
 ReduceOp = Literal["sum", "avg", "max", "min"]
 Comm = Any  # an mpi4py communicator (Intracomm); typed loosely so this module imports without MPI
 
@@ -60,8 +62,18 @@ def chunks_of(buf: torch.Tensor, parts: int) -> list[torch.Tensor]:
     return [buf[n * i // parts : n * (i + 1) // parts] for i in range(parts)]
 
 
+# Non-blocking messages, waited on without spinning (collectives.waits): Sendrecv, Send and Recv
+# would hold a core while a peer is late.
 def _sendrecv(comm: Comm, send: torch.Tensor, dest: int, recv: torch.Tensor, source: int) -> None:
-    comm.Sendrecv(sendbuf=_wire(send), dest=dest, recvbuf=_wire(recv), source=source)
+    wait_all([comm.Irecv(_wire(recv), source=source), comm.Isend(_wire(send), dest=dest)])
+
+
+def _send(comm: Comm, send: torch.Tensor, dest: int) -> None:
+    wait_all([comm.Isend(_wire(send), dest=dest)])
+
+
+def _recv(comm: Comm, recv: torch.Tensor, source: int) -> None:
+    wait_all([comm.Irecv(_wire(recv), source=source)])
 
 
 # --- ring: bandwidth-optimal, 2(p-1) steps each moving n/p elements ---------------------------
@@ -104,10 +116,10 @@ def _fold_in(comm: Comm, buf: torch.Tensor, op: ReduceOp, pof2: int) -> int | No
     r, rem = comm.Get_rank(), comm.Get_size() - pof2
     if r < 2 * rem:
         if r % 2 == 0:
-            comm.Send(_wire(buf), dest=r + 1)
+            _send(comm, buf, dest=r + 1)
             return None
         incoming = scratch(buf.numel(), buf.dtype)
-        comm.Recv(_wire(incoming), source=r - 1)
+        _recv(comm, incoming, source=r - 1)
         reduce_into(buf, incoming, op)
         return r // 2
     return r - rem
@@ -155,9 +167,9 @@ def rhd_allreduce(comm: Comm, buf: torch.Tensor, op: ReduceOp = "sum") -> None:
     r = comm.Get_rank()
     if r < 2 * rem:  # unfold: odd ranks hand the result back to the even rank that sat out
         if r % 2 == 1:
-            comm.Send(_wire(buf), dest=r - 1)
+            _send(comm, buf, dest=r - 1)
         else:
-            comm.Recv(_wire(buf), source=r + 1)
+            _recv(comm, buf, source=r + 1)
     finish_average(buf, op, p)
 
 
@@ -196,13 +208,13 @@ def broadcast(comm: Comm, buf: torch.Tensor, root: int = 0) -> None:
         mask = 1
         while mask < p:  # receive once from the parent...
             if rel & mask:
-                comm.Recv(_wire(buf), source=(rel - mask + root) % p)
+                _recv(comm, buf, source=(rel - mask + root) % p)
                 break
             mask <<= 1
         mask >>= 1
         while mask:  # ...then forward to the children below this rank's lowest set bit
             if rel + mask < p:
-                comm.Send(_wire(buf), dest=(rel + mask + root) % p)
+                _send(comm, buf, dest=(rel + mask + root) % p)
             mask >>= 1
         return
     # Large: chunks in root-relative order; the root sends each rank its chunk, then a ring
@@ -210,9 +222,9 @@ def broadcast(comm: Comm, buf: torch.Tensor, root: int = 0) -> None:
     chunks = chunks_of(buf, p)  # chunk i goes to root-relative rank i
     if rel == 0:
         for i in range(1, p):
-            comm.Send(_wire(chunks[i]), dest=(i + root) % p)
+            _send(comm, chunks[i], dest=(i + root) % p)
     else:
-        comm.Recv(_wire(chunks[rel]), source=root)
+        _recv(comm, chunks[rel], source=root)
     _ring_allgather_relative(comm, chunks, rel, root)
 
 

@@ -1,6 +1,7 @@
 """Run under `mpirun -np N`: checks the mpi backend against values every rank can compute.
 
-    collectives_worker.py                       every algorithm x dtype x op x count, the other collectives
+    collectives_worker.py                       every algorithm x dtype x op x count, the other collectives,
+                                                a late peer waited for without spinning
     collectives_worker.py auto PER_NODE NODES   which algorithm `auto` runs at realistic sizes when ranks
                                                 are grouped PER_NODE to a node (0: the launcher's layout);
                                                 NODES: the hierarchy expected (0: none, unequal nodes)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -227,6 +229,26 @@ def check_tuned_choice(info: RankInfo, per_node: int, nodes: int, cache_dir: str
         print(f"tuned ok on {info.world_size} ranks")
 
 
+def check_a_late_peer_is_waited_for_without_a_core(comm) -> None:
+    """The last rank comes 1 s late to a barrier, a vote-sized allreduce and a ring allreduce;
+    the others' CPU time while they wait stays a small part of it (a spinning MPI wait uses as
+    much CPU as the wait is long; collectives.waits polls between sleeps)."""
+    late = comm.world_size - 1
+    for what, collective in (
+        ("barrier", comm.barrier),
+        ("vote", lambda: comm.allreduce_(torch.ones(4), op="max")),
+        ("ring", lambda: comm.allreduce_async(torch.ones(1 << 18), algorithm="ring").wait()),
+    ):
+        comm.barrier()
+        if comm.rank == late:
+            time.sleep(1.0)
+        wall, cpu = time.perf_counter(), time.process_time()
+        collective()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if comm.rank != late:
+            assert wall > 0.5 and cpu < 0.25 * wall, (what, "waited", round(wall, 3), "s using", round(cpu, 3), "s of CPU")
+
+
 def main() -> None:
     info = RankInfo.from_env(os.environ)
     if sys.argv[1:2] == ["auto"]:
@@ -255,6 +277,7 @@ def main() -> None:
     total, _ = allreduce_sums(comm, [1.0, 0.0])
     assert total == world
     check_metric_names(comm)
+    check_a_late_peer_is_waited_for_without_a_core(comm)
     comm.barrier()
     if comm.rank == 0:
         print(f"collectives ok on {world} ranks")
