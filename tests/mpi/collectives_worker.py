@@ -230,7 +230,7 @@ def check_tuned_choice(info: RankInfo, per_node: int, nodes: int, cache_dir: str
 
 
 def check_a_late_peer_is_waited_for_without_a_core(comm) -> None:
-    """The last rank comes 1 s late to a barrier, a vote-sized allreduce and a ring allreduce;
+    """The last rank comes 0.5 s late to a barrier, a vote-sized allreduce and a ring allreduce;
     the others' CPU time while they wait stays a small part of it (a spinning MPI wait uses as
     much CPU as the wait is long; collectives.waits polls between sleeps)."""
     late = comm.world_size - 1
@@ -241,12 +241,12 @@ def check_a_late_peer_is_waited_for_without_a_core(comm) -> None:
     ):
         comm.barrier()
         if comm.rank == late:
-            time.sleep(1.0)
+            time.sleep(0.5)
         wall, cpu = time.perf_counter(), time.process_time()
         collective()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if comm.rank != late:
-            assert wall > 0.5 and cpu < 0.25 * wall, (what, "waited", round(wall, 3), "s using", round(cpu, 3), "s of CPU")
+            assert wall > 0.25 and cpu < 0.25 * wall, (what, "waited", round(wall, 3), "s using", round(cpu, 3), "s of CPU")
 
 
 def main() -> None:
