@@ -1,6 +1,6 @@
 """Run under `mpirun -np N`: checks the mpi backend against values every rank can compute.
 
-    collectives_worker.py                       every algorithm x dtype x op x count, the other collectives,
+    collectives_worker.py [all]                 every algorithm x dtype x op x count, the other collectives,
                                                 a late peer waited for without spinning
     collectives_worker.py auto PER_NODE NODES   which algorithm `auto` runs at realistic sizes when ranks
                                                 are grouped PER_NODE to a node (0: the launcher's layout);
@@ -8,8 +8,10 @@
     collectives_worker.py tuned PER_NODE NODES CACHE_DIR
                                                 auto tuned on these ranks: one table on every rank,
                                                 cached, pinned, and the fastest entry run
+    collectives_worker.py optimizer             tests/mpi/optimizer_worker.py's checks
 
-Exits non-zero (failing the pytest that launched it) on the first mismatch.
+Plans separated by `+` run one after another in one launch (`all + optimizer`). Exits non-zero
+(failing the pytest that launched it) on the first mismatch.
 """
 
 from __future__ import annotations
@@ -123,18 +125,24 @@ def check_broadcast_module(comm, root: int) -> None:
 # --- which algorithm auto runs ----------------------------------------------------------------
 
 
+RECORDED: list[str] = []  # record_algorithms' list, one per launch
+
+
 def record_algorithms() -> list[str]:
     """Wrap our allreduce algorithms so that each call is listed; an allreduce that calls none
     of them went to MPI_Allreduce. hierarchical calls ring inside: the first entry is the choice."""
-    calls: list[str] = []
+    RECORDED.clear()
+    if getattr(algorithms.ring_allreduce, "recorded", False):
+        return RECORDED  # wrapped by an earlier plan of this launch
     for name in ("ring_allreduce", "rhd_allreduce", "hierarchical_allreduce"):
 
         def counted(*args, _run=getattr(algorithms, name), _name=name.removesuffix("_allreduce"), **kwargs):
-            calls.append(_name)
+            RECORDED.append(_name)
             return _run(*args, **kwargs)
 
+        counted.recorded = True  # type: ignore[attr-defined]
         setattr(algorithms, name, counted)
-    return calls
+    return RECORDED
 
 
 def large_values(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -249,14 +257,9 @@ def check_a_late_peer_is_waited_for_without_a_core(comm) -> None:
             assert wall > 0.25 and cpu < 0.25 * wall, (what, "waited", round(wall, 3), "s using", round(cpu, 3), "s of CPU")
 
 
-def main() -> None:
-    info = RankInfo.from_env(os.environ)
-    if sys.argv[1:2] == ["auto"]:
-        check_auto_choice(info, int(sys.argv[2]), int(sys.argv[3]))
-        return
-    if sys.argv[1:2] == ["tuned"]:
-        check_tuned_choice(info, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-        return
+def check_everything(info: RankInfo) -> None:
+    """Every algorithm, the other collectives, broadcast_module, disjoint shards, metric names
+    and a late peer's wait."""
     check_algorithms(info)
     comm = init_collectives(CommConfig(), info)
     world = comm.world_size
@@ -279,8 +282,34 @@ def main() -> None:
     check_metric_names(comm)
     check_a_late_peer_is_waited_for_without_a_core(comm)
     comm.barrier()
+    comm.close()
     if comm.rank == 0:
         print(f"collectives ok on {world} ranks")
+
+
+def main() -> None:
+    """The plans named on the command line, separated by `+`, one after another in this launch
+    (a rank's start costs seconds of CPU; one launch per world size runs every check for it)."""
+    info = RankInfo.from_env(os.environ)
+    plans: list[list[str]] = [[]]
+    for arg in sys.argv[1:] or ["all"]:
+        if arg == "+":
+            plans.append([])
+        else:
+            plans[-1].append(arg)
+    for name, *args in plans:
+        if name == "all":
+            check_everything(info)
+        elif name == "auto":
+            check_auto_choice(info, int(args[0]), int(args[1]))
+        elif name == "tuned":
+            check_tuned_choice(info, int(args[0]), int(args[1]), args[2])
+        elif name == "optimizer":
+            from tests.mpi.optimizer_worker import main as check_optimizer
+
+            check_optimizer()
+        else:
+            raise SystemExit(f"collectives_worker.py: unknown plan {name!r}")
 
 
 if __name__ == "__main__":

@@ -16,42 +16,34 @@ from trainers.metrics import read_metrics
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
 
-# 2: one step of everything; 3: a world that is no power of two (recursive halving folds a rank
-# in); 4: two nodes of two (hierarchical for real). 5 proved nothing 3 and 4 do not (17 s).
-@pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_collectives_are_correct(ranks):
-    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"))
+# One launch per world size runs every check of it (each rank's start costs seconds of CPU; 13
+# launches of 2-6 ranks became 4). 2: every algorithm, auto on the launcher's one node, the
+# distributed optimizer; 3: a world that is no power of two (recursive halving folds a rank in),
+# nodes of unequal size (2+1: no hierarchy, a warning), auto tuned on one node; 4: two nodes of
+# two (hierarchical for real, tuned with it); 6: three nodes of two, untuned. 5 proved nothing 3
+# and 4 do not (17 s).
+LAUNCHES = {
+    "2 ranks": (2, "all + auto 0 1 + optimizer"),
+    "3 ranks": (3, "all + auto 2 0 + tuned 0 1 CACHE + optimizer"),
+    "4 ranks, 2 nodes x 2": (4, "all + tuned 2 2 CACHE"),
+    "6 ranks, 3 nodes x 2": (6, "auto 2 3"),
+}
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_collectives_auto_tuning_and_the_optimizer_are_correct(launch, tmp_path):
+    """all: every algorithm x dtype x op x count against sums each rank computes alone, the other
+    collectives, a late peer waited for without a core. auto (comm.autotune=false, 1 KiB to
+    6 MiB): MPI_Allreduce, halving/doubling, then hierarchical across nodes or the ring where
+    there is no hierarchy. tuned: one table on every rank, cached, pinned and obeyed. optimizer:
+    the distributed optimizer against single-process SGD on the global batch."""
+    ranks, plan = LAUNCHES[launch]
+    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"), *plan.replace("CACHE", str(tmp_path)).split())
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"collectives ok on {ranks} ranks" in result.stdout
-
-
-@pytest.mark.parametrize(
-    ("ranks", "per_node", "nodes"),
-    [(6, 2, 3), (3, 2, 0), (2, 0, 1)],
-    ids=["3 nodes x 2", "unequal nodes 2+1", "one node from the launcher"],
-)
-def test_untuned_auto_runs_the_algorithm_its_size_and_node_layout_call_for(ranks, per_node, nodes):
-    """comm.autotune=false, buffers of 1 KiB to 6 MiB: MPI_Allreduce, halving/doubling, then
-    hierarchical across nodes or the ring where there is no hierarchy (one node, or nodes of
-    unequal size)."""
-    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"), "auto", str(per_node), str(nodes))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"auto ok on {ranks} ranks" in result.stdout
-    assert ("unequal rank counts" in result.stderr) == (nodes == 0)
-
-
-@pytest.mark.parametrize(("ranks", "per_node", "nodes"), [(4, 2, 2), (3, 0, 1)], ids=["2 nodes x 2", "3 ranks, one node"])
-def test_tuned_auto_is_one_table_on_every_rank_cached_pinned_and_obeyed(ranks, per_node, nodes, tmp_path):
-    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "collectives_worker.py"), "tuned", str(per_node), str(nodes), str(tmp_path))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"tuned ok on {ranks} ranks" in result.stdout
-
-
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_distributed_optimizer_matches_single_process_sgd(ranks):
-    result = mpirun(ranks, str(ROOT / "tests" / "mpi" / "optimizer_worker.py"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"optimizer ok on {ranks} ranks" in result.stdout
+    checks = {"all": "collectives", "auto": "auto", "tuned": "tuned", "optimizer": "optimizer"}
+    for name in plan.split(" + "):
+        assert f"{checks[name.split()[0]]} ok on {ranks} ranks" in result.stdout, (name, result.stdout)
+    assert ("unequal rank counts" in result.stderr) == ("auto 2 0" in plan)
 
 
 def test_bench_in_one_launch_runs_every_implementation_and_writes_its_reports(tmp_path):
