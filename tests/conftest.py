@@ -33,6 +33,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slurm") is not None or "needs_slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("net") is not None:
+            # One emulated rail fabric per machine (fixed namespace names): a test's `down` on
+            # one worker removed the namespaces another worker's `up` was building (seen in CI).
+            item.add_marker(pytest.mark.xdist_group("net"))
 
 
 TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests]
