@@ -32,12 +32,11 @@ def parse_job_id(launch_stdout: str) -> str:
     return found.group(1)
 
 
-def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120, explain: Callable[[], str] | None = None) -> None:
-    """Wait until `condition` holds; a timeout names `what` and, with `explain`, what it saw."""
+def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out waiting for {what}" + (f": {explain()}" if explain else ""))
+            raise TimeoutError(f"timed out waiting for {what}")
         # Slurm and the step log give no event to wait on. Each look costs a process and an RPC
         # (scontrol, squeue, pgrep: 7-30 ms of CPU): every 0.25 s keeps that a few % of a core.
         time.sleep(0.25)
