@@ -48,7 +48,7 @@ class MpiCollectives:
         self._comm = comm
         # Ranks arrive here seconds apart (imports, a node busier than another): the first to
         # come wait without spinning (collectives.waits) rather than in the blocking Split below.
-        wait_all([comm.Ibarrier()])
+        self._wait_for_every_rank()
         self.rank: int = comm.Get_rank()
         self.world_size: int = comm.Get_size()
         self.device = torch.device("cpu")  # the engine reduces CPU tensors; the model stays with them

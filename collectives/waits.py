@@ -27,12 +27,8 @@ def wait_all(requests: Sequence[Any]) -> None:
     from mpi4py import MPI  # imported here: collectives.algorithms imports without MPI
 
     pending = list(requests)
-    if MPI.Request.Testall(pending):
-        return
     started = time.perf_counter()
-    while True:
+    while not MPI.Request.Testall(pending):
         waited = time.perf_counter() - started
         if waited >= SPIN_S:
             time.sleep(min(waited * SLEEP_FRACTION, MAX_SLEEP_S))
-        if MPI.Request.Testall(pending):
-            return
