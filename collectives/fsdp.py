@@ -188,11 +188,11 @@ class FsdpSync:
     def step_context(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def grads_finite(self, model: nn.Module) -> bool:
+    def nonfinite(self, model: nn.Module) -> torch.Tensor:
         local = [local_of(p.grad) for p in model.parameters() if p.grad is not None]
         flag = torch.tensor([float(all(bool(torch.isfinite(g).all()) for g in local))], dtype=torch.float64)
-        self._comm.allreduce_(flag, op="min")
-        return bool(flag[0] > 0)
+        self._comm.allreduce_(flag, op="min")  # every rank's rows: agreed on the host
+        return torch.tensor(0.0 if flag[0] > 0 else 1.0)
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
         norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # DTensor gradients: the norm over every rank's rows

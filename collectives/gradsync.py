@@ -3,6 +3,7 @@
 comm=mpi: our distributed optimizer (fusion buckets, overlap hooks, compression).
 comm=gloo / nccl: DistributedDataParallel (bucket size, fp16/bf16 compression hooks).
 comm=horovod: Horovod's DistributedOptimizer (compression, backward_passes_per_step).
+A world of one rank (replicated): none of them, the model and optimizer as they are.
 
 Gradient accumulation never communicates on micro-steps: `micro_step(last=False)` wraps the
 forward and backward of every micro-batch but the last of a step.
@@ -42,13 +43,39 @@ class GradientSync(Protocol):
     def step_context(self) -> contextlib.AbstractContextManager[None]:
         """Around optimizer.step() after synchronize()."""
 
-    def grads_finite(self, model: nn.Module) -> bool:
-        """Whether the averaged gradients hold no inf or NaN (the same answer on every rank)."""
+    def nonfinite(self, model: nn.Module) -> torch.Tensor:
+        """1.0 where the averaged gradients hold an inf or NaN, else 0.0 (the same on every rank):
+        a 0-dim tensor, on the gradients' device where the backend can keep it there."""
 
-    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
-        """Scale the averaged gradients to a global 2-norm of at most max_norm; the norm before."""
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> torch.Tensor | float:
+        """Scale the averaged gradients to a global 2-norm of at most max_norm; the norm before
+        (a tensor where it stays on the device)."""
 
     def close(self) -> None: ...
+
+
+class LocalGradients(ReplicatedGradients):
+    """A world of one rank: its gradients are already the average. No wrapper, no hooks, no
+    bucket copies, whatever the backend (DDP's reducer alone costs a step a few percent on a GPU)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = model, optimizer
+
+    @property
+    def comm_wait_s(self) -> float:
+        return 0.0
+
+    def micro_step(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        pass
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
 
 
 class MpiSync(ReplicatedGradients):
@@ -126,8 +153,8 @@ class ZeroSync(MpiSync):
         self.module = model
         self.optimizer = shard_optimizer(optimizer, model, comm, cfg, STAGES[cfg.sharding], accumulation)
 
-    def grads_finite(self, model: nn.Module) -> bool:
-        return bool(self.optimizer.grads_finite())  # type: ignore[attr-defined]
+    def nonfinite(self, model: nn.Module) -> torch.Tensor:
+        return torch.tensor(0.0 if self.optimizer.grads_finite() else 1.0)  # type: ignore[attr-defined]  # agreed over the shards on the host
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float) -> float:
         return float(self.optimizer.clip_grad_norm_(max_norm))  # type: ignore[attr-defined]
@@ -142,8 +169,10 @@ def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm
         return FsdpSync(model, optimizer, comm)
     if cfg.sharding != "none" and cfg.backend != "mpi":
         raise ValueError(f"comm.sharding={cfg.sharding} runs on comm=mpi; comm={cfg.backend} trains replicated (comm.sharding=none)")
-    if cfg.sharding in ("optimizer", "gradients"):
+    if cfg.sharding in ("optimizer", "gradients"):  # a world of one too: its checkpoints keep the sharded layout
         return ZeroSync(model, optimizer, comm, cfg, accumulation)
+    if comm.world_size == 1:
+        return LocalGradients(model, optimizer)
     if cfg.backend in ("gloo", "nccl"):
         return DdpSync(model, optimizer, comm, cfg)
     if cfg.backend == "horovod":

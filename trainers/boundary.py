@@ -54,16 +54,11 @@ class PendingVote:
         cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], values: list[Any], overlap: bool = True
     ) -> PendingVote:
         """Tensors stay on their device: the one host sync is the read. overlap=False: reduced
-        here, on this thread (no hand-over to the engine's background thread)."""
-        if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values):
-            device = comm.device
-            parts = [
-                (v.detach() if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)).to(device=device, dtype=torch.float64).reshape(1)
-                for v in values
-            ]
-            buffer = torch.cat([torch.tensor(head, dtype=torch.float64).to(device), *parts])
-        else:  # reading a CPU tensor waits for nothing
-            buffer = torch.tensor([*head, *(v.detach().item() if isinstance(v, torch.Tensor) else float(v) for v in values)], dtype=torch.float64)
+        here, on this thread (no hand-over to the engine's background thread). A world of one
+        reduces nothing."""
+        buffer = packed(head, values)
+        if comm.world_size == 1:
+            return cls(step, names, step_s, buffer, Deferred.of())
         if not overlap:
             comm.allreduce_(buffer, op="sum")
             return cls(step, names, step_s, buffer, Deferred.of())
@@ -73,6 +68,26 @@ class PendingVote:
         self.done.wait()
         values = self.buffer.tolist()
         return StepVote(values[0], values[1], values[2], tuple(values[3:HEAD]), values[HEAD:])
+
+
+def packed(head: list[float], values: list[Any]) -> torch.Tensor:
+    """`head` and `values` (numbers and one-element tensors) as one float64 tensor, without reading
+    any tensor on the host: on the device where a value lives, else on the CPU. The numbers that
+    come before the first tensor travel in one copy."""
+    target = next((v.device for v in values if isinstance(v, torch.Tensor) and v.device.type != "cpu"), torch.device("cpu"))
+    parts: list[torch.Tensor] = []
+    numbers = [float(v) for v in head]
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if numbers:
+                parts.append(torch.tensor(numbers, dtype=torch.float64))
+                numbers = []
+            parts.append(value.detach().reshape(1).to(dtype=torch.float64))
+        else:
+            numbers.append(float(value))
+    if numbers:
+        parts.append(torch.tensor(numbers, dtype=torch.float64))
+    return torch.cat([part.to(target, non_blocking=True) for part in parts])
 
 
 @dataclass

@@ -33,28 +33,33 @@ class BadStepGuard:
         self.max_bad = max_bad  # 0: never roll back, only skip
         self.in_a_row = 0
         self._first_position = 0
+        self._bad_end: int | None = None  # where the data of the bad steps in a row ends, once they are too many
         self._rolled_back_to: int | None = None  # the checkpoint step of the last rollback
         self._rollbacks_to_it = 0
         self._finite_since_rollback = False
 
-    def record(self, finite: bool, progress: Progress, position_before: int) -> None:
-        """After a step's verdict (progress already counts the step)."""
+    def record(self, finite: bool, progress: Progress, position_before: int, position_after: int) -> None:
+        """A step's verdict, read after the step (the loop reads it a step late: the range to skip
+        is the bad steps' own data, `position_before` to `position_after` of each)."""
         if finite:
-            self.in_a_row = 0
-            self._finite_since_rollback = True
+            if self._bad_end is None:  # a step after too many bad ones is rolled back with them: it proves nothing
+                self.in_a_row, self._finite_since_rollback = 0, True
             return
         if self.in_a_row == 0:
             self._first_position = position_before
         self.in_a_row += 1
         progress.bad_steps += 1
+        if self._bad_end is None and self.max_bad > 0 and self.in_a_row >= self.max_bad:
+            self._bad_end = position_after  # kept until the rollback: a later step's verdict does not move it
 
     @property
     def must_roll_back(self) -> bool:
-        return self.max_bad > 0 and self.in_a_row >= self.max_bad
+        return self._bad_end is not None
 
     def bad_range(self, progress: Progress) -> list[int]:
         """[epoch, start, end): the data of the bad steps in a row, to be skipped from now on."""
-        return [progress.epoch, self._first_position, progress.position]
+        assert self._bad_end is not None, "bad_range() before too many bad steps in a row"
+        return [progress.epoch, self._first_position, self._bad_end]
 
     def rolled_back(self, to_step: int) -> None:
         """After a rollback to checkpoint `to_step`. Rolling back to the same checkpoint again
@@ -70,7 +75,7 @@ class BadStepGuard:
                 "lower optim.lr, set trainer.clip_grad_norm, or check the data (a new run dir starts afresh)"
             )
         self._rolled_back_to, self._finite_since_rollback = to_step, False
-        self.in_a_row = 0
+        self.reset()
 
     def reset(self) -> None:
-        self.in_a_row = 0
+        self.in_a_row, self._bad_end = 0, None

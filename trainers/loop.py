@@ -1,7 +1,13 @@
 """One run once built (`Loop`): passes over the data, the step and its bookkeeping, the votes the
 ranks sum after every step (`StepSums`: the stop vote and the save handshake as named fields),
 evaluation at the end of an epoch, rollback after non-finite steps, and saving.
-trainers.fit drives it; build_loop makes it from the configs, resumed from the newest checkpoint."""
+trainers.fit drives it; build_loop makes it from the configs, resumed from the newest checkpoint.
+
+A step reads one thing back from the device: its sums (loss, non-finite flag, metric sums, the
+votes), and it reads them a step late, once the next step is queued, so a GPU always has the next
+step's work while the host waits. A non-finite step is skipped on the device (trainers.optim.
+step_unless) and counted when its sums are read; whatever the sums decide (stop, save, roll back)
+every rank decides at the same step, because every rank reads the same sums at the same point."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from collectives.base import Collectives, broadcast_module
 from collectives.fsdp import shard_model
 from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers import metricnames, rngstreams
-from trainers.boundary import StepBoundary, StepVote
+from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.config import accumulation_steps, scaled_lr
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
@@ -30,7 +36,7 @@ from trainers.guard import BadStepGuard, skip_past
 from trainers.loader import Pass, WorkerLoader
 from trainers.memory import peaks_over_ranks
 from trainers.metrics import MetricsWriter
-from trainers.optim import build_optimizer, build_schedule
+from trainers.optim import build_optimizer, build_schedule, step_unless
 from trainers.recompute import recompute_in_backward
 from trainers.recovery import resume_or_start, roll_back
 from trainers.reporting import PHASES
@@ -47,35 +53,56 @@ log = logging.getLogger("trainers")
 
 @dataclass(frozen=True)
 class StepSums:
-    """A step's figures summed over the ranks; they ride on the step boundary's vote."""
+    """A step's figures summed over the ranks; they ride on the step boundary's vote, in the
+    order of `LocalStep.values` (the numbers the host knows first: they travel in one copy)."""
 
-    loss: float  # sum of per-sample losses
     seen: float  # samples
-    phases: tuple[float, ...]  # seconds per PHASES entry
+    phases: tuple[float, ...]  # seconds per PHASES entry, as the host saw them
+    loss: float  # sum of per-sample losses
+    nonfinite: float  # ranks whose averaged gradients were not finite (all or none)
     metrics: tuple[float, ...]  # the task's metric sums, in Loop.metric_names order
     vote: StepVote
 
     @classmethod
     def of(cls, vote: StepVote) -> StepSums:
-        loss, seen, *rest = vote.values
-        return cls(loss, seen, tuple(rest[: len(PHASES)]), tuple(rest[len(PHASES) :]), vote)
+        seen, *rest = vote.values
+        phases, (loss, nonfinite, *metrics) = rest[: len(PHASES)], rest[len(PHASES) :]
+        return cls(seen, tuple(phases), loss, nonfinite, tuple(metrics), vote)
 
 
 @dataclass
 class LocalStep:
-    """This rank's figures of the step in progress; its micro-batches add up."""
+    """This rank's figures of the step in progress; its micro-batches add up. The loss and the
+    task's tensor sums stay on the device until the step's sums are read."""
 
     data_wait_before: float  # the prefetcher's wait counter when the step began
     started: float = field(default_factory=time.perf_counter)
-    loss: float = 0.0
+    loss: torch.Tensor | float = 0.0  # the sum of per-sample losses
     seen: int = 0
-    sums: dict[str, float] = field(default_factory=dict)  # the task's metric sums
+    sums: dict[str, torch.Tensor | float] = field(default_factory=dict)  # the task's metric sums
 
     def add(self, out: StepOutput) -> None:
-        self.loss += out.loss.item() * out.count  # .item() waits for the device: phases are real
+        self.loss = self.loss + out.loss.detach().to(torch.float64) * out.count
         self.seen += out.count
         for name, value in out.sums.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+            summed = value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else float(value)
+            self.sums[name] = self.sums.get(name, 0.0) + summed
+
+    def values(self, phases: tuple[float, ...], nonfinite: torch.Tensor | float, names: tuple[str, ...]) -> list[torch.Tensor | float]:
+        """What the ranks sum, as StepSums reads it back."""
+        return [self.seen, *phases, self.loss, nonfinite, *(self.sums.get(name, 0.0) for name in names)]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A finished step whose sums are on their way (its vote launched, not yet read)."""
+
+    step: int
+    position_before: int  # the data position where the step's samples began
+    position_after: int
+    host_s: float  # the step's time on the host, until its vote was launched
+    busy_s: float  # of which not waiting for the other ranks: data, compute, optimizer
+    vote: PendingVote
 
 
 @dataclass
@@ -130,6 +157,7 @@ class Loop:
     loader: WorkerLoader | None = None  # data.workers > 0: the processes reading batches
     metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))  # metrics.jsonl (rank 0)
     train_module: nn.Module | None = None  # what the training step runs: the synced module, compiled with trainer.compile
+    in_flight: InFlight | None = None  # the newest step, its sums not read yet
 
     @property
     def device(self) -> torch.device:
@@ -157,11 +185,14 @@ class Loop:
                 self.forward_backward(step, items, last=micro % self.accumulation == 0)
                 if micro % self.accumulation:
                     continue  # accumulation micro-step: gradients stay local
-                sums = self.finish_step(step, batches.wait_s, ended)
-                if self.after_step(sums, ended):
+                if self.after_step(self.finish_step(step, batches.wait_s, ended), ended):
                     break
                 step = LocalStep(batches.wait_s)  # after saves and evaluations: a step's time is its own
+            else:  # the epoch's data ended: the last step's sums decide as any step's do
+                if self.in_flight is not None:
+                    self.decide([self.read(self.in_flight)], ended)
         finally:
+            self.in_flight = None
             batches.close()
         ended.data_wait_s += batches.wait_s
         self.progress.epoch_seconds += time.perf_counter() - started - ended.eval_s
@@ -204,56 +235,69 @@ class Loop:
             self.scaler.scale(out.loss / self.accumulation).backward()
         step.add(out)
 
-    def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> StepSums:
-        """Average the gradients, update (unless they are not finite), count the step and
-        share its figures with the other ranks."""
+    def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> InFlight:
+        """Average the gradients, update (skipped on the device where they are not finite), count
+        the step and launch the sum of its figures over the ranks, read by the next step."""
         synced_at = time.perf_counter()
         ended.comm_wait_s -= self.sync.comm_wait_s
         self.sync.synchronize()  # averaged gradients, before unscaling or clipping them
         ended.comm_wait_s += self.sync.comm_wait_s
         optimizer_at = time.perf_counter()
-        finite = self.update()
+        nonfinite = self.update()
         progress = self.progress
         progress.step += 1
         progress.epoch_steps += 1
         position_before = progress.position
         progress.position += self.accumulation * self.sampler.global_batch
-        self.guard.record(finite, progress, position_before)
         # The step's time split; data wait is what the prefetcher made this rank wait.
         done_at, data_s = time.perf_counter(), data_wait_s - step.data_wait_before
         phases = (data_s, synced_at - step.started - data_s, optimizer_at - synced_at, done_at - optimizer_at)
         reported = tuple(sorted(step.sums))
         if self.metric_names is None:  # agreed by every rank at its first step, one exchange
             self.metric_names = metricnames.agree(self.comm, reported, "the first step")
-        values = [step.loss, step.seen, *phases, *(step.sums.get(name, 0.0) for name in self.metric_names)]
-        sums = StepSums.of(self.boundary.settle(self.boundary.launch(progress.step, reported, values, overlap=False), expected=self.metric_names))
-        progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
-        progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
-        self.report_step(sums, finite, step.started, busy_s=phases[0] + phases[1] + phases[3])
-        return sums
+        vote = self.boundary.launch(progress.step, reported, step.values(phases, nonfinite, self.metric_names), overlap=False)
+        self.boundary.stepped(progress.step, self.resumed_from)
+        return InFlight(progress.step, position_before, progress.position, time.perf_counter() - step.started, phases[0] + phases[1] + phases[3], vote)
 
-    def update(self) -> bool:
-        """The optimizer step on averaged gradients; False (and no update) when they are not finite."""
+    def update(self) -> torch.Tensor | float:
+        """The optimizer step on averaged gradients, skipped where they are not finite; the
+        step's non-finite flag (a tensor on the device: read with the step's sums)."""
         scaler = self.scaler
         scaler.unscale_(self.optimizer)
-        finite = scaler.is_enabled() or self.sync.grads_finite(self.model)  # fp16: the scaler skips such steps itself
-        if finite and self.cfg.trainer.clip_grad_norm is not None:
-            self.sync.clip_grad_norm_(self.model, self.cfg.trainer.clip_grad_norm)  # the global norm, also over sharded gradients
-        if finite:
-            if self.coordinator is not None:
-                self.coordinator.fence()  # an asynchronous save still copying what this step changes
-            with self.sync.step_context():
+        # fp16: the scaler skips such steps itself, and lowers its scale (not a bad step)
+        nonfinite = 0.0 if scaler.is_enabled() else self.sync.nonfinite(self.model)
+        if self.cfg.trainer.clip_grad_norm is not None:  # the global norm, also over sharded gradients (a skipped step's are dropped)
+            self.sync.clip_grad_norm_(self.model, self.cfg.trainer.clip_grad_norm)
+        if self.coordinator is not None:
+            self.coordinator.fence()  # an asynchronous save still copying what this step changes
+        with self.sync.step_context():
+            if isinstance(nonfinite, torch.Tensor):
+                step_unless(self.optimizer, nonfinite)
+            else:
                 scaler.step(self.optimizer)  # skipped (and the scale lowered) on inf/nan gradients in fp16
         scaler.update()
         self.schedule.step()
         self.optimizer.zero_grad()
-        return finite
+        return nonfinite
 
-    def report_step(self, sums: StepSums, finite: bool, started: float, busy_s: float) -> None:
+    def read(self, flight: InFlight) -> StepSums:
+        """A step's sums over the ranks (the step's one wait for the device), and its bookkeeping:
+        a non-finite step counted, the epoch's sums, the step's record."""
+        began = time.perf_counter()
+        sums = StepSums.of(self.boundary.settle(flight.vote, expected=self.metric_names))
+        step_s = flight.host_s + time.perf_counter() - began
+        finite = sums.nonfinite == 0
+        progress = self.progress
+        self.guard.record(finite, progress, flight.position_before, flight.position_after)
+        progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
+        progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
+        self.report_step(flight.step, sums, finite, step_s, flight.busy_s)
+        return sums
+
+    def report_step(self, step: int, sums: StepSums, finite: bool, step_s: float, busy_s: float) -> None:
         progress, seen = self.progress, max(sums.seen, 1)
-        step_s = time.perf_counter() - started
         record: dict[str, Any] = {
-            "step": progress.step,
+            "step": step,
             "epoch": progress.epoch,
             "loss": sums.loss / seen,
             **{name: value / seen for name, value in zip(self.metric_names or (), sums.metrics, strict=True)},
@@ -267,24 +311,48 @@ class Loop:
             record["skipped"] = True
             log.warning(
                 "step %d: non-finite gradients (loss %g): update skipped (%d in a row, %d in all)",
-                progress.step,
+                step,
                 record["loss"],
                 self.guard.in_a_row,
                 progress.bad_steps,
             )
         # Compared: the time a rank was busy (not waiting for the others in a collective,
         # which every rank does until the slowest arrives, so step times come out equal).
-        straggler = self.watch.step(progress.step, busy_s)
+        straggler = self.watch.step(step, busy_s)
         if straggler is not None:
             log.warning("%s", straggler.line())
             record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
         self.run.steps.report(record)
-        self.boundary.stepped(progress.step, self.resumed_from)
 
-    def after_step(self, sums: StepSums, ended: PassEnd) -> bool:
-        """What the summed votes decide, the same on every rank; True ends the pass."""
+    def after_step(self, flight: InFlight, ended: PassEnd) -> bool:
+        """With step k queued, read step k-1's sums; where they or the host's own counts call
+        for anything, step k's too, then decide as one (the same on every rank). True ends the pass."""
+        earlier, self.in_flight = self.in_flight, flight
+        read = [self.read(earlier)] if earlier is not None else []
+        if not self.must_decide(flight.step, read):
+            return False
+        read.append(self.read(flight))
+        self.in_flight = None
+        return self.decide(read, ended)
+
+    def must_decide(self, step: int, read: list[StepSums]) -> bool:
+        """Whether anything is to be done after `step`: the host's counts (max_steps, a range to
+        skip, an evaluation or a save by step count) or the sums read (a stop, a timed save, a rollback)."""
+        every, max_steps = self.cfg.trainer.eval_every, self.cfg.trainer.max_steps
+        return (
+            (max_steps is not None and step >= max_steps)
+            or self.guard.must_roll_back
+            or self.skip_starts_here()
+            or bool(every and step % every == 0)
+            or any(sums.vote.stop_votes > 0 for sums in read)
+            or self.boundary.save_due(step, read[-1].vote if read else None)
+        )
+
+    def decide(self, read: list[StepSums], ended: PassEnd) -> bool:
+        """What the sums read decide, once every step's are read; True ends the pass."""
         progress, max_steps = self.progress, self.cfg.trainer.max_steps
-        ended.stopped_by = self.boundary.stopped_by(sums.vote)
+        votes = [sums.vote for sums in read]
+        ended.stopped_by = next((stop for vote in votes if (stop := self.boundary.stopped_by(vote))), None)
         if ended.stopped_by:
             return True
         if max_steps is not None and progress.step >= max_steps:
@@ -292,16 +360,20 @@ class Loop:
         if self.guard.must_roll_back:
             ended.rollback = self.guard.bad_range(progress)
             return True
-        if any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip):
+        if self.skip_starts_here():
             return True  # a range to skip starts here: fit() starts a new pass past it
         every = self.cfg.trainer.eval_every
         if every and progress.step % every == 0 and self.epoch_unfinished():  # an epoch's end evaluates anyway
             began = time.perf_counter()
             self.evaluate_midway()
             ended.eval_s += time.perf_counter() - began
-        if self.boundary.save_due(progress.step, sums.vote):
+        if any(self.boundary.save_due(progress.step, vote) for vote in votes):
             self.save(synchronous=False)
         return False
+
+    def skip_starts_here(self) -> bool:
+        progress = self.progress
+        return any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip)
 
     def evaluate_midway(self) -> None:
         """trainer.eval_every: the validation figures in the middle of an epoch, reported as at

@@ -27,12 +27,54 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[Any], lr: float | None = 
         if needs:
             raise TaskError(closure_refusal(str(cfg.optimizer["_target_"]), needs[0]))
         return checked_state(optimizer, "optim.optimizer")
+    params = list(params)
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+        return fused_if_possible(torch.optim.SGD, params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
     if cfg.name == "adamw":
         beta1, beta2 = cfg.betas if cfg.betas is not None else (cfg.momentum, 0.999)
-        return torch.optim.AdamW(params, lr=lr, betas=(beta1, beta2), weight_decay=cfg.weight_decay)
+        return fused_if_possible(torch.optim.AdamW, params, lr=lr, betas=(beta1, beta2), weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose sgd or adamw")
+
+
+def fused_if_possible(kind: type[torch.optim.Optimizer], params: list[Any], **options: Any) -> torch.optim.Optimizer:
+    """The fused kernels (one per parameter group and device, on GPUs and CPUs): fewer launches,
+    and a step they skip themselves when the gradients are not finite (`step_unless`), so the
+    loop never waits for the device to decide. torch refuses them for some devices and dtypes:
+    the plain implementation there."""
+    try:
+        return kind(params, fused=True, **options)  # type: ignore[call-arg]
+    except (RuntimeError, ValueError):
+        return kind(params, **options)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether optimizer.step() can skip itself on a device-side flag (torch's fused kernels take
+    the flag GradScaler passes them, as the attribute `found_inf`)."""
+    if not getattr(optimizer, "_step_supports_amp_scaling", False) or not all(group.get("fused") for group in optimizer.param_groups):
+        return False
+    if isinstance(optimizer, torch.optim.SGD):
+        # torch's fused SGD leaves the momentum buffer it creates in a skipped first step
+        # uninitialised (seen with torch 2.13 on the CPU): the host decides until every buffer exists.
+        return all(
+            group["momentum"] == 0 or all(optimizer.state.get(p, {}).get("momentum_buffer") is not None for p in group["params"] if p.grad is not None)
+            for group in optimizer.param_groups
+        )
+    return True
+
+
+def step_unless(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) -> None:
+    """optimizer.step(), skipped (parameters and state untouched) where `nonfinite`, a 0-dim
+    tensor, is 1: decided on the device where the optimizer can, else read on the host."""
+    if not skips_on_device(optimizer):
+        if not bool(nonfinite):  # the one extra wait for the device, for an optimizer that cannot skip itself
+            optimizer.step()
+        return
+    device = next((p.device for group in optimizer.param_groups for p in group["params"]), nonfinite.device)
+    optimizer.found_inf = nonfinite.to(device=device, dtype=torch.float32)  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, floor: float = 0.0) -> float:

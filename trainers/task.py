@@ -41,7 +41,9 @@ class StepOutput:
 
     loss: torch.Tensor  # a scalar: the batch's mean loss (the training step backpropagates it)
     count: int  # the samples in the batch: the weight of this batch in every mean
-    sums: dict[str, float] = field(default_factory=dict)  # metric sums over the batch's samples
+    # metric sums over the batch's samples: numbers, or one-element tensors (left on the device,
+    # they are read with the step's other figures, once per step)
+    sums: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,13 @@ def builtin_task(cfg: FitConfig) -> Task:
     return build_task({}, provided)
 
 
+def stopped_step(stop_at: int) -> int:
+    """The step a run given `stop_at` stops after. The loop reports step N when it reads N's sums,
+    a step late (with step N+1 queued); the flag raised then rides on step N+2's vote, read (a
+    step late again) with step N+3 queued, and every rank stops there."""
+    return stop_at + 3
+
+
 class StopAt(StepReporter):
     """Raises the stop flag as a signal would, once step `at` is reported."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fit_in_process import Regression, steps_of, train
+from tests.support.fit_in_process import Regression, steps_of, stopped_step, train
 from tests.support.fit_in_process import config as task_config
 from trainers.checkpoint import load_tensor_file
 from trainers.layout import SHARED, committed_steps, step_dir_name
@@ -69,11 +69,11 @@ def test_a_compiled_run_saves_plain_names_and_resumes_uncompiled_where_it_would_
         return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, compile=on, compile_backend="eager"))
 
     through = train(tmp_path / "through", Regression(), compiling(False))
-    compiled = train(tmp_path / "switched", Regression(), compiling(True), stop_at=3)  # as if signalled after step 3: stops at the next boundary
+    compiled = train(tmp_path / "switched", Regression(), compiling(True), stop_at=1)  # as if signalled after step 1: stops after step 4
     shared = load_tensor_file(tmp_path / "switched" / "checkpoints" / step_dir_name(compiled.steps) / SHARED)
     assert sorted(shared["model"]) == ["bias", "weight"]  # no torch.compile `_orig_mod.` prefix
     resumed = train(tmp_path / "switched", Regression(), compiling(False))
-    assert compiled.stopped_by and (compiled.steps, resumed.resumed_from, resumed.steps, through.steps) == (4, 4, 6, 6)
+    assert compiled.stopped_by and (compiled.steps, resumed.resumed_from, resumed.steps, through.steps) == (stopped_step(1), 4, 6, 6)
     losses = [s["loss"] for s in steps_of(tmp_path / "switched")]
     assert losses == [s["loss"] for s in steps_of(tmp_path / "through")]  # the eager backend runs the same kernels: the same bits
 

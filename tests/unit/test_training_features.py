@@ -88,13 +88,13 @@ def test_rolling_back_to_one_checkpoint_again_and_again_ends_the_run():
     guard = BadStepGuard(max_bad=3)
     for _ in range(ROLLBACKS_PER_CHECKPOINT):
         guard.rolled_back(10)
-        guard.record(True, Progress(), 0)
+        guard.record(True, Progress(), 0, 0)
     with pytest.raises(DivergedError, match=rf"checkpoint step 10 keep going non-finite, also after {ROLLBACKS_PER_CHECKPOINT} rollbacks to it"):
         guard.rolled_back(10)
     fresh = BadStepGuard(max_bad=3)
     for to_step in (10, 10, 20, 20, 20, 30):  # a newer checkpoint starts the count again
         fresh.rolled_back(to_step)
-        fresh.record(True, Progress(), 0)
+        fresh.record(True, Progress(), 0, 0)
 
 
 def test_deterministic_kernels_are_switched_on_before_the_first_step(tmp_path, monkeypatch):

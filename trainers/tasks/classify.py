@@ -65,7 +65,7 @@ class ClassifyTask:
 
     def _step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
         output = model(x)
-        correct = int((output.detach().argmax(dim=1) == y).sum())
+        correct = (output.detach().argmax(dim=1) == y).sum()  # stays on the device: read with the step's sums
         return StepOutput(F.cross_entropy(output, y), len(y), {"accuracy": correct})
 
     def describe(self) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class LanguageModelTask:
     def train_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
         inputs, targets = batch
         logits = model(inputs)
-        correct = float((logits.detach().argmax(dim=-1) == targets).float().mean(dim=1).sum())  # per window: the share right
+        correct = (logits.detach().argmax(dim=-1) == targets).float().mean(dim=1).sum()  # per window: the share right (stays on the device)
         return StepOutput(next_token_loss(logits, targets), len(inputs), {"token_accuracy": correct})
 
     def eval_step(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> StepOutput:
