@@ -12,6 +12,7 @@ The built-in configs are package data (hpc/conf); `--config-dir DIR` adds a proj
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from hpc.config.compose import (
     sweep_points,
     sweeper_of,
 )
-from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access, to_job_config
+from hpc.config.local_gpus import local_job
+from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.search import Search, check_search, is_basic
 from hpc.config.validate import validate_job
@@ -52,8 +54,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def execute(job: JobConfig, run_dir: RunDir) -> None:
-    """Run or submit the validated job from its run dir; exits with its code."""
+def execute(job: JobConfig, run_dir: RunDir, note: str | None = None) -> None:
+    """Run or submit the validated job from its run dir; exits with its code. `note`: what
+    this machine changed in the job, the job's first log line (the console and launch.log)."""
+    if note:
+        logging.getLogger("hpc.launch").info(note)
     try:
         code = launch(job, run_dir)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
@@ -262,9 +267,10 @@ def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
         cfg = compose_run(args.overrides, source)
         if cfg.hydra.mode == RunMode.MULTIRUN:
             return False
-        job = with_script_args(validated(cfg), script_args)
+        job, note = validated(cfg)
+        job = with_script_args(job, script_args)
         restrict_access([job])
-    execute(job, start_run(cfg))
+    execute(job, start_run(cfg), note)
     return True
 
 
@@ -298,17 +304,18 @@ def start_run(cfg: DictConfig) -> RunDir:
     return RunDir(path)
 
 
-def validated(cfg: DictConfig) -> JobConfig:
+def validated(cfg: DictConfig) -> tuple[JobConfig, str | None]:
     """The job in the composed config (typed already: the defaults list starts with its
-    schema), checked."""
+    schema) as it runs here, checked; and the line saying what this machine's GPUs changed
+    (hpc.config.local_gpus; None: nothing)."""
     from omegaconf import open_dict
 
     task = cfg.copy()  # shallow: the hydra node stays in cfg
     with open_dict(task):
         del task["hydra"]
-        job = to_job_config(task)
+        job, note = local_job(task, [str(o) for o in cfg.hydra.overrides.task])
     validate_job(job)
-    return job
+    return job, note
 
 
 def print_search(search: Search, job: JobConfig, command: list[str]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.config.local_gpus import machine_gpus
 from hpc.slurmctl import TERMINAL_STATES, job_state
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -19,8 +20,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 def pytest_configure(config: pytest.Config) -> None:
     """auto's tuning tables go to one cache for the session (inherited by mpirun ranks and Slurm
-    jobs), never to the home of whoever runs the tests."""
+    jobs), never to the home of whoever runs the tests. The suite's jobs are a CPU machine's, as
+    on CI: on a machine with GPUs, cluster=local would run every default job on them, one rank
+    per GPU (hpc.config.local_gpus), so the session sees none (tests of that counting set their own)."""
     os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
+    if machine_gpus().count:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups

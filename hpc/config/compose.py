@@ -7,6 +7,7 @@ once up front and translate its errors, using the dataclass schemas for the list
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.config.schema import JobConfig, to_job_config, unknown_key_message
+from hpc.config.local_gpus import local_job, machine_gpus
+from hpc.config.schema import JobConfig, unknown_key_message
 from hpc.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # package data: found installed or in a checkout
@@ -213,7 +215,8 @@ def explain_composition_error(err: Exception, overrides: list[str], source: Conf
 
 def compose_job(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> JobConfig:
     """Compose the typed config with these overrides (Hydra's own `hydra.*` ones are left
-    out); raise UserError with one line on failure."""
+    out), as it runs here (cluster=local: on this machine's GPUs, hpc.config.local_gpus); raise
+    UserError with one line on failure."""
     return compose_jobs([overrides], source)[0]
 
 
@@ -223,12 +226,14 @@ def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE)
     from hydra.errors import MissingConfigException
 
     jobs = []
+    gpus = functools.cache(machine_gpus)  # counted once for all the points (where a point runs locally)
     try:
         with initialized(source):
             for overrides in points:
                 plain = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
                 try:
-                    jobs.append(to_job_config(compose(source.config_name, overrides=[*plain, *source.search_overrides()])))  # type errors surface here too
+                    composed = compose(source.config_name, overrides=[*plain, *source.search_overrides()])
+                    jobs.append(local_job(composed, plain, gpus)[0])  # type errors surface here too
                 except UserError:
                     raise  # already one line (a key `+key=value` added that no schema declares)
                 except Exception as err:  # hydra and omegaconf raise many types; all become one line

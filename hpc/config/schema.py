@@ -164,8 +164,13 @@ def unknown_key_message(key: str, parent: str, names: list[str]) -> str:
 
 
 def to_job_config(cfg: Any) -> JobConfig:
-    """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf.
-    Raises UserError naming a key no schema declares."""
+    """Resolved DictConfig (or plain mapping) -> typed JobConfig, validated by OmegaConf, its
+    backend made concrete. Raises UserError naming a key no schema declares."""
+    return with_backend(typed_job(cfg))
+
+
+def typed_job(cfg: Any) -> JobConfig:
+    """to_job_config with comm=auto left as it is (the login path decides the resources first)."""
     from omegaconf import DictConfig, OmegaConf
 
     found = unknown_key(cfg)
@@ -174,4 +179,9 @@ def to_job_config(cfg: Any) -> JobConfig:
     typed = isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is JobConfig  # composed with the schema: validated already
     job = OmegaConf.to_object(cfg if typed else OmegaConf.merge(OmegaConf.structured(JobConfig), cfg))
     assert isinstance(job, JobConfig)
-    return dataclasses.replace(job, comm=resolve_backend(job.comm, job.resources.gpus_per_task))  # config.yaml names the backend the ranks run
+    return job
+
+
+def with_backend(job: JobConfig) -> JobConfig:
+    """comm=auto made concrete from the job's resources: config.yaml names the backend the ranks run."""
+    return dataclasses.replace(job, comm=resolve_backend(job.comm, job.resources.gpus_per_task))

@@ -1,5 +1,6 @@
 """Detect a compute node's topology (NUMA CPUs, InfiniBand HCAs, GPU -> NIC rails) from sysfs and
-`nvidia-smi topo -m`, and write it out as a `conf/topology/` preset.
+`nvidia-smi topo -m`, and write it out as a `conf/topology/` preset; count this machine's GPUs
+(`count_gpus`: CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`, else /proc/driver/nvidia/gpus).
 
     python -m hpc.topology detect [--name NAME] [--write conf/topology/NAME.yaml]
 
@@ -7,13 +8,14 @@ Sources: /sys/devices/system/node/node*/cpulist (NUMA node -> CPUs), /sys/class/
 with device/numa_node (HCAs and their NUMA node), and the GPU x NIC matrix of `nvidia-smi topo -m`
 (each GPU's rail is the NIC it reaches over the fewest PCIe hops; NICs no GPU prefers, such as
 storage HCAs, are left out). Pure parsing functions take text and paths, so tests feed them
-captured output and fake sysfs trees.
+captured output and fake sysfs trees; whoever runs nvidia-smi passes its output in.
 """
 
 from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,3 +137,47 @@ def to_yaml(topo: TopologyConfig, where: str | None = None) -> str:
             "",
         ]
     )
+
+
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU (its PCI address) where the driver is loaded
+
+
+@dataclass(frozen=True)
+class GpuCount:
+    """How many GPUs this machine gives a job, and where that was read ("" when none was found)."""
+
+    count: int
+    source: str
+
+
+def visible_gpus(value: str) -> int:
+    """The GPUs CUDA_VISIBLE_DEVICES lets a process see, as CUDA reads it: its entries up to the
+    first that names no device ("" and "-1": none; "0,1", "GPU-<uuid>,MIG-<uuid>": two)."""
+    count = 0
+    for entry in (part.strip() for part in value.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
+def parse_nvidia_smi_list(text: str) -> int:
+    """The GPUs `nvidia-smi -L` lists (`GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)`); the MIG
+    devices it indents under a GPU are not counted apart."""
+    return sum(1 for line in text.splitlines() if re.match(r"GPU \d+:", line))
+
+
+def count_gpus(env: Mapping[str, str], nvidia_smi_list: Callable[[], str | None], proc_gpus: Path = PROC_GPUS) -> GpuCount:
+    """This machine's GPUs, the one rule for it: CUDA_VISIBLE_DEVICES when set, else the GPUs
+    `nvidia-smi -L` lists (`nvidia_smi_list` returns its output, None where it is missing or
+    fails; called only when needed), else the entries of /proc/driver/nvidia/gpus; 0 if none."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return GpuCount(visible_gpus(env["CUDA_VISIBLE_DEVICES"]), "CUDA_VISIBLE_DEVICES")
+    listed = nvidia_smi_list()
+    if listed is not None and (count := parse_nvidia_smi_list(listed)):
+        return GpuCount(count, "nvidia-smi")
+    try:
+        entries = sum(1 for _ in proc_gpus.iterdir())
+    except OSError:  # no driver loaded (or not readable): no GPUs found there
+        entries = 0
+    return GpuCount(entries, str(proc_gpus)) if entries else GpuCount(0, "")

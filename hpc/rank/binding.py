@@ -19,8 +19,10 @@ def binding_for(topo: TopologyConfig, rank: RankInfo) -> RankBinding:
 def binding_environment(binding: RankBinding, topo: TopologyConfig, current: Mapping[str, str]) -> dict[str, str]:
     """Variables to set; a value the user or Slurm already chose is left alone."""
     wanted: dict[str, str] = {}
-    if binding.gpu is not None and "," in current.get("CUDA_VISIBLE_DEVICES", ","):
-        wanted["CUDA_VISIBLE_DEVICES"] = str(binding.gpu)  # unset, or several GPUs visible
+    visible = current.get("CUDA_VISIBLE_DEVICES")
+    if binding.gpu is not None and (visible is None or "," in visible):  # unset, or several GPUs visible
+        listed = visible.split(",") if visible else []  # GPU i of those visible: "2,3" gives local rank 0 GPU 2
+        wanted["CUDA_VISIBLE_DEVICES"] = listed[binding.gpu].strip() if binding.gpu < len(listed) else str(binding.gpu)
     if binding.nic is not None:
         if topo.transport == "ib":
             wanted.update(NCCL_IB_HCA=f"={binding.nic}", UCX_NET_DEVICES=f"{binding.nic}:1")

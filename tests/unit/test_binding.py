@@ -35,6 +35,13 @@ def test_tcp_rails_name_the_interface_and_user_settings_win():
     assert env == {"OMPI_MCA_btl_tcp_if_include": "rail2", "NCCL_SOCKET_IFNAME": "rail2"}  # Slurm's single GPU kept
 
 
+def test_a_rank_binds_its_gpu_among_those_the_job_was_given():
+    local = TopologyConfig(name="cpu", gpus_per_node=2)  # a local machine's GPUs, found by the launcher (hpc.config.local_gpus)
+    assert binding_environment(binding_for(local, rank(1, 2)), local, {"CUDA_VISIBLE_DEVICES": "2,3"}) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert binding_environment(binding_for(local, rank(1, 2)), local, {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == {"CUDA_VISIBLE_DEVICES": "GPU-bb"}
+    assert binding_environment(binding_for(local, rank(1, 2)), local, {}) == {"CUDA_VISIBLE_DEVICES": "1"}
+
+
 def test_more_local_ranks_than_gpus_is_refused():
     with pytest.raises(UserError, match="8 GPUs per node but resources.tasks_per_node=9"):
         binding_for(DGX, rank(0, local_world=9))
