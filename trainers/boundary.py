@@ -25,6 +25,7 @@ from trainers.saving import SaveCoordinator
 from trainers.task import TaskError
 from trainers.watchdog import Watchdog
 
+CPU = torch.device("cpu")
 HEAD = 7  # stop votes, ranks written, time votes and the names' four fingerprint numbers
 
 
@@ -72,22 +73,39 @@ class PendingVote:
 
 def packed(head: list[float], values: list[Any]) -> torch.Tensor:
     """`head` and `values` (numbers and one-element tensors) as one float64 tensor, without reading
-    any tensor on the host: on the device where a value lives, else on the CPU. The numbers that
-    come before the first tensor travel in one copy."""
-    target = next((v.device for v in values if isinstance(v, torch.Tensor) and v.device.type != "cpu"), torch.device("cpu"))
+    any tensor on the host: on the device where a value lives, else on the CPU. Each run of
+    numbers travels as one tensor and each run of tensors is stacked: a few operations per step,
+    whatever the number of values."""
+    target = next((v.device for v in values if isinstance(v, torch.Tensor) and v.device.type != "cpu"), CPU)
     parts: list[torch.Tensor] = []
-    numbers = [float(v) for v in head]
+    numbers: list[float] = [float(v) for v in head]
+    tensors: list[torch.Tensor] = []
     for value in values:
         if isinstance(value, torch.Tensor):
             if numbers:
-                parts.append(torch.tensor(numbers, dtype=torch.float64))
+                parts.append(torch.tensor(numbers, dtype=torch.float64, device=target))
                 numbers = []
-            parts.append(value.detach().reshape(1).to(dtype=torch.float64))
+            value = value.detach() if value.requires_grad else value
+            tensors.append(value.reshape(()) if value.ndim else value)
         else:
+            if tensors:
+                parts.append(stacked(tensors, target))
+                tensors = []
             numbers.append(float(value))
     if numbers:
-        parts.append(torch.tensor(numbers, dtype=torch.float64))
-    return torch.cat([part.to(target, non_blocking=True) for part in parts])
+        parts.append(torch.tensor(numbers, dtype=torch.float64, device=target))
+    if tensors:
+        parts.append(stacked(tensors, target))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def stacked(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """0-dim tensors as one float64 vector on `device`: one stack where they share a dtype or one
+    of them is float64 already (stack promotes to it, exactly), else each converted first."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1 and torch.float64 not in dtypes:
+        tensors = [t.to(torch.float64) for t in tensors]
+    return torch.stack([t if t.device == device else t.to(device) for t in tensors]).to(torch.float64)
 
 
 @dataclass

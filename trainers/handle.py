@@ -396,6 +396,7 @@ class Handle:
             boundary.watchdog.close()
             boundary.watchdog = None
         self.reporter.close()
+        self.metrics.close()
 
 
 def describe(value: Any) -> str:

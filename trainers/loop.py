@@ -77,16 +77,24 @@ class LocalStep:
 
     data_wait_before: float  # the prefetcher's wait counter when the step began
     started: float = field(default_factory=time.perf_counter)
-    loss: torch.Tensor | float = 0.0  # the sum of per-sample losses
+    loss: torch.Tensor | float = 0.0  # the sum of per-sample losses (float64)
     seen: int = 0
     sums: dict[str, torch.Tensor | float] = field(default_factory=dict)  # the task's metric sums
+    micro_batches: int = 0
 
     def add(self, out: StepOutput) -> None:
-        self.loss = self.loss + out.loss.detach().to(torch.float64) * out.count
+        weighted = out.loss.detach().to(torch.float64) * out.count
+        first = self.micro_batches == 0
+        self.micro_batches += 1
+        self.loss = weighted if first else self.loss + weighted
         self.seen += out.count
-        for name, value in out.sums.items():
-            summed = value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else float(value)
-            self.sums[name] = self.sums.get(name, 0.0) + summed
+        for name, value in out.sums.items():  # tensors as the task gave them (the vote stacks them to float64)
+            if isinstance(value, torch.Tensor):
+                value = value.detach() if value.requires_grad else value
+            else:
+                value = float(value)
+            before = self.sums.get(name)
+            self.sums[name] = value if before is None else before + (value.to(torch.float64) if isinstance(value, torch.Tensor) else value)
 
     def values(self, phases: tuple[float, ...], nonfinite: torch.Tensor | float, names: tuple[str, ...]) -> list[torch.Tensor | float]:
         """What the ranks sum, as StepSums reads it back."""
@@ -232,7 +240,7 @@ class Loop:
             with torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext():
                 out = self.task.train_step(self.sync.module if self.train_module is None else self.train_module, batch)
             check_loss(out)
-            self.scaler.scale(out.loss / self.accumulation).backward()
+            self.scaler.scale(out.loss / self.accumulation if self.accumulation > 1 else out.loss).backward()
         step.add(out)
 
     def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> InFlight:
@@ -517,6 +525,7 @@ class Loop:
                 close()
         self.sync.close()
         self.run.steps.close()
+        self.metrics.close()
 
 
 def apply_deterministic_kernels() -> None:
@@ -662,6 +671,6 @@ def check_data_sets(train: MapDataset, evaluated: MapDataset, comm: Collectives,
 
 def check_loss(out: StepOutput) -> None:
     loss = out.loss
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0 or not loss.dtype.is_floating_point:
         shown = f"a {type(loss).__name__}" if not isinstance(loss, torch.Tensor) else f"a tensor of shape {tuple(loss.shape)}"
         raise TaskError(f"the training step returned {shown} as its loss; return the batch's mean loss as a scalar float tensor")

@@ -52,13 +52,16 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     the flag GradScaler passes them, as the attribute `found_inf`)."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False) or not all(group.get("fused") for group in optimizer.param_groups):
         return False
-    if isinstance(optimizer, torch.optim.SGD):
+    if isinstance(optimizer, torch.optim.SGD) and not getattr(optimizer, "_hpctk_momentum_ready", False):
         # torch's fused SGD leaves the momentum buffer it creates in a skipped first step
-        # uninitialised (seen with torch 2.13 on the CPU): the host decides until every buffer exists.
-        return all(
-            group["momentum"] == 0 or all(optimizer.state.get(p, {}).get("momentum_buffer") is not None for p in group["params"] if p.grad is not None)
+        # uninitialised (seen with torch 2.13 on the CPU): the host decides until every buffer
+        # exists (then they stay: the answer is kept, not looked up again every step).
+        ready = all(
+            group["momentum"] == 0 or all(optimizer.state.get(p, {}).get("momentum_buffer") is not None for p in group["params"] if p.requires_grad)
             for group in optimizer.param_groups
         )
+        optimizer._hpctk_momentum_ready = ready  # type: ignore[attr-defined]
+        return ready
     return True
 
 
@@ -70,7 +73,9 @@ def step_unless(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) -> No
             optimizer.step()
         return
     device = next((p.device for group in optimizer.param_groups for p in group["params"]), nonfinite.device)
-    optimizer.found_inf = nonfinite.to(device=device, dtype=torch.float32)  # type: ignore[attr-defined]
+    if nonfinite.device != device or nonfinite.dtype != torch.float32:
+        nonfinite = nonfinite.to(device=device, dtype=torch.float32)
+    optimizer.found_inf = nonfinite  # type: ignore[attr-defined]
     try:
         optimizer.step()
     finally:

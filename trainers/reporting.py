@@ -139,6 +139,7 @@ class StepReporter:
             self._tensorboard.add_scalar(tag, value, step)
 
     def close(self) -> None:
+        self._writer.close()
         if self._bar is not None:
             self._bar.write("\n")
             self._bar.flush()
