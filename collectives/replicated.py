@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 _ONES: dict[torch.device, torch.Tensor] = {}  # the unscale factor of the check, one per device, made once
 
 
