@@ -6,7 +6,7 @@ every change (CI runs it through tests/unit/test_host_overhead.py).
 Two loops train the same tiny model (the built-in MLP on the digits, batch 8) in this process,
 one after the other in each round: the built-in loop (trainers.fit on one rank: the task, the
 data read ahead, the step's sums, the reports) and a raw loop (forward, loss, backward, the same
-optimizer; its batches already decoded in memory). Printed, as one JSON line:
+optimizer and learning-rate schedule; its batches already decoded in memory). Printed, as one JSON line:
 
 - `host_reads_per_step`: the reads of a tensor's value on the host in a step of the built-in
   loop (`.item()`, `.tolist()`, `float()`, `bool()`, `int()` of a tensor, `.cpu()`, `.numpy()`),
@@ -119,15 +119,16 @@ def proxy_task(cfg: Any) -> Any:
 
 
 def raw_loop(steps: int, reads: HostReads) -> list[tuple[float, int]]:
-    """The same model, optimizer and batch size in a plain loop, its batches decoded beforehand;
-    (time, reads so far) after each step."""
-    from trainers.optim import build_optimizer
+    """The same model, optimizer, learning-rate schedule and batch size in a plain loop, its
+    batches decoded beforehand; (time, reads so far) after each step."""
+    from trainers.optim import build_optimizer, build_schedule
 
     cfg = proxy_config(steps)
     task = proxy_task(cfg)
     torch.manual_seed(cfg.trainer.seed)
     model = task.build_model()
     optimizer = build_optimizer(cfg.optim, model.parameters())
+    schedule = build_schedule(cfg.optim, optimizer, steps)  # the user's training choice (cosine by default), not the toolkit's cost
     data = task.train_data()
     batch = cfg.data.batch_size
     count = min(len(data) // batch, steps)
@@ -139,6 +140,7 @@ def raw_loop(steps: int, reads: HostReads) -> list[tuple[float, int]]:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         marks.append((time.thread_time(), reads.total))
     return marks
 

@@ -100,12 +100,12 @@ def packed(head: list[float], values: list[Any]) -> torch.Tensor:
 
 
 def stacked(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """0-dim tensors as one float64 vector on `device`: one stack where they share a dtype or one
-    of them is float64 already (stack promotes to it, exactly), else each converted first."""
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) > 1 and torch.float64 not in dtypes:
-        tensors = [t.to(torch.float64) for t in tensors]
-    return torch.stack([t if t.device == device else t.to(device) for t in tensors]).to(torch.float64)
+    """0-dim tensors as one float64 vector on `device`, each converted first (stack's own type
+    promotion costs twice as much as the conversions, and an int64 beside a float32 would
+    pass through float32)."""
+    if device.type != "cpu":
+        tensors = [t.to(device) for t in tensors]  # a CPU value beside device ones: copied over
+    return torch.stack([t if t.dtype == torch.float64 else t.to(torch.float64) for t in tensors])
 
 
 @dataclass
