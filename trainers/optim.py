@@ -39,8 +39,11 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[Any], lr: float | None = 
 def fused_if_possible(kind: type[torch.optim.Optimizer], params: list[Any], **options: Any) -> torch.optim.Optimizer:
     """The fused kernels (one per parameter group and device, on GPUs and CPUs): fewer launches,
     and a step they skip themselves when the gradients are not finite (`step_unless`), so the
-    loop never waits for the device to decide. torch refuses them for some devices and dtypes:
-    the plain implementation there."""
+    loop never waits for the device to decide. torch refuses them for some devices and dtypes,
+    and FSDP2's sharded parameters (DTensors) have no sharding rule for fused SGD: the plain
+    implementation there."""
+    if any(type(p).__name__ == "DTensor" for group in params for p in (group["params"] if isinstance(group, dict) else [group])):
+        return kind(params, **options)
     try:
         return kind(params, fused=True, **options)  # type: ignore[call-arg]
     except (RuntimeError, ValueError):

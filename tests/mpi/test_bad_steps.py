@@ -64,7 +64,7 @@ def test_a_poisoned_sample_is_skipped_or_rolled_back_and_training_ends_finite(tm
     else:  # each time: back to the last checkpoint, that step's data skipped for good
         assert len(skipped) == EPOCHS and records[-1]["rollbacks"] == EPOCHS
         assert log.count("rolled back from step") == EPOCHS
-        assert "rolled back from step 10 to checkpoint step 8" in log
+        assert "rolled back from step 11 to checkpoint step 8" in log  # step 10's sums are read a step late, with step 11 done
     assert "non-finite gradients" in log
 
 
@@ -107,6 +107,8 @@ def test_a_user_tasks_poisoned_sample_is_rolled_back_past_and_training_ends_fini
     (run_dir,) = run_dirs(tmp_path)
     records = steps(run_dir)
     assert [r["step"] for r in records if r.get("skipped")][0] == 10 and records[-1]["rollbacks"] == EPOCHS
-    assert "rolled back from step 10 to checkpoint step 8" in (run_dir / "logs" / "rank-00000.log").read_text()
+    # step 10's sums are read a step late, with step 11 done; step 10's own samples are the ones skipped
+    log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert "rolled back from step 11 to checkpoint step 8" in log and f"samples {9 * RANKS * BATCH}..{10 * RANKS * BATCH} of epoch 1 are skipped" in log
     result = json.loads((run_dir / "result.json").read_text())
     assert math.isfinite(result["loss"]) and result["val_metrics"]["close"] > 0.5  # it learned y = 3x - 1 (|error| < 0.1 for most)
