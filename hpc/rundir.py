@@ -11,6 +11,7 @@
 <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
 <run_dir>/code/            the sources the job runs, frozen at submission (hpc.submit.snapshot)
 <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
+<run_dir>/.hpc-run         the run marker (RUN_MARKER): a run or sweep dir, never frozen as code
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from typing import Any
 
 # The code ranks run: put first on their PYTHONPATH so a job never needs an installed copy.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# In every run dir and sweep dir the toolkit makes: freezing a script's directory leaves out any
+# directory holding it (hpc.config.freezing), wherever run_root or hydra.run.dir put it.
+RUN_MARKER = ".hpc-run"
+
+
+def mark_run_dir(path: Path) -> None:
+    """`path` (made if missing) marked as the toolkit's output: a run or sweep directory."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / RUN_MARKER).write_text("a run directory of hpc-toolkit: never frozen with a job's code\n")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ class ShuffledBatches:
 
 class RandomWindows:
     """`get()`: a batch of (inputs, targets) windows at random offsets of `tokens`, targets
-    shifted by one, from this rank's own generator (its state is the data position)."""
+    shifted by one, from this rank's own generator (its state is the data position). Both are
+    contiguous int64 tensors, as nanoGPT's get_batch stacks them (its `targets.view(-1)`)."""
 
     def __init__(self, tokens: Any, block_size: int, batch_size: int, seed: int, rank: int) -> None:
         if len(tokens) <= block_size:
@@ -60,7 +61,7 @@ class RandomWindows:
         starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator).tolist()
         rows = np.stack([np.asarray(self.tokens[s : s + self.block_size + 1], dtype=np.int64) for s in starts])
         window = torch.from_numpy(rows)
-        return window[:, :-1], window[:, 1:]
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()  # views of one array would have its stride
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"generator": self.generator.get_state()}

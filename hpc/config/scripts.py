@@ -19,18 +19,19 @@ import ast
 import re
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpc.config.freezing import frozen_files
 from hpc.config.schema import JobConfig
 from hpc.config.sources import find_module_file
 from hpc.errors import UserError
 
-SOURCE_SUFFIXES = {".py", ".yaml"}  # what is frozen of a job's code (hpc.submit.snapshot)
 SCRIPT_DIR = "script"  # a file's directory, frozen as <code>/script (hpc.submit.snapshot)
-# A file's directory is frozen whole (its .py and .yaml files): a script in a home directory or
-# at a repository's root with thousands of sources gets a clear refusal instead of a long copy.
+# A file's directory is frozen whole (its .py and .yaml files, hpc.config.freezing): a script in a
+# home directory or at a repository's root with thousands of sources gets a clear refusal instead
+# of a long copy.
 MAX_FROZEN_FILES = 2000
 
 
@@ -57,15 +58,16 @@ def parse_script(spec: str, workdir: Path) -> Script:
     return Script(module=module, function=function or None)
 
 
-def check_script(spec: str, workdir: Path) -> Script:
+def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Script:
     """The script exists where the ranks will look, and parses; a function is defined at its
-    module's top level. Nothing is imported. UserError, one line, naming what is wrong."""
+    module's top level; a file's directory is not too large to freeze (`skip`: the run root,
+    left out of it). Nothing is imported. UserError, one line, naming what is wrong."""
     script = parse_script(spec, workdir)
     if script.path is not None:
         if not script.path.is_file():
             raise UserError(f"script={spec}: no such file ({script.path})")
         source_file: Path | None = script.path
-        frozen = sum(1 for _ in frozen_files(script.path.parent))
+        frozen = sum(1 for _ in frozen_files(script.path.parent, skip))
         if frozen > MAX_FROZEN_FILES:
             raise UserError(
                 f"script={spec}: its directory {script.path.parent} holds {frozen} source files, all frozen with the job "
@@ -95,13 +97,6 @@ def check_script(spec: str, workdir: Path) -> Script:
     if script.function is not None and not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == script.function for node in tree.body):
         raise UserError(f"script={spec}: {source_file} defines no function {script.function} at its top level")
     return script
-
-
-def frozen_files(directory: Path) -> Iterator[Path]:
-    """The files under `directory` that are frozen with a job (hpc.submit.snapshot), in name order."""
-    for path in sorted(directory.rglob("*")):
-        if path.suffix in SOURCE_SUFFIXES and "__pycache__" not in path.parts and path.is_file():
-            yield path
 
 
 def literal(value: str) -> str:

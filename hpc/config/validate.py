@@ -407,7 +407,7 @@ def check_user_script(job: JobConfig) -> None:
     workdir = Path(job.workdir) if job.workdir else Path.cwd()
     if not workdir.is_dir():
         raise UserError(f"workdir={job.workdir}: no such directory")
-    check_script(job.script or "", workdir)
+    check_script(job.script or "", workdir, skip=[Path(job.run_root)])  # relative: to where launch.py runs, as Hydra's run dir
 
 
 def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | None:

@@ -14,7 +14,7 @@ from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
-from hpc.rundir import RunDir
+from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
 from hpc.submit import local, slurm
 from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
@@ -77,6 +77,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
             command = local.rank_command(job, run_dir)
             print(shlex.join(local.pinned_command(command, env, run_dir.code, os.environ.get("PYTHONPATH"))))
         return 0
+    mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
     run_dir.config.write_text(resolved_yaml(job))
     if job.cluster.launcher == "local":
         code = local.run_local(job, env, run_dir)
@@ -102,5 +103,5 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
 def discard_run_dir(run_dir: RunDir) -> None:
     """After a dry run or refused input, remove what Hydra created; nothing else is there."""
     leftovers = {p.name for p in run_dir.path.iterdir()} if run_dir.path.is_dir() else set()
-    if leftovers <= {".hydra", "launch.log"}:
+    if leftovers <= {".hydra", "launch.log", RUN_MARKER}:
         shutil.rmtree(run_dir.path, ignore_errors=True)

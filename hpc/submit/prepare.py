@@ -22,7 +22,7 @@ from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.validate import validate_job
 from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
 from hpc.errors import UserError
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, mark_run_dir
 from hpc.submit.launch import pin_inputs, rank_environment, resolved_yaml
 from hpc.submit.slurm import setup_lines
 
@@ -51,7 +51,7 @@ def job_run_dir(job: JobConfig, job_id: str) -> tuple[RunDir, bool]:
     Returns (run dir, whether it already existed)."""
     path = Path(job.run_root).resolve() / "jobs" / f"{job_id}_{job.name}"
     existed = (path / "config.yaml").is_file()
-    path.mkdir(parents=True, exist_ok=True)
+    mark_run_dir(path)
     return RunDir(path), existed
 
 

@@ -4,7 +4,9 @@ A job that waits in the queue, is requeued a day later, or a local run resumed n
 its command.txt, must run the code it started with, not whatever the checkout holds by then.
 We copy the packages' sources (a few hundred KB) into the run (or sweep) directory and put that
 copy first on the ranks' PYTHONPATH (the sbatch script, hpc.submit.slurm; the mpirun command, hpc.submit.local);
-SOURCE.json records the git commit and whether the tree was dirty, git.diff the changes.
+SOURCE.json records the git commit and whether the tree was dirty, git.diff the changes. What of a
+directory is copied (never the run root, a run dir, data, outputs, virtualenvs or .git) is
+hpc.config.freezing's rule.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from hpc.config.freezing import SOURCE_SUFFIXES, frozen_files
 from hpc.config.schema import JobConfig, code_targets
-from hpc.config.scripts import SCRIPT_DIR, SOURCE_SUFFIXES, frozen_files, parse_script
+from hpc.config.scripts import SCRIPT_DIR, parse_script
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT
 
@@ -69,12 +72,13 @@ def user_sources(targets: Iterable[str]) -> list[Path]:
     return list(found.values())
 
 
-def _copy_sources(source_root: Path, dest: Path) -> int:
-    """The sources under `source_root` (a directory or one file) copied to `dest`; returns the count."""
+def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = ()) -> int:
+    """The sources under `source_root` (a directory or one file) copied to `dest`, but for those
+    below `skip` (hpc.config.freezing); returns the count."""
     if source_root.is_file():
         files = [source_root] if source_root.suffix in SOURCE_SUFFIXES else []
     else:
-        files = list(frozen_files(source_root))
+        files = list(frozen_files(source_root, skip))
     for source in files:
         target = dest if source_root.is_file() else dest / source.relative_to(source_root)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -97,20 +101,23 @@ def freeze_job_code(dest: Path, *jobs: JobConfig) -> Path:
     if len(script_dirs) > 1:
         listed = ", ".join(sorted(map(str, script_dirs)))
         raise UserError(f"the points of a sweep run scripts from {len(script_dirs)} directories ({listed}); sweep scripts of one directory")
-    return freeze_code(dest, user=user_sources(targets), script_dir=next(iter(script_dirs), None))
+    run_roots = sorted({Path(job.run_root) for job in jobs})  # relative: to where launch.py runs, as Hydra's run dir
+    return freeze_code(dest, user=user_sources(targets), script_dir=next(iter(script_dirs), None), skip=run_roots)
 
 
-def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None) -> Path:
+def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None, skip: Sequence[Path] = ()) -> Path:
     """Copy the sources under `root` into `dest` (created; must not exist), and the user's task
     packages (`user`: package directories or module files, see user_sources) beside them, so the
     ranks import those frozen copies too, and a script file's directory as <dest>/script (the
-    ranks run the script from there); returns `dest`."""
+    ranks run the script from there); returns `dest`. Never copied: `skip` (the run root), `dest`
+    itself, and what else hpc.config.freezing leaves out (run dirs, data, virtualenvs, .git)."""
     dest.mkdir(parents=True)
-    copied = sum(_copy_sources(root / package, dest / package) for package in PACKAGES)  # hpc/conf with hpc
+    skip = [*skip, dest]
+    copied = sum(_copy_sources(root / package, dest / package, skip) for package in PACKAGES)  # hpc/conf with hpc
     for source in user:
-        copied += _copy_sources(source, dest / source.name)
+        copied += _copy_sources(source, dest / source.name, skip)
     if script_dir is not None:
-        copied += _copy_sources(script_dir, dest / SCRIPT_DIR)
+        copied += _copy_sources(script_dir, dest / SCRIPT_DIR, skip)
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES], root) if commit else None
     if diff:

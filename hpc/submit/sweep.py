@@ -21,7 +21,7 @@ from typing import Any
 
 from hpc.config.schema import JobConfig
 from hpc.errors import UserError
-from hpc.rundir import RunDir
+from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
 from hpc.submit import local, slurm
 from hpc.submit.launch import prepare, rank_environment, resolved_yaml
 from hpc.submit.snapshot import freeze_job_code
@@ -118,11 +118,12 @@ def prepare_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
 
 
 def write_point_dirs(points: Sequence[SweepPoint], sweep_dir: Path) -> None:
-    """Each point's run dir with the config its ranks will read."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    """Each point's run dir with the config its ranks will read; the sweep dir and each point's
+    marked as the toolkit's output (never frozen with a script's folder: hpc.config.freezing)."""
+    mark_run_dir(sweep_dir)
     for point in points:
         run_dir = RunDir(sweep_dir / str(point.num))
-        run_dir.path.mkdir(parents=True, exist_ok=True)
+        mark_run_dir(run_dir.path)
         run_dir.config.write_text(resolved_yaml(point.job))
 
 
@@ -175,6 +176,7 @@ def discard_unsubmitted(sweep_dir: Path, nums: Iterable[int]) -> None:
     for name in [*map(str, nums), "code", "slurm"]:
         shutil.rmtree(sweep_dir / name, ignore_errors=True)
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+    (sweep_dir / RUN_MARKER).unlink(missing_ok=True)
     prune_empty(sweep_dir)
 
 

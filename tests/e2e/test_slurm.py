@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -74,15 +75,18 @@ def test_sbatch_refusal_is_one_line_and_submits_nothing(tmp_path):
 
 
 def test_a_clean_stop_says_what_happened_and_srun_reports_no_killed_tasks(tmp_path):
-    """After `scancel --signal=USR1` the ranks checkpoint and exit; the batch script requeues the
-    job once srun has returned. No task is reported Terminated, no rank logs submitit's "Job
-    completed successfully", and rank 0 says where it stopped and what follows."""
+    """After `python -m hpc.stop RUN_DIR` (`scancel --signal=USR1 JOB`) the ranks checkpoint and
+    exit; the batch script requeues the job once srun has returned. No task is reported
+    Terminated, no rank logs submitit's "Job completed successfully", and rank 0 says where it
+    stopped and what follows."""
     from benchmarks.simcluster import poll, restarts
     from tests.support.runs import logged_steps, stopped_pattern, submit_job
 
     job_id, run_dir = submit_job(*TWO_BY_TWO, "trainer.epochs=50", "checkpoint.every_minutes=null", cwd=tmp_path)
     poll(lambda: logged_steps(run_dir) >= 3, "step 3", timeout_s=300)  # the queue may be busy
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True)
+    stop = subprocess.run([sys.executable, "-m", "hpc.stop", str(run_dir)], capture_output=True, text=True, timeout=60)
+    sent = f"sent SIGUSR1 to every rank of job {job_id} (scancel --signal=USR1 {job_id}): they stop at the same step and save"
+    assert stop.returncode == 0 and stop.stdout.startswith(sent), stop.stdout + stop.stderr
     # Requeued, and back in the queue: the stopped incarnation (srun included) has ended.
     poll(lambda: restarts(job_id) >= 1 and job_state(job_id) == "PENDING", f"job {job_id} to be requeued")
     subprocess.run(["scancel", job_id], check=True, capture_output=True)  # the rerun is not this test's business

@@ -62,3 +62,15 @@ def test_ranks_split_each_global_batch_and_windows_differ_by_rank():
     assert not torch.equal(a, b) and torch.equal(a[:, 1:], a[:, :-1] + 1)  # consecutive tokens: windows of the array
     with pytest.raises(ValueError, match="8 tokens cannot fill one window of 8"):
         RandomWindows(np.arange(8), 8, 1, seed=0, rank=0)
+
+
+def test_windows_are_contiguous_and_those_nanogpts_get_batch_stacks():
+    """nanoGPT views its targets flat (`targets.view(-1)`), which a slice of one (batch, block + 1)
+    array refuses (stride block + 1). The values are nanoGPT's windows at the drawn offsets."""
+    tokens = np.arange(1000, dtype=np.uint16) % 97
+    x, y = RandomWindows(tokens, block_size=64, batch_size=4, seed=3, rank=1).get()
+    assert x.is_contiguous() and y.is_contiguous() and x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (4, 64)
+    assert y.view(-1).shape == (256,) and x.view(-1).shape == (256,)
+    starts = torch.randint(len(tokens) - 64, (4,), generator=torch.Generator().manual_seed(3 * 1_000_003 + 1))  # the rank's stream
+    assert torch.equal(x, torch.stack([torch.from_numpy(tokens[i : i + 64].astype(np.int64)) for i in starts]))
+    assert torch.equal(y, torch.stack([torch.from_numpy(tokens[i + 1 : i + 65].astype(np.int64)) for i in starts]))
