@@ -1,14 +1,17 @@
 """The device checks, one per process (the driver, benchmarks/device/__main__.py, starts them):
 
-    python -m benchmarks.device.checks NAME --mode gpu|cpu --scratch DIR --result FILE.json
+    python -m benchmarks.device.checks NAME --mode gpu|cpu --scratch DIR --result FILE.json [--rounds N]
 
-GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode): resnet50 (the trainer
-against a raw loop), lm (task=lm against a plain loop, and its bf16 loss curve), resume (a signal
-stop and resume, bit for bit), handle (a user's DDP script with the run handle: nccl, a
-signal stop and resume, bit for bit), memory (bytes per parameter, replicated and FSDP2), fsdp
-(comm.sharding=full through the trainer: a signal stop and resume, bit for bit). CPU ranks (the
-machine's 16 cores): allreduce, scaling, loader (benchmarks/device/cores.py). unit: the unit tier
-on the machine's torch.
+GPU path (one rank, comm=nccl in gpu mode, gloo on the CPU in cpu mode). Throughput, the toolkit
+against a reference in N interleaved rounds (benchmarks/device/throughput.py, nanogpt.py,
+compiled.py): resnet50 (the trainer against a raw loop), lm (task=lm against a plain loop, and
+its bf16 loss curve), nanogpt (a nanoGPT-like script with the run handle under launch.py against
+the same script under torchrun), compile (lm and resnet50 with trainer.compile=true against the
+loops compiled the same way). resume (a signal stop and resume, bit for bit), handle (a user's
+DDP script with the run handle: nccl, a signal stop and resume, bit for bit), memory (bytes per
+parameter, replicated and FSDP2), fsdp (comm.sharding=full through the trainer: a signal stop
+and resume, bit for bit). CPU ranks (the machine's 16 cores): allreduce, scaling, loader
+(benchmarks/device/cores.py). unit: the unit tier on the machine's torch.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.device.compiled import compile_check
 from benchmarks.device.cores import allreduce, loader, scaling
+from benchmarks.device.nanogpt import nanogpt
 from benchmarks.device.report import BUDGET_VARIABLE, ROOT, Report, device_overrides, launch, launch_command, step_records
+from benchmarks.device.throughput import lm, resnet50
 from benchmarks.rundirs import logged_steps, rank_pids, resume_command, run_dirs, state_hash, step_losses
 
 
@@ -55,144 +61,6 @@ def environment(mode: str, scratch: Path, report: Report) -> None:
         except metadata.PackageNotFoundError:
             report.figure(package, "missing")
     report.figure("CPU cores", os.cpu_count())
-
-
-def resnet50(mode: str, scratch: Path, report: Report) -> None:
-    """The trainer's images/s on ResNet-50 (bf16, channels_last, uint8 HDF5 through loader
-    processes, crop + flip on the GPU) against a raw loop on data already on the GPU."""
-    from benchmarks import gpu_throughput
-
-    gpu = mode == "gpu"
-    model, shape, n, batch, workers = ("resnet50", (3, 224, 224), 7680, 256, 8) if gpu else ("cnn", (3, 32, 32), 128, 32, 2)
-    device = torch.device("cuda" if gpu else "cpu")
-    scratch.mkdir(parents=True, exist_ok=True)
-    data = scratch / "images.h5"
-    gpu_throughput.write_images(data, n, shape, classes=1000)
-    report.figure("set-up", f"{model}, batch {batch}, bf16, channels_last, {n} uint8 {shape} images in HDF5, data.workers={workers}, crop + flip on the device")
-    raw = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 3, device)
-    report.figure("raw loop, batch on the device, img/s", raw)
-    synced = gpu_throughput.raw_loop(model, shape, 1000, batch, 30 if gpu else 3, device, host_syncs=True)
-    report.figure("raw loop with the trainer's 3 host syncs per step, img/s", synced)
-    loading = [f"data.workers={workers}", f"data.crop={shape[-1]}", "data.flip=true"]
-    ours = gpu_throughput.trainer(data, model, batch, device, scratch, loading)
-    report.figure(f"trainer, {device_overrides(mode)[0]}, 1 rank, img/s (2nd epoch)", ours["images_per_s"])
-    report.figure(
-        "trainer's median ms per step: " + ", ".join(k.removesuffix("_ms") for k in gpu_throughput.PHASE_KEYS), [ours[k] for k in gpu_throughput.PHASE_KEYS]
-    )
-    report.target("trainer / raw loop", ours["images_per_s"] / raw, ">= 0.97", ours["images_per_s"] / raw >= 0.97)
-    report.target("step time waiting for data", ours["data_wait_share"], "< 3%", ours["data_wait_share"] < 0.03)
-
-
-LM_SHAPE = {"gpu": {"context": 256, "layers": 6, "heads": 6, "width": 384}, "cpu": {"context": 32, "layers": 1, "heads": 2, "width": 32}}
-LM_BATCH = {"gpu": 64, "cpu": 8}
-LM_STEPS = {"gpu": (300, 50), "cpu": (20, 5)}  # (steps, warm-up steps left out of the rate)
-
-
-def lm(mode: str, scratch: Path, report: Report) -> None:
-    """task=lm through the toolkit against a plain loop of the same model, batch and data on the
-    same device (bf16 autocast on the GPU), and the toolkit's loss curve."""
-    from trainers.tokens import write_token_file
-
-    shape, batch, (steps, warmup) = LM_SHAPE[mode], LM_BATCH[mode], LM_STEPS[mode]
-    scratch.mkdir(parents=True, exist_ok=True)
-    tokens = scratch / "tokens.h5"
-    write_token_file(stdlib_text(8 << 20 if mode == "gpu" else 1 << 20), tokens, 0.01)
-    precision = "bf16" if mode == "gpu" else "fp32"
-    report.figure("set-up", f"GPT {shape}, batch {batch}, {steps} steps ({warmup} warm-up), AdamW lr 1e-3 constant, {precision}, stdlib sources as bytes")
-    overrides = [
-        "task=lm",
-        f"task.tokens={tokens}",
-        *(f"task.{k}={v}" for k, v in shape.items()),
-        f"data.batch_size={batch}",
-        f"trainer.max_steps={steps}",
-        "trainer.epochs=1",
-        f"trainer.precision={precision}",
-        "trainer.log_every=1000000",
-        "optim.lr=0.001",
-        "optim.weight_decay=0.01",
-        "optim.schedule=constant",
-        "optim.warmup_steps=0",
-        "checkpoint.enabled=false",
-        "resources.tasks_per_node=1",
-        f"trainer.threads_per_rank={torch.get_num_threads()}",
-        *device_overrides(mode),
-    ]
-    records = step_records(launch(overrides, scratch / "toolkit"))
-    ours_s = step_seconds(records, warmup)
-    plain_s, plain_losses = plain_lm(tokens, shape, batch, steps, warmup, mode)
-    synced_s, _ = plain_lm(tokens, shape, batch, steps, warmup, mode, host_syncs=True)
-    rate = {name: batch * shape["context"] / seconds for name, seconds in (("toolkit", ours_s), ("plain", plain_s), ("synced", synced_s))}
-    report.figure("toolkit tokens/s", rate["toolkit"])
-    report.figure("plain loop tokens/s", rate["plain"])
-    report.figure("plain loop with the trainer's 3 host syncs per step, tokens/s", rate["synced"])
-    keys = ("step_ms", "data_ms", "compute_ms", "comm_ms", "optimizer_ms")
-    timed = [r for r in records if r["step"] > warmup]
-    report.figure("toolkit's median ms per step: " + ", ".join(k.removesuffix("_ms") for k in keys), [statistics.median(r[k] for r in timed) for k in keys])
-    report.target("toolkit / plain loop", rate["toolkit"] / rate["plain"], ">= 0.95", rate["toolkit"] / rate["plain"] >= 0.95)
-    marks = sorted({1, *range(25 if mode == "gpu" else 5, steps + 1, 25 if mode == "gpu" else 5)})
-    losses = {int(r["step"]): float(r["loss"]) for r in records}
-    rows = [f"| {s} | {losses[s]:.4f} | {plain_losses[s - 1]:.4f} |" for s in marks if s in losses and s <= len(plain_losses)]
-    title = f"{precision} loss curve (the same model shape, data, optimizer and precision; weights and batch order drawn by each)"
-    report.table(f"{title}:\n\n| step | toolkit | plain loop |\n| --- | --- | --- |\n" + "\n".join(rows))
-
-
-def stdlib_text(size: int) -> str:
-    """About `size` bytes of the Python standard library's sources, in name order: a corpus every
-    machine has, larger than the embedded one (470 kB) so that one epoch holds the timed steps."""
-    parts, total = [], 0
-    for path in sorted(Path(os.__file__).parent.glob("*/*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        parts.append(text)
-        total += len(text)
-        if total >= size:
-            break
-    return "\n\n".join(parts)
-
-
-def step_seconds(records: list[dict], warmup: int) -> float:
-    """Mean seconds per step after `warmup`, from the times the steps were logged, counting only
-    gaps inside an epoch (an evaluation between epochs is not a step)."""
-    gaps = [b["time"] - a["time"] for a, b in zip(records, records[1:], strict=False) if a["step"] >= warmup and a["epoch"] == b["epoch"]]
-    return statistics.fmean(gaps)
-
-
-def plain_lm(tokens: Path, shape: dict[str, int], batch: int, steps: int, warmup: int, mode: str, host_syncs: bool = False) -> tuple[float, list[float]]:
-    """The loop a user writes: seconds per step after warm-up (one sync at each end) and the
-    losses; `host_syncs`: with the trainer's waits for the device (gpu_throughput.raw_loop's)."""
-    from benchmarks.gpu_throughput import wait_as_the_trainer_does
-    from trainers.gpt import GPT, GPTShape, next_token_loss
-    from trainers.sampler import ShardSampler
-    from trainers.tokens import VOCAB_SIZE, TokenWindows
-
-    device = torch.device("cuda" if mode == "gpu" else "cpu")
-    torch.manual_seed(0)
-    model = GPT(GPTShape(vocab_size=VOCAB_SIZE, **shape)).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001, weight_decay=0.01)
-    windows = TokenWindows(str(tokens), "train", shape["context"])
-    sampler = ShardSampler(len(windows), batch, 0, 1, 0)
-    losses: list[torch.Tensor] = []
-    started = 0.0
-    for step, indices in enumerate(sampler.batches(0), start=1):
-        if step == warmup + 1:
-            torch.cuda.synchronize() if device.type == "cuda" else None
-            started = time.perf_counter()
-        items = windows.__getitems__(indices.tolist())
-        x = torch.stack([i[0] for i in items]).to(device, non_blocking=True)
-        y = torch.stack([i[1] for i in items]).to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "gpu"):
-            loss = next_token_loss(model(x), y)
-        loss.backward()
-        if host_syncs:
-            wait_as_the_trainer_does(model, loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-        if host_syncs:
-            torch.zeros(16, dtype=torch.float64).to(device).tolist()
-        if step == steps:
-            break
-    torch.cuda.synchronize() if device.type == "cuda" else None
-    return (time.perf_counter() - started) / (steps - warmup), [float(v) for v in losses]
 
 
 def resume(mode: str, scratch: Path, report: Report) -> None:
@@ -394,8 +262,6 @@ def unit(mode: str, scratch: Path, report: Report) -> None:
 
 CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "environment": environment,
-    "resnet50": resnet50,
-    "lm": lm,
     "resume": resume,
     "handle": handle,
     "memory": memory,
@@ -405,18 +271,28 @@ CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "loader": loader,
     "unit": unit,
 }
+ROUND_CHECKS: dict[str, Callable[[str, Path, Report, int], None]] = {  # the toolkit against a reference, in --rounds rounds
+    "resnet50": resnet50,
+    "lm": lm,
+    "nanogpt": nanogpt,
+    "compile": compile_check,
+}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.device.checks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("name", choices=CHECKS)
+    parser.add_argument("name", choices=[*CHECKS, *ROUND_CHECKS])
     parser.add_argument("--mode", choices=("gpu", "cpu"), required=True)
     parser.add_argument("--scratch", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the throughput checks (" + ", ".join(ROUND_CHECKS) + ")")
     args = parser.parse_args(argv)
     report = Report(args.result)
     try:
-        CHECKS[args.name](args.mode, args.scratch, report)
+        if args.name in ROUND_CHECKS:
+            ROUND_CHECKS[args.name](args.mode, args.scratch, report, args.rounds)
+        else:
+            CHECKS[args.name](args.mode, args.scratch, report)
     except Exception as err:  # noqa: BLE001  # any failure is this check's result, named
         report.finish("failed", f"{type(err).__name__}: {str(err)[-1500:]}")
         raise

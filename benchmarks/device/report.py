@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,14 @@ BUDGET_VARIABLE = "HPCTK_DEVICE_CHECK_BUDGET_S"  # the seconds the driver gives 
 class Report:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, Any] = {"status": "running", "figures": {}, "targets": {}, "tables": [], "notes": []}
+        self.started = time.monotonic()
+        self.data: dict[str, Any] = {"status": "running", "figures": {}, "targets": {}, "pairs": {}, "tables": [], "notes": []}
         self.save()
+
+    def seconds_left(self) -> float:
+        """Of the budget the driver gave this check (a check started by hand has no end)."""
+        budget = float(os.environ.get(BUDGET_VARIABLE, "inf"))
+        return budget - (time.monotonic() - self.started)
 
     def figure(self, name: str, value: Any) -> None:
         self.data["figures"][name] = value
@@ -28,6 +35,11 @@ class Report:
 
     def target(self, name: str, value: float, wanted: str, met: bool) -> None:
         self.data["targets"][name] = {"value": value, "target": wanted, "met": bool(met)}
+        self.save()
+
+    def pair(self, name: str, summary: dict[str, Any]) -> None:
+        """A toolkit run against its reference over interleaved rounds (benchmarks/device/rounds.py)."""
+        self.data["pairs"][name] = summary
         self.save()
 
     def table(self, markdown: str) -> None:

@@ -1,11 +1,16 @@
-"""The device suite's summary (benchmarks/device/summary.py) and its budgets; the local launcher's
-rendezvous for command.txt (hpc.submit.ranks.rendezvous)."""
+"""The device suite's summary (benchmarks/device/summary.py), its interleaved rounds
+(benchmarks/device/rounds.py), its budgets and rounds options; the local launcher's rendezvous
+for command.txt (hpc.submit.ranks.rendezvous)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from benchmarks.device.__main__ import BUDGET_S, CPU_BUDGET_S, parse_budgets
+from benchmarks.device.__main__ import BUDGET_S, CPU_BUDGET_S, CPU_ROUND_S, ROUND_CHECKS, ROUND_S, parse_budgets, parse_rounds, round_budgets
+from benchmarks.device.report import BUDGET_VARIABLE, Report
+from benchmarks.device.rounds import Measured, Pair, interleave
 from benchmarks.device.summary import render_markdown
 from hpc.submit.ranks import with_local_rendezvous
 
@@ -50,3 +55,83 @@ def test_command_txt_gets_a_free_rendezvous_port_at_every_start():
     assert chosen["MASTER_ADDR"] == "127.0.0.1" and 0 < int(chosen["MASTER_PORT"]) < 65536 and chosen["PATH"] == "/bin"
     inherited = with_local_rendezvous({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # a torchrun's, maybe held by another run
     assert inherited["MASTER_ADDR"] == "127.0.0.1" and inherited["MASTER_PORT"] != "29500"
+
+
+def fake_pair(name: str, toolkit: list[float], reference: list[float], calls: list[str], waits: list[float | None] | None = None) -> Pair:
+    """A pair whose sides return the given rates round by round and note the order they ran in."""
+
+    def side(which: str, rates: list[float]):
+        def run(index: int) -> Measured:
+            calls.append(f"{name} {which} {index + 1}")
+            wait = waits[index] if which == "toolkit" and waits is not None else None
+            return Measured(rates[index], wait, {"a bar": 2 * reference[index]} if which == "reference" else {})
+
+        return run
+
+    return Pair(name, "img/s", 0.98, "what the toolkit does", "what the reference does", side("toolkit", toolkit), side("reference", reference))
+
+
+def test_rounds_alternate_which_side_goes_first_and_report_the_median_ratio_its_spread_and_the_targets(tmp_path):
+    calls: list[str] = []
+    fast = fake_pair("fast", [99.0, 97.0, 101.0], [100.0] * 3, calls, [0.01, 0.03, 0.015])
+    slow = fake_pair("slow", [90.0, 80.0, 85.0], [100.0] * 3, calls)
+    report = Report(tmp_path / "check.json")
+    interleave([fast, slow], 3, report)
+    assert calls == [
+        *("fast toolkit 1", "fast reference 1", "slow toolkit 1", "slow reference 1"),
+        *("fast reference 2", "fast toolkit 2", "slow reference 2", "slow toolkit 2"),
+        *("fast toolkit 3", "fast reference 3", "slow toolkit 3", "slow reference 3"),
+    ]
+    saved = json.loads((tmp_path / "check.json").read_text())  # what the driver reads
+    entry = saved["pairs"]["fast"]
+    assert [r["first"] for r in entry["rows"]] == ["toolkit", "reference", "toolkit"]
+    assert entry["ratio"] == {"median": 0.99, "min": 0.97, "max": 1.01} and entry["met"] is True and entry["target"] == ">= 0.98"
+    assert entry["others"]["a bar"] == {"median": 0.495, "min": 0.485, "max": 0.505}
+    assert entry["data_wait"] == {"median": 0.015, "min": 0.01, "max": 0.03, "target": "< 2%", "met": True}
+    assert entry["rounds"] == entry["rounds_asked"] == 3
+    assert saved["pairs"]["slow"]["ratio"] == {"median": 0.85, "min": 0.8, "max": 0.9} and saved["pairs"]["slow"]["met"] is False
+    assert "data_wait" not in saved["pairs"]["slow"]  # a side that reports no data wait (a script) has none
+    targets = saved["targets"]
+    assert targets["fast: toolkit / reference, median of the rounds"] == {"value": 0.99, "target": ">= 0.98", "met": True}
+    assert targets["slow: toolkit / reference, median of the rounds"]["met"] is False
+    assert targets["fast: toolkit's step time waiting for data, median"]["met"] is True
+    assert targets["fast: rounds finished"] == {"value": 3, "target": ">= 3", "met": True}
+    text = render_markdown({"mode": "gpu", "checks": {"resnet50": {"status": "missed a target", **saved}}})
+    assert "| fast | 3 of 3 | 99 img/s | 100 img/s | **0.990x** | 0.970..1.010 | >= 0.98 | yes | 1.50% (max 3.00%) | < 2% | yes |" in text
+    assert "| slow | 3 of 3 | 85 img/s | 100 img/s | **0.850x** | 0.800..0.900 | >= 0.98 | NO | n/a |  |  |" in text
+    assert "- toolkit: what the toolkit does" in text and "- toolkit / a bar: 0.495x (0.485..0.505)" in text
+    assert "| 2 | reference | 97 | 100 | 0.970 | 3.00% |" in text
+
+
+def test_a_round_the_checks_budget_cannot_hold_is_not_started_and_the_rounds_finished_say_so(tmp_path, monkeypatch):
+    monkeypatch.setenv(BUDGET_VARIABLE, "0.5")
+    calls: list[str] = []
+    pair = fake_pair("p", [1.0] * 5, [1.0] * 5, calls)
+    slow = pair.run_toolkit
+
+    def toolkit(index: int) -> Measured:
+        import time
+
+        time.sleep(0.3)  # the round takes 0.3 s; after it 0.2 s or less of the 0.5 s are left
+        return slow(index)
+
+    pair.run_toolkit = toolkit
+    report = Report(tmp_path / "check.json")
+    interleave([pair], 5, report)
+    assert calls == ["p toolkit 1", "p reference 1"]
+    assert report.data["targets"]["p: rounds finished"] == {"value": 1, "target": ">= 5", "met": False}
+    assert report.data["pairs"]["p"]["rounds"] == 1 and "1 of 5 rounds" in report.data["notes"][0]
+
+
+def test_rounds_are_set_for_every_throughput_check_or_one_and_their_budgets_grow_with_them():
+    assert parse_rounds([]) == dict.fromkeys(ROUND_CHECKS, 1)
+    assert parse_rounds(["5", "compile=2"]) == {"resnet50": 5, "lm": 5, "nanogpt": 5, "compile": 2}
+    for bad in ("0", "x", "nope=2", "lm=0", "lm="):
+        with pytest.raises(SystemExit, match="--rounds"):
+            parse_rounds([bad])
+    grown = round_budgets(BUDGET_S, ROUND_S, parse_rounds(["5", "compile=2"]))
+    assert grown["resnet50"] == BUDGET_S["resnet50"] + 4 * ROUND_S["resnet50"] and grown["compile"] == BUDGET_S["compile"] + ROUND_S["compile"]
+    assert grown["resume"] == BUDGET_S["resume"]  # not a throughput check
+    from benchmarks.device.checks import ROUND_CHECKS as CHECKED  # the checks' own list, which the driver cannot import (torch)
+
+    assert set(CHECKED) == set(ROUND_CHECKS) == set(ROUND_S) == set(CPU_ROUND_S) and set(ROUND_CHECKS) <= set(BUDGET_S)
