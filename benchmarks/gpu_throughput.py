@@ -43,9 +43,10 @@ def write_images(path: Path, n: int, shape: tuple[int, ...], classes: int, seed:
 
 
 def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, steps: int, device: torch.device, host_syncs: bool = False) -> float:
-    """Images/s of the bare loop; `host_syncs`: with the trainer's three waits for the device per
-    step (the loss read after backward, the finite-gradients check, the step's figures read back
-    after their allreduce), to tell their cost from the rest of the trainer's."""
+    """Images/s of the bare loop; `host_syncs`: with the three waits for the device per step the
+    trainer made before issue 43 (the loss read after backward, the finite-gradients check, the
+    step's figures read back at once after their allreduce; it now reads one, a step late), to
+    tell what such waits cost."""
     from trainers.config import ModelConfig
     from trainers.models import build_model
 
@@ -80,7 +81,8 @@ def raw_loop(model_name: str, shape: tuple[int, ...], classes: int, batch: int, 
 
 
 def wait_as_the_trainer_does(model: torch.nn.Module, loss: torch.Tensor) -> None:
-    """The trainer's two waits for the device between backward and the optimizer step."""
+    """The two waits for the device the trainer made between backward and the optimizer step
+    before issue 43 (it now skips a non-finite step on the device, reading nothing)."""
     from collectives.replicated import grads_finite
 
     loss.item()
