@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpc.run import RandomWindows, per_rank, start_run
+from hpc.run import RandomWindows, start_run
 
 
 class Block(nn.Module):
@@ -101,19 +101,21 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     train, val = (RandomWindows(data[s], args.block, args.batch, seed=1337, rank=rank) for s in ("train", "val"))
     torch.manual_seed(1337 + rank)
-    run = start_run(args.run_dir, model=model, optimizer=optimizer, scheduler=scheduler, train=per_rank(train), val=per_rank(val), best_val=float("inf"))
+    # batches numbered by step (RandomWindows.batch): the same after a resume, nothing to register
+    run = start_run(args.run_dir, model=model, optimizer=optimizer, scheduler=scheduler, best_val=float("inf"))
     ddp = DistributedDataParallel(model)
 
     @torch.no_grad()
     def estimate_val_loss() -> float:
         model.eval()
-        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item() for x, y in (val.get() for _ in range(args.eval_iters))]
+        batches = (val.batch(run.step * args.eval_iters + i) for i in range(args.eval_iters))
+        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item() for x, y in batches]
         model.train()
         return sum(losses) / len(losses)
 
     while run.step < args.iters:
         for micro in range(args.accumulate):
-            x, y = train.get()
+            x, y = train.batch(run.step * args.accumulate + micro)
             ddp.require_backward_grad_sync = micro == args.accumulate - 1  # gradients meet once per step
             loss = F.cross_entropy(ddp(x).flatten(0, 1), y.flatten()) / args.accumulate
             loss.backward()

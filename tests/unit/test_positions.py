@@ -71,6 +71,37 @@ def test_windows_are_contiguous_and_those_nanogpts_get_batch_stacks():
     x, y = RandomWindows(tokens, block_size=64, batch_size=4, seed=3, rank=1).get()
     assert x.is_contiguous() and y.is_contiguous() and x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (4, 64)
     assert y.view(-1).shape == (256,) and x.view(-1).shape == (256,)
-    starts = torch.randint(len(tokens) - 64, (4,), generator=torch.Generator().manual_seed(3 * 1_000_003 + 1))  # the rank's stream
+    starts = np.random.default_rng([3, 1, 0]).integers(0, len(tokens) - 64, size=4)  # (seed, rank, batch 0)
     assert torch.equal(x, torch.stack([torch.from_numpy(tokens[i : i + 64].astype(np.int64)) for i in starts]))
     assert torch.equal(y, torch.stack([torch.from_numpy(tokens[i + 1 : i + 65].astype(np.int64)) for i in starts]))
+
+
+def test_numbered_batches_are_the_same_whenever_they_are_asked_for():
+    """A loop that draws step k+1's batch during step k (nanoGPT) gets, after a resume, the batch
+    the uninterrupted run had: batch(i) depends on (seed, rank, i) alone, and draws nothing from
+    torch's global generator (which dropout shares)."""
+    tokens = np.arange(5000) % 251
+    ahead = RandomWindows(tokens, 32, 4, seed=5, rank=1)
+    drawn = [ahead.batch(i)[0] for i in (3, 0, 7, 3)]
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    fresh = RandomWindows(tokens, 32, 4, seed=5, rank=1)
+    assert torch.equal(fresh.batch(3)[0], drawn[0]) and torch.equal(drawn[0], drawn[3]) and torch.equal(fresh.batch(0)[0], drawn[1])
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not torch.equal(drawn[0], drawn[2]) and not torch.equal(RandomWindows(tokens, 32, 4, seed=5, rank=0).batch(3)[0], drawn[0])
+    in_order = RandomWindows(tokens, 32, 4, seed=5, rank=1)
+    assert [in_order.get()[0].tolist() for _ in range(4)] == [ahead.batch(i)[0].tolist() for i in range(4)]
+    assert in_order.state_dict() == {"drawn": 4}
+    with pytest.raises(ValueError, match="older toolkit"):
+        in_order.load_state_dict({"generator": torch.Generator().get_state()})
+    with pytest.raises(ValueError, match="batch index must be >= 0"):
+        ahead.batch(-1)
+
+
+def test_a_global_steps_batch_is_what_the_epochs_hand_out():
+    order = ShuffledBatches(10, batch_size=2, rank=1, world_size=2, seed=3)  # 2 steps an epoch, 2 samples dropped
+    handed = [indices.tolist() for _ in range(3) for indices in order.epoch()]
+    assert [order.at(step).tolist() for step in range(6)] == handed and len(handed) == 6
+    assert order.at(2).tolist() != order.at(0).tolist()  # each epoch its own permutation
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        order.at(-1)
