@@ -138,6 +138,12 @@ def costs(timeline: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(event["cost"]) for event in timeline if event.get("event") == "start" and isinstance(event.get("cost"), dict)]
 
 
+def restarts_in(timeline: Sequence[Mapping[str, Any]]) -> int:
+    """How often the ranks were started again, by rank 0's start events (one after the first step
+    of every start): a local relaunch and a restart inside an allocation count as a requeue does."""
+    return max(sum(1 for event in timeline if event.get("event") == "start") - 1, 0)
+
+
 def total_line(timeline: Sequence[Mapping[str, Any]]) -> str | None:
     """`3 interruptions: 2m10s from cause to resumed step (held 2m00s, queued 3s), 4 steps redone`; None without any."""
     found = costs(timeline)

@@ -132,21 +132,30 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def last_record(path: Path) -> dict[str, Any] | None:
     """The last complete JSON line of a metrics file (read from its end: files grow long), or None."""
+    found = last_records(path, 1)
+    return found[0] if found else None
+
+
+def last_records(path: Path, count: int) -> list[dict[str, Any]]:
+    """Up to the last `count` complete JSON lines of a metrics file, oldest first (from its last 64 KiB)."""
     try:
         with path.open("rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 65536))
             lines = f.read().splitlines()
     except OSError:
-        return None
+        return []
+    found: list[dict[str, Any]] = []
     for line in reversed(lines):
+        if len(found) == count:
+            break
         try:
             record = json.loads(line)
         except ValueError:
             continue  # a line being written, or the cut first line
         if isinstance(record, dict):
-            return record
-    return None
+            found.append(record)
+    return found[::-1]
 
 
 def natural_key(path: Path) -> tuple[tuple[int, int | str], ...]:

@@ -220,6 +220,11 @@ def load_into(obj: Any, state: Any, name: str, step: int) -> None:
         raise CheckpointError(f"checkpoint step {step} does not fit run state {name!r}: {reason}; register the same objects or use a new run dir") from None
 
 
+# Counts a script may pass to end_step() (this rank's samples or tokens in the step): steps.jsonl
+# then holds their rate over all ranks, under the built-in loop's names.
+COUNTED = {"samples": "samples_per_s", "tokens": "tokens_per_s"}
+
+
 @dataclass
 class Handle:
     """One per rank; see hpc.run for the user's side."""
@@ -237,6 +242,7 @@ class Handle:
     owned_comm: bool = False  # the handle started the collectives it votes through (MPI): it closes them
     last: dict[str, float] = field(default_factory=dict)  # the newest step's metrics (means over ranks)
     logged: dict[str, float] = field(default_factory=dict)  # the newest value of each metric log() wrote
+    validation: dict[str, float] = field(default_factory=dict)  # the newest val_* passed to end_step()
     _step_began: float = field(default_factory=time.perf_counter)
     _pending: PendingVote | None = None
 
@@ -329,7 +335,12 @@ class Handle:
             return None
         vote = self.boundary.settle(pending)
         self.last = {name: value / self.comm.world_size for name, value in zip(pending.names, vote.values, strict=True)}
-        self.reporter.report({"step": pending.step, **self.last, "step_ms": 1000 * pending.step_s})
+        self.validation.update({name: value for name, value in self.last.items() if name.startswith("val_")})
+        record = {"step": pending.step, **self.last, "step_ms": 1000 * pending.step_s}
+        for count, rate in COUNTED.items():  # a count each rank reports: the sum over ranks per second
+            if count in self.last and pending.step_s > 0:
+                record[rate] = self.last[count] * self.comm.world_size / pending.step_s
+        self.reporter.report(record)
         return vote
 
     def log(self, metrics: dict[str, Any], step: int | None) -> None:

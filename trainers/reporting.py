@@ -45,7 +45,10 @@ def find_straggler(step_ms: list[float], hosts: list[str], ratio: float) -> Stra
 
 # What the loop records about every step itself (MetricsWriter adds "time"); every other number in
 # a record is a task's metric.
-BOOKKEEPING = {"time", "step", "epoch", "loss", "samples_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", *(f"{p}_ms" for p in PHASES)}
+BOOKKEEPING = {
+    "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens",
+    *(f"{p}_ms" for p in PHASES),
+}  # fmt: skip
 SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
 
 
@@ -125,10 +128,11 @@ class StepReporter:
 
     def _progress_text(self, record: dict[str, Any]) -> str:
         of = f"/{self.total_steps}" if self.total_steps else ""
-        if "samples_per_s" not in record:  # a script's step (hpc.run): its own metrics and the step's time
+        if "compute_ms" not in record:  # a script's step (hpc.run): its own metrics and the step's time
             own = "".join(f"{name} {value:.4g}  " for name, value in task_metrics(record).items())
             loss = f"loss {record['loss']:.4f}  " if "loss" in record else ""  # a GAN's losses have names of their own
-            return f"step {record['step']}{of}  {loss}{own}{record.get('step_ms', 0.0):.1f} ms/step"
+            rates = "".join(f"  {record[k]:.0f} {k.removesuffix('_per_s')}/s" for k in ("samples_per_s", "tokens_per_s") if k in record)
+            return f"step {record['step']}{of}  {loss}{own}{record.get('step_ms', 0.0):.1f} ms/step{rates}"
         metrics = "".join(f"{SHORT_NAMES.get(name, name)} {value:.3f}  " for name, value in task_metrics(record).items())
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
         return f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  {metrics}{record['samples_per_s']:.0f} samples/s  ms: {split}"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
+from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import (
     EXIT_RESUMABLE,
@@ -42,7 +43,7 @@ from hpc.rank.lifecycle import (
 )
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
-from hpc.rundir import RunDir
+from hpc.rundir import RunDir, read_jsonl
 
 if TYPE_CHECKING:  # the module level stays light: srun starts it after catching the stop signals
     from collectives.base import Collectives
@@ -270,7 +271,9 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     """The summary (result.json on rank 0), and after a stop what follows: a requeue by the batch
     script, by rank 0 itself, or exit code 75 for whoever starts the run dir again."""
     status = "stopped" if result.stopped_by else "completed"
-    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restart_count(os.environ)}
+    # Restarts as hpc.status counts them: Slurm's requeues, or the starts rank 0's timeline saw (a local relaunch too)
+    restarts = max(restart_count(os.environ), restarts_in(read_jsonl(run_dir.path / TIMELINE)))
+    summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restarts}
     summary["finished"] = status == "completed"  # what a script waits for: a stop writes result.json too
     if not result.stopped_by:
         summary["exit_code"] = 0

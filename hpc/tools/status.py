@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 
 from hpc import slurmctl
 from hpc.errors import UserError
-from hpc.interruptions import TIMELINE, total_line
+from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
-from hpc.rundir import RunDir, find_runs, last_record, read_jsonl
+from hpc.rundir import RunDir, find_runs, last_records, read_jsonl
 from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
 
@@ -82,6 +82,19 @@ class RunStatus:
     search: Search | None = None  # the search this run is a trial of; None: no search's
     value: float | None = None  # the search's objective from result.json; None until reported
     peak_memory: str = ""  # "peak memory 812 MiB (rank 1)": the newest peaks the ranks reported
+    tokens_per_s: float | None = None  # a token task's, or a script's that reports tokens= to end_step()
+    steps_per_s: float | None = None  # from the newest steps' times: the rate of any run, a script's too
+
+    @property
+    def rate(self) -> str:
+        """`250samples/s`, `1.2e+05tokens/s` or `4.1steps/s`, the first known; `-` for a job
+        waiting to run (again): its last rate would read as progress."""
+        if self.state in slurmctl.WAITING_STATES:
+            return "-"
+        for value, unit in ((self.samples_per_s, "samples/s"), (self.tokens_per_s, "tokens/s"), (self.steps_per_s, "steps/s")):
+            if value is not None:
+                return f"{value:.4g}{unit}" if value < 1e4 else f"{value:.0f}{unit}"
+        return "-"
 
     @property
     def objective(self) -> str:
@@ -93,8 +106,6 @@ class RunStatus:
     def line(self, swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
-        # A job waiting to run (again) has no current rate; its last one would read as progress.
-        rate = "-" if self.samples_per_s is None or self.state in slurmctl.WAITING_STATES else f"{self.samples_per_s:.0f}"
         state = f"{self.state}({self.reason})" if self.reason else self.state
         swept = f"{self.swept or '-':<{swept_width}} " if swept_width else ""
         # A run outside a search, listed beside one, leaves the column blank: `-` means "no value yet".
@@ -103,14 +114,14 @@ class RunStatus:
         interrupted = f"  ({self.interrupted})" if self.interrupted else ""
         interrupted += f"  ({self.peak_memory})" if self.peak_memory else ""
         head = f"{self.job_id or 'local':<12} {swept}{objective}{state:<24}"
-        return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {rate:>10}  {metrics}{self.log}{interrupted}"
+        return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {self.rate:>16}  {metrics}{self.log}{interrupted}"
 
 
 def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
     swept = f"{'swept':<{swept_width}} " if swept_width else ""
     objective = f"{'objective':<{objective_width}} " if objective_width else ""
-    metrics = f"{'last step':<{metrics_width}}  " if metrics_width else ""
-    return f"{'job':<12} {swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'samples/s':>10}  {metrics}log"
+    metrics = f"{'metrics':<{metrics_width}}  " if metrics_width else ""
+    return f"{'job':<12} {swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'rate':>16}  {metrics}log"
 
 
 def figure(value: float) -> str:
@@ -126,12 +137,28 @@ def peak_memory_line(records: list[dict[str, Any]]) -> str:
     return f"peak memory {max(peaks):.0f} MiB (rank {peaks.index(max(peaks))})"
 
 
-def step_metrics(record: dict[str, Any] | None) -> str:
-    """A step record's loss and task metrics as `name=value`, under the names the task chose."""
-    if not record or not isinstance(record.get("loss"), int | float):
-        return ""
-    shown = {"loss": float(record["loss"]), **task_metrics(record)}
+def step_metrics(record: dict[str, Any] | None, validation: dict[str, float] | None = None) -> str:
+    """A step record's loss and task metrics as `name=value`, under the names the task chose, then
+    the newest validation figures (`val_loss=...`) the step record does not hold itself."""
+    shown = {"loss": float(record["loss"])} if record and isinstance(record.get("loss"), int | float) else {}
+    if shown and record:
+        shown.update(task_metrics(record))
+    shown.update({name: value for name, value in (validation or {}).items() if name not in shown})
     return " ".join(f"{name}={value:.4g}" for name, value in shown.items())
+
+
+def newest_validation(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The newest value of each val_* figure in metrics.jsonl (an epoch's, or what a script logged)."""
+    found: dict[str, float] = {}
+    for record in records:
+        found.update({k: float(v) for k, v in record.items() if k.startswith("val_") and isinstance(v, int | float) and not isinstance(v, bool)})
+    return found
+
+
+def steps_per_second(records: list[dict[str, Any]]) -> float | None:
+    """From the median step time of the newest step records (one step alone is noisy)."""
+    times = sorted(float(r["step_ms"]) for r in records if isinstance(r.get("step_ms"), int | float) and r["step_ms"] > 0)
+    return 1000.0 / times[len(times) // 2] if times else None
 
 
 HEADER = header()
@@ -298,11 +325,17 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         state = "COMPLETED" if result.get("status") == "completed" else "STOPPED"
     else:
         state = "UNKNOWN"
-    restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else int(result.get("restarts", 0))
-    step = last_record(run_dir.steps)
+    timeline = read_jsonl(run_dir.path / TIMELINE)
+    slurm_restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else int(result.get("restarts", 0))
+    restarts = max(slurm_restarts, restarts_in(timeline))
+    newest = last_records(run_dir.steps, 20)
+    step = newest[-1] if newest else None
+    metrics = read_jsonl(run_dir.metrics)
+    epoch = metrics[-1] if metrics else {}
     rate = step.get("samples_per_s") if step else None
     if rate is None:
-        rate = (last_record(run_dir.metrics) or {}).get("samples_per_s")
+        rate = epoch.get("samples_per_s")
+    tokens = (step or {}).get("tokens_per_s", epoch.get("tokens_per_s"))
     reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
     return RunStatus(
         run_dir.path,
@@ -311,15 +344,17 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         restarts,
         step.get("step") if step else None,
         newest_checkpoint(run_dir),
-        float(rate) if rate is not None else None,
+        float(rate) if isinstance(rate, int | float) else None,
         run_dir.rank_log(0),
         reason,
         swept,
-        step_metrics(step),
-        total_line(read_jsonl(run_dir.path / TIMELINE)) or "",
+        step_metrics(step, newest_validation(metrics)),
+        total_line(timeline) or "",
         search,
         objective_value(result, search.objective) if search else None,
-        peak_memory_line(read_jsonl(run_dir.metrics)),
+        peak_memory_line(metrics),
+        float(tokens) if isinstance(tokens, int | float) else None,
+        steps_per_second(newest),
     )
 
 

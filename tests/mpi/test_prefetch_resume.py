@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
+from hpc.rundir import RunDir
+from hpc.tools.status import run_status
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs, step_losses
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -66,6 +68,11 @@ def test_a_loop_that_draws_ahead_resumes_bit_exactly_after_two_stops_under_launc
         ended = subprocess.run(again, cwd=work, env=resume_env, capture_output=True, text=True, timeout=300)
         assert ended.returncode == (0 if attempt == 2 else EXIT_RESUMABLE), f"{said}, resume {attempt}: {ended.stdout[-2000:]}{ended.stderr[-2000:]}"
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", stops[1] + 1, ITERS), said
+    assert (result["status"], result["resumed_from"], result["steps"], result["restarts"]) == ("completed", stops[1] + 1, ITERS, 2), said
+    # hpc.status counts the two relaunches as restarts beside their two interruptions, shows the
+    # tokens the script reported to end_step() as a rate, and the validation loss it logged
+    status = run_status(RunDir(run_dir), {}, {})
+    assert (status.state, status.restarts, status.interrupted.split(":")[0]) == ("COMPLETED", 2, "2 interruptions"), said
+    assert status.rate.endswith("tokens/s") and f"val_loss={result['val_metrics']['loss']:.4g}" in status.metrics, (status.rate, status.metrics)
     assert step_losses(run_dir) == expected, said
     assert weights(tmp_path / "launch.json") == weights(tmp_path / "ref.json"), said

@@ -89,6 +89,22 @@ def test_a_stopped_run_saves_at_the_agreed_step_and_resumes_bit_exactly(tmp_path
     assert [s["step"] for s in steps] == list(range(1, 9)) and [s["loss"] for s in steps] == pytest.approx(reference, rel=1e-6)
 
 
+def test_counts_passed_to_end_step_become_rates_and_validation_figures_the_newest(tmp_path):
+    """samples= and tokens= are this rank's counts in the step: steps.jsonl gets their rate over
+    the ranks (the built-in loop's names, which hpc.status reads); val_* passed to end_step() are
+    the handle's newest validation figures, as run.log()'s are."""
+    model, optimizer, scheduler = build()
+    run = start_run(tmp_path / "run", model=model, optimizer=optimizer, scheduler=scheduler)
+    for step in range(3):
+        run.end_step(loss=torch.tensor(1.0), samples=8, tokens=8 * 16, **({"val_loss": 0.5 + step} if step != 1 else {}))
+    run.finish()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    for record in steps:
+        seconds = record["step_ms"] / 1000
+        assert record["samples_per_s"] == pytest.approx(8 / seconds) and record["tokens_per_s"] == pytest.approx(128 / seconds)
+    assert run.handle.validation == {"val_loss": 2.5}
+
+
 def test_a_checkpoint_of_other_state_is_refused_naming_the_difference(tmp_path):
     model, optimizer, scheduler = build()
     run = start_run(tmp_path, model=model, optimizer=optimizer, save_every_steps=1)

@@ -97,7 +97,7 @@ def test_status_of_a_sweep_shows_its_swept_values_and_no_rate_while_pending(tmp_
     assert [s.swept for s in found] == ["optim.lr=0.1", "optim.lr=0.2"]
     slurm = {"5_0": {"JobState": "RUNNING"}, "5_1": {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}}
     running, pending = (run_status(run, slurm, {}, s.swept) for run, s in zip(runs, found, strict=True))
-    assert running.line(12).split()[:7] == ["5_0", "optim.lr=0.1", "RUNNING", "0", "10", "-", "250"]
+    assert running.line(12).split()[:7] == ["5_0", "optim.lr=0.1", "RUNNING", "0", "10", "-", "250samples/s"]
     assert pending.line(12).split()[:7] == ["5_1", "optim.lr=0.2", "PENDING(BeginTime)", "1", "10", "-", "-"]
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
@@ -197,9 +197,29 @@ def test_status_shows_the_last_steps_loss_and_the_tasks_own_metric_names(tmp_pat
         [{"time": 1795491712.26, "step": 7, "epoch": 1, "loss": 0.0123456, "samples_per_s": 90.0, "step_ms": 3.0, "close": 0.75, "within_3_sigma": 1.0}],
     )
     _jsonl(builtin.steps, [{"step": 3, "epoch": 1, "loss": 0.5, "samples_per_s": 90.0, "accuracy": 0.875}])
-    assert run_status(user, {}, {}).metrics == "loss=0.01235 close=0.75 within_3_sigma=1"
+    assert run_status(user, {}, {}).metrics == "loss=0.01235 close=0.75 within_3_sigma=1 val_accuracy=0.9"  # the newest validation after
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
     header, first, second = listing.stdout.splitlines()
-    assert header.split()[6:9] == ["last", "step", "log"]
+    assert header.split()[5:8] == ["rate", "metrics", "log"]
     assert first.split()[6:9] == ["loss=0.01235", "close=0.75", "within_3_sigma=1"] and second.split()[6:8] == ["loss=0.5", "accuracy=0.875"]
+
+
+def test_status_of_a_script_run_counts_restarts_as_interruptions_and_shows_its_rate_and_validation(tmp_path):
+    """A script's steps (hpc.run) carry step_ms and, when it reports a count to end_step(), a rate
+    in its unit; a local run relaunched twice has restarts 2, beside its 2 interruptions."""
+    run = RunDir(tmp_path / "script")
+    run.path.mkdir()
+    run.config.write_text("name: train\n")
+    _jsonl(run.steps, [{"step": s, "loss": 2.0, "step_ms": ms} for s, ms in enumerate([400.0, 250.0, 200.0, 260.0, 9000.0], start=1)])
+    _jsonl(run.metrics, [{"step": 3, "val_loss": 1.5}, {"step": 5, "val_loss": 1.25, "val_ppl": 3.5}, {"step": 5, "peak_memory_mib": [80, 81]}])
+    cost = {"total_s": 3.0, "held_s": None, "queued_s": None, "redone_steps": 1}
+    _jsonl(run.path / "timeline.jsonl", [{"event": "start"}, {"event": "stop"}, {"event": "start", "cost": cost}, {"event": "start", "cost": cost}])
+    status = run_status(run, {}, {})
+    assert (status.restarts, status.interrupted.split(":")[0]) == (2, "2 interruptions")
+    assert status.rate == "3.846steps/s" and status.metrics == "loss=2 val_loss=1.25 val_ppl=3.5"  # the median of 5 step times: 260 ms
+    _jsonl(run.steps, [{"step": 6, "loss": 2.0, "step_ms": 100.0, "tokens_per_s": 81920.0}])
+    assert run_status(run, {}, {}).rate == "81920tokens/s"
+    run.write_json(run.job, {"job_id": "9"})
+    requeued = run_status(run, {"9": {"JobState": "PENDING", "Restarts": "1"}}, {})
+    assert (requeued.restarts, requeued.rate) == (2, "-")  # the timeline knew of a restart inside the allocation; no rate while pending
