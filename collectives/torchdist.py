@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,25 @@ class TorchDistCollectives:
         """Over the process group already started (`start`, or a user's script's own)."""
         self.backend, self.device = backend, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        # Tensors an asynchronous collective handed to the backend's worker threads, kept until
+        # those threads let go of them (quiesce). A worker drops its reference just after the
+        # work completes; were that the last one, it would free a Python tensor from a thread
+        # that must take the GIL, and during interpreter exit that aborts the process
+        # ("terminate called without an active exception", seen after a script's last step).
+        self._lent: list[torch.Tensor] = []
+
+    def _lend(self, *tensors: torch.Tensor) -> None:
+        self._lent = [t for t in self._lent if t._use_count() > 1]  # let go of: ours alone now
+        self._lent.extend(tensors)
+
+    def quiesce(self, timeout_s: float = 5.0) -> None:
+        """Wait until the backend's threads hold none of the tensors lent to them (polling their
+        reference counts: a worker lets go microseconds after the work completes, or when it is
+        next scheduled), then let go of them here, on a thread that holds the GIL."""
+        deadline = time.monotonic() + timeout_s
+        while any(t._use_count() > 1 for t in self._lent) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._lent = []
 
     @classmethod
     def start(cls, backend: str, rank: int, world_size: int, address: str, port: int, timeout_s: float = 600.0) -> TorchDistCollectives:
@@ -59,6 +79,7 @@ class TorchDistCollectives:
         work = self._on_device(buffer)
         reduce_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
         handle = dist.all_reduce(work, op=reduce_op, async_op=True)
+        self._lend(work)
 
         def finish() -> None:
             if op == "avg":
@@ -79,6 +100,7 @@ class TorchDistCollectives:
         work = self._on_device(mine.contiguous())
         parts = [torch.empty_like(work) for _ in range(self.world_size)]
         handle = dist.all_gather(parts, work, async_op=True)
+        self._lend(work, *parts)
         return Deferred(lambda: (handle.wait(), torch.cat(parts).to(mine.device))[1])
 
     def reduce_scatter_async(self, buffer: torch.Tensor) -> Deferred:
@@ -98,5 +120,6 @@ class TorchDistCollectives:
         os._exit(code)
 
     def close(self) -> None:
+        self.quiesce()
         if dist.is_initialized():
             dist.destroy_process_group()

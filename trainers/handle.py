@@ -403,6 +403,9 @@ class Handle:
     def close(self) -> None:
         boundary = self.boundary
         boundary.close()
+        quiesce = getattr(self.comm, "quiesce", None)  # torch.distributed's threads let go of the votes (collectives/torchdist.py)
+        if quiesce is not None:
+            quiesce()
         if boundary.watchdog is not None:  # the handle's own (hpc.run started it)
             boundary.watchdog.close()
             boundary.watchdog = None

@@ -109,6 +109,9 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         "    fi",
         "}",
         "trap hpctk_on_exit EXIT",
+        # `scancel --signal=USR1 --full` signals this shell too, which USR1 would end (the job
+        # then FAILED, never requeued): the ranks stop and save, the shell lives on to requeue.
+        "trap : USR1 USR2",
     ]
 
 

@@ -88,7 +88,7 @@ def test_plain_sbatch_job_resumes_in_the_same_run_dir_after_a_signal(tmp_path):
     job_id = submitted.stdout.strip()
     run_dir = tmp_path / "runs" / "jobs" / f"{job_id}_train"
     poll(lambda: logged_steps(run_dir) >= 8, "step 8")
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)  # --full: the batch shell gets it too
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
     summary = json.loads((run_dir / "result.json").read_text())

@@ -36,7 +36,7 @@ def preempted_on_two_nodes(script: Path, args: list[str], tmp_path: Path, starte
     job_id = parse_job_id(submitted.stdout)
     (run_dir,) = run_dirs(tmp_path)
     poll(lambda: started(run_dir), "the script's first steps")
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)  # --full: the batch shell and the supervisor too
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
     return run_dir
