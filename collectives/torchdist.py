@@ -19,6 +19,12 @@ import torch.distributed as dist
 from collectives.base import CollectivesError, Deferred, ReduceOp, reduce_scatter_by_allreduce
 
 
+def held_elsewhere(tensor: torch.Tensor) -> bool:
+    """True while C++ (a backend's worker thread) holds a reference to the tensor besides its Python object's."""
+    use_count: int = tensor._use_count()  # type: ignore[attr-defined]  # torch's own, untyped
+    return use_count > 1
+
+
 class TorchDistCollectives:
     def __init__(self, backend: str, device: torch.device) -> None:
         """Over the process group already started (`start`, or a user's script's own)."""
@@ -32,7 +38,7 @@ class TorchDistCollectives:
         self._lent: list[torch.Tensor] = []
 
     def _lend(self, *tensors: torch.Tensor) -> None:
-        self._lent = [t for t in self._lent if t._use_count() > 1]  # let go of: ours alone now
+        self._lent = [t for t in self._lent if held_elsewhere(t)]  # let go of: ours alone now
         self._lent.extend(tensors)
 
     def quiesce(self, timeout_s: float = 5.0) -> None:
@@ -40,7 +46,7 @@ class TorchDistCollectives:
         reference counts: a worker lets go microseconds after the work completes, or when it is
         next scheduled), then let go of them here, on a thread that holds the GIL."""
         deadline = time.monotonic() + timeout_s
-        while any(t._use_count() > 1 for t in self._lent) and time.monotonic() < deadline:
+        while any(held_elsewhere(t) for t in self._lent) and time.monotonic() < deadline:
             time.sleep(0.001)
         self._lent = []
 

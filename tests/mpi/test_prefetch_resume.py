@@ -19,6 +19,8 @@ from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.tools.status import run_status
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs, step_losses
+from trainers.export import export
+from trainers.export import load as load_safetensors
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -62,6 +64,8 @@ def test_a_loop_that_draws_ahead_resumes_bit_exactly_after_two_stops_under_launc
     args = ["--signal-at", ",".join(map(str, stops)), "--out", str(tmp_path / "launch.json")]
     first = subprocess.run([*launch, "--", *args], cwd=work, capture_output=True, text=True, timeout=300)
     assert first.returncode == EXIT_RESUMABLE, f"{said}: {first.stdout[-2000:]}{first.stderr[-2000:]}"
+    assert f"stopped by SIGUSR1 at step {stops[0] + 1}, checkpoint committed; not a Slurm job" in first.stdout, first.stdout[-2000:]
+    assert not (tmp_path / "launch.json").exists()  # finish() ended the script: nothing after the loop ran
     (run_dir,) = run_dirs(work)
     for attempt in (1, 2):
         again, resume_env = resume_command(run_dir)
@@ -76,3 +80,7 @@ def test_a_loop_that_draws_ahead_resumes_bit_exactly_after_two_stops_under_launc
     assert status.rate.endswith("tokens/s") and f"val_loss={result['val_metrics']['loss']:.4g}" in status.metrics, (status.rate, status.metrics)
     assert step_losses(run_dir) == expected, said
     assert weights(tmp_path / "launch.json") == weights(tmp_path / "ref.json"), said
+    assert result["handle"] is True and set(result["val_metrics"]) == {"loss"}  # what sweep.objective=val_loss reads
+    written = export(run_dir, tmp_path / "model.safetensors")  # the model out of the toolkit: the final weights
+    tensors, _ = load_safetensors(tmp_path / "model.safetensors")
+    assert written["step"] == ITERS and sorted(t.flatten().tolist() for t in tensors.values()) == sorted(weights(tmp_path / "ref.json"))

@@ -37,7 +37,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 MPIRUN = mpirun_command(2, [sys.executable])
 
 
-@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+@pytest.mark.parametrize("sync", ["fsdp"])  # DDP's: tests/mpi/test_prefetch_resume.py (the same checks, two stops)
 def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path, sync):
     """fsdp: the script shards its model with fully_shard (FSDP2); the handle saves each rank's
     rows of the parameters and of AdamW's state in its own file and rebuilds them on resume."""
