@@ -89,6 +89,13 @@ def check_resources(job: JobConfig) -> None:
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
+    if cluster.launcher == "slurm" and time_min * 60 <= cluster.signal_seconds:
+        # Slurm would send the stop at once: every start stops before training, and requeues
+        raise UserError(
+            f"resources.time_min={time_min} ({time_min * 60} s) leaves no time before the stop signal, sent "
+            f"cluster.signal_seconds={cluster.signal_seconds} s before the limit: each start would stop at once and requeue "
+            f"forever; raise resources.time_min above {cluster.signal_seconds // 60} or lower cluster.signal_seconds"
+        )
 
 
 def installed(module: str) -> bool:

@@ -55,6 +55,15 @@ def test_more_tasks_than_cluster_cpus_is_refused_before_submission(tmp_path):
     assert_one_line_error(result, "5 tasks x 1 CPUs per node = 5 > the 4 CPUs")
 
 
+def test_a_time_limit_the_stop_signal_would_come_before_is_refused(tmp_path):
+    """1 minute with the signal 120 s before the limit: Slurm would signal each start at once,
+    and the job would stop and requeue forever without training (issue 45)."""
+    result = run_launch("cluster=simulated", "resources.time_min=1", cwd=tmp_path)
+    assert_one_line_error(result, "resources.time_min=1 (60 s) leaves no time before the stop signal", "raise resources.time_min above 2")
+    allowed = run_launch("dry_run=true", "cluster=simulated", "resources.time_min=1", "cluster.signal_seconds=50", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_bad_data_paths_are_refused(tmp_path):
     assert_one_line_error(run_launch(f"data.path={tmp_path}/missing.h5", cwd=tmp_path), "does not exist")
     (tmp_path / "notes.txt").write_text("hello")
