@@ -39,7 +39,7 @@ from trainers.metrics import MetricsWriter
 from trainers.optim import build_optimizer, build_schedule, step_unless
 from trainers.recompute import recompute_in_backward
 from trainers.recovery import resume_or_start, roll_back
-from trainers.reporting import PHASES
+from trainers.reporting import PHASES, four_places
 from trainers.run import FitConfig, RunContext
 from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
@@ -647,7 +647,7 @@ def compiled(module: nn.Module, backend: str) -> nn.Module:
 
 def figures_line(split: str, figures: dict[str, float]) -> str:
     """`val_loss 0.1234  val_accuracy 0.9500`: a split's figures for the log, its loss first."""
-    return "  ".join(f"{split}_{name} {value:.4f}" for name, value in sorted(figures.items(), key=lambda kv: kv[0] != "loss"))
+    return "  ".join(f"{split}_{name} {four_places(value)}" for name, value in sorted(figures.items(), key=lambda kv: kv[0] != "loss"))
 
 
 def task_name(task: Task) -> str:

@@ -52,6 +52,12 @@ BOOKKEEPING = {
 SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
 
 
+def four_places(value: float) -> str:
+    """A loss or metric to four decimal places, but never a non-zero value shown as 0.0000:
+    below 0.001 (a loss of 1.6e-05 late in training) in three significant digits."""
+    return f"{value:.3g}" if value != 0 and abs(value) < 1e-3 else f"{value:.4f}"
+
+
 def task_metrics(record: dict[str, Any]) -> dict[str, float]:
     """The task's metrics in a step record (means per sample over ranks), by name."""
     return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)}
@@ -130,12 +136,12 @@ class StepReporter:
         of = f"/{self.total_steps}" if self.total_steps else ""
         if "compute_ms" not in record:  # a script's step (hpc.run): its own metrics and the step's time
             own = "".join(f"{name} {value:.4g}  " for name, value in task_metrics(record).items())
-            loss = f"loss {record['loss']:.4f}  " if "loss" in record else ""  # a GAN's losses have names of their own
+            loss = f"loss {four_places(record['loss'])}  " if "loss" in record else ""  # a GAN's losses have names of their own
             rates = "".join(f"  {record[k]:.0f} {k.removesuffix('_per_s')}/s" for k in ("samples_per_s", "tokens_per_s") if k in record)
             return f"step {record['step']}{of}  {loss}{own}{record.get('step_ms', 0.0):.1f} ms/step{rates}"
         metrics = "".join(f"{SHORT_NAMES.get(name, name)} {value:.3f}  " for name, value in task_metrics(record).items())
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
-        return f"step {record['step']}{of}  loss {record.get('loss', float('nan')):.4f}  {metrics}{record['samples_per_s']:.0f} samples/s  ms: {split}"
+        return f"step {record['step']}{of}  loss {four_places(record.get('loss', float('nan')))}  {metrics}{record['samples_per_s']:.0f} samples/s  ms: {split}"
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Per-epoch figures (test accuracy) for TensorBoard too."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ from hpc.interruptions import TIMELINE, costs
 from hpc.objective import validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
+from trainers.reporting import four_places
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,8 @@ def render_table(figures: list[RunFigures]) -> str:
     align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), *["---:"] * len(tested), "---:"]
     lines = [_row(names), _row(align)]
     for f in figures:
-        metrics = ["-" if name not in f.val else f"{f.val[name]:.4f}" for name in tested]
-        loss = "-" if f.loss is None else f"{f.loss:.4f}"
+        metrics = ["-" if name not in f.val else four_places(f.val[name]) for name in tested]
+        loss = "-" if f.loss is None else four_places(f.loss)
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
         cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
         lines.append(_row(cells))
@@ -183,8 +185,8 @@ def render_trials(search: Search, rows: list[TrialFigures]) -> str:
     names = ["point", "trial", *keys, f"{search.objective} ({search.direction})", *(f"val {name.replace('_', ' ')}" for name in tested), "samples/s"]
     lines = [_row(names), _row(["---:", "---:", *["---"] * len(keys), "---:", *["---:"] * len(tested), "---:"])]
     for row in rows:
-        value = f"{row.value:.4f}" if row.value is not None else "failed" if row.outcome == "failed" else "-"
-        metrics = ["-" if name not in row.val else f"{row.val[name]:.4f}" for name in tested]
+        value = four_places(row.value) if row.value is not None else "failed" if row.outcome == "failed" else "-"
+        metrics = ["-" if name not in row.val else four_places(row.val[name]) for name in tested]
         rate = "-" if row.samples_per_s is None else f"{row.samples_per_s:.1f}"
         trial = "-" if row.trial is None else str(row.trial)
         lines.append(_row([str(row.point), trial, *(row.swept.get(key, "-") for key in keys), value, *metrics, rate]))
@@ -338,21 +340,31 @@ def main(argv: list[str]) -> int:
     trials = [f"Trials of the search {search.sweep_dir}, best first:\n\n{render_trials(search, rows)}" for search, rows in tables]
     if trials:
         table = "\n\n".join([*trials, "Runs:\n\n" + table])
-    print(table)
-    if not varies_ranks(figures):
-        print(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")
     (out / "report.md").write_text(table + "\n")
     written: Any = [{**asdict(f), "label": f.label} for f in figures]
     if tables:
         written = {"runs": written, "searches": [search_json(search, rows) for search, rows in tables]}
     (out / "report.json").write_text(json.dumps(written, indent=2) + "\n")
+    lines = [table]
+    if not varies_ranks(figures):
+        lines.append(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")
     try:
         plots = write_plots(figures, runs, out, tables)
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
-        return 0
-    print("wrote " + ", ".join(str(p) for p in [out / "report.md", out / "report.json", *plots]))
+        plots = []
+    lines.append("wrote " + ", ".join(str(p) for p in [out / "report.md", out / "report.json", *plots]))
+    print_all(lines)
     return 0
+
+
+def print_all(lines: list[str]) -> None:
+    """The report on stdout, written after its files: `| head` may close the pipe early, which
+    must cost neither the files nor a BrokenPipeError traceback."""
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
 
 
 if __name__ == "__main__":

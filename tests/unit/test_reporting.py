@@ -71,3 +71,13 @@ def test_a_terminal_gets_a_progress_line_redrawn_in_place(tmp_path):
     shown = terminal.getvalue()
     assert shown.startswith("\r\033[Kstep 1/40  loss 2.5000  acc 0.250  1000 samples/s  ms: data 0.5 compute 3.0 comm 0.0 optimizer 0.0")
     assert shown.count("\r\033[K") == 2 and shown.endswith("\n") and shown.count("\n") == 1
+
+
+def test_a_small_loss_is_never_shown_as_zero():
+    """Late in training a loss of 1.6e-05 printed as 0.0000 (issue 45); ordinary figures keep four places."""
+    from trainers.reporting import four_places
+
+    assert [four_places(v) for v in (1.6e-05, -2.5e-4, 0.0, 0.5, 0.0012345, 12.3)] == ["1.6e-05", "-0.00025", "0.0000", "0.5000", "0.0012", "12.3000"]
+    reporter = StepReporter(None)
+    line = reporter._progress_text({"step": 3, "loss": 1.6e-05, "step_ms": 2.0})  # a script's step
+    assert "loss 1.6e-05" in line

@@ -70,6 +70,21 @@ def test_report_command_writes_table_and_plots(tmp_path):
     assert (written["efficiency"], written["label"]) == (pytest.approx(0.75), "resources.tasks_per_node=2")
 
 
+def test_a_report_into_a_closed_pipe_writes_its_files_without_a_traceback(tmp_path):
+    """`python -m hpc.report DIR | head` (the reader gone before the report is printed): the
+    files are written, stderr is quiet, exit 0."""
+    sweep = tmp_path / "sweep"
+    runs = [_run(sweep, str(i), 1, [100, 100 + i]) for i in range(2)]
+    _sweep(sweep, [(run, [f"optim.lr={i}"]) for i, run in enumerate(runs)])
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write fails with EPIPE, whenever it comes
+    try:
+        done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "") and (sweep / "report.md").stat().st_size > 0 and (sweep / "loss.png").exists()
+
+
 def test_a_sweep_on_equal_ranks_is_labelled_by_its_values_and_has_no_scaling_figures(tmp_path):
     sweep = tmp_path / "sweep"
     lrs = ["0.01", "0.05", "0.1", "0.5"]
