@@ -217,6 +217,8 @@ def run_grid(sweep: Sweep) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, sweep_dir / "multirun.yaml")  # as Hydra's sweepers record a sweep
     nums = list(range(len(sweep.points)))
+    if len(nums) == 1:  # what Hydra's -m does with one point, said: a user may have meant a plain job
+        print("note: -m with one point is a sweep of one (one array task, a sweep dir); leave out -m for a plain job", file=sys.stderr)
     try:
         code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, sweep.points, strict=True)], sweep_dir)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit

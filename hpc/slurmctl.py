@@ -130,6 +130,12 @@ def hostnames(node_list: str) -> list[str]:
     return out.split() if code == 0 else []
 
 
+def partitions() -> list[str]:
+    """The cluster's partitions, as sinfo lists them (the default marked `*`); [] when sinfo fails."""
+    code, out, _ = _run(["sinfo", "-h", "-o", "%P"], timeout_s=20)
+    return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip())) if code == 0 else []
+
+
 def node_states(partition: str, node: str | None = None) -> dict[str, str]:
     """{node: state} of a partition's nodes (one node's with `node`), from sinfo."""
     code, out, _ = _run(["sinfo", "-h", "-N", "-p", partition, *(["-n", node] if node else []), "-o", "%N %T"])

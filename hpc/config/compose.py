@@ -237,6 +237,7 @@ def compose_jobs(points: list[list[str]], source: ConfigSource = DEFAULT_SOURCE)
                 except UserError:
                     raise  # already one line (a key `+key=value` added that no schema declares)
                 except Exception as err:  # hydra and omegaconf raise many types; all become one line
+                    parsed_overrides(plain)  # bad syntax: named, one override at a time (else explained as Hydra says it)
                     raise UserError(explain_composition_error(err, plain, source)) from None
     except MissingConfigException as err:  # the primary config itself (--config-name, --config-path)
         raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
@@ -259,6 +260,7 @@ def compose_run(overrides: list[str], source: ConfigSource = DEFAULT_SOURCE) -> 
             raise UserError(f"{' '.join(str(err).split())} (--config-name={source.config_name}, --config-path={source.config_path})") from None
         raise UserError(explain_composition_error(err, overrides, source)) from None
     except Exception as err:  # hydra and omegaconf raise many types; all become one line
+        parsed_overrides(overrides)  # bad syntax: named, one override at a time
         raise UserError(explain_composition_error(err, overrides, source)) from None
 
 
@@ -289,16 +291,28 @@ def sweeper_params(sweeper: dict[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in params.items()} if isinstance(params, dict) else {}
 
 
-def fixed_overrides(arguments: list[str]) -> list[str]:
-    """The command line's overrides that are no sweeps (`a=1`, not `a=1,2` nor `interval(..)`)."""
+def parsed_overrides(arguments: Sequence[str]) -> list[Any]:
+    """Hydra's parse of the overrides, one at a time so that a bad one is named (Hydra's own
+    message names none); UserError, one line. A sweep written with a space after a comma
+    (`optim.lr=0.05, 0.1`: two arguments to the shell) gets the way to write it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(arguments)
-    except HydraException as err:
-        raise UserError(" ".join(str(err).split())) from None
-    return [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
+    parser = OverridesParser.create()
+    parsed: list[Any] = []
+    for index, argument in enumerate(arguments):
+        try:
+            parsed.extend(parser.parse_overrides([argument]))
+        except HydraException as err:
+            split = argument.endswith(",") or ("=" not in argument and index > 0 and arguments[index - 1].endswith(","))
+            hint = "; a sweep's values are separated by commas without spaces (optim.lr=0.05,0.1,0.2), or the override is quoted" if split else ""
+            raise UserError(f"override {argument!r}: {' '.join(str(err).split())}{hint}") from None
+    return parsed
+
+
+def fixed_overrides(arguments: list[str]) -> list[str]:
+    """The command line's overrides that are no sweeps (`a=1`, not `a=1,2` nor `interval(..)`)."""
+    return [o.input_line for o in parsed_overrides(arguments) if not o.is_sweep_override() and o.input_line is not None]
 
 
 def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None = None) -> list[list[str]]:
@@ -306,12 +320,11 @@ def expand_sweep(arguments: Sequence[str], sweeper_params: dict[str, str] | None
     sweeper does): one override list per point. Raises UserError for bad syntax or no points."""
     import itertools
 
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     params = [f"{key}={value}" for key, value in (sweeper_params or {}).items()]
+    parsed = parsed_overrides([*params, *arguments])
     try:
-        parsed = OverridesParser.create().parse_overrides([*params, *arguments])
         choices = [
             [f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
             if o.is_sweep_override()

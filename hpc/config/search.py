@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hpc.config.compose import ARRAY_LAUNCHER, DEFAULT_SOURCE, ConfigSource, compose_jobs, sweeper_params
+from hpc.config.compose import ARRAY_LAUNCHER, DEFAULT_SOURCE, ConfigSource, compose_jobs, parsed_overrides, sweeper_params
 from hpc.config.schema import JobConfig, task_target
 from hpc.errors import UserError
 from hpc.objective import check_objective, objective_direction
@@ -66,14 +66,8 @@ def edge_values(override: Any) -> list[str]:
 def parsed_search(arguments: list[str], sweeper: dict[str, Any]) -> list[Any]:
     """hydra.sweeper.params, then the command line, through Hydra's override parser (the later
     of a key's two wins where it matters); UserError, one line, for bad syntax."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     params = [f"{key}={value}" for key, value in sweeper_params(sweeper).items()]
-    try:
-        return list(OverridesParser.create().parse_overrides([*params, *arguments]))
-    except HydraException as err:
-        raise UserError(" ".join(str(err).split())) from None
+    return parsed_overrides([*params, *arguments])
 
 
 def edge_points(arguments: list[str], sweeper: dict[str, Any]) -> list[list[str]]:

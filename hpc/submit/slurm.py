@@ -181,7 +181,9 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
             submitted = _submit(params, run_dirs, folder, max_parallel)
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
         lines = [line.removeprefix("sbatch: error: ") for line in str(err).splitlines() if line.strip()]
-        raise UserError(f"sbatch refused the job: {'; '.join(lines)}") from None
+        known = slurmctl.partitions() if "invalid partition" in str(err).lower() else []
+        choices = f" (cluster.partition; this cluster's partitions: {', '.join(known)})" if known else ""
+        raise UserError(f"sbatch refused the job: {'; '.join(lines)}{choices}") from None
     if len(run_dirs) == 1:
         script = submitted[0].paths.submission_file
     else:  # an array's script: under the array's own job id, not a task's

@@ -71,6 +71,7 @@ def test_sbatch_refusal_is_one_line_and_submits_nothing(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: sbatch refused the job") and "partition" in lines[0].lower()
+    assert lines[0].endswith("(cluster.partition; this cluster's partitions: debug*, high)")  # what to choose from (the sim's: scripts/slurm-sim.sh)
     assert run_dirs(tmp_path) == []
 
 

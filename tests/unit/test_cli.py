@@ -43,11 +43,21 @@ def test_cfg_job_prints_config_without_running(tmp_path):
         ("resources.nodes=0", ["resources.nodes=0 must be >= 1"]),
         ("resources.tasks_per_node=0", ["resources.tasks_per_node=0 must be >= 1"]),
         ("resources.nodes=x", ["resources.nodes"]),
+        # `optim.lr=0.05, 0.1` in a shell: the override Hydra cannot parse is named, with the way to write a sweep
+        ("optim.lr=0.05,", ["override 'optim.lr=0.05,': ", "separated by commas without spaces (optim.lr=0.05,0.1,0.2)"]),
     ],
 )
 def test_bad_overrides_fail_in_one_line(tmp_path, override, fragments):
     assert_one_line_error(run_launch(override, cwd=tmp_path), *fragments)
     assert not (tmp_path / "runs").exists() or run_dirs(tmp_path) == []
+
+
+def test_a_sweep_split_by_a_space_names_its_override_and_a_sweep_of_one_point_says_so(tmp_path):
+    assert_one_line_error(run_launch("-m", "optim.lr=0.05,", "0.1,0.2", cwd=tmp_path), "override 'optim.lr=0.05,': ", "without spaces")
+    one = run_launch("-m", "dry_run=true", "cluster=simulated", "optim.lr=0.1", cwd=tmp_path)
+    assert one.returncode == 0 and "note: -m with one point is a sweep of one" in one.stderr, one.stderr
+    two = run_launch("-m", "dry_run=true", "cluster=simulated", "optim.lr=0.1,0.2", cwd=tmp_path)
+    assert two.returncode == 0 and "note: -m" not in two.stderr, two.stderr
 
 
 def test_more_tasks_than_cluster_cpus_is_refused_before_submission(tmp_path):
