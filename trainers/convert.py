@@ -207,6 +207,29 @@ def held_out(files: list[tuple[Path, int]], fraction: float, seed: int) -> tuple
     return [f for i, f in enumerate(files) if i not in chosen], [f for i, f in enumerate(files) if i in chosen]
 
 
+def class_count(label_files: list[tuple[Path, str]], declared: int | None) -> int:
+    """num_classes: `declared` (every label below it), else the largest label + 1. Labels that
+    leave a class without a training sample are said (labels 1..10 for ten classes make 11,
+    class 0 empty), not found later in the model's output size."""
+    if declared is not None and declared < 1:
+        raise ConvertError(f"--num-classes={declared} must be >= 1")
+    tops = {split: (path, int(_load(path).max())) for path, split in label_files if len(_load(path))}
+    count = declared if declared is not None else max(top for _, top in tops.values()) + 1
+    for split, (path, top) in tops.items():
+        if top >= count:
+            raise ConvertError(f"{path}: {split} label {top} is outside 0..{count - 1} (--num-classes={count})")
+    train = np.unique(np.asarray(_load(label_files[0][0])))
+    missing = sorted(set(range(count)) - set(train.tolist()))
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        print(
+            f"note: {count} classes (labels 0..{count - 1}), but no training sample has label {shown}; "
+            f"if there are {count - len(missing)} classes, relabel them 0..{count - len(missing) - 1}",
+            file=sys.stderr,
+        )
+    return count
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainers.convert", description=__doc__.split("\n\n")[0])
     sources = parser.add_subparsers(dest="source", required=True)
@@ -218,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arrays.add_argument("--test-x", type=Path, help="optional held-out test inputs (evaluated once, at the end)")
     arrays.add_argument("--test-y", type=Path, help="optional held-out test labels")
     arrays.add_argument("--scale", type=float, help="factor from stored values to inputs (uint8 default: 1/255)")
+    arrays.add_argument("--num-classes", type=int, help="the class count (default: the largest label + 1); every label must be below it")
     images = sources.add_parser("images", help="a folder with one sub-folder of images per class")
     images.add_argument("folder", type=Path)
     images.add_argument("--val", type=Path, help="the validation images, in the same class folders")
@@ -238,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     counts = ", ".join(f"{s.name} {s.count}" for s in splits)
-    print(f"wrote {len(paths)} shards to {args.out} ({counts} samples); train with data.path={args.out}")
+    print(f"wrote {len(paths)} shards to {args.out} ({counts} samples, {attrs['num_classes']} classes); train with data.path={args.out}")
     return 0
 
 
@@ -259,7 +283,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[Split], dict[str, object]]:
             raise ConvertError(f"{args.x} holds no rows")
         if args.scale is not None:
             splits = [Split(s.name, s.count, s.shape, s.dtype, s.blocks, args.scale) for s in splits]
-        return splits, {}
+        labels = [(args.y, "train"), (args.val_y, "val"), *([(args.test_y, "test")] if args.test_y is not None else [])]
+        return splits, {"num_classes": class_count(labels, args.num_classes)}
     if args.size < 1 or args.workers < 1:
         raise ConvertError(f"--size={args.size} and --workers={args.workers} must be >= 1")
     if not 0.0 <= args.val_fraction < 1.0:

@@ -57,4 +57,6 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
         dict(epoch_end.val),
         tested,
         progress.epoch if progress.position > 0 else progress.epoch - 1,
+        progress.bad_steps,
+        progress.rollbacks,
     )

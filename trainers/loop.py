@@ -651,8 +651,11 @@ def figures_line(split: str, figures: dict[str, float]) -> str:
 
 
 def task_name(task: Task) -> str:
+    """`mlp (classify), 10 classes`: the model, the task, and a classifier's class count (labels
+    0..10 make 11 classes, said where a user looks, not left to be found in the model's shape)."""
     described = task.describe()
-    return f"{described.get('name', '?')} ({described.get('task', type(task).__name__)})"
+    classes = f", {described['num_classes']} classes" if isinstance(described.get("num_classes"), int) else ""
+    return f"{described.get('name', '?')} ({described.get('task', type(task).__name__)}){classes}"
 
 
 def check_data_sets(train: MapDataset, evaluated: MapDataset, comm: Collectives, split: str = "validation") -> None:

@@ -41,6 +41,8 @@ class FitResult:
     val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation: "loss" and the task's metrics
     test_metrics: dict[str, float] = field(default_factory=dict)  # the held-out test split's, once training completed ({}: none)
     epoch: int = 0  # the epoch the last step trained in, as the log numbers it (epoch 1/1: 1, also when max_steps ended it midway)
+    bad_steps: int = 0  # steps whose gradients were not finite, skipped (over the whole run, resumes included)
+    rollbacks: int = 0  # rollbacks to a checkpoint after repeated bad steps
 
 
 class Milestones:

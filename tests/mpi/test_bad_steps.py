@@ -58,6 +58,7 @@ def test_a_poisoned_sample_is_skipped_or_rolled_back_and_training_ends_finite(tm
     result = json.loads((run_dir / "result.json").read_text())
     assert math.isfinite(result["loss"]) and result["val_metrics"]["accuracy"] > 0.5  # it learned (10 classes: chance is 0.1)
     log = (run_dir / "logs" / "rank-00000.log").read_text()
+    assert (result["bad_steps"], result["rollbacks"]) == (records[-1]["bad_steps"], records[-1]["rollbacks"])  # result.json says so too
     if max_bad == 3:  # the sample comes once per epoch: skipped, never three in a row
         assert len(skipped) == EPOCHS and records[-1]["bad_steps"] == EPOCHS and records[-1]["rollbacks"] == 0
         assert skipped[0] == 10  # epoch 1, its 10th step

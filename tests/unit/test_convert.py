@@ -54,6 +54,23 @@ def test_numpy_arrays_become_shards_read_back_exactly(arrays, monkeypatch, capsy
     val_split.close()
 
 
+def test_the_class_count_is_said_checked_and_can_be_given(arrays, capsys):
+    """Labels 1..10 for ten classes make 11 (class 0 empty): said at conversion and written to the
+    shards; --num-classes checks every label against it and is what training reads."""
+    d, x, y, tx, ty = arrays
+    np.save(d / "shifted.npy", y % 6 + 1)  # labels 1..6: class 0 never used
+    val = ["--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy")]
+    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "shifted.npy"), *val, "--out", str(d / "a")]) == 0
+    said = capsys.readouterr()
+    assert "7 classes); train with" in said.out and "no training sample has label 0; if there are 6 classes, relabel them 0..5" in said.err
+    assert inspect_hdf5(resolve_data_files(DataConfig(path=str(d / "a"))), DataConfig()).num_classes == 7
+    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), *val, "--num-classes", "12", "--out", str(d / "b")]) == 0
+    assert inspect_hdf5(resolve_data_files(DataConfig(path=str(d / "b"))), DataConfig()).num_classes == 12
+    capsys.readouterr()
+    assert main(["numpy", "--x", str(d / "x.npy"), "--y", str(d / "y.npy"), *val, "--num-classes", "5", "--out", str(d / "c")]) == 2
+    assert f"train label {int(y.max())} is outside 0..4 (--num-classes=5)" in capsys.readouterr().err and not (d / "c").exists()
+
+
 def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
     d, *_ = arrays
     VAL = ["--val-x", str(d / "tx.npy"), "--val-y", str(d / "ty.npy")]  # noqa: N806
