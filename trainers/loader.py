@@ -10,8 +10,9 @@ the workers finish in, so a resumed run reads exactly what the interrupted one w
   handed out stays valid while the next `HELD - 1` batches are used, then its slot is reused.
 - The indices of a batch travel in shared memory too, so what goes down a pipe is a few bytes
   each way and neither side can block the other, whatever the batch size.
-- Any other map-style data set (a user task's) is read with `read_items` in the worker and its
-  items come back pickled, tensors through shared memory, as with torch's DataLoader.
+- Any other map-style data set (a user task's) is read with `read_items` in the worker, collated
+  there (torch's default collate, unless the task collates in its own `batch`) and sent back
+  pickled, tensors through shared memory, as torch's DataLoader does: one tensor per field.
 
 Workers are forked once per run and serve every pass (`epoch()`). They ignore the stop signals
 (the rank decides when to stop), die with the rank (PR_SET_PDEATHSIG), never run the rank's
@@ -39,7 +40,7 @@ import torch.multiprocessing
 
 from trainers import rngstreams
 from trainers.data import Prefetcher, RawBatch
-from trainers.task import MapDataset, read_items
+from trainers.task import Collated, MapDataset, read_items
 
 HELD = 2  # batches the rank may still hold (the one in use and the one before)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -61,9 +62,19 @@ class _Shared:
 
 
 class WorkerLoader:
-    def __init__(self, dataset: MapDataset, workers: int, batch_size: int, prefetch: int = 2, streams: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: MapDataset,
+        workers: int,
+        batch_size: int,
+        prefetch: int = 2,
+        streams: tuple[int, int] | None = None,
+        collate: Callable[[Any], Any] | None = None,
+    ) -> None:
         """`streams`: (seed, rank) to read a task's items in each batch's own random stream
-        (trainers/rngstreams.py); None: as the process's streams stand after the fork."""
+        (trainers/rngstreams.py); None: as the process's streams stand after the fork.
+        `collate`: applied to a task's items in the worker (they come back `Collated`: a tensor
+        per field, not one per sample, each of which costs a shared-memory handle to send)."""
         if workers < 1:
             raise ValueError(f"a worker loader needs workers >= 1, not {workers}")
         self.dataset, self.workers, self.batch_size, self.streams = dataset, workers, batch_size, streams
@@ -85,7 +96,7 @@ class WorkerLoader:
         parent = os.getpid()
         for worker in range(workers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent), name=f"data-worker-{worker}", daemon=True)
+            process = context.Process(target=_serve, args=(dataset, theirs, self.shared, parent, collate), name=f"data-worker-{worker}", daemon=True)
             # Held (not lost) in the rank while it forks; the worker starts with them blocked and ignores them.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
@@ -259,7 +270,7 @@ class _Failure:
         self.worker = -1
 
 
-def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int) -> None:
+def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shared: _Shared, parent: int, collate: Callable[[Any], Any] | None = None) -> None:
     """A worker's life: read the batches it is sent, in order, until told to stop."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
@@ -290,11 +301,12 @@ def _serve(dataset: Any, connection: multiprocessing.connection.Connection, shar
             if shared.inputs is not None and shared.labels is not None:
                 shared.labels[slot, :rows] = torch.from_numpy(dataset.read_into(indices, shared.inputs[slot].numpy()))
                 payload: Any = float(getattr(dataset, "scale", 1.0))
-            elif seed >= 0:
-                with rngstreams.isolated(seed):
-                    payload = read_items(dataset, indices)
             else:
+                if seed >= 0:
+                    rngstreams.reseed(seed)  # the batch's own stream; the worker keeps none of its own
                 payload = read_items(dataset, indices)
+                if collate is not None:
+                    payload = Collated(collate(payload))
             reply = ForkingPickler.dumps((number, k, slot, rows, payload))
         except BaseException as err:  # reading, or items that cannot be sent back
             reply = ForkingPickler.dumps((number, k, slot, rows, _Failure(err)))

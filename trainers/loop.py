@@ -231,7 +231,8 @@ class Loop:
 
             return Prefetcher(read_in_own_stream, indices, depth=0, pin=page_locked)
         if self.loader is None:
-            self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch, streams=(seed, rank))
+            collate = getattr(self.task, "collate_where_read", lambda: None)()  # a user task's items: collated in the worker
+            self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch, streams=(seed, rank), collate=collate)
         return self.loader.epoch(indices, pin=page_locked, epoch=epoch)
 
     def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:

@@ -108,6 +108,17 @@ class Task(Protocol):
         forward must not update buffers (BatchNorm's running statistics would update twice)."""
 
 
+@dataclass(frozen=True)
+class Collated:
+    """A batch collated where it was read (a loader worker, as torch's DataLoader collates): one
+    tensor per field crosses to the rank, not one per sample. Only for tasks without `batch`."""
+
+    value: Any
+
+    def pin_memory(self) -> Collated:  # trainers.task.pin honours it, as torch's DataLoader does
+        return Collated(pin(self.value))
+
+
 def read_items(dataset: MapDataset, indices: Sequence[int] | np.ndarray) -> Any:
     """The samples at `indices`: in one read where the data set offers `__getitems__`."""
     listed = [int(i) for i in indices]
@@ -201,7 +212,18 @@ class _Adapted:
             raise TaskError(f"{self._target}.{what} returned a {type(data).__name__}; return a map-style data set (__len__ and __getitem__)")
         return data
 
+    def collate_where_read(self) -> Any:
+        """What a loader worker applies to the items it read: torch's default collate, unless
+        the task collates itself (`batch` gets the items)."""
+        if getattr(self._task, "batch", None) is not None:
+            return None
+        from torch.utils.data import default_collate
+
+        return default_collate
+
     def batch(self, items: Any, device: torch.device) -> Any:
+        if isinstance(items, Collated):  # by a loader worker (collate_where_read)
+            return to_device(items.value, device)
         custom = getattr(self._task, "batch", None)
         if custom is not None:
             return custom(items, device)
