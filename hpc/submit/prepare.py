@@ -5,7 +5,10 @@
     srun --mpi=pmix python3 -m hpc.rank.main "$HPCTK_RUN_DIR"
 
 The allocation Slurm granted is authoritative: resources.nodes and resources.tasks_per_node are
-taken from it, and an override that contradicts it is refused.
+taken from it, and an override that contradicts it is refused. As with launch.py, the run dir
+gets `run_access` (private by default: the umask exported to the ranks too), a job.json that
+hpc.status reads, and the code frozen (at the job's first start) in <run dir>/code, which every
+start runs.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc.config.compose import compose_job
-from hpc.config.schema import JobConfig
+from hpc.config.schema import ACCESS_UMASKS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.validate import validate_job
 from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
@@ -25,6 +28,7 @@ from hpc.errors import UserError
 from hpc.rundir import RunDir, mark_run_dir
 from hpc.submit.launch import pin_inputs, rank_environment, resolved_yaml
 from hpc.submit.slurm import setup_lines
+from hpc.submit.snapshot import freeze_job_code
 
 
 def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
@@ -64,10 +68,18 @@ def prepare_exports(argv: list[str], env: Mapping[str, str]) -> str:
     job = with_script_args(job, script_args)
     job = pin_inputs(job, validate_job(job, in_allocation=True))
     job_id = slurm_job_id(env) or "nojob"
+    apply_run_access(job.run_access)  # the run dir and all in it as a launcher's run: private by default
     run_dir, existed = job_run_dir(job, job_id)
     if not existed:  # after a requeue the first config stays: the checkpoints were made with it
         run_dir.config.write_text(resolved_yaml(job))
-    return "\n".join(setup_lines({**rank_environment(job), RUN_DIR_VARIABLE: str(run_dir.path)}))
+    # The code of the job's first start, frozen: a requeue next week runs it, not the checkout as
+    # it then is. (sbatch keeps only the batch script: the code as it was at submission is gone
+    # by the first start; launch.py freezes at submission.)
+    code = run_dir.code if run_dir.code.is_dir() else freeze_job_code(run_dir.code, job)
+    run_dir.write_json(run_dir.job, {"job_id": job_id, "launcher": "sbatch", "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
+    lines = setup_lines({**rank_environment(job), RUN_DIR_VARIABLE: str(run_dir.path)}, code)
+    umask = ACCESS_UMASKS.get(job.run_access)
+    return "\n".join([*lines, "export PYTHONSAFEPATH=1", *([f"umask {umask:04o}"] if umask is not None else [])])
 
 
 def main(argv: list[str]) -> int:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT
 
@@ -43,6 +46,15 @@ def test_plain_sbatch_trains_on_two_nodes_with_overrides(tmp_path):
     assert run_dir.endswith(f"/jobs/{output.name.split('-')[1].split('.')[0]}_train")
     summary = json.loads((tmp_path / "runs" / run_dir / "result.json").read_text())
     assert (summary["world_size"], summary["num_nodes"], summary["epochs"]) == (4, 2, 4)
+    # As a launcher's run (issue 45): private, known to hpc.status by its job id, its code frozen
+    run = Path(run_dir)
+    job_id = output.name.split("-")[1].split(".")[0]
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700 and stat.S_IMODE((run / "config.yaml").stat().st_mode) == 0o600
+    assert stat.S_IMODE((run / "logs" / "rank-00000.log").stat().st_mode) == 0o600  # the ranks' files too: the umask reached them
+    assert json.loads((run / "job.json").read_text())["job_id"] == job_id
+    assert f"code: {run / 'code'}" in (run / "logs" / "rank-00000.log").read_text()
+    (status,) = statuses(run)
+    assert (status.job_id, status.state) == (job_id, "COMPLETED")
 
 
 def test_override_contradicting_the_allocation_is_refused(tmp_path):
