@@ -8,11 +8,19 @@ timeout, an I/O error on a shared file system, a loader process killed by the ou
 killer, a peer lost, a bug that shows only sometimes) is a failure counted against the job's
 failure budget, as a killed rank is: restarts inside the allocation, then requeues, each from the
 newest committed checkpoint.
+
+The list is a guess; evidence beats it. Every failure is recorded in the run dir
+(`failures.jsonl`: the error and the newest step reported), and an error that comes back the
+same (type and message) at the same step after a restart is taken to repeat: a deterministic bug
+(`IndexError: Target 7 is out of bounds` from a task with 5 outputs) costs one restart, not the
+job's whole failure budget.
 """
 
 from __future__ import annotations
 
 import errno
+import json
+from pathlib import Path
 
 # An OSError with these errno values names a file that is not there or not allowed: the same on
 # every start. Others (EIO, ESTALE, ETIMEDOUT, ENOSPC, ...) come and go on shared file systems.
@@ -46,3 +54,58 @@ def one_line(err: BaseException) -> bool:
     from trainers.task import TaskError
 
     return isinstance(err, CheckpointError | TaskError | DivergedError)
+
+
+FAILURES = "failures.jsonl"  # in the run dir: one line per rank failure, for seen_before()
+
+
+def signature(err: BaseException) -> str:
+    """The error as a later start would raise it again: its type and message, in one line."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
+
+
+def newest_step(run_dir: Path) -> int | None:
+    """The newest step rank 0 reported (steps.jsonl): where the run was when it failed."""
+    from hpc.rundir import RunDir, last_record
+
+    record = last_record(RunDir(run_dir).steps) or {}
+    step = record.get("step")
+    return step if isinstance(step, int) else None
+
+
+def seen_before(run_dir: Path, err: BaseException, step: int | None) -> bool:
+    """Whether an earlier start failed with the same error at the same step (failures.jsonl)."""
+    try:
+        lines = (run_dir / FAILURES).read_text().splitlines()
+    except OSError:
+        return False
+    wanted = {"error": signature(err), "step": step}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        if isinstance(record, dict) and {key: record.get(key) for key in wanted} == wanted:
+            return True
+    return False
+
+
+def record_failure(run_dir: Path, err: BaseException, step: int | None, rank: int) -> None:
+    """One line in failures.jsonl (appended: ranks that fail together each add theirs). Best
+    effort: a full disk must not hide the error itself."""
+    try:
+        with (run_dir / FAILURES).open("a") as f:
+            f.write(json.dumps({"error": signature(err), "step": step, "rank": rank}) + "\n")
+    except OSError:
+        pass
+
+
+def repeats_here(run_dir: Path, err: BaseException, rank: int) -> tuple[bool, str]:
+    """repeats(err), or the evidence of an earlier start; the failure recorded either way.
+    Returns (whether it repeats, why: "" or the evidence in words)."""
+    step = newest_step(run_dir)
+    lasting, why = repeats(err), ""
+    if not lasting and seen_before(run_dir, err, step):
+        lasting, why = True, f"the same {type(err).__name__} at step {step} as before a restart: it repeats"
+    record_failure(run_dir, err, step, rank)
+    return lasting, why

@@ -140,7 +140,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         try:
             result = run_fit(job, run_dir, rank, comm, stop, watchdog)
         except BaseException as err:
-            abort_job(err, comm, rank)
+            abort_job(err, comm, rank, run_dir)
             raise
         comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
     return after_fit(result, job, run_dir, rank, stop)
@@ -149,7 +149,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
 def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> ScriptResult:
     """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
     error the script raises (or its own non-zero exit) ends the job as a task's would."""
-    from hpc.rank.failures import repeats
+    from hpc.rank.failures import repeats_here
     from hpc.rank.hosting import Host
     from hpc.rank.script import ScriptFailed, ScriptResult, run_script
 
@@ -166,8 +166,10 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
         logging.shutdown()
         raise SystemExit(1) from None
     except Exception as err:
-        lasting = repeats(err)
+        lasting, why = repeats_here(run_dir.path, err, rank.rank)
         log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
+        if why:
+            log.error("%s", why)
         if lasting:
             end_for_good(rank, f"{type(err).__name__}: {err}")
         else:
@@ -238,17 +240,20 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     return fit(fit_cfg, comm, task, MetricsWriter(run_dir.metrics if rank.is_main else None), context)
 
 
-def abort_job(err: BaseException, comm: Collectives, rank: RankInfo) -> None:
+def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: RunDir) -> None:
     """The other ranks would wait in their next collective forever: end the whole job. An error
-    that would repeat (hpc.rank.failures) also keeps Slurm from starting it again; any other is a
-    failure like a lost rank, which the step supervisor and the requeue count against the budget."""
-    from hpc.rank.failures import one_line, repeats
+    that would repeat (hpc.rank.failures: by its kind, or the same at the same step after a
+    restart) also keeps Slurm from starting it again; any other is a failure like a lost rank,
+    which the step supervisor and the requeue count against the budget."""
+    from hpc.rank.failures import one_line, repeats_here
 
-    lasting = repeats(err)
+    lasting, why = repeats_here(run_dir.path, err, rank.rank)
     if one_line(err):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
         log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+    if why:
+        log.error("%s", why)
     if lasting:
         end_for_good(rank, f"{type(err).__name__}: {err}")
     else:

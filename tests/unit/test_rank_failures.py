@@ -4,6 +4,7 @@ against the failure budget, as a killed rank is): hpc.rank.failures, and what ab
 from __future__ import annotations
 
 import errno
+import json
 import logging
 
 import pytest
@@ -13,6 +14,7 @@ from hpc.env import REQUEST_DIR_VARIABLE, RankInfo
 from hpc.errors import UserError
 from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
+from hpc.rundir import RunDir
 from trainers.checkpoint import CheckpointError
 from trainers.datasets import DataError
 from trainers.guard import DivergedError
@@ -71,8 +73,37 @@ def test_abort_job_ends_every_rank_and_forbids_restarts_only_for_errors_that_rep
     monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)  # the test's log capture stays open
     comm = Aborted()
     with caplog.at_level(logging.INFO):
-        rank_main.abort_job(err, comm, RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm"))  # type: ignore[arg-type]
+        rank_main.abort_job(err, comm, RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm"), RunDir(tmp_path / "run"))  # type: ignore[arg-type]
     assert comm.code == 1
     lasting = isinstance(err, TaskError)
     assert bool(forbidden) == lasting and bool(list(tmp_path.glob("77.error-*"))) == lasting
     assert ("need not repeat: counted as a failure, like a lost rank" in caplog.text) != lasting
+
+
+def test_an_error_that_comes_back_the_same_at_the_same_step_after_a_restart_repeats(tmp_path, monkeypatch, caplog):
+    """A task with 5 outputs and labels up to 9 fails at the same step with the same IndexError
+    on every start: its first failure is counted as transient (IndexError is not on the list),
+    the second, after a restart, is evidence: the job ends instead of spending its whole budget."""
+    monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    forbidden: list[bool] = []
+    monkeypatch.setattr(rank_main, "forbid_failure_requeue", lambda env: forbidden.append(True) or "78")
+    monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    rank = RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm")
+    bug = IndexError("Target 7 is out of bounds.")
+
+    def fail_at(step: int, err: BaseException) -> bool:
+        run.steps.write_text(json.dumps({"step": step, "loss": 2.0}) + "\n")  # where rank 0 had got to
+        forbidden.clear()
+        with caplog.at_level(logging.INFO):
+            rank_main.abort_job(err, Aborted(), rank, run)  # type: ignore[arg-type]
+        return bool(forbidden)
+
+    assert not fail_at(12, bug)  # the first time: need not repeat
+    assert not fail_at(30, IndexError("Target 7 is out of bounds."))  # the same error elsewhere: no evidence yet
+    assert not fail_at(12, RuntimeError("NCCL watchdog: collective operation timeout"))  # another error at that step
+    assert fail_at(12, IndexError("Target 7 is out of bounds."))  # the same error at the same step after a restart
+    assert "the same IndexError at step 12 as before a restart: it repeats" in caplog.text
+    assert len((run.path / "failures.jsonl").read_text().splitlines()) == 4
