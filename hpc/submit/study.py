@@ -67,10 +67,12 @@ def _run(run: StudyRun) -> None:
     study = optuna.create_study(study_name=settings.study_name, storage=storage, sampler=sampler, direction=direction, load_if_exists=True)
     if study.trials:  # continued: a sampler seeded as before would ask the first trials' values again
         study.sampler.reseed_rng()
-    print(f"study {settings.study_name!r} in {storage}: {len(study.trials)} trials so far")
+    ran = {int(p["trial"]): p for p in record["points"] if p.get("trial") is not None}
+    unrun = sum(1 for t in study.trials if t.number not in ran)  # asked for, never run: an interrupt closed them as failed
+    closed = f" (and {unrun} that an interrupt closed before they ran, not counted)" if unrun else ""
+    print(f"study {settings.study_name!r} in {storage}: {len(study.trials) - unrun} trials so far{closed}")
     print(f"if this launcher is interrupted, continue the study with: {resume_command(run)}")
 
-    ran = {int(p["trial"]): p for p in record["points"] if p.get("trial") is not None}
     finish_unfinished(run, study, ran)
     done = sum(1 for t in study.trials if t.number in ran and t.state.is_finished())
     next_num = max((int(p["num"]) for p in record["points"]), default=-1) + 1

@@ -67,6 +67,12 @@ def run_batch(points: Sequence[SweepPoint], sweep_dir: Path, objective: str, sea
     return wait_for(prepared, sweep_dir, objective, emit)
 
 
+def trial_name(num: int, trial: int | None) -> str:
+    """`trial #4`: the point's number (its run dir, sweep.json, hpc.status), with Optuna's own
+    number where it differs (`trial #4 (Optuna's 6)`: trials an interrupt closed unrun count there)."""
+    return f"trial #{num}" if trial is None or trial == num else f"trial #{num} (Optuna's {trial})"
+
+
 def wait_for(points: Sequence[SweepPoint], sweep_dir: Path, objective: str, emit: Callable[[str], None] = print) -> list[Outcome]:
     """The outcome of each trial, once its run has one: local trials are run (or resumed) here,
     one after another; Slurm's are waited for."""
@@ -84,15 +90,15 @@ def run_local_trial(point: SweepPoint, sweep_dir: Path, objective: str, emit: Ca
     done = trial_outcome(point.num, run_dir, objective)
     if done is not None and done.value is not None:
         return done  # it completed before the launcher was interrupted
-    emit(f"trial #{point.num} ({_label(point)}): running locally")
+    emit(f"{trial_name(point.num, point.trial)} ({_label(point)}): running locally")
     stops: list[int] = []
     code = local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops)
     if code == EXIT_RESUMABLE:
-        raise SearchInterrupted(f"trial #{point.num} stopped at a checkpoint; run the same command again to continue the study")
+        raise SearchInterrupted(f"{trial_name(point.num, point.trial)} stopped at a checkpoint; run the same command again to continue the study")
     outcome = trial_outcome(point.num, run_dir, objective) or Outcome(point.num, None, f"its ranks exited with code {code} (see {run_dir.rank_log(0)})")
-    emit(f"trial #{point.num} ({_label(point)}): {_describe(outcome, objective)}")
+    emit(f"{trial_name(point.num, point.trial)} ({_label(point)}): {_describe(outcome, objective)}")
     if stops:  # the signal came as the trial ended: it stops the study all the same
-        raise SearchInterrupted(f"interrupted as trial #{point.num} ended; run the same command again to continue the study")
+        raise SearchInterrupted(f"interrupted as {trial_name(point.num, point.trial)} ended; run the same command again to continue the study")
     return outcome
 
 
@@ -118,7 +124,7 @@ def wait_for_jobs(
             ended[point.num] = ended.get(point.num, 0) + 1 if state in slurmctl.TERMINAL_STATES or state == GONE else 0
             outcome = _settled(point.num, RunDir(sweep_dir / str(point.num)), objective, job_id, state, ended[point.num])
             restarts = fields.get("Restarts", "0")
-            label = f"trial #{point.num} ({_label(point)})"
+            label = f"{trial_name(point.num, point.trial)} ({_label(point)})"
             if outcome is not None:
                 outcomes[point.num] = outcome
                 emit(f"{label}: {_describe(outcome, objective)}")

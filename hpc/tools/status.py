@@ -280,7 +280,8 @@ def search_summary(trials: Sequence[RunStatus]) -> str:
     if best.value is None:
         return f"{head}; no trial has reported {search.objective}"
     trial = search.trial(best.run_dir)
-    name = " ".join([f"#{search.point(best.run_dir)}", *([f"(trial {trial})"] if trial is not None else []), *([best.swept] if best.swept else [])])
+    point = search.point(best.run_dir)
+    name = " ".join([f"#{point}", *([f"(Optuna's {trial})"] if trial is not None and trial != point else []), *([best.swept] if best.swept else [])])
     return f"{head}; best {name}: {best.objective}"
 
 

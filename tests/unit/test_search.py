@@ -231,3 +231,10 @@ def test_a_signal_that_comes_as_a_local_trial_completes_stops_the_study_after_it
     assert lines == ["trial #0 (optim.lr=0.1): running locally", "trial #0 (optim.lr=0.1): val_accuracy=0.91"]
     monkeypatch.setattr(local, "run_local", lambda *args, **kwargs: pytest.fail("a completed trial ran again"))
     assert trials.run_local_trial(point, tmp_path, "val_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again
+
+
+def test_a_trial_is_named_by_its_point_with_optunas_number_where_it_differs():
+    """The launcher's lines and hpc.status name a trial alike (issue 45: `trial #4` beside
+    Optuna's `trial 6` for the same trial, two failed placeholders between them)."""
+    assert trials.trial_name(4, 6) == "trial #4 (Optuna's 6)"
+    assert trials.trial_name(4, 4) == trials.trial_name(4, None) == "trial #4"

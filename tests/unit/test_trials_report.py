@@ -86,10 +86,10 @@ def test_the_summary_counts_the_trials_by_outcome_and_names_the_best(tmp_path):
     _search_sweep(sweep)
     assert search_summary(statuses(sweep)) == (
         f"search {sweep}: 6 trials (3 completed, 2 failed, 1 running or waiting), objective val_accuracy (maximize);"
-        " best #1 (trial 11) optim.lr=0.05: val_accuracy=0.93"
+        " best #1 (Optuna's 11) optim.lr=0.05: val_accuracy=0.93"
     )
     _search_sweep(tmp_path / "min", "val_loss", "minimize")
-    assert search_summary(statuses(tmp_path / "min")).endswith("objective val_loss (minimize); best #0 (trial 10) optim.lr=0.01: val_loss=0.1")
+    assert search_summary(statuses(tmp_path / "min")).endswith("objective val_loss (minimize); best #0 (Optuna's 10) optim.lr=0.01: val_loss=0.1")
 
 
 def test_a_search_none_of_whose_trials_reported_says_so(tmp_path):
