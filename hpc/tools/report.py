@@ -30,7 +30,7 @@ from typing import Any
 
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, costs
-from hpc.objective import validation_metrics
+from hpc.objective import objective_direction, objective_value, validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 from trainers.reporting import four_places
@@ -87,6 +87,57 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
     return sorted(figures, key=lambda f: (f.ranks, f.run))
 
 
+@dataclass(frozen=True)
+class GridRanking:
+    """A grid sweep's points ranked by its objective: `sweep.objective` where the sweep set one,
+    else the validation accuracy where the runs report one, else the validation loss."""
+
+    objective: str
+    direction: str  # "maximize" or "minimize"
+    values: dict[str, float]  # run name -> the objective from its result.json; a run without one is left out
+
+    def order(self, figures: list[RunFigures]) -> list[RunFigures]:
+        """Best first (ties by run name), then the runs without a value."""
+        sign = -1.0 if self.direction == "maximize" else 1.0
+        return sorted(figures, key=lambda f: (f.run not in self.values, sign * self.values.get(f.run, 0.0), natural(f.run)))
+
+
+def natural(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (1 << 62, name)
+
+
+def grid_ranking(runs: list[RunDir]) -> GridRanking | None:
+    """How a grid's points rank (see GridRanking); None without a figure to rank them by."""
+    import yaml
+
+    results = {run.path.name: _read_result(run) for run in runs}
+    chosen = None
+    for run in runs:  # the sweep's own objective: every point's config.yaml carries it
+        try:
+            config = yaml.safe_load(run.config.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        sweep = config.get("sweep") if isinstance(config, dict) else None
+        if isinstance(sweep, dict) and isinstance(sweep.get("objective"), str):
+            chosen = sweep["objective"]
+            break
+    if chosen is None:
+        reported = {name for result in results.values() for name in validation_metrics(result)}
+        chosen = "val_accuracy" if "accuracy" in reported else "val_loss" if "loss" in reported else None
+    if chosen is None:
+        return None
+    values = {name: value for name, result in results.items() if (value := objective_value(result, chosen)) is not None}
+    return GridRanking(chosen, objective_direction(chosen) or "minimize", values) if values else None
+
+
+def _read_result(run: RunDir) -> dict[str, Any]:
+    try:
+        result = json.loads(run.result.read_text())
+    except (OSError, ValueError):
+        return {}
+    return result if isinstance(result, dict) else {}
+
+
 def validated(epoch: dict[str, Any]) -> dict[str, float]:
     """An epoch record's validation metrics by the task's names, its loss left out: val_<name>,
     or test_<name> in a run written before the validation split was named."""
@@ -98,21 +149,29 @@ def varies_ranks(figures: list[RunFigures]) -> bool:
     return len({f.ranks for f in figures}) > 1
 
 
-def render_table(figures: list[RunFigures]) -> str:
+def render_table(figures: list[RunFigures], ranking: GridRanking | None = None) -> str:
     """Markdown: run, ranks, nodes, one column per swept key, samples/s, speedup and efficiency
-    (only when the rank count varies), the task's validation metrics (val accuracy, ...), loss."""
+    (only when the rank count varies), the task's validation metrics (val accuracy, ...), loss.
+    With a `ranking` (a grid that does not vary the rank count), the rows best first, the
+    objective's column after the swept keys and the best run marked."""
+    if ranking is not None:
+        figures = ranking.order(figures)
     keys = list(dict.fromkeys(key for f in figures for key in f.swept))
     tested = list(dict.fromkeys(name for f in figures for name in f.val))
     scaling = varies_ranks(figures)
     val_names = [f"val {name.replace('_', ' ')}" for name in tested]
-    names = ["run", "ranks", "nodes", *keys, "samples/s", *(["speedup", "efficiency"] if scaling else []), *val_names, "loss"]
-    align = ["---", "---:", "---:", *["---"] * len(keys), "---:", *(["---:", "---:"] if scaling else []), *["---:"] * len(tested), "---:"]
+    ranked = [f"{ranking.objective} ({ranking.direction})"] if ranking is not None else []
+    names = ["run", "ranks", "nodes", *keys, *ranked, "samples/s", *(["speedup", "efficiency"] if scaling else []), *val_names, "loss"]
+    align = ["---", "---:", "---:", *["---"] * len(keys), *["---:"] * (len(names) - 3 - len(keys))]
     lines = [_row(names), _row(align)]
-    for f in figures:
+    for i, f in enumerate(figures):
         metrics = ["-" if name not in f.val else four_places(f.val[name]) for name in tested]
         loss = "-" if f.loss is None else four_places(f.loss)
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
-        cells = [f.run, str(f.ranks), str(f.nodes or "-"), *(f.swept.get(key, "-") for key in keys), f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
+        objective = [four_places(ranking.values[f.run]) if f.run in ranking.values else "-"] if ranking is not None else []
+        run = f"{f.run} (best)" if ranking is not None and i == 0 and f.run in ranking.values else f.run
+        swept = [f.swept.get(key, "-") for key in keys]
+        cells = [run, str(f.ranks), str(f.nodes or "-"), *swept, *objective, f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
         lines.append(_row(cells))
     return "\n".join(lines)
 
@@ -332,7 +391,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     tables = search_trials(runs)
-    table = render_table(figures)
+    ranking = grid_ranking(runs) if not varies_ranks(figures) and not tables else None  # a search ranks its trials itself
+    table = render_table(figures, ranking)
     interruptions = render_interruptions(runs)
     if interruptions is not None:
         table += "\n\nInterruptions (seconds from the cause to the first resumed step):\n\n" + interruptions

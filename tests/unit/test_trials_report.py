@@ -181,13 +181,26 @@ def test_report_of_a_search_writes_the_trials_table_best_first_and_objective_png
     assert f"{sweep / 'objective.png'}" in done.stdout
 
 
-def test_report_of_a_plain_sweep_has_no_trials_and_no_objective_png(tmp_path):
+def test_report_of_a_plain_sweep_ranks_its_points_by_the_objective_and_has_no_trials(tmp_path):
+    """A grid's winner is read at a glance (issue 45): its points best first by the validation
+    accuracy they report (by default), the best marked, the objective's column beside the swept
+    values; `sweep.objective` set for the grid ranks by that instead."""
     sweep = tmp_path / "sweep"
     _search_sweep(sweep, search=False)
     done = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| run | ranks | nodes | optim.lr | samples/s | loss |\n")
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert table[0] == "| run | ranks | nodes | optim.lr | val_accuracy (maximize) | samples/s | loss |"
+    assert [row.split(" | ")[0].removeprefix("| ") for row in table[2:]] == ["1 (best)", "3", "0", "2", "4", "5"]  # 0.93, 0.88, 0.8, then none
     assert "Trials" not in done.stdout and "Runs:" not in done.stdout
+    for point in sweep.iterdir():
+        if (point / "config.yaml").exists():
+            (point / "config.yaml").write_text("sweep:\n  objective: samples_per_s\n")
+            result = json.loads((point / "result.json").read_text()) if (point / "result.json").exists() else {}
+            (point / "result.json").write_text(json.dumps({**result, "samples_per_s": 200.0 - int(point.name)}))
+    chosen = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    rows = [line for line in chosen.stdout.splitlines() if line.startswith("| ")]
+    assert "samples_per_s (maximize)" in rows[0] and rows[2].startswith("| 0 (best) |"), chosen.stdout
     assert isinstance(json.loads((sweep / "report.json").read_text()), list)
     assert not (sweep / "objective.png").exists()
 
