@@ -81,9 +81,10 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
     assert most_at_once([active_interval(run) for run in runs]) <= 2
     final = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     for line in final.stdout.splitlines()[1:]:
-        swept, last_step = r"optim\.lr=0\.(05|1)\s+model=(mlp|cnn)", r"loss=\S+ accuracy=\S+"  # the task's metric by its own name
+        swept = r"optim\.lr=0\.(05|1)\s+model=(mlp|cnn)"
+        metrics = r"loss=\S+ accuracy=\S+ val_accuracy=\S+ val_loss=\S+"  # the task's metric by its own name, then the newest validation
         memory = r"\(peak memory \d+ MiB \(rank \d\)\)"  # the ranks' highest peak
-        assert re.match(rf"{array_id}_\d\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+\s+{last_step}\s+\S+rank-00000.log  {memory}$", line), line
+        assert re.match(rf"{array_id}_\d\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+\d+samples/s\s+{metrics}\s+\S+rank-00000.log  {memory}$", line), line
 
     # Slurm's stdout log of a task: plain timestamped progress lines, no progress bar.
     stdout = next((sweep_dir / "slurm").glob(f"{array_id}_0/*_0_log.out")).read_text()
@@ -91,9 +92,12 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
 
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    # Runs named by their swept values; no speedup or scaling plot when the rank count never varies.
-    rows = [line for line in report.stdout.splitlines() if re.match(r"\| \d \| 1 \| 1 \| (0\.05|0\.1) \| (mlp|cnn) \|", line)]
-    assert len(rows) == 4, report.stdout
+    # Runs named by their swept values, best first by the validation accuracy they report, the
+    # best marked; no speedup or scaling plot when the rank count never varies.
+    rows = [line for line in report.stdout.splitlines() if re.match(r"\| \d( \(best\))? \| 1 \| 1 \| (0\.05|0\.1) \| (mlp|cnn) \|", line)]
+    assert len(rows) == 4 and rows[0].startswith("| ") and " (best) |" in rows[0] and "(best)" not in "".join(rows[1:]), report.stdout
+    accuracies = [float(row.split(" | ")[5]) for row in rows]  # the objective's column, after the swept keys
+    assert accuracies == sorted(accuracies, reverse=True) and "| val_accuracy (maximize) |" in report.stdout, report.stdout
     assert not (sweep_dir / "scaling.png").exists() and (sweep_dir / "loss.png").stat().st_size > 0
     assert all(f["speedup"] is None and f["efficiency"] is None for f in json.loads((sweep_dir / "report.json").read_text()))
 
