@@ -110,7 +110,7 @@ def grid_ranking(runs: list[RunDir]) -> GridRanking | None:
     """How a grid's points rank (see GridRanking); None without a figure to rank them by."""
     import yaml
 
-    results = {run.path.name: _read_result(run) for run in runs}
+    results = {run.path.name: _read_json(run.result) for run in runs}
     chosen = None
     for run in runs:  # the sweep's own objective: every point's config.yaml carries it
         try:
@@ -128,14 +128,6 @@ def grid_ranking(runs: list[RunDir]) -> GridRanking | None:
         return None
     values = {name: value for name, result in results.items() if (value := objective_value(result, chosen)) is not None}
     return GridRanking(chosen, objective_direction(chosen) or "minimize", values) if values else None
-
-
-def _read_result(run: RunDir) -> dict[str, Any]:
-    try:
-        result = json.loads(run.result.read_text())
-    except (OSError, ValueError):
-        return {}
-    return result if isinstance(result, dict) else {}
 
 
 def validated(epoch: dict[str, Any]) -> dict[str, float]:
