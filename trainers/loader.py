@@ -14,7 +14,10 @@ the workers finish in, so a resumed run reads exactly what the interrupted one w
   there (torch's default collate, unless the task collates in its own `batch`) and sent back
   pickled, tensors through shared memory, as torch's DataLoader does: one tensor per field.
 
-Workers are forked once per run and serve every pass (`epoch()`). They ignore the stop signals
+Workers are forked once per run and serve every pass (`epoch()`). Once a pass has asked for all
+its batches, the next epoch's first ones are asked for (when the caller names them): they are read
+while the pass's last steps, the epoch's evaluation and its save run, and the next pass, if it
+starts where they do, begins with them ready instead of waiting for a whole batch to be read. They ignore the stop signals
 (the rank decides when to stop), die with the rank (PR_SET_PDEATHSIG), never run the rank's
 exit handlers (no MPI_Finalize from a copy of the rank), and a worker that dies is reported as
 one line instead of a hang.
@@ -89,6 +92,8 @@ class WorkerLoader:
         self.free = collections.deque(range(slots))  # slots no batch occupies
         self.broken: str | None = None  # a worker died: no further pass
         self._current: Pass | None = None
+        self.ahead: Pass | None = None  # the next epoch's batches, asked for before its pass starts
+        self.live: dict[int, Pass] = {}  # passes whose batches may still come back, by number
         self._pass = 0
         context = torch.multiprocessing.get_context("fork")
         self._connections: list[multiprocessing.connection.Connection] = []
@@ -107,16 +112,39 @@ class WorkerLoader:
             self._connections.append(ours)
             self._processes.append(process)
 
-    def epoch(self, batches: Iterable[np.ndarray], pin: Callable[[Any], Any] | None = None, epoch: int = 0) -> Pass:
-        """One pass over `batches` (sample indices per step) of training epoch `epoch`; `pin`
-        makes page-locked copies on a thread, for a GPU."""
+    def epoch(
+        self,
+        batches: Iterable[np.ndarray],
+        pin: Callable[[Any], Any] | None = None,
+        epoch: int = 0,
+        start: int = 0,
+        following: Callable[[], Iterable[np.ndarray]] | None = None,
+    ) -> Pass:
+        """One pass over `batches` (sample indices per step) of training epoch `epoch` from data
+        position `start`; `pin` makes page-locked copies on a thread, for a GPU. `following`:
+        epoch + 1's batches from its start (a pure function of the epoch, as the sampler's are),
+        asked for once this pass has asked for all of its own; a pass of epoch + 1 from start 0
+        takes them over, any other pass drops them."""
         if self._current is not None:
-            self._current.close()
+            self._current.close()  # first: its reading thread may still start the read-ahead
+        ahead, self.ahead = self.ahead, None
         if self.broken is not None:
+            if ahead is not None:
+                ahead.close()
             raise DataWorkerError(self.broken)
-        self._pass += 1
-        self._current = Pass(self, iter(batches), self._pass, pin, epoch)
+        if ahead is not None and ahead.epoch == epoch and start == 0:
+            ahead.begin(pin, following)
+            self._current = ahead
+        else:
+            if ahead is not None:
+                ahead.close()
+            self._current = Pass(self, iter(batches), self.next_number(), epoch, following)
+            self._current.begin(pin, following)
         return self._current
+
+    def next_number(self) -> int:
+        self._pass += 1
+        return self._pass
 
     def send(self, worker: int, message: tuple[int, int, int, int, int]) -> None:
         try:
@@ -137,6 +165,17 @@ class WorkerLoader:
         dead = [sentinels[item] for item in ready if item in sentinels]
         return sorted({i for i, c in enumerate(self._connections) if c in ready} | set(dead))
 
+    def collect(self, worker: int) -> None:
+        """A worker's answer, to the pass that asked for it (a closed pass's slot goes back)."""
+        number, k, slot, rows, payload = self.receive(worker)
+        owner = self.live.get(number)
+        if owner is None:
+            self.free.append(slot)
+            return
+        if isinstance(payload, _Failure):
+            payload.worker = worker
+        owner.arrived(k, slot, rows, payload)
+
     def died(self, worker: int) -> DataWorkerError:
         process = self._processes[worker]
         process.join(timeout=1.0)
@@ -144,8 +183,9 @@ class WorkerLoader:
         return DataWorkerError(self.broken)
 
     def close(self) -> None:
-        if self._current is not None:
-            self._current.close()
+        for still in (self._current, self.ahead):
+            if still is not None:
+                still.close()
         for connection in self._connections:
             try:
                 connection.send(None)
@@ -163,10 +203,14 @@ class WorkerLoader:
 
 
 class Pass:
-    """The batches of one pass, in order; `wait_s` adds up the time the rank waited for them."""
+    """The batches of one pass, in order; `wait_s` adds up the time the rank waited for them.
+    Asked for from its creation; delivered once `begin` is called."""
 
-    def __init__(self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, pin: Callable[[Any], Any] | None, epoch: int = 0) -> None:
-        self._loader, self._batches, self._number, self._epoch = loader, batches, number, epoch
+    def __init__(
+        self, loader: WorkerLoader, batches: Iterator[np.ndarray], number: int, epoch: int = 0, following: Callable[[], Iterable[np.ndarray]] | None = None
+    ) -> None:
+        self._loader, self._batches, self._number, self.epoch, self._following = loader, batches, number, epoch, following
+        loader.live[number] = self
         self._held: collections.deque[int] = collections.deque()  # slots of delivered batches, oldest first
         self._ready: dict[int, tuple[int, int, Any]] = {}  # received out of order: batch -> (slot, rows, items)
         self._outstanding: set[int] = set()  # batches sent and not yet received
@@ -174,7 +218,13 @@ class Pass:
         self._exhausted = self._closed = False
         self._own_wait_s = 0.0
         self._items = self._ordered()
-        self._pinned = Prefetcher(lambda batch: batch, self._items, depth=1, pin=pin) if pin is not None else None
+        self._pinned: Prefetcher | None = None
+
+    def begin(self, pin: Callable[[Any], Any] | None, following: Callable[[], Iterable[np.ndarray]] | None) -> None:
+        """Deliver from now on (`pin`: on a thread of its own, page-locked); `following`: as epoch()'s."""
+        self._following = following
+        if pin is not None:
+            self._pinned = Prefetcher(lambda batch: batch, self._items, depth=1, pin=pin)
 
     @property
     def wait_s(self) -> float:
@@ -186,14 +236,17 @@ class Pass:
     def _ordered(self) -> Generator[Any, None, None]:
         loader = self._loader
         while True:
+            self._release(keep=HELD - 1)  # the rank asks for batch k: batch k-2's slot is free
             self._submit()
+            if self._exhausted:
+                self._read_ahead()
             if self._delivered == self._sent:
                 self._release(keep=1)  # the rank may still use the last batch
                 return
             started = time.perf_counter()
             while self._delivered not in self._ready:
                 for worker in loader.wait():
-                    self._receive(worker)
+                    loader.collect(worker)
             self._own_wait_s += time.perf_counter() - started
             slot, rows, payload = self._ready.pop(self._delivered)
             self._delivered += 1
@@ -207,8 +260,9 @@ class Pass:
 
     def _submit(self) -> None:
         loader, indices_of = self._loader, self._loader.shared.indices
-        while not self._exhausted and self._sent - self._delivered < loader.in_flight:
-            self._release(keep=HELD - 1)  # the rank asks for batch k: batch k-2's slot is free
+        # A pass that reads ahead shares the slots with the pass before it; the pass being
+        # delivered never falls short (in_flight + HELD slots, the pass before it closed).
+        while not self._exhausted and self._sent - self._delivered < loader.in_flight and loader.free:
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
@@ -216,25 +270,29 @@ class Pass:
             rows = len(indices)
             if rows > loader.batch_size:
                 raise ValueError(f"a batch of {rows} samples does not fit the loader's {loader.batch_size}")
-            slot = loader.free.popleft()  # in_flight + HELD slots: never short
+            slot = loader.free.popleft()
             indices_of[slot, :rows] = torch.from_numpy(np.asarray(indices, dtype=np.int64))
             streams = loader.streams
-            seed = -1 if streams is None else rngstreams.batch_seed(*streams, self._epoch, indices)  # -1: the worker's own streams
+            seed = -1 if streams is None else rngstreams.batch_seed(*streams, self.epoch, indices)  # -1: the worker's own streams
             loader.send(self._sent % loader.workers, (self._number, self._sent, slot, rows, seed))
             self._outstanding.add(self._sent)
             self._sent += 1
+
+    def _read_ahead(self) -> None:
+        """This pass has asked for all its batches: the next epoch's first ones, in the slots
+        this pass frees, while it delivers its last."""
+        loader = self._loader
+        if self._following is not None and loader.ahead is None:
+            loader.ahead = Pass(loader, iter(self._following()), loader.next_number(), self.epoch + 1)
+            self._following = None
+        if loader.ahead is not None and loader.ahead is not self:
+            loader.ahead._submit()
 
     def _release(self, keep: int) -> None:
         while len(self._held) > keep:
             self._loader.free.append(self._held.popleft())
 
-    def _receive(self, worker: int) -> None:
-        number, k, slot, rows, payload = self._loader.receive(worker)
-        if number != self._number:  # a pass closed before its batches came back
-            self._loader.free.append(slot)
-            return
-        if isinstance(payload, _Failure):
-            payload.worker = worker
+    def arrived(self, k: int, slot: int, rows: int, payload: Any) -> None:
         self._outstanding.discard(k)
         self._ready[k] = (slot, rows, payload)
 
@@ -251,9 +309,10 @@ class Pass:
         try:
             while self._outstanding:
                 for worker in self._loader.wait():
-                    self._receive(worker)
+                    self._loader.collect(worker)
         except DataWorkerError:
             pass  # the loader is broken: its next pass raises
+        self._loader.live.pop(self._number, None)
         for slot, _, _ in self._ready.values():
             self._loader.free.append(slot)
         self._ready.clear()

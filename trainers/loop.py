@@ -60,14 +60,15 @@ class StepSums:
     phases: tuple[float, ...]  # seconds per PHASES entry, as the host saw them
     loss: float  # sum of per-sample losses
     nonfinite: float  # ranks whose averaged gradients were not finite (all or none)
+    grad_norm: float  # the averaged gradients' global 2-norm before clipping, summed over the ranks (0 without clipping)
     metrics: tuple[float, ...]  # the task's metric sums, in Loop.metric_names order
     vote: StepVote
 
     @classmethod
     def of(cls, vote: StepVote) -> StepSums:
         seen, *rest = vote.values
-        phases, (loss, nonfinite, *metrics) = rest[: len(PHASES)], rest[len(PHASES) :]
-        return cls(seen, tuple(phases), loss, nonfinite, tuple(metrics), vote)
+        phases, (loss, nonfinite, grad_norm, *metrics) = rest[: len(PHASES)], rest[len(PHASES) :]
+        return cls(seen, tuple(phases), loss, nonfinite, grad_norm, tuple(metrics), vote)
 
 
 @dataclass
@@ -96,9 +97,26 @@ class LocalStep:
             before = self.sums.get(name)
             self.sums[name] = value if before is None else before + (value.to(torch.float64) if isinstance(value, torch.Tensor) else value)
 
-    def values(self, phases: tuple[float, ...], nonfinite: torch.Tensor | float, names: tuple[str, ...]) -> list[torch.Tensor | float]:
+    def values(self, phases: tuple[float, ...], update: Update, names: tuple[str, ...]) -> list[torch.Tensor | float]:
         """What the ranks sum, as StepSums reads it back."""
-        return [self.seen, *phases, self.loss, nonfinite, *(self.sums.get(name, 0.0) for name in names)]
+        return [self.seen, *phases, self.loss, update.nonfinite, update.grad_norm, *(self.sums.get(name, 0.0) for name in names)]
+
+
+def host_number(value: Any) -> float:
+    """A learning rate as a Python number, without waiting for a device (a tensor lr on a GPU, as
+    capturable optimizers keep it, is not read: NaN)."""
+    if isinstance(value, torch.Tensor):
+        return float(value) if value.device.type == "cpu" else math.nan
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Update:
+    """What the optimizer step leaves for the step's record: device values, read with its sums."""
+
+    nonfinite: torch.Tensor | float  # 1 where the averaged gradients were not finite (the update skipped)
+    grad_norm: torch.Tensor | float  # their global 2-norm before clipping (0.0 where nothing clips)
+    lr: float  # the first parameter group's learning rate for this step
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,7 @@ class InFlight:
     host_s: float  # the step's time on the host, until its vote was launched
     busy_s: float  # of which not waiting for the other ranks: data, compute, optimizer
     vote: PendingVote
+    lr: float = 0.0  # the step's learning rate (first parameter group)
 
 
 @dataclass
@@ -233,7 +252,8 @@ class Loop:
         if self.loader is None:
             collate = getattr(self.task, "collate_where_read", lambda: None)()  # a user task's items: collated in the worker
             self.loader = WorkerLoader(self.train, data.workers, data.batch_size, data.prefetch, streams=(seed, rank), collate=collate)
-        return self.loader.epoch(indices, pin=page_locked, epoch=epoch)
+        following = (lambda: self.sampler.batches(epoch + 1)) if epoch < self.cfg.trainer.epochs else None  # read while this epoch ends
+        return self.loader.epoch(indices, pin=page_locked, epoch=epoch, start=self.progress.position, following=following)
 
     def forward_backward(self, step: LocalStep, items: Any, last: bool) -> None:
         batch = self.task.batch(items, self.device)
@@ -252,7 +272,7 @@ class Loop:
         self.sync.synchronize()  # averaged gradients, before unscaling or clipping them
         ended.comm_wait_s += self.sync.comm_wait_s
         optimizer_at = time.perf_counter()
-        nonfinite = self.update()
+        update = self.update()
         progress = self.progress
         progress.step += 1
         progress.epoch_steps += 1
@@ -264,19 +284,22 @@ class Loop:
         reported = tuple(sorted(step.sums))
         if self.metric_names is None:  # agreed by every rank at its first step, one exchange
             self.metric_names = metricnames.agree(self.comm, reported, "the first step")
-        vote = self.boundary.launch(progress.step, reported, step.values(phases, nonfinite, self.metric_names), overlap=False)
+        vote = self.boundary.launch(progress.step, reported, step.values(phases, update, self.metric_names), overlap=False)
         self.boundary.stepped(progress.step, self.resumed_from)
-        return InFlight(progress.step, position_before, progress.position, time.perf_counter() - step.started, phases[0] + phases[1] + phases[3], vote)
+        busy_s = phases[0] + phases[1] + phases[3]
+        return InFlight(progress.step, position_before, progress.position, time.perf_counter() - step.started, busy_s, vote, update.lr)
 
-    def update(self) -> torch.Tensor | float:
+    def update(self) -> Update:
         """The optimizer step on averaged gradients, skipped where they are not finite; the
-        step's non-finite flag (a tensor on the device: read with the step's sums)."""
+        step's non-finite flag and gradient norm (tensors on the device: read with the step's sums)."""
         scaler = self.scaler
+        lr = host_number(self.optimizer.param_groups[0]["lr"])  # the schedule's, before it steps
         scaler.unscale_(self.optimizer)
         # fp16: the scaler skips such steps itself, and lowers its scale (not a bad step)
         nonfinite = 0.0 if scaler.is_enabled() else self.sync.nonfinite(self.model)
+        grad_norm: torch.Tensor | float = 0.0
         if self.cfg.trainer.clip_grad_norm is not None:  # the global norm, also over sharded gradients (a skipped step's are dropped)
-            self.sync.clip_grad_norm_(self.model, self.cfg.trainer.clip_grad_norm)
+            grad_norm = self.sync.clip_grad_norm_(self.model, self.cfg.trainer.clip_grad_norm)
         if self.coordinator is not None:
             self.coordinator.fence()  # an asynchronous save still copying what this step changes
         with self.sync.step_context():
@@ -287,7 +310,7 @@ class Loop:
         scaler.update()
         self.schedule.step()
         self.optimizer.zero_grad()
-        return nonfinite
+        return Update(nonfinite, grad_norm, lr)
 
     def read(self, flight: InFlight) -> StepSums:
         """A step's sums over the ranks (the step's one wait for the device), and its bookkeeping:
@@ -300,11 +323,11 @@ class Loop:
         self.guard.record(finite, progress, flight.position_before, flight.position_after)
         progress.epoch_loss_sum += sums.loss if finite else 0.0  # global sums: the same on every rank, so
         progress.epoch_seen += int(sums.seen)  # rank 0's checkpoint restores them all
-        self.report_step(flight.step, sums, finite, step_s, flight.busy_s)
+        self.report_step(flight, sums, finite, step_s)
         return sums
 
-    def report_step(self, step: int, sums: StepSums, finite: bool, step_s: float, busy_s: float) -> None:
-        progress, seen = self.progress, max(sums.seen, 1)
+    def report_step(self, flight: InFlight, sums: StepSums, finite: bool, step_s: float) -> None:
+        progress, seen, step = self.progress, max(sums.seen, 1), flight.step
         record: dict[str, Any] = {
             "step": step,
             "epoch": progress.epoch,
@@ -314,6 +337,8 @@ class Loop:
             "step_ms": 1000 * step_s,
             "bad_steps": progress.bad_steps,
             "rollbacks": progress.rollbacks,
+            "lr": flight.lr,
+            **({"grad_norm": sums.grad_norm / self.comm.world_size} if self.cfg.trainer.clip_grad_norm is not None else {}),
             **{f"{name}_ms": 1000 * value / self.comm.world_size for name, value in zip(PHASES, sums.phases, strict=True)},
         }
         if not finite:
@@ -327,7 +352,7 @@ class Loop:
             )
         # Compared: the time a rank was busy (not waiting for the others in a collective,
         # which every rank does until the slowest arrives, so step times come out equal).
-        straggler = self.watch.step(step, busy_s)
+        straggler = self.watch.step(step, flight.busy_s)
         if straggler is not None:
             log.warning("%s", straggler.line())
             record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}

@@ -46,7 +46,7 @@ def find_straggler(step_ms: list[float], hosts: list[str], ratio: float) -> Stra
 # What the loop records about every step itself (MetricsWriter adds "time"); every other number in
 # a record is a task's metric.
 BOOKKEEPING = {
-    "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens",
+    "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens", "lr", "grad_norm",
     *(f"{p}_ms" for p in PHASES),
 }  # fmt: skip
 SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
@@ -119,7 +119,7 @@ class StepReporter:
         self._writer.write(record)
         step = int(record["step"])
         if self._tensorboard is not None:
-            for key in ("loss", *task_metrics(record), "samples_per_s", *(f"{p}_ms" for p in PHASES)):
+            for key in ("loss", *task_metrics(record), "samples_per_s", "lr", "grad_norm", *(f"{p}_ms" for p in PHASES)):
                 if key in record:
                     self._tensorboard.add_scalar(f"train/{key}", record[key], step)
         if self._bar is not None:
@@ -141,7 +141,9 @@ class StepReporter:
             return f"step {record['step']}{of}  {loss}{own}{record.get('step_ms', 0.0):.1f} ms/step{rates}"
         metrics = "".join(f"{SHORT_NAMES.get(name, name)} {value:.3f}  " for name, value in task_metrics(record).items())
         split = " ".join(f"{p} {record.get(f'{p}_ms', 0.0):.1f}" for p in PHASES)
-        return f"step {record['step']}{of}  loss {four_places(record.get('loss', float('nan')))}  {metrics}{record['samples_per_s']:.0f} samples/s  ms: {split}"
+        optimizer = (f"lr {record['lr']:.3g}  " if "lr" in record else "") + (f"grad-norm {record['grad_norm']:.3g}  " if "grad_norm" in record else "")
+        loss = four_places(record.get("loss", float("nan")))
+        return f"step {record['step']}{of}  loss {loss}  {metrics}{optimizer}{record['samples_per_s']:.0f} samples/s  ms: {split}"
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Per-epoch figures (test accuracy) for TensorBoard too."""

@@ -29,6 +29,7 @@ class Measured:
     rate: float  # samples (images, tokens) per second, the pair's unit
     data_wait_share: float | None = None  # the toolkit's data_wait_ms / step_ms, where it reports them
     others: dict[str, float] = field(default_factory=dict)  # further references measured beside (name -> rate)
+    variants: dict[str, float] = field(default_factory=dict)  # the toolkit's rate measured other ways (name -> rate), over the reference
 
 
 @dataclass
@@ -60,7 +61,10 @@ def round_row(index: int, order: tuple[str, str], toolkit: Measured, reference: 
         "reference": reference.rate,
         "ratio": toolkit.rate / reference.rate,
         "data_wait_share": toolkit.data_wait_share,
-        "others": {name: toolkit.rate / rate for name, rate in reference.others.items()},
+        "others": {
+            **{f"toolkit / {name}": toolkit.rate / rate for name, rate in reference.others.items()},
+            **{f"toolkit, {name} / reference": rate / reference.rate for name, rate in toolkit.variants.items()},
+        },
         "seconds": round(seconds, 1),
     }
 

@@ -72,7 +72,7 @@ def render_pairs(checks: dict[str, Any]) -> list[str]:
 def render_pair_rounds(pair: str, entry: dict[str, Any]) -> list[str]:
     lines = [f"{pair}, {entry['unit']}: toolkit / reference {ratio_text(entry['ratio'])} over {entry['rounds']} of {entry['rounds_asked']} rounds", ""]
     lines += [f"- toolkit: {entry['toolkit_does']}", f"- reference: {entry['reference_does']}"]
-    lines += [f"- toolkit / {name}: {ratio_text(spread)}" for name, spread in entry.get("others", {}).items()]
+    lines += [f"- {name}: {ratio_text(spread)}" for name, spread in entry.get("others", {}).items()]
     lines += ["", "| round | first | toolkit | reference | ratio | data wait | s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in entry["rows"]:
         wait = f"{row['data_wait_share']:.2%}" if row.get("data_wait_share") is not None else "n/a"

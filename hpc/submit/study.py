@@ -24,6 +24,7 @@ from typing import Any, Literal, cast
 from hpc.config.schema import JobConfig
 from hpc.config.search import Search, search_arguments
 from hpc.errors import UserError
+from hpc.shown import shown_value
 from hpc.submit.sweep import SweepPoint, read_record
 from hpc.submit.trials import Outcome, run_batch, wait_for
 
@@ -130,7 +131,7 @@ def report(study: Any, sweep_dir: Path) -> None:
         raise UserError(f"no trial of the study completed; see python -m hpc.status {sweep_dir}")
     best = study.best_trial
     OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}), sweep_dir / "optimization_results.yaml")
-    params = " ".join(f"{key}={value}" for key, value in best.params.items())
+    params = " ".join(f"{key}={shown_value(str(value))}" for key, value in best.params.items())
     print(f"best of {len(completed)} completed trials: trial {best.number} ({params}): {best.value:.6g}; python -m hpc.report {sweep_dir}")
 
 

@@ -25,6 +25,7 @@ from hpc.errors import UserError
 from hpc.objective import objective_value, reported_objectives
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RunDir
+from hpc.shown import shown_override
 from hpc.submit import local
 from hpc.submit.launch import rank_environment
 from hpc.submit.sweep import SweepPoint, prepare_points, read_record, submit_arrays, write_point_dirs, write_record
@@ -164,7 +165,8 @@ def trial_outcome(num: int, run_dir: RunDir, objective: str) -> Outcome | None:
 
 def _label(point: SweepPoint) -> str:
     """The trial's searched values: the overrides it does not share with the whole command."""
-    return " ".join(o for o in point.overrides if o not in COMMAND_LINE) or " ".join(point.overrides) or "no overrides"
+    own = [o for o in point.overrides if o not in COMMAND_LINE] or list(point.overrides)
+    return " ".join(shown_override(o) for o in own) or "no overrides"
 
 
 def _describe(outcome: Outcome, objective: str) -> str:

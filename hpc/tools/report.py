@@ -32,6 +32,7 @@ from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, costs
 from hpc.objective import objective_direction, objective_value, validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
+from hpc.shown import shown_value
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 from trainers.reporting import four_places
 
@@ -162,7 +163,7 @@ def render_table(figures: list[RunFigures], ranking: GridRanking | None = None) 
         ratios = [f"{f.speedup:.2f}", f"{f.efficiency:.2f}"] if scaling and f.speedup is not None and f.efficiency is not None else []
         objective = [four_places(ranking.values[f.run]) if f.run in ranking.values else "-"] if ranking is not None else []
         run = f"{f.run} (best)" if ranking is not None and i == 0 and f.run in ranking.values else f.run
-        swept = [f.swept.get(key, "-") for key in keys]
+        swept = [shown_value(f.swept.get(key, "-")) for key in keys]
         cells = [run, str(f.ranks), str(f.nodes or "-"), *swept, *objective, f"{f.samples_per_s:.1f}", *ratios, *metrics, loss]
         lines.append(_row(cells))
     return "\n".join(lines)

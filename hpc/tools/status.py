@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, restarts_in, total_line
+from hpc.shown import shown_value
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, find_runs, last_records, read_jsonl
 from trainers.layout import committed_steps
@@ -194,7 +195,7 @@ def swept_values(runs: Sequence[RunDir]) -> dict[Path, dict[str, str]]:
 
 
 def swept_label(values: dict[str, str]) -> str:
-    return " ".join(f"{key}={value}" for key, value in values.items())
+    return " ".join(f"{key}={shown_value(value)}" for key, value in values.items())
 
 
 def read_search(sweep_dir: Path) -> Search | None:

@@ -64,7 +64,9 @@ def fake_pair(name: str, toolkit: list[float], reference: list[float], calls: li
         def run(index: int) -> Measured:
             calls.append(f"{name} {which} {index + 1}")
             wait = waits[index] if which == "toolkit" and waits is not None else None
-            return Measured(rates[index], wait, {"a bar": 2 * reference[index]} if which == "reference" else {})
+            if which == "reference":
+                return Measured(rates[index], wait, others={"a bar": 2 * reference[index]})
+            return Measured(rates[index], wait, variants={"steady": rates[index] + 1})
 
         return run
 
@@ -86,7 +88,8 @@ def test_rounds_alternate_which_side_goes_first_and_report_the_median_ratio_its_
     entry = saved["pairs"]["fast"]
     assert [r["first"] for r in entry["rows"]] == ["toolkit", "reference", "toolkit"]
     assert entry["ratio"] == {"median": 0.99, "min": 0.97, "max": 1.01} and entry["met"] is True and entry["target"] == ">= 0.98"
-    assert entry["others"]["a bar"] == {"median": 0.495, "min": 0.485, "max": 0.505}
+    assert entry["others"]["toolkit / a bar"] == {"median": 0.495, "min": 0.485, "max": 0.505}
+    assert entry["others"]["toolkit, steady / reference"] == {"median": 1.0, "min": 0.98, "max": 1.02}
     assert entry["data_wait"] == {"median": 0.015, "min": 0.01, "max": 0.03, "target": "< 2%", "met": True}
     assert entry["rounds"] == entry["rounds_asked"] == 3
     assert saved["pairs"]["slow"]["ratio"] == {"median": 0.85, "min": 0.8, "max": 0.9} and saved["pairs"]["slow"]["met"] is False

@@ -81,6 +81,23 @@ def test_two_ranks_with_half_the_batch_train_as_one_rank_with_all_of_it(tmp_path
     assert losses_two == pytest.approx(losses_one, abs=1e-5)
     assert two[0].val_metrics["accuracy"] == pytest.approx(one[0].val_metrics["accuracy"], abs=1e-6)
     assert len({round(loss, 3) for loss in losses_two.values()}) == steps  # training moves: the comparison is not vacuous
+    # The lr each step used and the averaged gradients' norm before clipping: logged, and the same
+    # whether the batch is split over ranks (the norm of the average, not of one rank's gradients).
+    records_one, records_two = steps_of(tmp_path / "one"), steps_of(tmp_path / "two")
+    assert [r["grad_norm"] for r in records_two] == pytest.approx([r["grad_norm"] for r in records_one], rel=1e-4)
+    assert all(r["grad_norm"] > 0.05 for r in records_one)  # clipping acted: the logged norm is the one before it
+    assert [r["lr"] for r in records_two] == [r["lr"] for r in records_one] and records_one[0]["lr"] == pytest.approx(0.05)
+
+
+def test_the_lr_each_step_used_is_logged_through_the_warm_up_and_the_norm_only_where_something_clips(tmp_path):
+    cfg = fit_config(6)
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=4, schedule="constant"))
+    run = RunContext(checkpoint_dir=tmp_path / "checkpoints", steps=StepReporter(tmp_path / "steps.jsonl"))
+    fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(tmp_path / "metrics.jsonl"), run)
+    records = steps_of(tmp_path)
+    assert len(records) == 5  # the epoch's steps
+    assert [r["lr"] for r in records] == pytest.approx([0.05 * min(1.0, 0.01 + 0.99 * step / 4) for step in range(5)])
+    assert not any("grad_norm" in r for r in records)  # no clipping: no norm computed
 
 
 @pytest.mark.parametrize("augment", [{}, {"crop": 8, "crop_padding": 1, "flip": True}], ids=["plain", "crop-flip"])

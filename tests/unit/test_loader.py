@@ -4,6 +4,7 @@ that fail, die or outlive their rank."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -368,3 +369,53 @@ def test_pin_makes_a_batch_objects_own_page_locked_copy():
 
     assert pin(Marked()) == "pinned copy"
     assert pin({"batch": [Marked(), 3]}) == {"batch": ["pinned copy", 3]}
+
+
+class Logged:
+    """A data set that appends each index it reads to a file (the workers are other processes)."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n, self.log = n, log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        with open(self.log, "a") as out:
+            out.write(f"{index}\n")
+        return index
+
+
+def read_beyond(log, epochs: int, n: int = 24) -> collections.Counter[int]:
+    """The indices read beyond `epochs` whole epochs of n samples (workers interleave their reads)."""
+    read = collections.Counter(int(line) for line in log.read_text().split()) if log.exists() else collections.Counter()
+    return read - collections.Counter(list(range(n)) * epochs)
+
+
+@pytest.mark.parametrize("pin", [None, lambda batch: batch], ids=["cpu", "pinned-on-a-thread"])
+def test_the_next_epochs_first_batches_are_read_while_an_epoch_ends_and_used_once(tmp_path, pin):
+    """The first batch of epoch 1 is read before its pass starts (no rank waits for a whole batch
+    at each epoch's start), delivered in order, and read once; a next pass that starts elsewhere
+    (a resume mid-epoch) drops them and reads its own."""
+    log = tmp_path / "reads.txt"
+    sampler = ShardSampler(24, 4, 0, 1, seed=5)
+    loader = WorkerLoader(Logged(24, str(log)), 2, batch_size=4)
+    first_of = {epoch: next(sampler.batches(epoch)).tolist() for epoch in (1, 2)}
+    try:
+        got = [list(b) for b in loader.epoch(sampler.batches(0), pin=pin, epoch=0, following=lambda: sampler.batches(1))]
+        assert got == [b.tolist() for b in sampler.batches(0)]
+        deadline = time.monotonic() + 30
+        while not set(first_of[1]) <= set(read_beyond(log, 1)):  # polled: the workers read it on their own
+            assert time.monotonic() < deadline, f"epoch 1's first batch was not read ahead: {read_beyond(log, 1)}"
+            time.sleep(0.01)
+        got = [list(b) for b in loader.epoch(sampler.batches(1), pin=pin, epoch=1, start=0, following=lambda: sampler.batches(2))]
+        assert got == [b.tolist() for b in sampler.batches(1)]
+        while not set(first_of[2]) <= set(read_beyond(log, 2)):
+            assert time.monotonic() < deadline, f"epoch 2's first batch was not read ahead: {read_beyond(log, 2)}"
+            time.sleep(0.01)
+        assert not read_beyond(log, 3) and read_beyond(log, 2).total() <= 16  # each sample once an epoch; ahead, in_flight batches at most
+        got = [list(b) for b in loader.epoch(sampler.batches(2, start=8), pin=pin, epoch=2, start=8)]
+        assert got == [b.tolist() for b in sampler.batches(2, start=8)]  # not the read-ahead's
+    finally:
+        loader.close()
+    assert loader.live == {} and sorted(loader.free) == list(range(loader.in_flight + 2))  # every slot back

@@ -73,6 +73,14 @@ def test_a_terminal_gets_a_progress_line_redrawn_in_place(tmp_path):
     assert shown.count("\r\033[K") == 2 and shown.endswith("\n") and shown.count("\n") == 1
 
 
+def test_the_progress_line_shows_the_steps_lr_and_gradient_norm_where_logged():
+    """Warm-up and clipping can be seen (issue 45): the lr a step used, and the norm before clipping."""
+    reporter = StepReporter(None)
+    line = reporter._progress_text({"step": 3, "loss": 2.0, "samples_per_s": 10.0, "compute_ms": 1.0, "lr": 0.000125, "grad_norm": 3.14159})
+    assert "  lr 0.000125  grad-norm 3.14  10 samples/s" in line
+    assert "lr" not in reporter._progress_text({"step": 3, "loss": 2.0, "samples_per_s": 10.0, "compute_ms": 1.0}).split()
+
+
 def test_a_small_loss_is_never_shown_as_zero():
     """Late in training a loss of 1.6e-05 printed as 0.0000 (issue 45); ordinary figures keep four places."""
     from trainers.reporting import four_places
