@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -63,6 +64,17 @@ def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
     return job
 
 
+def tell(line: str, console: bool = True) -> None:
+    """A launcher line: on stdout as it is (scripts read it), and with its time in the run's
+    launch.log (the file handlers of hydra.job_logging), which otherwise holds only log records."""
+    if console:
+        print(line, flush=True)
+    record = logging.LogRecord("hpc.launch", logging.INFO, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def launch(job: JobConfig, run_dir: RunDir) -> int:
     job = prepare(job)
     env = rank_environment(job)
@@ -80,10 +92,12 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
     run_dir.config.write_text(resolved_yaml(job))
     if job.cluster.launcher == "local":
+        tell(f"{job.resources.nodes * job.resources.tasks_per_node} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
         code = local.run_local(job, env, run_dir)
-        print(f"run directory: {run_dir.path}")
+        tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
+        tell(f"run directory: {run_dir.path}")
         if code == EXIT_RESUMABLE:
-            print(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
+            tell(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
         return code
     try:
         job_id = slurm.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
@@ -91,12 +105,12 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise
     run_dir.write_json(run_dir.job, {"job_id": job_id, "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
-    print(f"submitted job {job_id} to {job.cluster.name}")
-    print(f"run directory: {run_dir.path}")
+    tell(f"submitted job {job_id} to {job.cluster.name}")
+    tell(f"run directory: {run_dir.path}")
     if not job.wait:
         return 0
     state = slurm.wait_for_job(job_id, run_dir.rank_log(0))
-    print(f"job {job_id} ended: {state}")
+    tell(f"job {job_id} ended: {state}")
     return 0 if state == "COMPLETED" and run_dir.result.exists() else 1
 
 

@@ -16,6 +16,7 @@ value is reported), and its trials listed best first. Login-node code: no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -85,6 +86,7 @@ class RunStatus:
     peak_memory: str = ""  # "peak memory 812 MiB (rank 1)": the newest peaks the ranks reported
     tokens_per_s: float | None = None  # a token task's, or a script's that reports tokens= to end_step()
     steps_per_s: float | None = None  # from the newest steps' times: the rate of any run, a script's too
+    run: str = ""  # the run dir, as found under the listed dir ("2026-11-27/10-02-41", a sweep point's "3")
 
     @property
     def rate(self) -> str:
@@ -104,7 +106,7 @@ class RunStatus:
             return ""
         return "-" if self.value is None else f"{self.search.objective}={figure(self.value)}"
 
-    def line(self, swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
+    def line(self, swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0, run_width: int = 0) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
         ckpt = "-" if self.checkpoint_step is None else str(self.checkpoint_step)
         state = f"{self.state}({self.reason})" if self.reason else self.state
@@ -114,15 +116,17 @@ class RunStatus:
         metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
         interrupted = f"  ({self.interrupted})" if self.interrupted else ""
         interrupted += f"  ({self.peak_memory})" if self.peak_memory else ""
-        head = f"{self.job_id or 'local':<12} {swept}{objective}{state:<24}"
+        run = f"{self.run or '-':<{run_width}} " if run_width else ""
+        head = f"{self.job_id or 'local':<12} {run}{swept}{objective}{state:<24}"
         return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {self.rate:>16}  {metrics}{self.log}{interrupted}"
 
 
-def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0) -> str:
+def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 0, run_width: int = 0) -> str:
+    run = f"{'run':<{run_width}} " if run_width else ""
     swept = f"{'swept':<{swept_width}} " if swept_width else ""
     objective = f"{'objective':<{objective_width}} " if objective_width else ""
     metrics = f"{'metrics':<{metrics_width}}  " if metrics_width else ""
-    return f"{'job':<12} {swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'rate':>16}  {metrics}log"
+    return f"{'job':<12} {run}{swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'rate':>16}  {metrics}log"
 
 
 def figure(value: float) -> str:
@@ -361,17 +365,28 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
 
 
 def statuses(path: Path) -> list[RunStatus]:
-    return statuses_of(find_runs(path))
+    """The status of each run under `path`, named by its place there (a run dir itself: its name)."""
+    return statuses_of(find_runs(path), root=path)
 
 
-def statuses_of(runs: Sequence[RunDir]) -> list[RunStatus]:
-    """Each run's status, a search's trials best first (in the places its runs held)."""
+def run_name(run: Path, root: Path) -> str:
+    """A run dir's place under the listed dir; the listed run dir itself (or one elsewhere): its name."""
+    run, root = run.resolve(), root.resolve()
+    return str(run.relative_to(root)) if run != root and run.is_relative_to(root) else run.name
+
+
+def statuses_of(runs: Sequence[RunDir], root: Path | None = None) -> list[RunStatus]:
+    """Each run's status, a search's trials best first (in the places its runs held); `root`: the
+    listed dir, which names the runs (their `run` column)."""
     job_ids = [j for j in (_read_json(r.job).get("job_id") for r in runs) if isinstance(j, str)]
     slurm = slurmctl.job_records(job_ids)
     accounting = slurmctl.accounting_states([j for j in job_ids if j not in slurm])
     swept = swept_values(runs)
     found = searches(runs)
-    return rank_trials([run_status(run, slurm, accounting, swept_label(swept.get(run.path, {})), found.get(run.path.parent)) for run in runs])
+    listed = [run_status(run, slurm, accounting, swept_label(swept.get(run.path, {})), found.get(run.path.parent)) for run in runs]
+    if root is not None:
+        listed = [dataclasses.replace(status, run=run_name(status.run_dir, root)) for status in listed]
+    return rank_trials(listed)
 
 
 def main(argv: list[str]) -> int:
@@ -387,15 +402,17 @@ def main(argv: list[str]) -> int:
         return err.exit_code
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     width = max((len(status.swept) for status in found), default=0)
+    run_width = max((len(status.run) for status in found), default=0)
+    run_width = max(run_width, len("run")) if run_width else 0
     metrics_width = max((len(status.metrics) for status in found), default=0)
     objective_width = max((len(status.objective) for status in found), default=0)
     if objective_width:
         objective_width = max(objective_width, len("objective"))
     for trials in by_search(found).values():
         print(search_summary(trials))
-    print(header(width, metrics_width, objective_width))
+    print(header(width, metrics_width, objective_width, run_width))
     for status in found:
-        print(status.line(width, metrics_width, objective_width))
+        print(status.line(width, metrics_width, objective_width, run_width))
     return 0
 
 

@@ -91,6 +91,8 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
     # The first stop: SIGUSR2 (submitit's) to one rank only; the step's vote stops every rank at the same step
     os.kill(max(rank_pids(run_dir)), signal.SIGUSR2)
     assert first.wait(timeout=120) == EXIT_RESUMABLE  # outside Slurm: start the same run dir again
+    launched = (run_dir / "launch.log").read_text()  # the launcher's own lines, timed (it was always empty: issue 45)
+    assert "2 ranks on this machine" in launched and f"the ranks exited with code {EXIT_RESUMABLE}" in launched and "to resume: bash" in launched
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "stopped" and result["exit_code"] == EXIT_RESUMABLE and result["finished"] is False
     stopped = result["steps"]

@@ -116,7 +116,8 @@ def test_status_of_a_sweep_shows_its_swept_values_and_no_rate_while_pending(tmp_
     assert pending.line(12).split()[:7] == ["5_1", "optim.lr=0.2", "PENDING(BeginTime)", "1", "10", "-", "-"]
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
-    assert [line.split()[:2] for line in listing.stdout.splitlines()] == [["job", "swept"], ["5_0", "optim.lr=0.1"], ["5_1", "optim.lr=0.2"]]
+    # Each run named by its place under the listed dir (issue 45: no run-name column)
+    assert [line.split()[:3] for line in listing.stdout.splitlines()] == [["job", "run", "swept"], ["5_0", "0", "optim.lr=0.1"], ["5_1", "1", "optim.lr=0.2"]]
 
 
 def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
@@ -216,8 +217,9 @@ def test_status_shows_the_last_steps_loss_and_the_tasks_own_metric_names(tmp_pat
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
     header, first, second = listing.stdout.splitlines()
-    assert header.split()[5:8] == ["rate", "metrics", "log"]
-    assert first.split()[6:9] == ["loss=0.01235", "close=0.75", "within_3_sigma=1"] and second.split()[6:8] == ["loss=0.5", "accuracy=0.875"]
+    assert header.split()[6:9] == ["rate", "metrics", "log"]
+    assert first.split()[7:10] == ["loss=0.01235", "close=0.75", "within_3_sigma=1"] and second.split()[7:9] == ["loss=0.5", "accuracy=0.875"]
+    assert [line.split()[1] for line in (first, second)] == ["0", "1"]
 
 
 def test_status_of_a_script_run_counts_restarts_as_interruptions_and_shows_its_rate_and_validation(tmp_path):

@@ -108,14 +108,14 @@ def test_status_command_prints_the_summary_then_an_aligned_objective_column(tmp_
     assert listing.returncode == 0, listing.stderr
     summary, head, *rows = listing.stdout.splitlines()
     assert summary.startswith(f"search {sweep}: 6 trials (3 completed, 2 failed, 1 running or waiting)")
-    assert head.split()[:4] == ["job", "swept", "objective", "state"]
-    assert [row.split()[:4] for row in rows] == [
-        ["local", "optim.lr=0.05", "val_accuracy=0.93", "COMPLETED"],
-        ["local", "optim.lr=0.5", "val_accuracy=0.88", "COMPLETED"],
-        ["local", "optim.lr=0.01", "val_accuracy=0.8", "COMPLETED"],
-        ["local", "optim.lr=0.1", "-", "UNKNOWN"],
-        ["local", "optim.lr=1.0", "-", "STOPPED"],
-        ["local", "optim.lr=2.0", "-", "DIED"],
+    assert head.split()[:5] == ["job", "run", "swept", "objective", "state"]
+    assert [row.split()[:5] for row in rows] == [
+        ["local", "1", "optim.lr=0.05", "val_accuracy=0.93", "COMPLETED"],
+        ["local", "3", "optim.lr=0.5", "val_accuracy=0.88", "COMPLETED"],
+        ["local", "0", "optim.lr=0.01", "val_accuracy=0.8", "COMPLETED"],
+        ["local", "2", "optim.lr=0.1", "-", "UNKNOWN"],
+        ["local", "4", "optim.lr=1.0", "-", "STOPPED"],
+        ["local", "5", "optim.lr=2.0", "-", "DIED"],
     ]
     column = head.index("state")
     assert all(row[column:].split()[0] in ("COMPLETED", "UNKNOWN", "STOPPED", "DIED") and row[column - 1] == " " for row in rows)
@@ -131,7 +131,7 @@ def test_a_plain_sweep_beside_a_search_keeps_its_order_and_has_a_blank_objective
     assert main(["runs"]) == 0
     summary, head, *rows = capsys.readouterr().out.splitlines()
     assert summary.startswith("search runs/b: 6 trials") and "objective" in head
-    assert rows[0].split()[:3] == ["local", "optim.lr=0.01", "COMPLETED"]  # the blank objective column
+    assert rows[0].split()[:4] == ["local", "a/0", "optim.lr=0.01", "COMPLETED"]  # the blank objective column
 
 
 def test_a_plain_sweeps_status_has_no_summary_and_no_objective_column(tmp_path, capsys):
@@ -140,7 +140,7 @@ def test_a_plain_sweeps_status_has_no_summary_and_no_objective_column(tmp_path, 
     assert [s.run_dir.name for s in statuses(sweep)] == [str(n) for n in range(6)]
     assert main([str(sweep)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 7 and lines[0] == header(len("optim.lr=0.01"), 0)
+    assert len(lines) == 7 and lines[0] == header(len("optim.lr=0.01"), 0, 0, len("run"))
 
 
 def test_report_of_a_search_writes_the_trials_table_best_first_and_objective_png(tmp_path):
