@@ -333,6 +333,12 @@ class Checkpointer:
         for path in rank_files(self.root / step_dir_name(step)):
             yield load_tensor_file(path)
 
+    def load_step(self, step: int) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        """Committed checkpoint `step`, as load_latest gives it; CheckpointError if it does not verify."""
+        checkpoint = verify(self.root / step_dir_name(step))
+        own = load_tensor_file(checkpoint.path / rank_file(self.rank)) if checkpoint.world_size == self.world_size else None
+        return checkpoint.step, load_tensor_file(checkpoint.path / SHARED), own
+
     def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
         """(step, shared state, this rank's own state or None if the world size changed).
         Only the newest checkpoints are read, down to the first that verifies and loads."""

@@ -131,6 +131,9 @@ class CheckpointConfig:
     # any val_ figure the task reports), saved when an evaluation improves it; best.json names it.
     best: str | None = None
     best_mode: str = "min"  # min | max: whether lower or higher of `best` is better
+    # With `best`: the held-out test split is evaluated once, at the end, on the best checkpoint's
+    # weights (model selection by validation, then one test); false: on the final weights.
+    test_best: bool = True
 
 
 def accumulation_steps(trainer: TrainerConfig, batch_size: int, world_size: int) -> int:

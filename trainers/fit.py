@@ -40,7 +40,7 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
             # the result still gives the model's validation metrics. The last epoch's training loss is in metrics.jsonl.
             epoch_end = EpochEnd(val=loop.evaluate())
         # The held-out split is evaluated once, by the run that completes training, never during it.
-        tested = loop.test_once() if stopped_by is None and not loop.more_to_train() else {}
+        tested, test_step = loop.test_once() if stopped_by is None and not loop.more_to_train() else ({}, None)
     finally:
         loop.close()
     progress = loop.progress
@@ -59,4 +59,5 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
         progress.epoch if progress.position > 0 else progress.epoch - 1,
         progress.bad_steps,
         progress.rollbacks,
+        test_step,
     )

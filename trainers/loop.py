@@ -38,13 +38,13 @@ from trainers.memory import peaks_over_ranks
 from trainers.metrics import MetricsWriter
 from trainers.optim import build_optimizer, build_schedule, step_unless
 from trainers.recompute import recompute_in_backward
-from trainers.recovery import resume_or_start, roll_back
+from trainers.recovery import agree_on_newest, resume_or_start, roll_back
 from trainers.reporting import PHASES, four_places
 from trainers.run import FitConfig, RunContext
 from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
 from trainers.shards import own_state
-from trainers.state import Progress, rng_state, shared_state
+from trainers.state import Progress, restore, rng_state, shared_state
 from trainers.stragglers import StragglerWatch
 from trainers.task import MapDataset, Place, StepOutput, Task, TaskError, pin, read_items
 
@@ -515,13 +515,32 @@ class Loop:
         lockstep = self.cfg.comm.sharding == "full"
         return self.task.summarize(evaluate(self.task, self.model, data, self.comm, self.cfg.data.eval_batch_size, self.device, lockstep))
 
-    def test_once(self) -> dict[str, float]:
-        """The held-out test split's figures, for a run whose training is complete ({} without one)."""
+    def test_once(self) -> tuple[dict[str, float], int | None]:
+        """The held-out test split's figures, for a run whose training is complete ({} without
+        one), and the step whose weights they are of: checkpoint.best's (loaded now: the run's
+        last act, after its final save), else the final weights'."""
         if self.held_out is None:
-            return {}
+            return {}, None
+        best = self.load_best_for_test()
         figures = self.evaluate(self.held_out)
-        log.info("held-out test split, evaluated once: %s", figures_line("test", figures))
-        return figures
+        weights = "the final weights" if best is None else f"the best checkpoint (step {best['step']}, {best['metric']} {best['value']:.4g})"
+        log.info("held-out test split, evaluated once on %s: %s", weights, figures_line("test", figures))
+        return figures, self.progress.step if best is None else int(best["step"])
+
+    def load_best_for_test(self) -> dict[str, Any] | None:
+        """checkpoint.best's record, its weights loaded into the model, where it is another step's
+        than the final weights' (None: test those)."""
+        name, coordinator = self.cfg.checkpoint.best, self.coordinator
+        if name is None or coordinator is None or not self.cfg.checkpoint.test_best:
+            return None
+        best = coordinator.checkpointer.best
+        if not best or best.get("metric") != name or best["step"] == self.progress.step:
+            return None
+        coordinator.fence()
+        step, shared, own = coordinator.checkpointer.load_step(int(best["step"]))
+        agree_on_newest(self.comm, step)  # every rank tests the same weights
+        restore(self.model, self.optimizer, self.schedule, step, shared, self.scaler, own, lambda: coordinator.checkpointer.rank_states(step))
+        return best
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is None:  # checkpoints off: nothing to snapshot

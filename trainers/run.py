@@ -43,6 +43,7 @@ class FitResult:
     epoch: int = 0  # the epoch the last step trained in, as the log numbers it (epoch 1/1: 1, also when max_steps ended it midway)
     bad_steps: int = 0  # steps whose gradients were not finite, skipped (over the whole run, resumes included)
     rollbacks: int = 0  # rollbacks to a checkpoint after repeated bad steps
+    test_step: int | None = None  # the step whose weights test_metrics are of (checkpoint.best's, or the last)
 
 
 class Milestones:

@@ -92,7 +92,8 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
     run_dir.config.write_text(resolved_yaml(job))
     if job.cluster.launcher == "local":
-        tell(f"{job.resources.nodes * job.resources.tasks_per_node} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
+        ranks = job.resources.nodes * job.resources.tasks_per_node
+        tell(f"{ranks} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
         code = local.run_local(job, env, run_dir)
         tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
         tell(f"run directory: {run_dir.path}")

@@ -1,7 +1,7 @@
 """Scaling report of a sweep: throughput, speedup, efficiency and the final metric per run.
 
     python -m hpc.report SWEEP_DIR        prints the table; writes report.md, report.json,
-                                          scaling.png and loss.png into SWEEP_DIR
+                                          scaling.png, loss.png and parameters.png into SWEEP_DIR
 
 Runs are named by what the sweep varied (`optim.lr=0.1`), one column per swept key.
 Throughput is the mean samples/s over a run's epochs, leaving out the first when there are
@@ -14,6 +14,10 @@ A hyperparameter search (sweep.json's "search") gets a trials table first, best 
 objective (`failed`: ended without one, `-`: not reported yet), in report.json under "searches"
 (report.json is then {"runs": [...], "searches": [...]}, a plain sweep's stays the list of runs),
 and objective.png: each trial's value and the best so far.
+A grid's points are ranked by its objective (`sweep.objective`, else the validation accuracy or
+loss), best first and marked; parameters.png plots that objective against each swept value (a
+search's: its objective, in its sweep dir), and loss.png puts each run's validation curve of it
+beside the training loss.
 Login-node code: no torch.
 """
 
@@ -34,6 +38,7 @@ from hpc.objective import objective_direction, objective_value, validation_metri
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.shown import shown_value
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
+from hpc.tools.sweep_plots import draw_validation, validation_curves, write_parameter_plot
 from trainers.reporting import four_places
 
 
@@ -288,7 +293,12 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path, tables: Sequence[tuple[Search, list[TrialFigures]]] = ()) -> list[Path]:
+def write_plots(
+    figures: list[RunFigures], runs: list[RunDir], out: Path, tables: Sequence[tuple[Search, list[TrialFigures]]] = (), ranking: GridRanking | None = None
+) -> list[Path]:
+    """scaling.png (rank counts that vary), loss.png (training loss, and beside it the validation
+    figure the points are ranked by), parameters.png (that figure against each swept value: a
+    grid's in `out`, a search's in its sweep dir), objective.png (a search's trials in order)."""
     import matplotlib
 
     matplotlib.use("Agg")  # login nodes have no display
@@ -298,19 +308,34 @@ def write_plots(figures: list[RunFigures], runs: list[RunDir], out: Path, tables
         (out / "scaling.png").unlink(missing_ok=True)  # from an earlier report: it would mislead now
     plots = [write_scaling_plot(figures, out / "scaling.png", plt)] if varies_ranks(figures) else []
     labels = {f.run: f.label for f in figures}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    ranked_by = ranking.objective if ranking is not None else tables[0][0].objective if tables else "val_loss"
+    validation = ranked_by if ranked_by.startswith("val_") else "val_loss"
+    curves = validation_curves(runs, validation)
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6, 4), squeeze=False)
+    ax = axes[0][0]
     for run in runs:
         steps = [(r["step"], r["loss"]) for r in read_jsonl(run.steps) if "step" in r and "loss" in r]
         if steps:
             ax.plot(*zip(*steps, strict=True), label=labels.get(run.path.name, run.path.name))
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="loss", yscale="log")
     ax.legend(title="run", fontsize="small")
+    if curves:
+        draw_validation(axes[0][1], curves, validation, labels)
     fig.tight_layout()
     loss = out / "loss.png"
     fig.savefig(loss, dpi=100)
     plt.close(fig)
     objective = [path for search, rows in tables if (path := write_objective_plot(search, rows, search.sweep_dir / "objective.png", plt))]
-    return [*plots, loss, *objective]
+    by_value = [
+        write_parameter_plot(
+            [(row.swept, row.value) for row in rows if row.value is not None], search.objective, search.direction, search.sweep_dir / "parameters.png", plt
+        )
+        for search, rows in tables
+    ]
+    if ranking is not None:
+        points = [(f.swept, ranking.values[f.run]) for f in figures if f.run in ranking.values]
+        by_value.append(write_parameter_plot(points, ranking.objective, ranking.direction, out / "parameters.png", plt))
+    return [*plots, loss, *objective, *(path for path in by_value if path is not None)]
 
 
 def write_objective_plot(search: Search, rows: list[TrialFigures], path: Path, plt: Any) -> Path | None:
@@ -402,7 +427,7 @@ def main(argv: list[str]) -> int:
     if not varies_ranks(figures):
         lines.append(f"every run has {figures[0].ranks} ranks: no speedup, efficiency or scaling plot")
     try:
-        plots = write_plots(figures, runs, out, tables)
+        plots = write_plots(figures, runs, out, tables, ranking)
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         plots = []

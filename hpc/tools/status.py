@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, restarts_in, total_line
-from hpc.shown import shown_value
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, find_runs, last_records, read_jsonl
+from hpc.shown import shown_value
 from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
 

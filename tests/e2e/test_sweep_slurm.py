@@ -84,7 +84,9 @@ def test_four_point_sweep_is_one_array_with_its_limit_and_status_and_report_see_
         swept = r"optim\.lr=0\.(05|1)\s+model=(mlp|cnn)"
         metrics = r"loss=\S+ accuracy=\S+ val_accuracy=\S+ val_loss=\S+"  # the task's metric by its own name, then the newest validation
         memory = r"\(peak memory \d+ MiB \(rank \d\)\)"  # the ranks' highest peak
-        assert re.match(rf"{array_id}_(\d)\s+\1\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+[\d.e+]+samples/s\s+{metrics}\s+\S+rank-00000.log  {memory}$", line), line
+        assert re.match(rf"{array_id}_(\d)\s+\1\s+{swept}\s+COMPLETED\s+0\s+\d+\s+\d+\s+[\d.e+]+samples/s\s+{metrics}\s+\S+rank-00000.log  {memory}$", line), (
+            line
+        )
 
     # Slurm's stdout log of a task: plain timestamped progress lines, no progress bar.
     stdout = next((sweep_dir / "slurm").glob(f"{array_id}_0/*_0_log.out")).read_text()

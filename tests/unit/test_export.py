@@ -49,6 +49,31 @@ def test_a_run_s_model_exported_loads_in_plain_torch_without_the_toolkit(tmp_pat
     model.load_state_dict(load(tmp_path / "model.safetensors")[0])  # the toolkit's own reader agrees
 
 
+def builtin_mlp_block() -> str:
+    """The docs' second Python block of the export section: the built-in MLP rebuilt in plain torch."""
+    text = (ROOT / "docs" / "checkpoints.md").read_text()
+    section = text[text.index("## The trained model, out of the toolkit") :]
+    start = section.index("```python\n", section.index("```python\n") + 10) + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_docs_rebuild_the_exported_builtin_mlp_in_plain_torch(dropout):
+    """The documented layout of model=mlp (issue 45: it was undocumented), checked against the
+    toolkit's own model: the same names, and the same outputs once the weights are loaded."""
+    from trainers.config import ModelConfig
+    from trainers.models import build_model
+
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig(name="mlp", hidden_sizes=[32, 16], dropout=dropout), (1, 8, 8), 10).eval()
+    namespace: dict = {}
+    exec(compile(builtin_mlp_block(), "docs/checkpoints.md", "exec"), namespace)
+    weights = {name: tensor.detach().clone() for name, tensor in ours.state_dict().items()}
+    rebuilt = namespace["builtin_mlp"](weights)
+    images = torch.randint(0, 256, (5, 1, 8, 8), dtype=torch.uint8)
+    assert torch.equal(rebuilt(images.float() * (1 / 255)), ours(images.float() * (1 / 255)))
+
+
 def test_a_script_s_checkpoint_names_its_modules_and_exports_the_one_asked_for(tmp_path, capsys):
     torch.manual_seed(0)
     generator, critic = nn.Linear(2, 3, dtype=torch.bfloat16), nn.Linear(3, 1)

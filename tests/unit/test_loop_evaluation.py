@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.support.fit_in_process import Regression, steps_of, stopped_step, train
+from tests.support.fit_in_process import HeldOut, Regression, steps_of, stopped_step, train
 from tests.support.fit_in_process import config as task_config
 from trainers.checkpoint import load_tensor_file
 from trainers.layout import SHARED, committed_steps, step_dir_name
@@ -61,6 +62,29 @@ def test_evaluation_every_n_steps_keeps_the_best_checkpoint_and_leaves_training_
     assert (best["step"], best["metric"], best["mode"], best["path"]) == (lowest["step"], "val_close", "min", step_dir_name(lowest["step"]))
     assert best["value"] == pytest.approx(lowest["val_close"])
     assert committed_steps(checkpoints) == [lowest["step"], steps - 4, steps]  # the newest two (every 10 steps, and the final) and the best
+
+
+def test_the_test_split_is_evaluated_once_on_the_best_checkpoints_weights_unless_told_otherwise(tmp_path):
+    """checkpoint.best selects the model; the held-out split is tested on it (issue 45: it was
+    tested on the final weights alone), the final checkpoint staying as it was saved."""
+    cfg = evaluating(5, best="val_close", best_mode="min")  # the best is an early evaluation: its weights differ from the final
+    on_best = train(tmp_path / "best", HeldOut(), cfg)
+    on_final = train(tmp_path / "final", HeldOut(), dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, test_best=False)))
+    best = json.loads((tmp_path / "best" / "checkpoints" / "best.json").read_text())
+    assert best["step"] < on_best.steps and (on_best.test_step, on_final.test_step) == (best["step"], on_final.steps)
+
+    def loss_by_hand(step: int) -> float:  # the test split's mean loss under that checkpoint's weights
+        model = HeldOut().build_model()
+        weights = load_tensor_file(tmp_path / "best" / "checkpoints" / step_dir_name(step) / SHARED)["model"]
+        model.load_state_dict(weights)
+        points = HeldOut().test_data()
+        with torch.no_grad():
+            return float(((model(points.x) - points.y) ** 2).mean())
+
+    assert on_best.test_metrics["loss"] == pytest.approx(loss_by_hand(best["step"]), rel=1e-5)
+    assert on_final.test_metrics["loss"] == pytest.approx(loss_by_hand(on_best.steps), rel=1e-5)  # the same training: its final weights
+    assert on_best.test_metrics["loss"] != pytest.approx(on_final.test_metrics["loss"], rel=1e-3)
+    assert on_best.val_metrics == on_final.val_metrics  # validation and the final checkpoint: the last weights' either way
 
 
 def test_a_compiled_run_saves_plain_names_and_resumes_uncompiled_where_it_would_have_gone(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from hpc.rundir import RunDir
 from hpc.tools.report import TrialFigures, best_so_far, write_objective_plot
 from hpc.tools.status import Search, header, main, read_search, search_summary, statuses
+from hpc.tools.sweep_plots import best_point, parameter_axes, validation_curves
 from tests.support.runs import ROOT
 
 LRS = ["0.01", "0.05", "0.1", "0.5", "1.0", "2.0"]
@@ -193,6 +194,7 @@ def test_report_of_a_plain_sweep_ranks_its_points_by_the_objective_and_has_no_tr
     assert table[0] == "| run | ranks | nodes | optim.lr | val_accuracy (maximize) | samples/s | loss |"
     assert [row.split(" | ")[0].removeprefix("| ") for row in table[2:]] == ["1 (best)", "3", "0", "2", "4", "5"]  # 0.93, 0.88, 0.8, then none
     assert "Trials" not in done.stdout and "Runs:" not in done.stdout
+    assert f"{sweep / 'parameters.png'}" in done.stdout and (sweep / "parameters.png").stat().st_size > 0  # the objective by swept value
     for point in sweep.iterdir():
         if (point / "config.yaml").exists():
             (point / "config.yaml").write_text("sweep:\n  objective: samples_per_s\n")
@@ -203,6 +205,33 @@ def test_report_of_a_plain_sweep_ranks_its_points_by_the_objective_and_has_no_tr
     assert "samples_per_s (maximize)" in rows[0] and rows[2].startswith("| 0 (best) |"), chosen.stdout
     assert isinstance(json.loads((sweep / "report.json").read_text()), list)
     assert not (sweep / "objective.png").exists()
+
+
+def test_the_objective_by_swept_value_puts_numbers_on_a_number_axis_and_marks_the_best():
+    """parameters.png's data: a number axis per numeric key (log where it spans 10x, as learning
+    rates do), categories as shown otherwise, a key only where a point set it; the best point's
+    place on each axis."""
+    points = [
+        ({"optim.lr": "0.001", "model": "mlp"}, 0.7),
+        ({"optim.lr": "0.01", "model": "cnn"}, 0.9),
+        ({"optim.lr": "0.30000000000000004", "model": "cnn", "data.batch_size": "64"}, 0.8),
+    ]
+    lr, model, batch = parameter_axes(points)
+    assert (lr.key, lr.values, lr.objective, lr.log) == ("optim.lr", [0.001, 0.01, 0.30000000000000004], [0.7, 0.9, 0.8], True)
+    assert (model.values, model.log) == (["mlp", "cnn", "cnn"], False) and (batch.values, batch.objective, batch.log) == ([64.0], [0.8], False)
+    best = best_point(points, "maximize")
+    assert best is points[1][0] and (lr.best_at(best), model.best_at(best), batch.best_at(best)) == (0.01, "cnn", None)
+    assert best_point(points, "minimize") is points[0][0]
+
+
+def test_validation_curves_come_from_every_evaluation_a_run_logged(tmp_path):
+    run = RunDir(tmp_path / "0")
+    run.path.mkdir()
+    records = [{"step": 5, "val_loss": 0.9}, {"epoch": 1, "step": 10, "loss": 1.0, "val_loss": 0.7}, {"step": 10, "val_loss": 0.6}, {"step": 15, "loss": 0.5}]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in records))  # step 10 again: evaluated again after a resume
+    silent = RunDir(tmp_path / "1")
+    silent.path.mkdir()
+    assert validation_curves([run, silent], "val_loss") == {"0": [(5, 0.9), (10, 0.6)]}
 
 
 def _trial(point: int, value: float | None, outcome: str = "completed") -> TrialFigures:
