@@ -12,6 +12,9 @@ all (`python -m hpc.report RUN_DIR` has the table).
 A hyperparameter search's sweep (sweep.json's "search") gets a summary line before the table
 (its trials by outcome and the best), an objective column (`val_accuracy=0.9312`, `-` until a
 value is reported), and its trials listed best first. Login-node code: no torch.
+
+    python -m hpc.status --watch [SECONDS] DIR   list again every SECONDS (10) in place, until
+                                                 no run is running or waiting; Ctrl-C stops
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -394,13 +398,39 @@ def main(argv: list[str]) -> int:
 
     parser = Parser("python -m hpc.status", __doc__ or "")
     parser.add_argument("path", nargs="?", default="runs", metavar="RUN_OR_SWEEP_DIR", help="a run dir, a sweep dir or any dir holding them (default: runs)")
+    parser.add_argument(
+        "--watch", nargs="?", const=10.0, type=float, metavar="SECONDS", help="list again every SECONDS (10) until no run is running or waiting; Ctrl-C stops"
+    )
     args = parser.parse_args(argv)
+    if args.watch is not None and not args.watch > 0:
+        print(f"error: --watch {args.watch:g}: give a number of seconds above 0", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
+    in_place = args.watch is not None and sys.stdout.isatty()
     try:
-        found = statuses(Path(args.path))
+        while True:
+            found = statuses(Path(args.path))
+            listing = render(found)
+            if in_place:
+                listing = ["\033[H\033[2J" + f"every {args.watch:g} s: python -m hpc.status {args.path}  ({time.strftime('%H:%M:%S')})", *listing]
+            print("\n".join(listing), flush=True)
+            if args.watch is None or not any(still_going(status) for status in found):
+                return 0
+            time.sleep(args.watch)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
+    except KeyboardInterrupt:  # the way out of --watch
+        return 0
+
+
+def still_going(status: RunStatus) -> bool:
+    """Running, or a Slurm job waiting to run (again): what --watch waits for."""
+    return status.state in ("RUNNING", "COMPLETING") or (status.job_id is not None and status.state in slurmctl.WAITING_STATES)
+
+
+def render(found: list[RunStatus]) -> list[str]:
+    """The listing's lines: each search's summary, the header, a line per run."""
     width = max((len(status.swept) for status in found), default=0)
     run_width = max((len(status.run) for status in found), default=0)
     run_width = max(run_width, len("run")) if run_width else 0
@@ -408,12 +438,10 @@ def main(argv: list[str]) -> int:
     objective_width = max((len(status.objective) for status in found), default=0)
     if objective_width:
         objective_width = max(objective_width, len("objective"))
-    for trials in by_search(found).values():
-        print(search_summary(trials))
-    print(header(width, metrics_width, objective_width, run_width))
-    for status in found:
-        print(status.line(width, metrics_width, objective_width, run_width))
-    return 0
+    lines = [search_summary(trials) for trials in by_search(found).values()]
+    lines.append(header(width, metrics_width, objective_width, run_width))
+    lines += [status.line(width, metrics_width, objective_width, run_width) for status in found]
+    return lines
 
 
 if __name__ == "__main__":

@@ -240,3 +240,25 @@ def test_status_of_a_script_run_counts_restarts_as_interruptions_and_shows_its_r
     run.write_json(run.job, {"job_id": "9"})
     requeued = run_status(run, {"9": {"JobState": "PENDING", "Restarts": "1"}}, {})
     assert (requeued.restarts, requeued.rate) == (2, "-")  # the timeline knew of a restart inside the allocation; no rate while pending
+
+
+def test_watch_lists_again_until_no_run_is_running(tmp_path):
+    """`hpc.status --watch` (issue 45): a listing every interval while a run runs, and an exit
+    of its own once the run has ended; a bad interval is one line and exit 2."""
+    run = _run(tmp_path, "r", 2, [100])
+    run.write_json(run.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname()})  # alive: this test
+    watcher = subprocess.Popen([sys.executable, "-m", "hpc.status", "--watch", "0.2", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert watcher.stdout is not None
+        running = 0
+        while running < 2:  # two listings of the running run: it lists again
+            line = watcher.stdout.readline()
+            assert line, "the watcher ended while the run was running"
+            running += " RUNNING " in line
+        run.write_json(run.result, {"status": "completed"})
+        rest, _ = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0 and rest.rstrip().splitlines()[-1].split()[:3] == ["local", "r", "COMPLETED"]
+    bad = subprocess.run([sys.executable, "-m", "hpc.status", "--watch", "0", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr.strip()) == (2, "error: --watch 0: give a number of seconds above 0")
