@@ -177,3 +177,36 @@ def test_an_array_task_is_stopped_requeued_and_resumed_like_a_single_job(tmp_pat
     assert f"external signal: requeueing job {task}" in (run_dir / "logs" / "rank-00000.log").read_text()
     (line,) = [s for s in statuses(sweep_dir) if s.job_id == task]
     assert line.restarts == 1
+
+
+def test_a_cancelled_point_is_resubmitted_alone_into_its_own_run_dir(tmp_path):
+    """`python -m hpc.resubmit` (issue 45): the points that ended without completing go again,
+    the completed ones stay, sweep.json and hpc.status name the new job."""
+    from benchmarks.simcluster import poll
+
+    done = launch_sweep("optim.lr=0.05,0.1", "cluster=simulated", "resources.tasks_per_node=1", "trainer.epochs=1", "hold=true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    array_id = re.search(r"submitted job array (\d+): 2 tasks", done.stdout).group(1)
+    sweep_dir = Path(re.search(r"sweep directory: (\S+)", done.stdout).group(1))
+    subprocess.run(["scancel", f"{array_id}_0"], check=True, capture_output=True)
+    subprocess.run(["scontrol", "release", f"{array_id}_1"], check=True, capture_output=True)
+    # A cancelled task that never ran is UNKNOWN once Slurm forgets it (no accounting here, no result).
+    poll(lambda: [s.state for s in statuses(sweep_dir)][1] == "COMPLETED", "point 1 completed", timeout_s=300)
+    (cancelled,) = {s.state for s in statuses(sweep_dir) if s.job_id == f"{array_id}_0"}
+    assert cancelled in ("CANCELLED", "UNKNOWN")
+
+    def resubmit(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "hpc.resubmit", str(sweep_dir), *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    dry = resubmit("--dry-run")
+    assert dry.returncode == 0 and dry.stdout.splitlines() == [f"point #0 (optim.lr=0.05): {cancelled}", "dry run: 1 points would be submitted again"], dry
+    again = resubmit()
+    assert again.returncode == 0, again.stderr
+    (new_id,) = re.findall(r"submitted job (\d+) \(point #0\)", again.stdout)
+    subprocess.run(["scontrol", "release", new_id], check=True, capture_output=True)  # held as the sweep was
+    assert wait_for_sweep(sweep_dir) == ["COMPLETED", "COMPLETED"]
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [p["job_id"] for p in record["points"]] == [new_id, f"{array_id}_1"] and [a["job_id"] for a in record["arrays"]] == [array_id, new_id]
+    assert [s.job_id for s in statuses(sweep_dir)] == [new_id, f"{array_id}_1"]
+    assert json.loads((sweep_dir / "0" / "result.json").read_text())["status"] == "completed"
+    assert resubmit().stdout.startswith("nothing to resubmit: every point of ")

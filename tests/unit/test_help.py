@@ -21,6 +21,7 @@ RETIRED = {"benchmarks/default_job.py"}
 EXPECTED = {
     "-m hpc.status",
     "-m hpc.report",
+    "-m hpc.resubmit",
     "-m hpc.costmodel",
     "-m collectives.bench",
     "-m trainers.tensorfile",
@@ -39,7 +40,7 @@ EXPECTED = {
 # lower-case word (not an override `a=b`, a path, an option or the end of a code span)
 COMMAND = re.compile(r"python3? (-m [a-z_]+(?:\.[a-z_]+)+|(?:benchmarks/)?[a-z_]+\.py)(?: ([a-z][a-z_]*)(?=[ \t\n]))?")
 # These take a path or a file where the docs write a word; their positional is not a subcommand
-NO_SUBCOMMANDS = {"-m hpc.status", "-m hpc.report", "-m trainers.tensorfile", "launch.py"}
+NO_SUBCOMMANDS = {"-m hpc.status", "-m hpc.report", "-m hpc.resubmit", "-m trainers.tensorfile", "launch.py"}
 
 
 def documented_commands() -> list[str]:
@@ -95,6 +96,7 @@ def test_every_documented_command_answers_help(command):
         ["-m", "hpc.status", "runs", "more"],
         ["-m", "hpc.status", "--all"],
         ["-m", "hpc.report"],
+        ["-m", "hpc.resubmit"],
         ["-m", "hpc.costmodel", "extra"],
         ["-m", "hpc.topology"],
         ["-m", "hpc.topology", "bogus"],

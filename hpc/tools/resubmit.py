@@ -1,0 +1,103 @@
+"""A sweep's points that ended without completing, started again.
+
+    python -m hpc.resubmit SWEEP_DIR [--dry-run]
+
+A point that failed, was cancelled, ran out of time or memory, lost its node, or (a local sweep)
+died or was stopped goes again into its own run dir, so it resumes from its newest committed
+checkpoint; points that completed, run or wait are left alone. On Slurm: one job array per
+distinct sbatch script, with the sweep's concurrency limit, its code frozen at the first
+submission, recorded in sweep.json (the point's entry names its new job); local points run
+again one after another. A search's trials are not resubmitted: running its command again
+continues the study. Login-node code: no torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+from hpc.submit import local
+from hpc.submit.launch import rank_environment
+from hpc.submit.sweep import SweepPoint, read_record, submit_arrays, write_record
+from hpc.tools.status import RunStatus, statuses_of, still_going
+
+
+def unfinished(sweep_dir: Path) -> list[tuple[dict[str, Any], RunStatus]]:
+    """sweep.json's point entries that ended without completing, with their status, by point number."""
+    record = read_record(sweep_dir)
+    if record.get("search"):
+        raise UserError(f"{sweep_dir} holds a search: run its command again to continue the study (its trials are the sweeper's to choose)")
+    listed = {int(e["num"]): e for e in record.get("points", [])}
+    if not listed:
+        raise UserError(f"{sweep_dir} is not a sweep dir (no points in its sweep.json)")
+    # A local sweep lists a point as it starts it: the points an interrupt left unrun have a run dir only.
+    for run in (p for p in sweep_dir.iterdir() if p.name.isdigit() and (p / "config.yaml").is_file() and int(p.name) not in listed):
+        listed[int(run.name)] = {"num": int(run.name), "run_dir": str(run), "overrides": [], "job_id": None}
+    entries = sorted(listed.items())
+    runs = [RunDir(Path(entry["run_dir"])) for _, entry in entries]
+    found = statuses_of(runs)
+    by_dir = {status.run_dir: status for status in found}
+    return [(entry, status) for (_, entry), run in zip(entries, runs, strict=True) if not _ended_well(status := by_dir[run.path])]
+
+
+def _ended_well(status: RunStatus) -> bool:
+    return status.state == "COMPLETED" or still_going(status)
+
+
+def point_of(entry: dict[str, Any]) -> SweepPoint:
+    """The point again, from the config.yaml its ranks read (the job as first submitted)."""
+    from omegaconf import OmegaConf
+
+    from hpc.config.schema import to_job_config
+
+    run = RunDir(Path(entry["run_dir"]))
+    if not run.config.is_file():
+        raise UserError(f"point #{entry['num']}: {run.config} is missing; it cannot be submitted again")
+    return SweepPoint(int(entry["num"]), tuple(entry.get("overrides") or ()), to_job_config(OmegaConf.load(run.config)), entry.get("trial"))
+
+
+def resubmit(sweep_dir: Path, dry_run: bool, emit: Any = print) -> int:
+    again = unfinished(sweep_dir)
+    if not again:
+        emit(f"nothing to resubmit: every point of {sweep_dir} completed, runs or waits")
+        return 0
+    for entry, status in again:
+        emit(f"point #{entry['num']} ({status.swept or ' '.join(entry.get('overrides') or []) or 'no overrides'}): {status.state}")
+    if dry_run:
+        emit(f"dry run: {len(again)} points would be submitted again")
+        return 0
+    points = [point_of(entry) for entry, _ in again]
+    record = read_record(sweep_dir)
+    on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
+    if on_slurm:
+        record.setdefault("arrays", [])
+        submit_arrays(on_slurm, sweep_dir, record, emit)
+        record["points"] = sorted({int(e["num"]): e for e in record["points"]}.values(), key=lambda e: int(e["num"]))  # each point's newest entry
+        write_record(sweep_dir, record)
+    worst = 0
+    for point in (p for p in points if p.job.cluster.launcher == "local"):
+        emit(f"point #{point.num}: running locally again")
+        run_dir = RunDir(sweep_dir / str(point.num))
+        worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}))
+    return worst
+
+
+def main(argv: list[str]) -> int:
+    from hpc.cli import Parser
+
+    parser = Parser("python -m hpc.resubmit", __doc__ or "")
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help="the sweep whose unfinished points go again")
+    parser.add_argument("--dry-run", action="store_true", help="list the points that would go again; submit nothing")
+    args = parser.parse_args(argv)
+    try:
+        return resubmit(args.sweep_dir, args.dry_run)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
