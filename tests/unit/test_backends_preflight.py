@@ -114,3 +114,25 @@ def test_the_default_backend_follows_the_job_gpus_or_not():
 def test_a_cpu_backend_on_a_gpu_job_runs_when_the_user_says_so():
     cpu_on_gpus = replace(job("mpi", gpus=1), comm=CommConfig(backend="mpi", cpu_with_gpus=True))
     assert check_backend(cpu_on_gpus) is None
+
+
+def test_the_launcher_refuses_a_cpu_backend_for_a_gpu_job_in_one_line():
+    """The check on the user's path (issue 46: deleting its call in validate_job left every test
+    passing, since they called check_backend alone): launch.py, nothing submitted."""
+    import subprocess
+    import sys
+
+    from tests.support.runs import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "launch.py", "comm=gloo", "resources.gpus_per_task=1", "cluster=simulated", "cluster.gpus_per_node=4", "dry_run=true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip().splitlines() == [
+        "error: comm=gloo trains on the CPU, but the job asks for 1 GPU(s) per task: use comm=nccl (or comm=auto, the default), "
+        "or set comm.cpu_with_gpus=true to hold the GPUs and train on cores"
+    ]
