@@ -78,6 +78,11 @@ def test_abort_job_ends_every_rank_and_forbids_restarts_only_for_errors_that_rep
     lasting = isinstance(err, TaskError)
     assert bool(forbidden) == lasting and bool(list(tmp_path.glob("77.error-*"))) == lasting
     assert ("need not repeat: counted as a failure, like a lost rank" in caplog.text) != lasting
+    # A toolkit refusal is one line, the user's fix in it; anything else comes with its traceback
+    # (issue 46: TaskError taken off the one-line list left every test passing).
+    told = [r for r in caplog.records if "aborting all 2 ranks" in r.getMessage()]
+    assert len(told) == 1 and (told[0].getMessage() == "error: bad task; aborting all 2 ranks") == lasting
+    assert (told[0].exc_info is None) == lasting
 
 
 def test_an_error_that_comes_back_the_same_at_the_same_step_after_a_restart_repeats(tmp_path, monkeypatch, caplog):
