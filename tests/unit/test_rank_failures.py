@@ -112,3 +112,37 @@ def test_an_error_that_comes_back_the_same_at_the_same_step_after_a_restart_repe
     assert fail_at(12, IndexError("Target 7 is out of bounds."))  # the same error at the same step after a restart
     assert "the same IndexError at step 12 as before a restart: it repeats" in caplog.text
     assert len((run.path / "failures.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize(
+    ("err", "lasting"),
+    [(OSError(errno.EIO, "Input/output error"), False), (TypeError("forward() takes 2 positional arguments"), True), ("exit 2", True)],
+    ids=["transient", "repeats", "own-exit"],
+)
+def test_a_scripts_error_ends_the_job_for_good_only_where_it_would_repeat(err, lasting, tmp_path, monkeypatch, caplog):
+    """The script path sorts its failures as the task path does (issue 46: making every script
+    exception permanent left every test passing): a transient one is counted and restarted."""
+    from hpc.config.schema import JobConfig
+    from hpc.rank import hosting
+    from hpc.rank import script as script_module
+    from trainers.preemption import StopFlag
+
+    monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "79")
+    forbidden: list[bool] = []
+    monkeypatch.setattr(rank_main, "forbid_failure_requeue", lambda env: forbidden.append(True) or "79")
+    monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)
+    monkeypatch.setattr(hosting, "Host", lambda *args: None)  # the script's host: not needed to fail
+    raised = script_module.ScriptFailed("the script exited with code 2") if err == "exit 2" else err
+
+    def failing(*args):  # what run_script raises when the user's script does
+        raise raised
+
+    monkeypatch.setattr(script_module, "run_script", failing)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    job = JobConfig(script="train.py", workdir=str(tmp_path))
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit if err == "exit 2" else type(raised)):
+        rank_main.script_rank(job, run, RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm"), StopFlag())
+    assert bool(forbidden) == lasting and bool(list(tmp_path.glob("79.error-*"))) == lasting
+    assert ("need not repeat: counted as a failure, like a lost rank" in caplog.text) != lasting
