@@ -41,6 +41,7 @@ from hpc.rank.lifecycle import (
     request_requeue,
     trap_requeues,
 )
+from hpc.rank.outcomes import record_completion, record_failure, wait_for_peers
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
@@ -162,12 +163,14 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
         return run_script(str(job.script), job.script_args, str(job.workdir), host, Path(__file__).resolve().parents[2])
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
         log.error("error: %s; ending all %d ranks", err, rank.world_size)
+        record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
         end_for_good(rank, str(err))
         logging.shutdown()
         raise SystemExit(1) from None
     except Exception as err:
         lasting, why = repeats_here(run_dir.path, err, rank.rank)
         log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
+        record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
         if why:
             log.error("%s", why)
         if lasting:
@@ -248,6 +251,7 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: Ru
     from hpc.rank.failures import one_line, repeats_here
 
     lasting, why = repeats_here(run_dir.path, err, rank.rank)
+    record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
     if one_line(err):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; aborting all %d ranks", err, rank.world_size)
     else:
@@ -266,9 +270,17 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: Ru
 
 
 def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
-    """after_fit for a script: the same summary and requeue. What it saved is its own."""
+    """after_fit for a script: the same summary and requeue. What it saved is its own. A script
+    that returned has completed only where every rank's did (hpc.rank.outcomes): rank 0 waits
+    for the others' word before it says so."""
     if result.stopped_by and stop.signal_name is None:
         stop.note(result.stopped_by, time.time(), "training")
+    if not result.stopped_by and rank.world_size > 1:
+        record_completion(run_dir, rank.rank, PROCESS_STARTED)
+        failed = wait_for_peers(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main else None
+        if failed is not None:  # result.json is the failed rank's
+            log.error("rank %d failed (%s): the run did not complete", *failed)
+            return {"status": "failed", "exit_code": 1, "failed_rank": failed[0], "error": failed[1]}
     return after_fit(result, job, run_dir, rank, stop)
 
 

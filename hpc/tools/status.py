@@ -91,6 +91,7 @@ class RunStatus:
     tokens_per_s: float | None = None  # a token task's, or a script's that reports tokens= to end_step()
     steps_per_s: float | None = None  # from the newest steps' times: the rate of any run, a script's too
     run: str = ""  # the run dir, as found under the listed dir ("2026-11-27/10-02-41", a sweep point's "3")
+    error: str = ""  # a failed run's: "rank 1: ValueError: bad input" (result.json, written by the rank that failed)
 
     @property
     def rate(self) -> str:
@@ -120,6 +121,7 @@ class RunStatus:
         metrics = f"{self.metrics or '-':<{metrics_width}}  " if metrics_width else ""
         interrupted = f"  ({self.interrupted})" if self.interrupted else ""
         interrupted += f"  ({self.peak_memory})" if self.peak_memory else ""
+        interrupted += f"  (failed on {self.error})" if self.error else ""
         run = f"{self.run or '-':<{run_width}} " if run_width else ""
         head = f"{self.job_id or 'local':<12} {run}{swept}{objective}{state:<24}"
         return f"{head} {self.restarts:>8} {step:>8} {ckpt:>8} {self.rate:>16}  {metrics}{self.log}{interrupted}"
@@ -308,7 +310,7 @@ def newest_checkpoint(run_dir: RunDir) -> int | None:
 
 def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     if result:
-        return "COMPLETED" if result.get("status") == "completed" else "STOPPED"
+        return {"completed": "COMPLETED", "failed": "FAILED"}.get(str(result.get("status")), "STOPPED")
     if job.get("host") == socket.gethostname() and isinstance(job.get("pid"), int):
         try:
             os.kill(job["pid"], 0)
@@ -332,7 +334,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     elif job_id in accounting:
         state = accounting[job_id]
     elif result:  # Slurm forgot the job (MinJobAge) and keeps no accounting: the run dir knows
-        state = "COMPLETED" if result.get("status") == "completed" else "STOPPED"
+        state = {"completed": "COMPLETED", "failed": "FAILED"}.get(str(result.get("status")), "STOPPED")
     else:
         state = "UNKNOWN"
     timeline = read_jsonl(run_dir.path / TIMELINE)
@@ -365,6 +367,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         peak_memory_line(metrics),
         float(tokens) if isinstance(tokens, int | float) else None,
         steps_per_second(newest),
+        error=f"rank {result['failed_rank']}: {result.get('error', '?')}" if result.get("status") == "failed" and "failed_rank" in result else "",
     )
 
 

@@ -96,3 +96,24 @@ def test_a_stop_ends_the_script_resumable_and_its_own_exit_codes_count(tmp_path)
     failed = one_rank(3)
     assert failed.returncode not in (0, 75)
     assert "error: the script exited with 3; ending all 1 ranks" in failed.stdout + failed.stderr
+
+
+@pytest.mark.parametrize("fail_rank", ["1", "all"])
+def test_a_script_that_fails_on_any_rank_is_a_failed_run_that_says_where_and_why(tmp_path, fail_rank):
+    """Issue 46: rank 1 raising while rank 0 returned left result.json "completed" (a sweep
+    counted it a success); now the run failed, on which rank, with the error, in result.json and
+    in hpc.status."""
+    from hpc.rundir import RunDir
+    from hpc.tools.status import run_status
+
+    script = ROOT / "tests" / "fixtures" / "scripts" / "fails" / "train.py"
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={script}", f"run_root={tmp_path / 'runs'}", "resources.tasks_per_node=2", "--"]
+    done = subprocess.run([*command, "--fail-rank", fail_rank], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode not in (0, 75), done.stdout[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    failed = result["failed_rank"]
+    assert (result["status"], result["finished"], result["exit_code"]) == ("failed", False, 1) and failed in ((1,) if fail_rank == "1" else (0, 1))
+    assert result["error"] == f"ValueError: rank {failed} cannot read its shard"
+    status = run_status(RunDir(run_dir), {}, {})
+    assert status.state == "FAILED" and f"(failed on rank {failed}: ValueError: rank {failed} cannot read its shard)" in status.line()

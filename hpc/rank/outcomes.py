@@ -1,0 +1,77 @@
+"""How each rank's part of a run ended, agreed before anyone says the run completed.
+
+A run completed only when every rank did. A user's script gives no collective at its end (it may
+have torn its process group down), so each rank leaves a line in the run dir as it ends:
+`outcomes/rank-<n>.json`, `completed` or `failed` with the error; rank 0 writes result.json's
+`completed` only once every rank of this start has said so. A rank that fails writes result.json
+itself (`status: failed`, its rank, the error's type and message) before the job is ended, so a
+failure on any rank, rank 0 having returned or not, is never reported as success (issue 46: when
+only rank 1 raised, result.json said completed and a sweep counted the point a success).
+A marker carries its process's start time: rank 0 counts those of processes started with its
+own (within START_SKEW_S), never an earlier start's left in a resumed run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc.rundir import RunDir
+
+OUTCOMES = "outcomes"
+POLL_S = 0.05  # the peers' markers: no event to wait on across processes (and nodes)
+START_SKEW_S = 2.0  # the ranks of one start begin within this of each other (mpirun, srun); a start's imports alone take longer
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replaced in one rename, under a name of this process's own (several ranks may write)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def marker(run_dir: RunDir, rank: int) -> Path:
+    return run_dir.path / OUTCOMES / f"rank-{rank}.json"
+
+
+def error_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".splitlines()[0] if str(err) else type(err).__name__
+
+
+def record_failure(run_dir: RunDir, rank: int, world_size: int, started: float, err: BaseException, summary: dict[str, Any] | None = None) -> None:
+    """This rank (its process started at `started`) failed: its marker, and result.json saying so
+    (the job ends next)."""
+    line = error_line(err)
+    _write(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
+    result = {**(summary or {}), "status": "failed", "finished": False, "exit_code": 1, "failed_rank": rank, "error": line, "world_size": world_size}
+    _write(run_dir.result, result)
+
+
+def record_completion(run_dir: RunDir, rank: int, started: float) -> None:
+    _write(marker(run_dir, rank), {"status": "completed", "started": started})
+
+
+def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Callable[[float], None] = time.sleep) -> tuple[int, str] | None:
+    """Rank 0 (its process started at `started`), its own part completed: wait until every rank
+    of this start has said how it ended. None: all completed; else (rank, error) of a failure.
+    A rank that dies without a word ends the job through mpirun or srun, this wait with it."""
+    while True:
+        said: dict[int, dict[str, Any]] = {}
+        for rank in range(world_size):
+            try:
+                found = json.loads(marker(run_dir, rank).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(found, dict) and isinstance(found.get("started"), int | float) and found["started"] >= started - START_SKEW_S:
+                said[rank] = found
+        failed = sorted((rank, str(found.get("error", "?"))) for rank, found in said.items() if found.get("status") == "failed")
+        if failed:
+            return failed[0]
+        if len(said) == world_size:
+            return None
+        sleep(POLL_S)
