@@ -67,3 +67,31 @@ def test_sbatch_text_matches_golden_file(name: str, tmp_path: Path) -> None:
     if os.environ.get("HPCTK_WRITE_GOLDEN") == "1":
         golden.write_text(text)
     assert text == golden.read_text(), f"sbatch text for {name!r} changed; diff it against {golden}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sbatch_text_holds_what_the_config_asks_for(name: str, tmp_path: Path) -> None:
+    """The goldens are regenerated with the code (a change detector); these properties follow from
+    the config alone, so a regenerated golden that lost one still fails here (issue 46)."""
+    import shlex
+
+    job = CASES[name]
+    text = rendered(name, tmp_path)
+    directives = {line.split("=")[0].removeprefix("#SBATCH "): line for line in text.splitlines() if line.startswith("#SBATCH ")}
+    cluster, res = job.cluster, job.resources
+    assert ("--requeue" in directives) == cluster.requeue and ("--hold" in directives) == job.hold
+    assert directives["--signal"] == f"#SBATCH --signal={cluster.signal}@{cluster.signal_seconds}"
+    assert (
+        directives["--nodes"] == f"#SBATCH --nodes={res.nodes + res.spare_nodes}"
+        and directives["--ntasks-per-node"] == f"#SBATCH --ntasks-per-node={res.tasks_per_node}"
+    )
+    assert shlex.split(directives["--job-name"].removeprefix("#SBATCH "))[0] == f"--job-name={job.name}"
+    assert "\ntrap hpctk_on_exit EXIT\ntrap : USR1 USR2\n" in text  # requeue on the way out; a signal never kills the batch shell
+    (srun,) = [line.removeprefix("#   ") for line in text.splitlines() if line.startswith("#   srun ")]
+    words = shlex.split(srun)
+    assert words[-3:] == ["-m", "hpc.rank.main", "/runs/golden run"] and all(arg in words for arg in cluster.srun_args)
+    # The step takes the whole allocation, or with spare nodes exactly the nodes and ranks asked for
+    sized = [f"--nodes={res.nodes}", f"--ntasks={res.nodes * res.tasks_per_node}"]
+    assert all(arg in words for arg in sized) if res.spare_nodes else not any(w.startswith(("--nodes=", "--ntasks=")) for w in words)
+    setup = text.split("trap : USR1 USR2\n", 1)[1].splitlines()[: len(cluster.setup)]
+    assert setup == list(cluster.setup)  # the user's setup lines, verbatim and in order
