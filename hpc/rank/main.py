@@ -150,7 +150,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
 def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> ScriptResult:
     """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
     error the script raises (or its own non-zero exit) ends the job as a task's would."""
-    from hpc.rank.failures import repeats_here
+    from hpc.rank.failures import one_line, repeats_here
     from hpc.rank.hosting import Host
     from hpc.rank.script import ScriptFailed, ScriptResult, run_script
 
@@ -169,7 +169,10 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
         raise SystemExit(1) from None
     except Exception as err:
         lasting, why = repeats_here(run_dir.path, err, rank.rank)
-        log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
+        if one_line(err):  # the toolkit's refusal (the run handle's): the fix is in its one line
+            log.error("error: %s; ending all %d ranks", err, rank.world_size)
+        else:  # the user's own error: its traceback
+            log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
         record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
         if why:
             log.error("%s", why)

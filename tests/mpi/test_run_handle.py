@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,14 +100,22 @@ def test_ranks_started_by_mpirun_sync_gradients_on_our_engine_or_horovod_and_res
 
 
 def test_ranks_that_disagree_end_in_one_line(tmp_path):
-    differ = by_hand(TORCHRUN, "--steps", "3", "--run-dir", "a", "--extra-state-rank", "1", cwd=tmp_path)
-    assert differ.returncode != 0
-    assert "the ranks register different run state: rank 1 registers state 'second', which rank 0 does not" in differ.stderr
-
-    # one rank leaves the loop alone: the watchdog ends the job naming it, instead of a hang
+    # Through launch.py, the handle's refusal is one line on every rank, no traceback (issue 46:
+    # the test ran it under torchrun, where Python prints the exception's traceback, and took that).
     work = tmp_path / "work"
     work.mkdir()
     command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", "trainer.watchdog_s=3", f"run_root={work / 'runs'}"]
+    differ = subprocess.run([*command, "--", "--steps", "3", "--extra-state-rank", "1"], cwd=work, capture_output=True, text=True, timeout=300)
+    assert differ.returncode not in (0, EXIT_RESUMABLE)
+    (run_dir,) = run_dirs(work)
+    refusal = "the ranks register different run state: rank 1 registers state 'second', which rank 0 does not"
+    for log in (run_dir / "logs").glob("rank-*.log"):
+        text = log.read_text()
+        assert "Traceback" not in text and f"error: {refusal}" in text, text[-2000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    shutil.rmtree(work / "runs")
+
+    # one rank leaves the loop alone: the watchdog ends the job naming it, instead of a hang
     left = subprocess.run([*command, "--", "--steps", "1000", "--leave-rank", "1", "--leave-at", "5"], cwd=work, capture_output=True, text=True, timeout=300)
     assert left.returncode not in (0, EXIT_RESUMABLE)
     (run_dir,) = run_dirs(work)
