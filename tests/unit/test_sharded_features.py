@@ -76,8 +76,8 @@ def test_zero_with_recomputation_accumulation_and_clipping_trains_as_replicated(
     assert losses(tmp_path / "kept") == pytest.approx(losses(tmp_path / "sharded"), rel=1e-5)
     blocks, micro_steps = 2, 2 * STEPS
     assert [s - k for s, k in zip(sharded, kept, strict=True)] == [blocks * micro_steps] * 2  # every block recomputed in every backward
-    clipped = fit_threads(tmp_path / "unclipped", tokens, lm_config(sharding, clip_grad_norm=None))
-    assert clipped and losses(tmp_path / "unclipped") != pytest.approx(losses(tmp_path / "sharded"), rel=1e-5)  # the clip did bite
+    fit_threads(tmp_path / "unclipped", tokens, lm_config(sharding, clip_grad_norm=None))
+    assert losses(tmp_path / "unclipped") != pytest.approx(losses(tmp_path / "sharded"), rel=1e-5)  # the clip did bite
 
 
 def fit_config_fp16(sharding: str) -> FitConfig:
