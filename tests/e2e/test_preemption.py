@@ -60,7 +60,7 @@ def steps_in_this_start(run_dir, steps: int) -> None:
 
 
 # A user's task only: the built-in one takes the same stop, save, requeue and resume path (its
-# three signal stops run under mpirun in tests/mpi/test_resume.py, a real preemption of it below),
+# signal stops run under mpirun in tests/mpi/test_resume.py, a real preemption of it below),
 # and a second 130 s run here proved nothing the first does not.
 def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupted_run(tmp_path):
     job, env = USER_JOB, fixtures_env()
