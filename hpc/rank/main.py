@@ -17,6 +17,7 @@ if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop 
     catch_stop_signals()
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -41,7 +42,7 @@ from hpc.rank.lifecycle import (
     request_requeue,
     trap_requeues,
 )
-from hpc.rank.outcomes import record_completion, record_failure, wait_for_peers
+from hpc.rank.outcomes import record_end, record_failure, wait_for_peers
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
@@ -278,12 +279,15 @@ def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: Ra
     for the others' word before it says so."""
     if result.stopped_by and stop.signal_name is None:
         stop.note(result.stopped_by, time.time(), "training")
-    if not result.stopped_by and rank.world_size > 1:
-        record_completion(run_dir, rank.rank, PROCESS_STARTED)
-        failed = wait_for_peers(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main else None
-        if failed is not None:  # result.json is the failed rank's
-            log.error("rank %d failed (%s): the run did not complete", *failed)
-            return {"status": "failed", "exit_code": 1, "failed_rank": failed[0], "error": failed[1]}
+    if rank.world_size > 1:
+        record_end(run_dir, rank.rank, PROCESS_STARTED, "stopped" if result.stopped_by else "completed")
+        other = wait_for_peers(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main and not result.stopped_by else None
+        if other is not None and other[1] == "failed":  # result.json is the failed rank's
+            log.error("rank %d failed (%s): the run did not complete", other[0], other[2])
+            return {"status": "failed", "exit_code": 1, "failed_rank": other[0], "error": other[2]}
+        if other is not None:  # a peer was stopped before its script ended: so is the run
+            log.info("rank %d was stopped before its script ended: the run stops", other[0])
+            result = dataclasses.replace(result, stopped_by=f"rank {other[0]} stopped")
     return after_fit(result, job, run_dir, rank, stop)
 
 

@@ -14,6 +14,7 @@ own (within START_SKEW_S), never an earlier start's left in a resumed run dir.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = "outcomes"
 POLL_S = 0.05  # the peers' markers: no event to wait on across processes (and nodes)
@@ -45,21 +48,27 @@ def error_line(err: BaseException) -> str:
 
 def record_failure(run_dir: RunDir, rank: int, world_size: int, started: float, err: BaseException, summary: dict[str, Any] | None = None) -> None:
     """This rank (its process started at `started`) failed: its marker, and result.json saying so
-    (the job ends next)."""
+    (the job ends next). Never raises: the caller ends the job next, and a full disk (the failure
+    itself, maybe) must not keep it from that."""
     line = error_line(err)
-    _write(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
     result = {**(summary or {}), "status": "failed", "finished": False, "exit_code": 1, "failed_rank": rank, "error": line, "world_size": world_size}
-    _write(run_dir.result, result)
+    try:
+        _write(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
+        _write(run_dir.result, result)
+    except OSError as written:
+        log.warning("could not record the failure in %s (%s)", run_dir.path, written)
 
 
-def record_completion(run_dir: RunDir, rank: int, started: float) -> None:
-    _write(marker(run_dir, rank), {"status": "completed", "started": started})
+def record_end(run_dir: RunDir, rank: int, started: float, status: str) -> None:
+    """This rank's script returned: `completed`, or `stopped` (a signal, or its exit code 75)."""
+    _write(marker(run_dir, rank), {"status": status, "started": started})
 
 
-def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Callable[[float], None] = time.sleep) -> tuple[int, str] | None:
+def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Callable[[float], None] = time.sleep) -> tuple[int, str, str] | None:
     """Rank 0 (its process started at `started`), its own part completed: wait until every rank
-    of this start has said how it ended. None: all completed; else (rank, error) of a failure.
-    A rank that dies without a word ends the job through mpirun or srun, this wait with it."""
+    of this start has said how it ended. None: all completed; else (rank, status, error) of the
+    first that did not, a failure before a stop. A rank that dies without a word ends the job
+    through mpirun or srun, and this wait with it."""
     while True:
         said: dict[int, dict[str, Any]] = {}
         for rank in range(world_size):
@@ -69,9 +78,11 @@ def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Call
                 continue
             if isinstance(found, dict) and isinstance(found.get("started"), int | float) and found["started"] >= started - START_SKEW_S:
                 said[rank] = found
-        failed = sorted((rank, str(found.get("error", "?"))) for rank, found in said.items() if found.get("status") == "failed")
-        if failed:
-            return failed[0]
-        if len(said) == world_size:
-            return None
+        if len(said) == world_size or any(found.get("status") == "failed" for found in said.values()):
+            others = sorted(
+                (found.get("status") != "failed", rank, str(found.get("status")), str(found.get("error", "")))
+                for rank, found in said.items()
+                if found.get("status") != "completed"
+            )
+            return (others[0][1], others[0][2], others[0][3]) if others else None
         sleep(POLL_S)

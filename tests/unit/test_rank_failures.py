@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 
 import pytest
 
@@ -142,7 +143,14 @@ def test_a_scripts_error_ends_the_job_for_good_only_where_it_would_repeat(err, l
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     job = JobConfig(script="train.py", workdir=str(tmp_path))
-    with caplog.at_level(logging.INFO), pytest.raises(SystemExit if err == "exit 2" else type(raised)):
-        rank_main.script_rank(job, run, RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm"), StopFlag())
+    rank = RankInfo(1, 1, 2, 2, 0, 1, ("node1",), "slurm")
+    if isinstance(raised, script_module.ScriptFailed):
+        with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exited:
+            rank_main.script_rank(job, run, rank, StopFlag())
+        assert exited.value.code == 1
+    else:
+        with caplog.at_level(logging.INFO), pytest.raises(type(raised), match=re.escape(str(raised))):
+            rank_main.script_rank(job, run, rank, StopFlag())
+    assert json.loads(run.result.read_text())["failed_rank"] == 1  # the failing rank says so itself
     assert bool(forbidden) == lasting and bool(list(tmp_path.glob("79.error-*"))) == lasting
     assert ("need not repeat: counted as a failure, like a lost rank" in caplog.text) != lasting
