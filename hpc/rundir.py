@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +95,9 @@ class RunDir:
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         """Strict JSON (a loss that went NaN is written null, not NaN, which strict parsers
-        refuse), replaced in one rename: a reader sees the old file or the new one."""
-        tmp = path.with_suffix(path.suffix + ".tmp")
+        refuse), replaced in one rename: a reader sees the old file or the new one. The temporary
+        name is this process's own: several ranks may write one file (a failure's result.json)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(finite_or_null(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
         tmp.replace(path)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,14 +27,6 @@ log = logging.getLogger(__name__)
 OUTCOMES = "outcomes"
 POLL_S = 0.05  # the peers' markers: no event to wait on across processes (and nodes)
 START_SKEW_S = 2.0  # the ranks of one start begin within this of each other (mpirun, srun); a start's imports alone take longer
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    """Replaced in one rename, under a name of this process's own (several ranks may write)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 def marker(run_dir: RunDir, rank: int) -> Path:
@@ -53,15 +44,17 @@ def record_failure(run_dir: RunDir, rank: int, world_size: int, started: float, 
     line = error_line(err)
     result = {**(summary or {}), "status": "failed", "finished": False, "exit_code": 1, "failed_rank": rank, "error": line, "world_size": world_size}
     try:
-        _write(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
-        _write(run_dir.result, result)
+        marker(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
+        run_dir.write_json(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
+        run_dir.write_json(run_dir.result, result)
     except OSError as written:
         log.warning("could not record the failure in %s (%s)", run_dir.path, written)
 
 
 def record_end(run_dir: RunDir, rank: int, started: float, status: str) -> None:
     """This rank's script returned: `completed`, or `stopped` (a signal, or its exit code 75)."""
-    _write(marker(run_dir, rank), {"status": status, "started": started})
+    marker(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
+    run_dir.write_json(marker(run_dir, rank), {"status": status, "started": started})
 
 
 def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Callable[[float], None] = time.sleep) -> tuple[int, str, str] | None:

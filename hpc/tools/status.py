@@ -308,9 +308,14 @@ def newest_checkpoint(run_dir: RunDir) -> int | None:
     return max(committed_steps(run_dir.checkpoints), default=None)
 
 
+def result_state(result: dict[str, Any]) -> str:
+    """A run's state from its result.json: COMPLETED, FAILED, or STOPPED (resumable)."""
+    return {"completed": "COMPLETED", "failed": "FAILED"}.get(str(result.get("status")), "STOPPED")
+
+
 def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     if result:
-        return {"completed": "COMPLETED", "failed": "FAILED"}.get(str(result.get("status")), "STOPPED")
+        return result_state(result)
     if job.get("host") == socket.gethostname() and isinstance(job.get("pid"), int):
         try:
             os.kill(job["pid"], 0)
@@ -334,7 +339,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     elif job_id in accounting:
         state = accounting[job_id]
     elif result:  # Slurm forgot the job (MinJobAge) and keeps no accounting: the run dir knows
-        state = {"completed": "COMPLETED", "failed": "FAILED"}.get(str(result.get("status")), "STOPPED")
+        state = result_state(result)
     else:
         state = "UNKNOWN"
     timeline = read_jsonl(run_dir.path / TIMELINE)
