@@ -49,4 +49,16 @@ def local_ranks_environment(base: Mapping[str, str]) -> dict[str, str]:
     """The environment of ranks that mpirun starts on this machine outside a job (the benchmarks,
     the tests): as a job's ranks run (huge pages, root allowed), one thread each, since they
     share the cores."""
-    return {**base, **root_environment(), **huge_pages_environment(base), "OMP_NUM_THREADS": "1"}
+    return {**base, **root_environment(), **one_machine_environment(base), **huge_pages_environment(base), "OMP_NUM_THREADS": "1"}
+
+
+def one_machine_environment(current: Mapping[str, str]) -> dict[str, str]:
+    """For mpirun on this machine alone (never under srun, whose PMIx server decides). PMIx
+    authenticates its clients through munge where that plugin is installed: with munge installed
+    and its daemon stopped (a workstation, a login node), every mpirun waited 2.3 s for the
+    socket before starting a rank. The ranks are this user's, on this machine: the native check
+    (the socket's peer credentials) is the same guarantee. A value the user set is kept."""
+    return {PMIX_SECURITY: current.get(PMIX_SECURITY, "native")}
+
+
+PMIX_SECURITY = "PMIX_MCA_psec"

@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests]
+TEST_SECONDS: dict[str, float] = {}  # node id -> setup + call + teardown
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -54,6 +55,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     seconds_tests = TIER_SECONDS.setdefault(tier, [0.0, 0])
     seconds_tests[0] += report.duration
     seconds_tests[1] += report.when == "call"
+    TEST_SECONDS[report.nodeid] = TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -65,6 +67,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     total = sum(seconds for seconds, _ in TIER_SECONDS.values())
     shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0]))
     terminalreporter.write_line(f"time by tier: {shown}; all {total / 60:.1f} min")
+    # Every test's time, for the budget's next cut: .pytest_cache/v/hpc/test-seconds
+    if terminalreporter.config.cache is not None:
+        terminalreporter.config.cache.set("hpc/test-seconds", dict(sorted(TEST_SECONDS.items(), key=lambda kv: -kv[1])))
 
 
 def require(condition: bool, what: str) -> None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collectives.mpirun import find_mpirun, mpirun_command
+from collectives.mpirun import find_mpirun, mpirun_command, one_machine_environment
 from hpc.config.schema import JobConfig
 from hpc.env import TTY_VARIABLE
 from hpc.errors import UserError
@@ -58,7 +58,7 @@ def run_local(
     if code is None:
         code = run_dir.code if run_dir.code.is_dir() else freeze_job_code(run_dir.code, job)
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
-    command = pinned_command(rank_command(job, run_dir, mpirun), env, code, os.environ.get("PYTHONPATH"))
+    command = pinned_command(rank_command(job, run_dir, mpirun), {**env, **one_machine_environment(os.environ)}, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")
     tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
     return run_command(command, {**os.environ, **tty}, stops)  # the very command.txt

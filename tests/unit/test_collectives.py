@@ -80,3 +80,25 @@ def test_local_ranks_run_as_a_jobs_ranks_do_one_thread_each_and_keep_the_callers
     assert (env["PATH"], env["OMP_NUM_THREADS"], env[HUGE_PAGES]) == ("/x", "1", "0")
     assert local_ranks_environment({})[HUGE_PAGES] == "1"
     assert ("OMPI_ALLOW_RUN_AS_ROOT" in env) == (os.geteuid() == 0)
+    # PMIx's peer-credential check, not munge's socket (a stopped munged cost 2.3 s a launch);
+    # the user's own choice is kept
+    assert (env["PMIX_MCA_psec"], local_ranks_environment({"PMIX_MCA_psec": "munge"})["PMIX_MCA_psec"]) == ("native", "munge")
+
+
+def test_a_local_runs_command_names_pmix_native_security_and_keeps_the_users(monkeypatch, tmp_path):
+    """command.txt, the very command a local run runs and a resume pastes, carries the setting."""
+    from hpc.config.schema import JobConfig
+    from hpc.rundir import RunDir
+    from hpc.submit import local
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(local, "run_command", lambda command, env, stops=None: ran.append(command) or 0)
+    (tmp_path / "code").mkdir()
+    for user_value, expected in ((None, "native"), ("munge", "munge")):
+        if user_value is None:
+            monkeypatch.delenv("PMIX_MCA_psec", raising=False)
+        else:
+            monkeypatch.setenv("PMIX_MCA_psec", user_value)
+        local.run_local(JobConfig(), {}, RunDir(tmp_path), code=tmp_path / "code")
+        written = (tmp_path / "command.txt").read_text().split()
+        assert f"PMIX_MCA_psec={expected}" in written and written == ran[-1], written
