@@ -105,6 +105,14 @@ class RunDir:
         return json.loads(path.read_text())
 
 
+def failure_line(result: dict[str, Any]) -> str:
+    """result.json's failure in one line, `rank N: Type: message` (hpc.rank.outcomes writes
+    it); empty unless the run failed on a known rank."""
+    if result.get("status") != "failed" or "failed_rank" not in result:
+        return ""
+    return f"rank {result['failed_rank']}: {result.get('error', '?')}"
+
+
 def finite_or_null(value: Any) -> Any:
     """`value` with every NaN or infinite float inside it (dicts, lists, tuples) made None."""
     if isinstance(value, float):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import errno
 import json
+import sysconfig
 from pathlib import Path
+from types import TracebackType
 
 # An OSError with these errno values names a file that is not there or not allowed: the same on
 # every start. Others (EIO, ESTALE, ETIMEDOUT, ENOSPC, ...) come and go on shared file systems.
@@ -49,11 +51,31 @@ def repeats(err: BaseException) -> bool:
 
 def one_line(err: BaseException) -> bool:
     """The user-fixable errors whose message is the whole story (no traceback in the log)."""
+    from hpc.errors import UserError
     from trainers.checkpoint import CheckpointError
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 
-    return isinstance(err, CheckpointError | TaskError | DivergedError)
+    return isinstance(err, CheckpointError | TaskError | DivergedError | UserError)
+
+
+TOOLKIT_PACKAGES = ("hpc", "trainers", "collectives")
+
+
+def from_users_frame(err: BaseException, code_root: Path) -> TracebackType | None:
+    """`err`'s traceback from the first frame of the user's own code (a script, a task module)
+    down: the toolkit's, runpy's and the libraries' frames above it only say how the user's code
+    was called. All of it where no frame is the user's (an error in the toolkit or a library)."""
+    toolkit = tuple(str(code_root / package) + "/" for package in TOOLKIT_PACKAGES)
+    libraries = tuple({str(Path(sysconfig.get_paths()[key])) + "/" for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+    def users(filename: str) -> bool:
+        return not filename.startswith("<") and not filename.startswith(toolkit) and not filename.startswith(libraries)
+
+    tb = err.__traceback__
+    while tb is not None and not users(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb if tb is not None else err.__traceback__
 
 
 FAILURES = "failures.jsonl"  # in the run dir: one line per rank failure, for seen_before()

@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the module level stays light: srun starts it after catching
 # STOP_SIGNALS (hpc.rank.signals): each one stops at a step boundary with a checkpoint, never as a
 # KeyboardInterrupt in the middle of a step.
 log = logging.getLogger("hpc.rank")
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the toolkit's code: the frozen copy on Slurm (hpc.submit.snapshot)
 
 
 def attached_to_terminal() -> bool:
@@ -88,20 +89,34 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
 
 
 def train_rank(run_dir_path: str) -> dict[str, Any]:
-    """Train this rank of the run dir's job; the summary says how it ended and the exit code.
-    Everything started here ends in one place, in reverse order: the `with` block below."""
-    import torch
+    """Train this rank of the run dir's job; the summary says how it ended and the exit code. A
+    failure anywhere ends the rank with exit code 1 after result.json says why (report_failure)."""
     from omegaconf import OmegaConf
 
-    from collectives import describe, init_collectives
     from hpc.config.schema import apply_run_access, to_job_config
-    from trainers.preemption import StopFlag
 
     run_dir = RunDir(Path(run_dir_path))
-    job = to_job_config(OmegaConf.load(run_dir.config))
-    apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
     rank = RankInfo.from_env(os.environ)
-    init_rank_logging(run_dir, rank)
+    try:
+        job = to_job_config(OmegaConf.load(run_dir.config))
+        apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
+        init_rank_logging(run_dir, rank)
+        return train_as_configured(job, run_dir, rank)
+    except Exception as err:  # in start-up: the loop's and the script's own failures end the rank where they are caught
+        report_failure(err, rank, run_dir, "ending")
+        logging.shutdown()
+        raise SystemExit(1) from None  # told above, in one line or from the user's frame down: not again on stderr
+
+
+def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict[str, Any]:
+    """train_rank's work, once the job is read and the rank logs: the built-in loop or the
+    user's script, from start-up (signals, binding, collectives) to the summary. Everything
+    started here ends in one place, in reverse order: the `with` block below."""
+    import torch
+
+    from collectives import describe, init_collectives
+    from trainers.preemption import StopFlag
+
     if rank.is_main:
         note_run_dir(os.environ, run_dir.path)  # where the batch script's step supervisor sees progress
     with contextlib.ExitStack() as started:
@@ -126,7 +141,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
             f", restart {os.environ[STEP_ATTEMPT_VARIABLE]} in this allocation" if os.environ.get(STEP_ATTEMPT_VARIABLE, "0") != "0" else "",
         )
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
-        log.info("code: %s", Path(__file__).resolve().parents[2])  # the frozen copy on Slurm (hpc.submit.snapshot)
+        log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
         if job.script is not None:  # the user's own script instead of the built-in loop
             return after_script(script_rank(job, run_dir, rank, stop), job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
@@ -143,8 +158,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         try:
             result = run_fit(job, run_dir, rank, comm, stop, watchdog)
         except BaseException as err:
-            abort_job(err, comm, rank, run_dir)
-            raise
+            abort_job(err, comm, rank, run_dir)  # ends the process: MPI_Abort (any backend but a single process's)
+            raise SystemExit(1) from None
         comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
     return after_fit(result, job, run_dir, rank, stop)
 
@@ -152,7 +167,6 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
 def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> ScriptResult:
     """hpc.rank.script on this rank: a stop before the script starts ends the rank at once; an
     error the script raises (or its own non-zero exit) ends the job as a task's would."""
-    from hpc.rank.failures import one_line, repeats_here
     from hpc.rank.hosting import Host
     from hpc.rank.script import ScriptFailed, ScriptResult, run_script
 
@@ -162,7 +176,7 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     stop.phase = "training"
     try:
         host = Host(job, run_dir, rank, stop, STOP_SIGNALS)
-        return run_script(str(job.script), job.script_args, str(job.workdir), host, Path(__file__).resolve().parents[2])
+        return run_script(str(job.script), job.script_args, str(job.workdir), host, CODE_ROOT)
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
         log.error("error: %s; ending all %d ranks", err, rank.world_size)
         record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
@@ -170,20 +184,9 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
         logging.shutdown()
         raise SystemExit(1) from None
     except Exception as err:
-        lasting, why = repeats_here(run_dir.path, err, rank.rank)
-        if one_line(err):  # the toolkit's refusal (the run handle's): the fix is in its one line
-            log.error("error: %s; ending all %d ranks", err, rank.world_size)
-        else:  # the user's own error: its traceback
-            log.exception("rank %d: the script failed; ending all %d ranks", rank.rank, rank.world_size)
-        record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
-        if why:
-            log.error("%s", why)
-        if lasting:
-            end_for_good(rank, f"{type(err).__name__}: {err}")
-        else:
-            log.error("%s need not repeat: counted as a failure, like a lost rank (restart or requeue, within the failure budget)", type(err).__name__)
+        report_failure(err, rank, run_dir, "ending")
         logging.shutdown()
-        raise
+        raise SystemExit(1) from None  # told above, from the user's frame down: not again on stderr
 
 
 def end_for_good(rank: RankInfo, why: str) -> None:
@@ -249,18 +252,27 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
 
 
 def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: RunDir) -> None:
-    """The other ranks would wait in their next collective forever: end the whole job. An error
-    that would repeat (hpc.rank.failures: by its kind, or the same at the same step after a
-    restart) also keeps Slurm from starting it again; any other is a failure like a lost rank,
-    which the step supervisor and the requeue count against the budget."""
-    from hpc.rank.failures import one_line, repeats_here
+    """The other ranks would wait in their next collective forever: end the whole job."""
+    report_failure(err, rank, run_dir, "aborting")
+    logging.shutdown()
+    comm.abort(1)
+
+
+def report_failure(err: BaseException, rank: RankInfo, run_dir: RunDir, ending: str) -> None:
+    """This rank failed (the job ends next, `ending` all ranks): result.json and its marker say
+    so (hpc.rank.outcomes), the log tells why: a toolkit refusal in one line, anything else with
+    its traceback from the user's own frame down. An error that would repeat (hpc.rank.failures:
+    by its kind, or the same at the same step after a restart) also keeps Slurm from starting
+    the job again; any other is a failure like a lost rank, which the step supervisor and the
+    requeue count against the budget."""
+    from hpc.rank.failures import from_users_frame, one_line, repeats_here
 
     lasting, why = repeats_here(run_dir.path, err, rank.rank)
     record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
     if one_line(err):  # a user-fixable cause: one line, no traceback
-        log.error("error: %s; aborting all %d ranks", err, rank.world_size)
+        log.error("error: %s; %s all %d ranks", err, ending, rank.world_size)
     else:
-        log.exception("rank %d failed; aborting all %d ranks", rank.rank, rank.world_size)
+        log.error("rank %d failed; %s all %d ranks", rank.rank, ending, rank.world_size, exc_info=(type(err), err, from_users_frame(err, CODE_ROOT)))
     if why:
         log.error("%s", why)
     if lasting:
@@ -270,8 +282,6 @@ def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: Ru
             "%s need not repeat: counted as a failure, like a lost rank (restart or requeue from the newest checkpoint, within the failure budget)",
             type(err).__name__,
         )
-    logging.shutdown()
-    comm.abort(1)
 
 
 def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:

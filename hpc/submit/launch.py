@@ -6,6 +6,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
-from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
+from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
 from hpc.submit import local, slurm
 from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
@@ -97,6 +98,9 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         code = local.run_local(job, env, run_dir)
         tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
         tell(f"run directory: {run_dir.path}")
+        if code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
+            print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
+            tell(f"the run failed on {failure}", console=False)
         if code == EXIT_RESUMABLE:
             tell(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
         return code
@@ -113,6 +117,14 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     state = slurm.wait_for_job(job_id, run_dir.rank_log(0))
     tell(f"job {job_id} ended: {state}")
     return 0 if state == "COMPLETED" and run_dir.result.exists() else 1
+
+
+def run_failure(run_dir: RunDir) -> str:
+    """The failing rank and its error from result.json; empty where it says nothing of one."""
+    try:
+        return failure_line(run_dir.read_json(run_dir.result))
+    except (OSError, ValueError, AttributeError):  # none written (a killed rank), or not an object
+        return ""
 
 
 def discard_run_dir(run_dir: RunDir) -> None:

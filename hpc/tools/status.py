@@ -36,7 +36,7 @@ from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
-from hpc.rundir import RunDir, find_runs, last_records, read_jsonl
+from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
 from hpc.shown import shown_value
 from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
@@ -372,7 +372,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         peak_memory_line(metrics),
         float(tokens) if isinstance(tokens, int | float) else None,
         steps_per_second(newest),
-        error=f"rank {result['failed_rank']}: {result.get('error', '?')}" if result.get("status") == "failed" and "failed_rank" in result else "",
+        error=failure_line(result),
     )
 
 

@@ -4,14 +4,16 @@ middle of one, the same command again continues the study to its number of trial
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, logged_steps, rank_pids
 from tests.support.search import check_study, launch_command, run_search, sweep_points
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -28,28 +30,43 @@ def test_an_interrupted_local_study_continues_to_its_number_of_trials(tmp_path):
     first = subprocess.Popen(launch_command(*TRIAL, sweep_dir=sweep_dir), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     # Ctrl-C once the second trial trains: its ranks stop at a checkpoint, the first is done.
-    while not (len(sweep_points(sweep_dir)) == 2 and (sweep_dir / "1" / "steps.jsonl").exists()):
+    while not (len(sweep_points(sweep_dir)) == 2 and logged_steps(sweep_dir / "1") > 0):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.05)  # polling the run dir: there is no event to wait on
+    # Its rank frozen mid-training while the Ctrl-C travels: under load, the signal used to
+    # reach it only as the trial completed, and the resume below went untested in that run.
+    ranks = rank_pids(sweep_dir / "1")
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    total = sum(1 for _ in (sweep_dir / "0" / "steps.jsonl").open())  # every trial trains as many steps
+    assert ranks and logged_steps(sweep_dir / "1") < total, f"trial 1 ended before its rank was frozen: {ranks}"
     first.send_signal(signal.SIGINT)
+    while not all(map(signal_pending, ranks)):  # the launchers pass it on; the frozen rank keeps it pending
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.01)  # polling /proc: there is no event to wait on
+    for pid in ranks:
+        os.kill(pid, signal.SIGCONT)
     out, err = first.communicate(timeout=120)
     assert first.returncode == 75 and "run the same command again to continue the study" in err, out[-2000:] + err[-2000:]
-    # Under load the Ctrl-C may reach the ranks only as trial 1 completes: the study stops all the same.
-    late = "interrupted as trial #1 ended" in err
-    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == ("completed" if late else "stopped")
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["status"] == "stopped"
 
     again = run_search(*TRIAL, sweep_dir=sweep_dir)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "waiting for the 2 trial(s) the previous launcher submitted" in again.stdout
-    assert again.stdout.count("running locally") == (2 if late else 3)  # trial 1 resumed, 2 and 3 new; trial 0 was done
-    if not late:
-        assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
+    assert again.stdout.count("running locally") == 3  # trial 1 resumed, 2 and 3 new; trial 0 was done
+    assert json.loads((sweep_dir / "1" / "result.json").read_text())["resumed_from"] is not None  # from its checkpoint, not from scratch
     check_study(sweep_dir, trials=4)  # that the study beats the default lr: tests/e2e/test_search_slurm.py (the same sweeper and trials)
 
     status = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert report.returncode == 0 and (sweep_dir / "objective.png").stat().st_size > 0, report.stderr
+
+
+def signal_pending(pid: int) -> bool:
+    """A signal waits for process `pid` (one stopped by SIGSTOP keeps it until SIGCONT)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return any(int(status[key].strip(), 16) for key in ("SigPnd", "ShdPnd"))
 
 
 def test_a_ctrl_c_stops_a_local_grid_sweep_at_the_point_it_came_in(tmp_path):

@@ -117,3 +117,11 @@ def test_a_script_that_fails_on_any_rank_is_a_failed_run_that_says_where_and_why
     assert result["error"] == f"ValueError: rank {failed} cannot read its shard"
     status = run_status(RunDir(run_dir), {}, {})
     assert status.state == "FAILED" and f"(failed on rank {failed}: ValueError: rank {failed} cannot read its shard)" in status.line()
+    # The launching terminal names the rank and the error, rank 1's included (its log is a file)
+    assert f"error: the run failed on rank {failed}: ValueError: rank {failed} cannot read its shard" in done.stderr, done.stderr[-2000:]
+    # and the traceback starts in the user's script (its frozen copy), not in the toolkit's frames that called it
+    log = (run_dir / "logs" / f"rank-{failed:05d}.log").read_text()
+    shown = log[log.index("Traceback (most recent call last):") :].splitlines()
+    assert (
+        shown[1].strip().startswith("File") and '/script/train.py", line' in shown[1] and not any("/hpc/rank/" in line or "runpy" in line for line in shown)
+    ), log[-2000:]
