@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.support.docs import marked_blocks
 from tests.support.runs import ROOT
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -19,19 +20,12 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 LEFT_OUT = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", ".mypy_cache", ".ruff_cache", ".pytest_cache", "tests", "docs", "examples")
 
 
-def task_section(text: str, heading: str) -> tuple[str, list[str]]:
-    """The user task under `heading`: its Python file and its commands."""
-    section = text[text.index(heading) :]
-    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))]
-    commands = section[section.index("```bash\n") + len("```bash\n") : section.index("```\n", section.index("```bash"))].strip().splitlines()
-    return code, commands
-
-
 def readme_task() -> tuple[str, list[str]]:
-    """The README's own task (### Your own task), the same as docs/your-code.md shows."""
-    task = task_section((ROOT / "README.md").read_text(), "### Your own task")
-    assert task == task_section((ROOT / "docs" / "your-code.md").read_text(), "## Your own task"), "README.md and docs/your-code.md show different tasks"
-    return task
+    """The README's own task (### Your own task): its Python file and its commands, the same as
+    docs/your-code.md shows."""
+    code, commands = (block.body for block in marked_blocks("README.md", __file__))
+    assert [b.body for b in marked_blocks("docs/your-code.md", __file__)] == [code, commands], "README.md and docs/your-code.md show different tasks"
+    return code, commands.strip().splitlines()
 
 
 def test_the_installed_command_runs_the_first_job_and_the_readme_task_from_a_project_dir(tmp_path):

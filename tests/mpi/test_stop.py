@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from tests.support.docs import blocks
-from tests.support.runs import ROOT, logged_steps, rank_pids, resume_command, start_launch, stopped_pattern, wait_for_run
+from tests.support.docs import marked_blocks
+from tests.support.runs import logged_steps, rank_pids, resume_command, start_launch, stopped_pattern, wait_for_run
 from trainers.layout import committed_steps, rank_files, step_dir_name
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -27,7 +27,7 @@ JOB = ["model.hidden_sizes=[512,512]", "trainer.epochs=4", "checkpoint.every_ste
 
 def documented_stop(run_dir: Path) -> list[str]:
     """The stop command of docs/checkpoints.md, for `run_dir`."""
-    (block,) = [b for b in blocks(ROOT / "docs" / "checkpoints.md") if "hpc.stop" in b.body]
+    (block,) = marked_blocks("docs/checkpoints.md", __file__)
     (line,) = [line for line in block.body.splitlines() if line.strip()]
     words = shlex.split(line, comments=True)
     assert words[:3] == ["python", "-m", "hpc.stop"] and len(words) == 4, words

@@ -1,7 +1,7 @@
 """The code blocks of README.md and docs/*.md, and what each one says about how it is checked.
 
 A block's fence may follow a marker comment (blank lines between allowed):
-    <!-- run by tests/mpi/test_installed.py -->   a named test runs it (the test reads this file)
+    <!-- run by tests/mpi/test_installed.py -->   a named test runs it, read with marked_blocks()
     <!-- not run here: REASON -->                 a real cluster's command, your own files ...
 An unmarked shell block is run by tests/e2e/test_docs_commands.py, launch commands as dry runs;
 an unmarked Python block is an error.
@@ -66,3 +66,13 @@ def blocks(path: Path) -> list[Block]:
 
 def all_blocks() -> list[Block]:
     return [block for path in doc_files() for block in blocks(path)]
+
+
+def marked_blocks(doc: str, test_file: str) -> list[Block]:
+    """The blocks of `doc` (a path in the checkout) whose marker says `run by` the test file
+    `test_file` (the test's __file__), in order: the docs' own text, which that test runs, never
+    a copy of it (tests/unit/test_docs.py checks that every marked test reads its blocks here)."""
+    name = str(Path(test_file).resolve().relative_to(ROOT))
+    found = [block for block in blocks(ROOT / doc) if block.run_by == name]
+    assert found, f"no block of {doc} is marked `run by {name}`"
+    return found

@@ -23,8 +23,11 @@ def problem(block: Block) -> str | None:
         test = ROOT / block.run_by
         if not test.is_file():
             return f"{block.where}: run by {block.run_by}, which does not exist"
-        if block.path.name not in test.read_text():
-            return f"{block.where}: {block.run_by} never reads {block.path.name}"
+        doc = str(block.path.relative_to(ROOT))
+        if f'marked_blocks("{doc}", __file__)' not in test.read_text():
+            return f'{block.where}: {block.run_by} never reads it with marked_blocks("{doc}", __file__)'
+        if not block.body.strip():
+            return f"{block.where}: an empty block"
         return None
     if block.not_run is not None or block.is_shell:
         return None  # not run with its reason, or run by tests/e2e/test_docs_commands.py

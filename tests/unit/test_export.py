@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from hpc.run import start_run
+from tests.support.docs import marked_blocks
 from tests.support.fit_in_process import Regression, train
 from tests.support.fit_in_process import config as task_config
 from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
-from tests.support.runs import ROOT
 from trainers.checkpoint import load_tensor_file
 from trainers.export import load, main
 from trainers.layout import SHARED, step_dir_name
@@ -24,9 +24,8 @@ from trainers.layout import SHARED, step_dir_name
 
 def readme_reader() -> str:
     """The Python block of the docs' export section: a safetensors reader in plain torch."""
-    text = (ROOT / "docs" / "checkpoints.md").read_text()
-    section = text[text.index("## The trained model, out of the toolkit") :]
-    return section[section.index("```python\n") + len("```python\n") : section.index("```", section.index("```python\n") + 10)]
+    reader, _ = marked_blocks("docs/checkpoints.md", __file__)
+    return reader.body
 
 
 def test_a_run_s_model_exported_loads_in_plain_torch_without_the_toolkit(tmp_path, capsys):
@@ -51,10 +50,8 @@ def test_a_run_s_model_exported_loads_in_plain_torch_without_the_toolkit(tmp_pat
 
 def builtin_mlp_block() -> str:
     """The docs' second Python block of the export section: the built-in MLP rebuilt in plain torch."""
-    text = (ROOT / "docs" / "checkpoints.md").read_text()
-    section = text[text.index("## The trained model, out of the toolkit") :]
-    start = section.index("```python\n", section.index("```python\n") + 10) + len("```python\n")
-    return section[start : section.index("```", start)]
+    _, mlp = marked_blocks("docs/checkpoints.md", __file__)
+    return mlp.body
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])

@@ -22,6 +22,7 @@ from hpc.errors import UserError
 from hpc.rundir import RUN_MARKER
 from hpc.submit.sweep import discard_unsubmitted
 from hpc.submit.tidy import note_run_root, prune_empty
+from tests.support.docs import marked_blocks
 from tests.support.runs import ROOT, run_launch
 
 OPTIM_KEYS = "valid keys in 'optim': name, lr, momentum"
@@ -297,9 +298,9 @@ def test_too_many_cpus_per_node_names_fixes_that_lower_them():
 
 
 def test_the_docs_error_examples_are_what_launch_prints():
-    block = re.search(r"```\n(\$ python launch\.py .*?)```", (ROOT / "docs" / "running-jobs.md").read_text(), re.S)
-    assert block is not None
-    examples = re.findall(r"\$ python launch\.py (.*)\n(error: .*)\n", block.group(1))
+    (block,) = marked_blocks("docs/running-jobs.md", __file__)
+    examples = re.findall(r"\$ python launch\.py (.*)\n(error: .*)\n", block.body)
+    assert len(examples) * 2 == len(block.body.splitlines())  # every line of the block is checked
     assert len(examples) >= 2
     for overrides, printed in examples:
         with pytest.raises(UserError, match=re.escape(printed.removeprefix("error: "))) as err:

@@ -21,6 +21,7 @@ from hpc.config.compose import compose_job, sweep_points
 from hpc.config.local_gpus import built_for_gpus, machine_gpus, nvidia_smi_list, with_local_gpus
 from hpc.config.schema import JobConfig
 from hpc.fabric.detect import GpuCount, count_gpus, parse_nvidia_smi_list, visible_gpus
+from tests.support.docs import marked_blocks
 from tests.support.runs import ROOT
 
 H100_LIST = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i}a6c2f3e-8d0b-4b2a-9c1e-5f7d3e2b1a0{i})\n" for i in range(4))
@@ -230,7 +231,8 @@ def dry_run(tmp_path: Path, path: str, program: list[str], hidden: tuple[str, ..
 def test_the_launchers_first_line_says_what_the_gpus_changed(tmp_path):
     lines = dry_run(tmp_path, f"{listing(tmp_path / 'bin')}:{os.environ['PATH']}", ["-c", PATCHED_LAUNCH], hidden=("CUDA_VISIBLE_DEVICES",))
     assert lines[0].endswith(f"[hpc.launch][INFO] - {NOTE}"), lines[0]
-    assert f"\n{NOTE}\n" in (ROOT / "docs" / "running-jobs.md").read_text()  # the line the docs show
+    (shown,) = marked_blocks("docs/running-jobs.md", __file__)
+    assert shown.body == f"{NOTE}\n"  # the line the docs show
     assert lines[1] == "# resolved config"
     assert {"  tasks_per_node: 4", "  gpus_per_task: 1", "  backend: nccl"} <= set(lines)
     assert " -n 4 " in lines[-1]  # mpirun starts 4 ranks
