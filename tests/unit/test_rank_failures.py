@@ -40,6 +40,9 @@ LASTING = [
 PASSING = [
     OSError(errno.EIO, "Input/output error"),
     OSError(errno.ESTALE, "Stale file handle"),
+    OSError(
+        "Unable to synchronously read data (file read failed: errno = 5, error message = 'Input/output error')"
+    ),  # h5py's, no errno: only "No such file" repeats
     TimeoutError("Gloo: timed out waiting for peers"),
     ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
     RuntimeError("NCCL watchdog: collective operation timeout"),
