@@ -18,7 +18,7 @@ from tests.support.fit_in_process import Regression, train
 from tests.support.fit_in_process import config as task_config
 from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
 from trainers.checkpoint import load_tensor_file
-from trainers.export import load, main
+from trainers.export import export, load, main, write_safetensors
 from trainers.layout import SHARED, step_dir_name
 
 
@@ -97,3 +97,32 @@ def test_what_cannot_be_exported_is_said_in_one_line(tmp_path, capsys, args, mes
     assert main([str(tmp_path), "--out", str(tmp_path / "m.safetensors"), *args]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_the_header_keeps_the_tensor_bytes_8_byte_aligned_whatever_its_length(tmp_path):
+    """safetensors' rule: readers that map the file (safetensors itself) need aligned tensors."""
+    tensors = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3, dtype=torch.float64)}
+    for padding in range(9):
+        path = tmp_path / f"m{padding}.safetensors"
+        write_safetensors(path, tensors, {"note": "x" * padding})
+        size = int.from_bytes(path.read_bytes()[:8], "little")
+        assert size % 8 == 0, (padding, size)
+        weights, metadata = load(path)
+        assert metadata == {"note": "x" * padding} and all(torch.equal(weights[k], tensors[k]) for k in tensors)
+
+
+def test_a_corrupted_checkpoint_is_skipped_for_the_newest_good_one_or_refused_when_asked_for(tmp_path, capsys):
+    train(tmp_path / "run", Regression(), task_config(max_steps=4, every_steps=2))  # steps 2 and 4
+    newest = tmp_path / "run" / "checkpoints" / step_dir_name(4) / SHARED
+    newest.write_bytes(newest.read_bytes()[:-1] + b"\0")  # one byte: its checksum no longer holds
+    out = tmp_path / "nested" / "dir" / "model.safetensors"  # folders made as needed
+    assert main([str(tmp_path / "run"), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert f"skipping {step_dir_name(4)}: " in captured.err and "of checkpoint step 2 " in captured.out
+    assert load(out)[1]["hpctk_step"] == "2"
+    assert main([str(tmp_path / "run"), "--out", str(out), "--step", "4"]) == 1  # asked for by name: refused, not replaced
+    assert f"error: {step_dir_name(4)}" in capsys.readouterr().err
+    assert export(tmp_path / "run", tmp_path / "again.safetensors")["step"] == 2  # from Python: the newest good one too
+    with pytest.raises(SystemExit) as refused:  # --out is required
+        main([str(tmp_path / "run")])
+    assert refused.value.code == 2 and "--out" in capsys.readouterr().err

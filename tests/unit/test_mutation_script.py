@@ -68,7 +68,7 @@ def test_each_mutant_changes_one_thing_and_the_rules_leave_the_rest():
 def test_a_mutant_runs_only_the_tests_that_run_its_statement_or_all_on_import():
     mutation = load()
     lines = {"t::a": [12, 13], "t::b": [15]}
-    inside = mutation.Mutant("m", 0, 13, 14, "and -> or", False)
+    inside = mutation.Mutant("m", 0, 13, 14, "13:7", "and -> or", False)
     assert mutation.covering(inside, lines) == ["t::a"]
-    assert mutation.covering(mutation.Mutant("m", 1, 20, 20, "1 -> 2", False), lines) == []  # no test runs it
-    assert mutation.covering(mutation.Mutant("m", 2, 6, 6, "3 -> 4", True), lines) is None  # every test
+    assert mutation.covering(mutation.Mutant("m", 1, 20, 20, "20:4", "1 -> 2", False), lines) == []  # no test runs it
+    assert mutation.covering(mutation.Mutant("m", 2, 6, 6, "6:8", "3 -> 4", True), lines) is None  # every test

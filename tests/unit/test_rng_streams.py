@@ -72,3 +72,27 @@ def test_a_tasks_random_transforms_are_the_same_on_workers_or_on_the_training_th
     rngstreams.seed_rank(config().trainer.seed, 0)
     alone = [float(torch.rand(())) for _ in here]  # the rank's stream with no data reading at all
     assert [s["rank0_draw"] for s in here] == pytest.approx(alone, rel=1e-12)
+
+
+def three_draws() -> tuple[float, float, float]:
+    return random.random(), float(np.random.random()), torch.rand(1).item()
+
+
+@pytest.mark.parametrize("seeder", ["seed_all", "reseed", "isolated"])
+def test_each_seeding_restarts_all_three_streams_from_the_whole_seed_small_or_large(seeder):
+    """The same seed draws the same in Python's, numpy's and torch's streams; seeds that differ
+    (in their low bits, or only above 2^32, which numpy cannot take whole) draw differently in
+    each. A loader worker (reseed) and a batch's stream (isolated) rely on it."""
+
+    def draws(seed: int) -> tuple[float, float, float]:
+        if seeder == "isolated":
+            with rngstreams.isolated(seed):
+                return three_draws()
+        getattr(rngstreams, seeder)(seed)
+        return three_draws()
+
+    seeds = (1, 2, 7 + 2**40, 8 + 2**40)
+    first = [draws(seed) for seed in seeds]
+    assert first == [draws(seed) for seed in seeds]
+    for stream in range(3):
+        assert len({d[stream] for d in first}) == len(seeds), (stream, first)
