@@ -123,6 +123,7 @@ def test_a_corrupted_checkpoint_is_skipped_for_the_newest_good_one_or_refused_wh
     assert main([str(tmp_path / "run"), "--out", str(out), "--step", "4"]) == 1  # asked for by name: refused, not replaced
     assert f"error: {step_dir_name(4)}" in capsys.readouterr().err
     assert export(tmp_path / "run", tmp_path / "again.safetensors")["step"] == 2  # from Python: the newest good one too
+    assert main([str(tmp_path / "run"), "--out", str(out), "--step", "2"]) == 0 and load(out)[1]["hpctk_step"] == "2"
     with pytest.raises(SystemExit) as refused:  # --out is required
         main([str(tmp_path / "run")])
     assert refused.value.code == 2 and "--out" in capsys.readouterr().err
