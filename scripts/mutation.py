@@ -42,7 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # The modules of issue 46's list and the unit tests that state their guarantees.
 TARGETS: dict[str, list[str]] = {
     "hpc.rank.failures": ["tests/unit/test_rank_failures.py"],
-    "trainers.metricnames": ["tests/unit/test_metricnames.py", "tests/unit/test_run_handle.py", "tests/unit/test_task_seam.py"],
+    "trainers.metricnames": [
+        "tests/unit/test_metricnames.py",
+        "tests/unit/test_fit_in_process.py",
+        "tests/unit/test_run_handle.py",
+        "tests/unit/test_task_seam.py",
+    ],
     "trainers.boundary": [
         "tests/unit/test_host_overhead.py",
         "tests/unit/test_fit_in_process.py",

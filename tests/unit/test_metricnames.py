@@ -10,7 +10,8 @@ import string
 import pytest
 
 from collectives.testing import ThreadWorld
-from trainers.metricnames import agree, fingerprint, fingerprints_agree
+from trainers.metricnames import agree, changed_line, fingerprint, fingerprints_agree
+from trainers.task import TaskError
 
 RANKS_BOUND = 2**13  # the docstring's promise
 
@@ -48,3 +49,23 @@ def test_ranks_with_no_names_take_the_others_and_none_anywhere_is_no_names():
     assert ThreadWorld(3, timeout_s=60).run(lambda comm: rank(comm, [None, ("loss",), None])) == [("loss",)] * 3
     assert ThreadWorld(2, timeout_s=60).run(lambda comm: rank(comm, [None, None])) == [(), ()]
     assert ThreadWorld(2, timeout_s=60).run(lambda comm: rank(comm, [(), ()])) == [(), ()]  # reported, empty: not "none"
+
+
+def test_a_difference_on_any_rank_is_named_by_its_key_and_rank_whatever_the_names_lengths():
+    def rank(comm, names_by_rank):
+        return agree(comm, names_by_rank[comm.rank], "step 3")
+
+    cases = [
+        ([("loss",), ("loss", "recall_7"), ("loss",)], "rank 1 reports 'recall_7', which rank 0 does not"),
+        ([("loss", "acc"), ("loss", "acc"), ("loss",)], "rank 0 reports 'acc', which rank 2 does not"),
+        ([("a", "b"), ("b", "a")], "ranks 0 and 1 report them in another order"),
+    ]
+    for names_by_rank, message in cases:
+        with pytest.raises(TaskError, match=f"the metric names differ across ranks at step 3: {message}"):
+            ThreadWorld(len(names_by_rank), timeout_s=60).run(lambda comm, names_by_rank=names_by_rank: rank(comm, names_by_rank))
+
+
+def test_names_changed_alike_on_every_rank_are_named_as_added_or_dropped():
+    assert "every rank reports 'aux', which the first step did not" in changed_line(9, ("loss",), ("loss", "aux"))
+    assert "no rank reports 'aux' any more" in changed_line(9, ("loss", "aux"), ("loss",))
+    assert changed_line(9, ("loss",), ("loss", "aux")).startswith("the metric names changed at step 9: ")
