@@ -52,6 +52,9 @@ def local_ranks_environment(base: Mapping[str, str]) -> dict[str, str]:
     return {**base, **root_environment(), **one_machine_environment(base), **huge_pages_environment(base), "OMP_NUM_THREADS": "1"}
 
 
+PMIX_SECURITY = "PMIX_MCA_psec"
+
+
 def one_machine_environment(current: Mapping[str, str]) -> dict[str, str]:
     """For mpirun on this machine alone (never under srun, whose PMIx server decides). PMIx
     authenticates its clients through munge where that plugin is installed: with munge installed
@@ -59,6 +62,3 @@ def one_machine_environment(current: Mapping[str, str]) -> dict[str, str]:
     socket before starting a rank. The ranks are this user's, on this machine: the native check
     (the socket's peer credentials) is the same guarantee. A value the user set is kept."""
     return {PMIX_SECURITY: current.get(PMIX_SECURITY, "native")}
-
-
-PMIX_SECURITY = "PMIX_MCA_psec"
