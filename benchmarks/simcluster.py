@@ -19,9 +19,9 @@ from hpc.slurmctl import hostnames, job_fields, job_state, node_states, start_no
 from trainers.layout import committed_steps
 
 SIM = str(Path(__file__).resolve().parents[1] / "scripts" / "slurm-sim.sh")
-# slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (60 s); it
-# pings every 20 s, so this takes up to about 80 s.
-DETECTION_S = 150
+# slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (30 s on the
+# simulator, scripts/slurm-sim.sh); it pings every 10 s, so this takes up to about 40 s.
+DETECTION_S = 120
 
 
 def parse_job_id(launch_stdout: str) -> str:

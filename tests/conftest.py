@@ -44,18 +44,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("net"))
 
 
-TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests]
+TIER_SECONDS: dict[str, list[float]] = {}  # tier (tests/<tier>/...) -> [seconds, tests, CPU seconds]
 TEST_SECONDS: dict[str, float] = {}  # node id -> setup + call + teardown
+TEST_CPU_SECONDS: dict[str, float] = {}  # node id -> the CPU its phases took (cpu_seconds)
+PHASE_STARTED_CPU = pytest.StashKey[float]()
+
+
+def cpu_seconds() -> float:
+    """CPU this process used, and every process it started that has ended and been waited for,
+    with theirs (launch.py, mpirun and the ranks under it, torchrun and its workers): the suite's
+    bound on 2 cores, where the ranks' start-up is most of it. Not a Slurm job's (its processes
+    are slurmd's)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):  # type: ignore[no-untyped-def]  # a hook wrapper's generator
+    item.stash[PHASE_STARTED_CPU] = cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item):  # type: ignore[no-untyped-def]
+    """The CPU of each phase (setup, call, teardown: one after the other, each ended by its
+    report) travels with its report: an xdist worker's reach the controller."""
+    outcome = yield
+    now = cpu_seconds()
+    outcome.get_result().user_properties.append(("cpu_s", now - item.stash.get(PHASE_STARTED_CPU, now)))
+    item.stash[PHASE_STARTED_CPU] = now
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Setup, call and teardown of every test, added up by tier for the summary below."""
     parts = report.nodeid.split("/")
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
-    seconds_tests = TIER_SECONDS.setdefault(tier, [0.0, 0])
-    seconds_tests[0] += report.duration
-    seconds_tests[1] += report.when == "call"
+    totals = TIER_SECONDS.setdefault(tier, [0.0, 0, 0.0])
+    cpu = sum(float(value) for name, value in report.user_properties if name == "cpu_s")
+    totals[0] += report.duration
+    totals[1] += report.when == "call"
+    totals[2] += cpu
     TEST_SECONDS[report.nodeid] = TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
+    TEST_CPU_SECONDS[report.nodeid] = TEST_CPU_SECONDS.get(report.nodeid, 0.0) + cpu
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -64,12 +94,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     wall time pytest prints."""
     if hasattr(terminalreporter.config, "workerinput") or not TIER_SECONDS:
         return  # a pytest-xdist worker: its controller hears every report and sums them
-    total = sum(seconds for seconds, _ in TIER_SECONDS.values())
-    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests) in sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0]))
+    total = sum(seconds for seconds, _, _ in TIER_SECONDS.values())
+    total_cpu = sum(cpu for _, _, cpu in TIER_SECONDS.values())
+    by_time = sorted(TIER_SECONDS.items(), key=lambda kv: -kv[1][0])
+    shown = ", ".join(f"{tier} {seconds / 60:.1f} min ({tests} tests)" for tier, (seconds, tests, _) in by_time)
     terminalreporter.write_line(f"time by tier: {shown}; all {total / 60:.1f} min")
-    # Every test's time, for the budget's next cut: .pytest_cache/v/hpc/test-seconds
+    shown = ", ".join(f"{tier} {cpu / 60:.1f} min" for tier, (_, _, cpu) in by_time)
+    terminalreporter.write_line(f"CPU by tier (the tests' processes, not Slurm's): {shown}; all {total_cpu / 60:.1f} min")
+    # Every test's time and CPU, for the budget's next cut: .pytest_cache/v/hpc/test-seconds, test-cpu-seconds
     if getattr(terminalreporter.config, "cache", None) is not None:  # none under -p no:cacheprovider (scripts/test-ranges.sh)
         terminalreporter.config.cache.set("hpc/test-seconds", dict(sorted(TEST_SECONDS.items(), key=lambda kv: -kv[1])))
+        terminalreporter.config.cache.set("hpc/test-cpu-seconds", dict(sorted(TEST_CPU_SECONDS.items(), key=lambda kv: -kv[1])))
 
 
 def require(condition: bool, what: str) -> None:

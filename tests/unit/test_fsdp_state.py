@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from collectives import fsdp
 from collectives.zero import full_state
+from tests.support.ranks import gloo_world_of_one
 from trainers.gpt import GPT, GPTShape, next_token_loss
 from trainers.handle import Registry, per_rank
 from trainers.task import TaskError
@@ -23,11 +23,8 @@ SHAPE = GPTShape(vocab_size=32, context=8, layers=2, heads=2, width=16)
 
 @pytest.fixture
 def one_rank(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
+    with gloo_world_of_one(tmp_path / "store"):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def build(sharded: bool) -> tuple[nn.Module, torch.optim.Optimizer]:

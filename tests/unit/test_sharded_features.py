@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from collectives.config import CommConfig
 from collectives.testing import ThreadWorld
 from collectives.torchdist import TorchDistCollectives
 from tests.support.fit_in_process import builtin_task, config, counting_blocks, steps_of, train
+from tests.support.ranks import gloo_world_of_one
 from trainers.config import ModelConfig, OptimConfig
 from trainers.run import FitConfig
 
@@ -107,11 +107,8 @@ def test_zero1_under_fp16s_grad_scaler_trains_as_replicated_and_keeps_the_scale(
 
 @pytest.fixture
 def one_rank(tmp_path: Path) -> Iterator[TorchDistCollectives]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
+    with gloo_world_of_one(tmp_path / "store"):
         yield TorchDistCollectives("gloo", torch.device("cpu"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp2_with_recomputation_accumulation_and_clipping_trains_as_ddp_and_resumes_bit_for_bit(tmp_path: Path, one_rank: TorchDistCollectives) -> None:
