@@ -19,6 +19,7 @@ if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop 
 import contextlib
 import dataclasses
 import gc
+import importlib
 import logging
 import os
 import shlex
@@ -251,19 +252,20 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     return fit(fit_cfg, comm, task, MetricsWriter(run_dir.metrics if rank.is_main else None), context)
 
 
-def import_frameworks() -> None:
-    """torch, and torch._dynamo (which the constructor of every torch.optim optimizer imports),
-    imported with Python's cyclic collector off: they allocate hundreds of thousands of
-    long-lived objects, and the collections that allocation triggers traverse them all, again
-    and again (1.0 of 5.8 s of CPU per rank start on a 2-core machine: docs/benchmarks.md). Then frozen, so that no
-    later collection traverses them either, and collection back on before any of the user's
-    code runs. Only the imports: an import that fails here fails again, and is reported, where
-    the rank needs the module (train_as_configured)."""
+def import_without_collection(*modules: str) -> None:
+    """Import `modules` with Python's cyclic collector off, then freeze what they allocated out
+    of every later collection and turn collection back on, before any of the user's code runs.
+    torch allocates hundreds of thousands of long-lived objects, and the collections that
+    allocation triggers traverse them all, again and again; frozen, they are not traversed
+    either by the collections during torch._dynamo's import (the constructor of every
+    torch.optim optimizer imports it, after the collectives start, as before). 5.8 -> 4.3 s of
+    CPU per rank start on a 2-core machine (docs/benchmarks.md). Only the imports: one that
+    fails here fails again, and is reported, where the rank needs the module."""
     gc.disable()
     try:
-        with contextlib.suppress(Exception):  # reported where it is needed (above)
-            import torch  # noqa: F401
-            import torch._dynamo  # noqa: F401
+        for module in modules:
+            with contextlib.suppress(Exception):  # reported where it is needed (above)
+                importlib.import_module(module)
     finally:
         gc.freeze()
         gc.enable()
@@ -402,7 +404,7 @@ def main(argv: list[str]) -> int:
     if not RunDir(Path(run_dir)).config.is_file():
         print(f"error: {run_dir} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
-    import_frameworks()
+    import_without_collection("torch")  # torch initialises no device: before the binding, as always
     try:
         code = int(train_rank(run_dir)["exit_code"])
     finally:
