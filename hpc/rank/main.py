@@ -12,9 +12,10 @@ job 12 once every rank has exited ...`, or `...; not a Slurm job: ... (exit code
 from __future__ import annotations
 
 if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop signal lost during the imports below
-    from hpc.rank.signals import catch_stop_signals
+    from hpc.rank.signals import catch_stop_signals, report_fatal_signals
 
     catch_stop_signals()
+    report_fatal_signals()
 
 import contextlib
 import dataclasses

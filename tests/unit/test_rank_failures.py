@@ -6,6 +6,10 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ from trainers.checkpoint import CheckpointError
 from trainers.datasets import DataError
 from trainers.guard import DivergedError
 from trainers.loader import DataWorkerError
+from tests.support.runs import ROOT
 from trainers.task import TaskError
 
 LASTING = [
@@ -207,3 +212,26 @@ def test_a_start_up_failure_leaves_a_failed_result_with_the_rank_and_the_error(t
     assert "max_stepz" in result["error"] and "\n" not in result["error"]
     assert run_status(run, {}, {}).state == "FAILED"
     assert "Traceback" not in capsys.readouterr().err  # a refusal: its one line
+
+
+# A rank's entry point as srun and mpirun start it, then a crash in native code
+CRASH_AFTER_THE_ENTRY_POINT = """
+import ctypes, runpy, sys
+sys.argv = ["hpc.rank.main", sys.argv[1]]
+try:
+    runpy.run_module("hpc.rank.main", run_name="__main__")
+except SystemExit:
+    pass  # not a run directory: main's own refusal; the process lives on with what the entry point installed
+def users_native_call():
+    ctypes.string_at(0)
+users_native_call()
+"""
+
+
+def test_a_rank_that_crashes_in_native_code_prints_its_python_stack(tmp_path):
+    """A segfault in a rank (seen in MPI's start-up, issue 46) showed only a libc frame: now
+    every thread's Python stack is in the job's log, and the rank still dies of the signal."""
+    crashed = subprocess.run([sys.executable, "-c", CRASH_AFTER_THE_ENTRY_POINT, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert crashed.returncode == -signal.SIGSEGV, crashed.stderr
+    assert "Fatal Python error: Segmentation fault" in crashed.stderr
+    assert re.search(r'File "<string>", line \d+ in users_native_call', crashed.stderr), crashed.stderr
