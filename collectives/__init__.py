@@ -39,9 +39,13 @@ def init_collectives(
     `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl.
     `pinned_table`: the job's own copy of auto's tuning table (its run dir), read before the
     shared cache and written at the first start, so that a resumed job sums exactly as before."""
+    from collectives.backends import BACKEND_TABLE
     from collectives.base import CollectivesError
 
-    if cfg.backend == "mpi":
+    backend = BACKEND_TABLE.get(cfg.backend)
+    if backend is None:
+        raise CollectivesError(f"comm.backend={cfg.backend!r} is not one of {', '.join(BACKEND_TABLE)}")
+    if backend.family == "engine":
         from collectives.mpi import MpiCollectives
 
         node_rank, local_rank = node_layout(cfg, place)
@@ -51,18 +55,16 @@ def init_collectives(
 
             engine.tune(default_cache_dir() if cfg.tuning_cache is None else cfg.tuning_cache or None, pinned_table)
         comm: Collectives = engine
-    elif cfg.backend in ("gloo", "nccl"):
+    elif backend.family == "torch.distributed":
         from collectives.torchdist import TorchDistCollectives
 
         if rendezvous is None:
             raise CollectivesError("no rendezvous: not a Slurm job and MASTER_ADDR/MASTER_PORT are not set (launch with python launch.py)")
         comm = TorchDistCollectives.start(cfg.backend, place.rank, place.world_size, *rendezvous)
-    elif cfg.backend == "horovod":
+    else:  # horovod
         from collectives.horovod import HorovodCollectives
 
         comm = HorovodCollectives.start(cfg.bucket_mb)
-    else:
-        raise CollectivesError(f"comm.backend={cfg.backend!r} is not one of mpi, gloo, nccl, horovod")
     if (comm.rank, comm.world_size) != (place.rank, place.world_size):
         comm.close()
         raise CollectivesError(

@@ -1,11 +1,10 @@
-"""Typed config owned by collectives/. Plain dataclass: no hydra, no torch."""
+"""Typed config owned by collectives/. Plain dataclass: no hydra, no torch. What each backend
+allows and how `auto` resolves: collectives.backends."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-BACKENDS = ("auto", "mpi", "gloo", "nccl", "horovod")
-CPU_BACKENDS = ("mpi", "gloo", "horovod")  # they train on CPU tensors
 ENGINE_BUCKET_MB, DDP_BUCKET_MB = 4.0, 25.0
 ALGORITHMS = ("auto", "ring", "rhd", "hierarchical", "mpi")
 COMPRESSIONS = ("none", "fp16", "bf16", "topk")
@@ -33,13 +32,3 @@ class CommConfig:
     # keeps the optimizer state of its 1/world of the parameters; gradients (ZeRO-2): and receives
     # only its part of the averaged gradients. Both on comm=mpi (collectives/zero.py).
     sharding: str = "none"
-
-
-def resolve_backend(comm: CommConfig, gpus_per_task: int) -> CommConfig:
-    """comm=auto made concrete from the job: NCCL (DistributedDataParallel) where the ranks have
-    GPUs, the toolkit's MPI engine on CPUs. On GPUs the engine's default bucket becomes DDP's."""
-    if comm.backend != "auto":
-        return comm
-    if gpus_per_task > 0:
-        return replace(comm, backend="nccl", bucket_mb=DDP_BUCKET_MB if comm.bucket_mb == ENGINE_BUCKET_MB else comm.bucket_mb)
-    return replace(comm, backend="mpi")

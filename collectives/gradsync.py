@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from collectives.backends import BACKEND_TABLE, sharding_refused
 from collectives.base import Collectives
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
@@ -161,21 +162,25 @@ class ZeroSync(MpiSync):
 
 
 def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> GradientSync:
+    """The gradient sync of the backend's entry (collectives.backends) for comm.sharding."""
+    backend = BACKEND_TABLE.get(cfg.backend)
+    if backend is None:
+        raise ValueError(
+            f"comm.backend={cfg.backend!r} is not one of {', '.join(BACKEND_TABLE)} (resolve comm=auto first: collectives.backends.resolve_backend)"
+        )
+    if cfg.sharding not in backend.shardings:
+        raise ValueError(sharding_refused(cfg.sharding, backend.name))
     if cfg.sharding == "full":
-        if cfg.backend not in ("gloo", "nccl"):
-            raise ValueError(f"comm.sharding=full runs FSDP2 on torch.distributed: comm=gloo or comm=nccl, not comm={cfg.backend}")
         from collectives.fsdp import FsdpSync
 
         return FsdpSync(model, optimizer, comm)
-    if cfg.sharding != "none" and cfg.backend != "mpi":
-        raise ValueError(f"comm.sharding={cfg.sharding} runs on comm=mpi; comm={cfg.backend} trains replicated (comm.sharding=none)")
     if cfg.sharding in ("optimizer", "gradients"):  # a world of one too: its checkpoints keep the sharded layout
         return ZeroSync(model, optimizer, comm, cfg, accumulation)
     if comm.world_size == 1:
         return LocalGradients(model, optimizer)
-    if cfg.backend in ("gloo", "nccl"):
+    if backend.family == "torch.distributed":
         return DdpSync(model, optimizer, comm, cfg)
-    if cfg.backend == "horovod":
+    if backend.family == "horovod":
         from collectives.horovod import HorovodSync
 
         return HorovodSync(model, optimizer, cfg, accumulation)

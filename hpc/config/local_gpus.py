@@ -29,11 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from collectives.backends import BACKEND_TABLE
 from hpc.config.schema import JobConfig, ResourcesConfig, typed_job, with_backend
 from hpc.fabric.detect import PROC_GPUS, GpuCount, count_gpus
 
 NVIDIA_SMI_TIMEOUT_S = 5.0  # `nvidia-smi -L` answers in well under a second where a driver is loaded
-GPU_BACKENDS = ("auto", "nccl")  # the backends a job of one rank per GPU runs on (auto becomes nccl)
+GPU_BACKENDS = ("auto", *(name for name, backend in BACKEND_TABLE.items() if backend.trains_on == "gpu"))  # auto becomes nccl
 CHOSEN_KEYS = frozenset({"resources", "resources.tasks_per_node", "resources.gpus_per_task"})  # naming one is a choice
 
 

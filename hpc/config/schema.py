@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectives.config import CommConfig, resolve_backend
+from collectives.backends import resolve_backend
+from collectives.config import CommConfig
 from hpc.errors import UserError
 from hpc.fabric.topology import TopologyConfig
 from trainers.config import (

@@ -10,7 +10,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from collectives.config import ALGORITHMS, BACKENDS, COMPRESSIONS, CPU_BACKENDS, SHARDINGS
+from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, sharding_refused
+from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
 from collectives.mpirun import find_mpirun
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
@@ -211,55 +212,59 @@ def check_loading(data: DataConfig) -> None:
 
 
 def check_backend(job: JobConfig) -> None:
-    """A backend that cannot start is refused here, naming the fix, before any rank starts."""
+    """A backend that cannot start is refused here, naming the fix, before any rank starts. What
+    each backend allows is its entry in collectives.backends (comm=auto resolved as the rank will)."""
     comm = job.comm
-    if comm.backend != "mpi" and comm.compression == "topk":
-        raise UserError(f"comm.compression=topk works with comm=mpi only; comm={comm.backend} offers none, fp16, bf16")
-    check_sharding(job)
-    if job.trainer.sync_batchnorm and comm.backend != "nccl":
+    backend = backend_of(comm, job.resources.gpus_per_task)
+    if comm.compression not in backend.compressions:
+        offered = " or ".join(f"comm={name}" for name in offering("compressions", comm.compression))
+        if comm.compression == "topk":
+            raise UserError(f"comm.compression=topk works with {offered} only; comm={backend.name} offers {', '.join(backend.compressions)}")
         raise UserError(
-            "trainer.sync_batchnorm=true needs comm=nccl (torch's SyncBatchNorm runs on GPUs only); "
-            f"comm={comm.backend} averages BatchNorm statistics before evaluation instead"
+            f"comm.compression={comm.compression} is not offered by {backend.library}; use {' or '.join(backend.compressions)} with comm={backend.name}"
         )
-    if comm.backend in CPU_BACKENDS and job.resources.gpus_per_task > 0 and not comm.cpu_with_gpus:
+    check_sharding(job)
+    if job.trainer.sync_batchnorm and not backend.sync_batchnorm:
         raise UserError(
-            f"comm={comm.backend} trains on the CPU, but the job asks for {job.resources.gpus_per_task} GPU(s) per task: "
+            f"trainer.sync_batchnorm=true needs {' or '.join(f'comm={name}' for name, b in BACKEND_TABLE.items() if b.sync_batchnorm)} "
+            f"(torch's SyncBatchNorm runs on GPUs only); comm={backend.name} averages BatchNorm statistics before evaluation instead"
+        )
+    if backend.trains_on == "cpu" and job.resources.gpus_per_task > 0 and not comm.cpu_with_gpus:
+        raise UserError(
+            f"comm={backend.name} trains on the CPU, but the job asks for {job.resources.gpus_per_task} GPU(s) per task: "
             "use comm=nccl (or comm=auto, the default), or set comm.cpu_with_gpus=true to hold the GPUs and train on cores"
         )
-    if comm.backend == "horovod":
-        if comm.compression == "bf16":
-            raise UserError("comm.compression=bf16 is not offered by Horovod; use none or fp16 with comm=horovod")
-        if not installed("horovod"):
-            raise UserError("comm=horovod but Horovod is not installed: run scripts/build-horovod.sh (builds it once for this torch)")
-    if comm.backend == "nccl":
+    if backend.package is not None and not installed(backend.package):
+        raise UserError(f"comm={backend.name} but {backend.library} is not installed" + INSTALL_HINTS.get(backend.package, ""))
+    if backend.trains_on == "gpu":
         if job.cluster.launcher == "slurm" and job.resources.gpus_per_task < 1:
-            raise UserError("comm=nccl needs GPUs: set resources.gpus_per_task=1 (or use comm=gloo or comm=mpi on CPUs)")
+            raise UserError(f"comm={backend.name} needs GPUs: set resources.gpus_per_task=1 (or use comm=gloo or comm=mpi on CPUs)")
         if job.cluster.launcher != "slurm":
             import torch
 
             if not torch.cuda.is_available():
-                raise UserError("comm=nccl needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi")
+                raise UserError(f"comm={backend.name} needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi")
+
+
+# How to get a backend's package, said after "X is not installed"
+INSTALL_HINTS = {"horovod": ": run scripts/build-horovod.sh (builds it once for this torch)"}
 
 
 def check_sharding(job: JobConfig) -> None:
-    """comm.sharding: which backend shards what, and what sharding cannot go with (one line each)."""
+    """comm.sharding: which backend shards what (collectives.backends), and what sharding cannot
+    go with (one line each)."""
     comm, sharding = job.comm, job.comm.sharding
     if sharding not in SHARDINGS:
         raise UserError(f"comm.sharding={sharding!r} is not one of {', '.join(SHARDINGS)}")
     if sharding == "none":
         return
-    backend = "nccl" if comm.backend == "auto" and job.resources.gpus_per_task > 0 else "mpi" if comm.backend == "auto" else comm.backend
+    backend = backend_of(comm, job.resources.gpus_per_task).name
+    if sharding not in BACKEND_TABLE[backend].shardings:
+        raise UserError(sharding_refused(sharding, backend))
     if sharding == "full":
-        if backend not in ("gloo", "nccl"):
-            raise UserError(f"comm.sharding=full runs FSDP2 on torch.distributed: use comm=gloo (CPUs) or comm=nccl (GPUs), not comm={backend}")
         if job.trainer.compile:
             raise UserError("comm.sharding=full with trainer.compile=true is not offered; set trainer.compile=false")
         return
-    if backend != "mpi":
-        raise UserError(
-            f"comm.sharding={sharding} runs on the toolkit's engine: use comm=mpi (comm={backend} trains replicated, comm.sharding=none; "
-            "comm.sharding=full shards on gloo and nccl)"
-        )
     if sharding == "gradients" and comm.compression != "none":
         raise UserError(
             f"comm.sharding=gradients reduce-scatters uncompressed gradients; set comm.compression=none (or comm.sharding=optimizer to keep {comm.compression})"

@@ -5,13 +5,15 @@ import os
 import pickle
 import struct
 import threading
+import time
 
 import pytest
 import torch
 
+from trainers import checkpoint as checkpoint_module
 from trainers import tensorfile
-from trainers.checkpoint import Checkpointer, CheckpointError, load_tensor_file, sha256_of
-from trainers.layout import MARKER, step_dir_name
+from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, fsync_dir, load_tensor_file, sha256_of
+from trainers.layout import BEST, MARKER, read_best, step_dir_name
 
 
 def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False) -> None:
@@ -259,3 +261,140 @@ def test_the_file_viewer_shows_structure_and_refuses_other_files(tmp_path):
     path.write_bytes(b"junk")
     failed = subprocess.run([sys.executable, "-m", "trainers.tensorfile", str(path)], capture_output=True, text=True)
     assert failed.returncode == 1 and failed.stderr.strip() == f"{path}: not a checkpoint tensor file (bad magic)"
+
+
+# --- what mutation testing found unguarded (issue 46: scripts/mutation.py --module trainers.checkpoint)
+
+
+def test_host_copies_follow_a_tensor_whose_shape_or_dtype_changed(tmp_path):
+    """The kept host buffer is reused only for the same shape and dtype (a resized embedding, a
+    cast): otherwise a new one, never a copy into the old one's shape."""
+    copies = HostCopies()
+    first, _ = copies.snapshot({"w": torch.ones(4)})
+    wider, _ = copies.snapshot({"w": torch.full((6,), 2.0)})
+    cast, _ = copies.snapshot({"w": torch.full((6,), 3, dtype=torch.int64)})
+    assert torch.equal(first["w"], torch.ones(4)) and torch.equal(wider["w"], torch.full((6,), 2.0))
+    assert cast["w"].dtype == torch.int64 and torch.equal(cast["w"], torch.full((6,), 3, dtype=torch.int64))
+
+
+def test_a_checkpoint_dir_is_made_with_its_parents_and_a_leftover_tmp_of_the_same_step_is_reused(tmp_path):
+    """A save of a step whose save was interrupted before (a restart saves the same step again)
+    writes into the leftover temporary dir; the checkpoint dir may be several levels new."""
+    ckpt = Checkpointer(tmp_path / "runs" / "a" / "checkpoints", rank=0, world_size=1, keep=2)
+    ckpt.begin_save(3, {"w": torch.zeros(4)}, {"rng": torch.tensor([3])}, asynchronous=False)  # never committed: "killed"
+    again = Checkpointer(tmp_path / "runs" / "a" / "checkpoints", rank=0, world_size=1, keep=2)
+    save(again, 3, 7.0)
+    step, shared, _ = again.load_latest()
+    assert step == 3 and torch.equal(shared["w"], torch.full((4,), 7.0))
+
+
+def test_a_second_async_save_waits_for_the_first_one_s_writer(tmp_path, monkeypatch):
+    """begin_save reuses the host buffers: it must not copy the next state into them while the
+    previous save is still writing them, or that save's files hold the next step's values."""
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=3)
+    release, writing = threading.Event(), threading.Event()
+    original = checkpoint_module.save_tensor_file
+
+    def held(path, obj):  # the first save's writer waits until the test lets it go
+        if "step-000000001" in str(path):
+            writing.set()
+            assert release.wait(10)
+        original(path, obj)
+
+    monkeypatch.setattr(checkpoint_module, "save_tensor_file", held)
+    live = torch.full((4,), 1.0)
+    ckpt.begin_save(1, {"w": live}, {"rng": torch.tensor([1])}, asynchronous=True)
+    assert writing.wait(10)
+    assert not ckpt.written()  # the pending save is still being written
+    live.fill_(2.0)
+    second = threading.Thread(target=ckpt.begin_save, args=(2, {"w": live}, {"rng": torch.tensor([2])}, True))
+    second.start()
+    second.join(0.5)  # must still be waiting: returning here would have overwritten step 1's buffers
+    returned_early = not second.is_alive()
+    release.set()
+    second.join(10)
+    assert not returned_early, "the second save copied into the buffers the first was writing"
+    ckpt.wait_written()
+    assert ckpt.written()
+    assert torch.equal(load_tensor_file(tmp_path / ".tmp-step-000000001" / "shared.ckpt")["w"], torch.full((4,), 1.0))
+
+
+def test_the_fence_reports_the_seconds_it_waited(tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    weight = torch.ones(8)
+    original_copy = torch.Tensor.copy_
+    started = threading.Event()
+
+    def slow(self, src, *args, **kwargs):
+        if src.data_ptr() == weight.data_ptr():
+            started.set()
+            time.sleep(0.05)  # the copy's own duration: what the fence waits for
+        return original_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", slow)
+    begun = time.perf_counter()
+    ckpt.begin_save(1, {"w": weight}, {"rng": torch.tensor([1])}, asynchronous=True, later=lambda t: t.data_ptr() == weight.data_ptr())
+    assert started.wait(10)
+    waited = ckpt.fence()
+    assert 0.0 < waited <= time.perf_counter() - begun
+    ckpt.wait_written()
+
+
+def test_only_rank_0_publishes_and_commit_names_the_checkpoint(tmp_path):
+    rank1 = Checkpointer(tmp_path, rank=1, world_size=2, keep=2)
+    rank0 = Checkpointer(tmp_path, rank=0, world_size=2, keep=2)
+    rank1.begin_save(4, None, {"rng": torch.tensor([1])}, asynchronous=False)
+    rank0.begin_save(4, {"w": torch.zeros(2)}, {"rng": torch.tensor([0])}, asynchronous=False)
+    assert rank1.commit() is None and not (tmp_path / step_dir_name(4)).exists()  # rank 1 wrote, rank 0 publishes
+    assert rank0.commit() == tmp_path / step_dir_name(4)
+    assert [c.step for c in rank0.committed()] == [4]
+    assert [int(state["rng"]) for state in rank0.rank_states(4)] == [0, 1]  # every rank's own file, in rank order
+
+
+def test_leftovers_of_a_killed_prune_are_removed_and_never_block_the_next(tmp_path):
+    """A process killed while deleting an old checkpoint leaves `.old-step-N`: the next commit
+    that prunes step N again replaces it, and the next prune deletes every such leftover."""
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    save(ckpt, 1, 1.0)
+    save(ckpt, 2, 2.0)
+    (tmp_path / f".old-{step_dir_name(1)}").mkdir()
+    (tmp_path / f".old-{step_dir_name(1)}" / "partial").write_text("x")
+    (tmp_path / f".old-{step_dir_name(0)}").mkdir()  # an older leftover
+    save(ckpt, 3, 3.0)
+    ckpt.wait_pruned()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(2), step_dir_name(3)]
+
+
+def test_the_best_checkpoint_is_recorded_by_rank_0_and_kept_through_pruning(tmp_path):
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    other = Checkpointer(tmp_path / "rank1", rank=1, world_size=2, keep=2)
+    save(ckpt, 1, 1.0)
+    ckpt.mark_best(1, "val_loss", 0.25, "min")
+    other.mark_best(1, "val_loss", 0.25, "min")
+    assert not (tmp_path / "rank1" / BEST).exists() and other.best["step"] == 1  # rank 1 knows it, rank 0 writes it
+    assert read_best(tmp_path) == {"step": 1, "metric": "val_loss", "value": 0.25, "mode": "min", "path": step_dir_name(1)}
+    assert Checkpointer(tmp_path, rank=0, world_size=1, keep=2).best == read_best(tmp_path)  # read back on a restart
+    for step in (2, 3, 4):
+        save(ckpt, step, float(step))
+    ckpt.wait_pruned()
+    assert [c.step for c in ckpt.committed()] == [1, 3, 4]  # the best outlives the newest two
+
+
+def test_a_named_step_loads_as_the_latest_would_and_a_world_size_change_gives_no_own_state(tmp_path):
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=3)
+    save(ckpt, 1, 1.0)
+    save(ckpt, 2, 2.0)
+    step, shared, own = ckpt.load_step(1)
+    assert step == 1 and torch.equal(shared["w"], torch.full((4,), 1.0)) and int(own["rng"]) == 1
+    resized = Checkpointer(tmp_path, rank=0, world_size=2, keep=3)
+    assert resized.load_step(2)[2] is None and resized.load_latest()[2] is None
+    with pytest.raises(CheckpointError, match="no COMMITTED marker"):
+        ckpt.load_step(9)
+
+
+def test_syncing_a_directory_closes_what_it_opens(tmp_path):
+    """Every commit syncs two directories: a leaked descriptor per call runs a long job out of them."""
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        fsync_dir(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -1,6 +1,6 @@
 """The import graph, read with Python's ast, keeps the direction the code is laid out by:
 
-    launch.py -> hpc.config -> hpc.submit ⇢ (sbatch/srun/mpirun) -> hpc.rank -> collectives -> trainers
+    launch.py -> hpc.config -> hpc.submit ⇢ (sbatch/srun/mpirun) -> hpc.rank -> trainers -> collectives
 
 Imports inside functions count (they run); imports under `if TYPE_CHECKING:` do not. A rule
 broken here names the importing module, the line and the imported one."""

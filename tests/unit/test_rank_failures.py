@@ -20,11 +20,11 @@ from hpc.errors import UserError
 from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
 from hpc.rundir import RunDir
+from tests.support.runs import ROOT
 from trainers.checkpoint import CheckpointError
 from trainers.datasets import DataError
 from trainers.guard import DivergedError
 from trainers.loader import DataWorkerError
-from tests.support.runs import ROOT
 from trainers.task import TaskError
 
 LASTING = [
