@@ -232,7 +232,6 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
 
 def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hosting.Host | None, state: dict[str, Any]) -> Handle:
     from trainers.boundary import StepBoundary
-    from trainers.checkpoint import Checkpointer
     from trainers.handle import Handle, Registry
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
@@ -240,7 +239,7 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
 
     registry = Registry(state)
     comm, owned = _collectives(rank)
-    coordinator = SaveCoordinator(Checkpointer(where.checkpoints, comm.rank, comm.world_size, cfg.keep), comm, cfg) if cfg.enabled else None
+    coordinator = SaveCoordinator.in_dir(where.checkpoints, comm, cfg) if cfg.enabled else None
     handle = Handle(comm, registry, StepBoundary(comm, stop, coordinator), metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
     try:
         if host is not None:
@@ -263,15 +262,12 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
 
 def _adopt_job_settings(handle: Handle, host: hosting.Host) -> None:
     """launch.py's job: its reporting, watchdog, run timeline and config."""
-    from hpc.rank.main import start_watchdog, step_reporter
-    from hpc.rank.signals import PROCESS_STARTED
-    from hpc.rank.timeline import Timeline
-    from trainers.run import Milestones
+    from hpc.rank.services import run_milestones, start_watchdog, step_reporter
 
     job, run_dir, main = host.job, host.run_dir, host.rank.is_main
     handle.reporter = step_reporter(job, run_dir, main)
     handle.boundary.watchdog = start_watchdog(job, run_dir, host.rank)
-    handle.boundary.milestones = Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if main else None)
+    handle.boundary.milestones = run_milestones(run_dir, main)
     handle.config_text = run_dir.config.read_text()
 
 

@@ -99,6 +99,7 @@ EQUIVALENT: dict[str, str] = {
     "trainers.checkpoint:62:8:call left out": DURABILITY,
     "trainers.checkpoint:99:12:call left out": "waits for CUDA copies: no device here (the device suite's resume check has one)",
     "trainers.checkpoint:119:18:True -> False": "nothing assigns to a Committed: frozen or not, the same",
+    "trainers.checkpoint:191:26:True -> False": "the checkpoint dir exists (the constructor made it): no parent to make",
     "trainers.checkpoint:212:91:True -> False": DAEMON,
     "trainers.checkpoint:255:8:call left out": DURABILITY,
     "trainers.checkpoint:257:92:1 -> 2": "the marker's JSON indentation",
@@ -109,6 +110,7 @@ EQUIVALENT: dict[str, str] = {
     "trainers.checkpoint:283:80:compare 0: Lt -> LtE": "the committed step's temporary dir was renamed by this commit: none to match",
     "trainers.checkpoint:289:54:True -> False": "errors ignored while deleting: deletion succeeds here",
     "trainers.checkpoint:291:92:True -> False": DAEMON,
+    "trainers.checkpoint:300:75:1 -> 2": "best.json's JSON indentation",
     "trainers.checkpoint:302:12:call left out": DURABILITY,
 }
 

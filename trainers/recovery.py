@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
-from trainers.checkpoint import Checkpointer, CheckpointError
+from trainers.checkpoint import CheckpointError
 from trainers.config import CLASSIFY_TASK, CheckpointConfig
 from trainers.saving import SaveCoordinator
 from trainers.state import Progress, restore, restore_rng
@@ -90,7 +90,7 @@ def resume_or_start(
     the checkpoint resumed from (None: a fresh start)."""
     if not cfg.enabled or checkpoint_dir is None:
         return None, Progress(), None
-    coordinator = SaveCoordinator(Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep), comm, cfg)
+    coordinator = SaveCoordinator.in_dir(checkpoint_dir, comm, cfg)
     restored = newest_agreed(coordinator, comm, cfg.resume)
     if restored is None:
         return coordinator, Progress(), None

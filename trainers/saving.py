@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from collectives.base import Collectives
@@ -22,6 +23,12 @@ class SaveCoordinator:
         self.checkpointer, self.comm, self.cfg = checkpointer, comm, cfg
         self._last_save_time = time.monotonic()
         self.last_step: int | None = None  # the step of the newest save begun (pending or done)
+
+    @classmethod
+    def in_dir(cls, checkpoint_dir: Path, comm: Collectives, cfg: CheckpointConfig) -> SaveCoordinator:
+        """This rank's coordinator of the checkpoints in `checkpoint_dir`: the built-in loop's
+        (trainers.recovery) and the run handle's (hpc.run) alike."""
+        return cls(Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep), comm, cfg)
 
     def time_vote(self) -> float:
         """1 when this rank's clock says a timed save is due. Ranks leave a step's collective

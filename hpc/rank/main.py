@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc import slurmctl
-from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
+from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import (
     EXIT_RESUMABLE,
-    EXIT_STALLED,
     forbid_failure_requeue,
     mark_error,
     mark_finished,
@@ -46,6 +45,7 @@ from hpc.rank.lifecycle import (
     trap_requeues,
 )
 from hpc.rank.outcomes import record_end, record_failure, wait_for_peers
+from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
@@ -55,7 +55,6 @@ if TYPE_CHECKING:  # the module level stays light: srun starts it after catching
     from hpc.config.schema import JobConfig
     from hpc.rank.script import ScriptResult
     from trainers.preemption import StopFlag
-    from trainers.reporting import StepReporter
     from trainers.run import FitResult
     from trainers.watchdog import Watchdog
 
@@ -63,12 +62,6 @@ if TYPE_CHECKING:  # the module level stays light: srun starts it after catching
 # KeyboardInterrupt in the middle of a step.
 log = logging.getLogger("hpc.rank")
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the toolkit's code: the frozen copy on Slurm (hpc.submit.snapshot)
-
-
-def attached_to_terminal() -> bool:
-    """Whether launch.py runs in a terminal (hpc.submit.local says so in HPCTK_TTY): mpirun hands the
-    ranks a pseudo-terminal of its own either way, so their own isatty() cannot tell."""
-    return os.environ.get(TTY_VARIABLE) == "1"
 
 
 def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
@@ -216,26 +209,10 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
         return None
 
 
-def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
-    """Where a job's steps are reported: steps.jsonl, the progress line, Prometheus, TensorBoard
-    (rank 0; the other ranks' reporter only closes)."""
-    from trainers.reporting import StepReporter
-
-    trainer = job.trainer
-    return StepReporter(
-        run_dir.steps if is_main else None,
-        log_every=trainer.log_every,
-        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
-        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
-        run_name=run_dir.path.name,
-        terminal=sys.stdout if attached_to_terminal() else None,
-    )
-
-
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
-    from trainers.run import FitConfig, Milestones, RunContext
+    from trainers.run import FitConfig, RunContext
     from trainers.tasks import build_task
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
@@ -246,7 +223,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         steps=step_reporter(job, run_dir, rank.is_main),
         host=rank.host,
         watchdog=watchdog,
-        milestones=Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if rank.is_main else None),
+        milestones=run_milestones(run_dir, rank.is_main),
     )
     # launch.py pins the built-in task's files: one path, or the list of shards a glob matched
     data_path = [Path(p) for p in job.data.path] if isinstance(job.data.path, list | tuple) else Path(job.data.path) if job.data.path else None
@@ -366,35 +343,6 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
             log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
             summary["exit_code"] = EXIT_RESUMABLE
     return summary
-
-
-def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:
-    """trainers.watchdog, ending the job on a stall: requeue it (Slurm) so it resumes from the
-    last committed checkpoint, then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends
-    the other ranks, including a stopped one."""
-    if job.trainer.watchdog_s is None:
-        return None
-    from trainers.watchdog import Watchdog
-
-    def on_stall(message: str) -> None:
-        log.error("%s; ending all %d ranks", message, rank.world_size)
-        job_id = slurm_job_id(os.environ)
-        supervised = STEP_ATTEMPT_VARIABLE in os.environ  # the batch script starts the ranks again in the allocation
-        if job_id is not None and not supervised and job.cluster.requeue and slurmctl.available("scontrol"):
-            error = slurmctl.requeue(job_id)
-            # Several ranks notice the stall; the first requeue wins, later ones find it pending.
-            log.error(
-                "requeued job %s: it resumes from the last committed checkpoint"
-                if error is None
-                else f"scontrol requeue %s: {error} (another rank may have requeued it first)",
-                job_id,
-            )
-        logging.shutdown()
-        os._exit(EXIT_STALLED)
-
-    return Watchdog(
-        job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=job.trainer.watchdog_startup_s
-    ).start()
 
 
 def main(argv: list[str]) -> int:

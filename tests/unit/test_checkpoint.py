@@ -3,6 +3,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import struct
 import threading
 import time
@@ -398,3 +399,32 @@ def test_syncing_a_directory_closes_what_it_opens(tmp_path):
     for _ in range(5):
         fsync_dir(tmp_path)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_prune_waits_for_the_previous_deletion(tmp_path, monkeypatch):
+    """One deleter at a time: a commit that prunes while the last prune's deletion still runs
+    waits for it, so wait_pruned (before exit) covers every deletion begun."""
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
+    save(ckpt, 1, 1.0)
+    save(ckpt, 2, 2.0)
+    release, deleting = threading.Event(), threading.Event()
+    original = shutil.rmtree
+
+    def held(path, *args, **kwargs):
+        if step_dir_name(1) in str(path):
+            deleting.set()
+            assert release.wait(10)
+        original(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", held)
+    save(ckpt, 3, 3.0)  # prunes step 1: its deletion is held
+    assert deleting.wait(10)
+    later = threading.Thread(target=save, args=(ckpt, 4, 4.0))
+    later.start()
+    later.join(0.5)  # must still be waiting for step 1's deletion
+    returned_early = not later.is_alive()
+    release.set()
+    later.join(10)
+    ckpt.wait_pruned()
+    assert not returned_early, "a second deleter started beside the first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(3), step_dir_name(4)]

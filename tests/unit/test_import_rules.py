@@ -196,6 +196,26 @@ def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
     assert not bad, bad
 
 
+def test_nothing_but_the_process_s_own_start_imports_the_rank_entry_point():
+    """The run handle (hpc.run) builds its services where the built-in loop does (hpc.rank.services,
+    issue 47); only the submission side names the entry point, to start it."""
+    bad = [v for v in violations(("hpc.run", "hpc.rank", "hpc.tools", "trainers", "collectives"), ("hpc.rank.main",)) if not v.startswith("hpc.rank.main")]
+    assert not bad, bad
+
+
+def test_backend_names_are_branched_on_only_in_the_backend_table():
+    """comm=gloo/nccl/horovod/mpi rules live in collectives/backends.py (issue 47): nowhere else
+    compares a config's backend (`<x>.backend`) to a backend's name."""
+    found = []
+    for module in (m for m in MODULES if under(m, "hpc", "collectives", "trainers") and m != "collectives.backends"):
+        for node in constants(MODULES[module]):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "backend":
+                names = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value in ("mpi", "gloo", "nccl", "horovod")]
+                if names:
+                    found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
 def test_what_the_batch_step_and_the_ranks_import_first_is_light():
     # submitit pickles hpc.submit.supervise.supervise_step on the login node by reference and runs
     # it in the batch step: importing it must stay light; so must hpc.rank.main's module level

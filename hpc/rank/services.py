@@ -1,0 +1,84 @@
+"""A rank's services for a job launch.py prepared, built one way for the built-in loop
+(hpc.rank.main) and for a script's run handle (hpc.run): the step reporter, the stall watchdog
+and the run's timeline milestones. The entry point and the handle both import this; the handle
+never imports the entry point."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from hpc import slurmctl
+from hpc.env import STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, slurm_job_id
+from hpc.rank.lifecycle import EXIT_STALLED
+from hpc.rank.signals import PROCESS_STARTED
+from hpc.rank.timeline import Timeline
+from hpc.rundir import RunDir
+
+if TYPE_CHECKING:
+    from hpc.config.schema import JobConfig
+    from trainers.reporting import StepReporter
+    from trainers.run import Milestones
+    from trainers.watchdog import Watchdog
+
+log = logging.getLogger("hpc.rank")
+
+
+def attached_to_terminal() -> bool:
+    """Whether launch.py runs in a terminal (hpc.submit.local says so in HPCTK_TTY): mpirun hands the
+    ranks a pseudo-terminal of its own either way, so their own isatty() cannot tell."""
+    return os.environ.get(TTY_VARIABLE) == "1"
+
+
+def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
+    """Where a job's steps are reported: steps.jsonl, the progress line, Prometheus, TensorBoard
+    (rank 0; the other ranks' reporter only closes)."""
+    from trainers.reporting import StepReporter
+
+    trainer = job.trainer
+    return StepReporter(
+        run_dir.steps if is_main else None,
+        log_every=trainer.log_every,
+        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
+        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
+        run_name=run_dir.path.name,
+        terminal=sys.stdout if attached_to_terminal() else None,
+    )
+
+
+def run_milestones(run_dir: RunDir, is_main: bool) -> Milestones:
+    """The run's timeline (rank 0 records it: hpc.rank.timeline); the other ranks' only counts."""
+    from trainers.run import Milestones
+
+    return Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if is_main else None)
+
+
+def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:
+    """trainers.watchdog, ending the job on a stall: requeue it (Slurm) so it resumes from the
+    last committed checkpoint, then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends
+    the other ranks, including a stopped one."""
+    if job.trainer.watchdog_s is None:
+        return None
+    from trainers.watchdog import Watchdog
+
+    def on_stall(message: str) -> None:
+        log.error("%s; ending all %d ranks", message, rank.world_size)
+        job_id = slurm_job_id(os.environ)
+        supervised = STEP_ATTEMPT_VARIABLE in os.environ  # the batch script starts the ranks again in the allocation
+        if job_id is not None and not supervised and job.cluster.requeue and slurmctl.available("scontrol"):
+            error = slurmctl.requeue(job_id)
+            # Several ranks notice the stall; the first requeue wins, later ones find it pending.
+            log.error(
+                "requeued job %s: it resumes from the last committed checkpoint"
+                if error is None
+                else f"scontrol requeue %s: {error} (another rank may have requeued it first)",
+                job_id,
+            )
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
+
+    return Watchdog(
+        job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=job.trainer.watchdog_startup_s
+    ).start()
