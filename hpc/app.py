@@ -40,10 +40,9 @@ from hpc.config.local_gpus import local_job
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.search import Search, check_search, is_basic
-from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.submit.launch import discard_run_dir, launch
+from hpc.submit.launch import discard_run_dir, launch, prepare
 from hpc.submit.tidy import end_on_closed_stdout, note_run_root, prune_empty
 
 HERE = Path(__file__).resolve().parent  # a relative --config-path is taken from here, as hydra.main takes it from its module
@@ -184,9 +183,10 @@ def check_sweep(args: argparse.Namespace) -> Sweep:
         raise UserError(f"hydra.launcher._target_={launcher}: hpc-launch submits sweeps itself (job arrays): leave hydra/launcher at hpc_array")
     search = None if is_basic(sweeper) else check_search(args.overrides, sweeper, source)
     points = search.points if search else sweep_points(args.overrides, source, sweeper)
+    prepared = []
     for num, (overrides, job) in enumerate(points):
         try:
-            validate_job(job)
+            prepared.append((overrides, prepare(job)))  # validated once: hpc.submit.sweep submits these
         except UserError as err:
             where = (
                 f"the search space at {' '.join(o for o in overrides if o not in args.overrides)}"
@@ -194,7 +194,7 @@ def check_sweep(args: argparse.Namespace) -> Sweep:
                 else f"sweep point #{num} ({' '.join(overrides) or 'no overrides'})"
             )
             raise UserError(f"{where}: {err}") from None
-    return Sweep(points, search, shared)
+    return Sweep(prepared, search, shared)
 
 
 def sweep_dir_of(shared: DictConfig) -> Path:
@@ -308,7 +308,7 @@ def start_run(cfg: DictConfig) -> RunDir:
 
 def validated(cfg: DictConfig) -> tuple[JobConfig, str | None]:
     """The job in the composed config (typed already: the defaults list starts with its
-    schema) as it runs here, checked; and the line saying what this machine's GPUs changed
+    schema) as it runs here, checked and its inputs pinned (hpc.submit.launch.prepare); and the line saying what this machine's GPUs changed
     (hpc.config.local_gpus; None: nothing)."""
     from omegaconf import open_dict
 
@@ -316,8 +316,7 @@ def validated(cfg: DictConfig) -> tuple[JobConfig, str | None]:
     with open_dict(task):
         del task["hydra"]
         job, note = local_job(task, [str(o) for o in cfg.hydra.overrides.task])
-    validate_job(job)
-    return job, note
+    return prepare(job), note  # validated once: hpc.submit.launch.launch takes it as it is
 
 
 def print_search(search: Search, job: JobConfig, command: list[str]) -> None:

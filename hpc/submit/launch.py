@@ -77,7 +77,7 @@ def tell(line: str, console: bool = True) -> None:
 
 
 def launch(job: JobConfig, run_dir: RunDir) -> int:
-    job = prepare(job)
+    """Run or submit `job`, as prepare() returned it (validated once, by hpc.app), from `run_dir`."""
     env = rank_environment(job)
     if job.dry_run:
         print("# resolved config")

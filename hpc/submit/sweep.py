@@ -53,8 +53,9 @@ def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], 
 
 
 def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None] = print) -> int:
-    """Validate every point, then submit (or run locally); nothing is submitted if one is invalid."""
-    prepared = prepare_points(points)
+    """Submit (or run locally) every point, each prepared already (hpc.submit.launch.prepare: hpc.app
+    checks a sweep's points before its sweep dir is made; a study's trials: prepare_points)."""
+    prepared = list(points)
     dry = {point.job.dry_run for point in prepared}
     if dry == {True}:
         return _print_dry_run(prepared, sweep_dir, emit)
