@@ -39,12 +39,10 @@ def init_collectives(
     `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl.
     `pinned_table`: the job's own copy of auto's tuning table (its run dir), read before the
     shared cache and written at the first start, so that a resumed job sums exactly as before."""
-    from collectives.backends import BACKEND_TABLE
+    from collectives.backends import entry
     from collectives.base import CollectivesError
 
-    backend = BACKEND_TABLE.get(cfg.backend)
-    if backend is None:
-        raise CollectivesError(f"comm.backend={cfg.backend!r} is not one of {', '.join(BACKEND_TABLE)}")
+    backend = entry(cfg.backend)
     if backend.family == "engine":
         from collectives.mpi import MpiCollectives
 

@@ -39,6 +39,19 @@ BACKEND_TABLE: dict[str, Backend] = {
 BACKENDS = ("auto", *BACKEND_TABLE)  # what comm.backend accepts
 
 
+class UnknownBackend(ValueError):
+    """A backend name with no entry: comm=auto not resolved yet, or a name the login node never saw."""
+
+
+def entry(name: str) -> Backend:
+    """The entry of a concrete backend, or the one refusal that names the table's backends."""
+    try:
+        return BACKEND_TABLE[name]
+    except KeyError:
+        hint = " (resolve comm=auto first: collectives.backends.resolve_backend)" if name == "auto" else ""
+        raise UnknownBackend(f"comm.backend={name!r} is not one of {', '.join(BACKEND_TABLE)}{hint}") from None
+
+
 def resolve_backend(comm: CommConfig, gpus_per_task: int) -> CommConfig:
     """comm=auto made concrete from the job: NCCL (DistributedDataParallel) where the ranks have
     GPUs, the toolkit's MPI engine on CPUs. On GPUs the engine's default bucket becomes DDP's."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from collectives.backends import BACKEND_TABLE, sharding_refused
+from collectives.backends import entry, sharding_refused
 from collectives.base import Collectives
 from collectives.config import CommConfig
 from collectives.optimizer import apply_distributed_optimizer
@@ -163,11 +163,7 @@ class ZeroSync(MpiSync):
 
 def build_gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, comm: Collectives, cfg: CommConfig, accumulation: int) -> GradientSync:
     """The gradient sync of the backend's entry (collectives.backends) for comm.sharding."""
-    backend = BACKEND_TABLE.get(cfg.backend)
-    if backend is None:
-        raise ValueError(
-            f"comm.backend={cfg.backend!r} is not one of {', '.join(BACKEND_TABLE)} (resolve comm=auto first: collectives.backends.resolve_backend)"
-        )
+    backend = entry(cfg.backend)
     if cfg.sharding not in backend.shardings:
         raise ValueError(sharding_refused(cfg.sharding, backend.name))
     if cfg.sharding == "full":

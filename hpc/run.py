@@ -142,13 +142,13 @@ class Run:
         `optimizer.clip_grad_norm_(max_norm)`, which computes the norm over all ranks' parts);
         None: the job's comm.sharding under launch.py, else "none". The optimizer must be
         registered in start_run: its shards are saved by every rank and reshard on resume."""
-        from collectives.backends import BACKEND_TABLE
+        from collectives.backends import entry
         from collectives.config import CommConfig
         from trainers.task import TaskError
 
         host = hosting.host()
         chosen = sharding if sharding is not None else (host.job.comm.sharding if host is not None else "none")
-        engine = BACKEND_TABLE["mpi"]  # the toolkit's engine syncs here, whatever started the ranks
+        engine = entry("mpi")  # the toolkit's engine syncs here, whatever started the ranks
         if chosen not in engine.shardings:
             raise TaskError(f"sync_gradients(sharding={chosen!r}): one of {', '.join(engine.shardings)}")
         if self.world_size == 1:

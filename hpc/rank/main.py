@@ -110,7 +110,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
     import torch
 
     from collectives import describe, init_collectives
-    from collectives.backends import BACKEND_TABLE
+    from collectives.backends import entry
     from trainers.preemption import StopFlag
 
     if rank.is_main:
@@ -144,7 +144,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
             started.callback(watchdog.close)
-        meet = rendezvous(os.environ) if BACKEND_TABLE[job.comm.backend].rendezvous else None
+        meet = rendezvous(os.environ) if entry(job.comm.backend).rendezvous else None
         comm = init_collectives(job.comm, rank, node_position, meet, pinned_table=run_dir.allreduce_table)
         started.callback(comm.close)
         stop.reclaim()  # the stop signals stay ours even if the communication library took one

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from collectives import backends, init_collectives
-from collectives.backends import BACKEND_TABLE, BACKENDS, Backend, backend_of, resolve_backend
-from collectives.base import CollectivesError, SingleProcess
+from collectives.backends import BACKEND_TABLE, BACKENDS, Backend, UnknownBackend, backend_of, resolve_backend
+from collectives.base import SingleProcess
 from collectives.config import DDP_BUCKET_MB, ENGINE_BUCKET_MB, SHARDINGS, CommConfig
 from collectives.gradsync import LocalGradients, ZeroSync, build_gradient_sync
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
@@ -84,8 +84,8 @@ def test_the_gradient_sync_and_the_start_refuse_what_the_table_does_not_hold():
     assert isinstance(build_gradient_sync(model, optimizer, SingleProcess(), CommConfig(backend="mpi", sharding="optimizer"), 1), ZeroSync)
     with pytest.raises(ValueError, match="comm.sharding=full runs FSDP2 on torch.distributed: use comm=gloo .CPUs. or comm=nccl .GPUs., not comm=horovod"):
         build_gradient_sync(model, optimizer, SingleProcess(), CommConfig(backend="horovod", sharding="full"), 1)
-    with pytest.raises(ValueError, match="comm.backend='auto' is not one of mpi, gloo, nccl, horovod"):
+    with pytest.raises(UnknownBackend, match="comm.backend='auto' is not one of mpi, gloo, nccl, horovod .resolve comm=auto first"):
         build_gradient_sync(model, optimizer, SingleProcess(), CommConfig(backend="auto"), 1)
     place = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, hosts=("h",), launcher="single")
-    with pytest.raises(CollectivesError, match="comm.backend='ucx' is not one of mpi, gloo, nccl, horovod"):
+    with pytest.raises(UnknownBackend, match="comm.backend='ucx' is not one of mpi, gloo, nccl, horovod$"):
         init_collectives(CommConfig(backend="ucx"), place)

@@ -83,6 +83,8 @@ def test_local_ranks_run_as_a_jobs_ranks_do_one_thread_each_and_keep_the_callers
     # PMIx's peer-credential check, not munge's socket (a stopped munged cost 2.3 s a launch);
     # the user's own choice is kept
     assert (env["PMIX_MCA_psec"], local_ranks_environment({"PMIX_MCA_psec": "munge"})["PMIX_MCA_psec"]) == ("native", "munge")
+    # Open MPI's blocking calls yield the shared cores between polls; the user's own choice is kept
+    assert (env["OMPI_MCA_mpi_yield_when_idle"], local_ranks_environment({"OMPI_MCA_mpi_yield_when_idle": "0"})["OMPI_MCA_mpi_yield_when_idle"]) == ("1", "0")
 
 
 def test_a_local_runs_command_names_pmix_native_security_and_keeps_the_users(monkeypatch, tmp_path):
@@ -94,11 +96,12 @@ def test_a_local_runs_command_names_pmix_native_security_and_keeps_the_users(mon
     ran: list[list[str]] = []
     monkeypatch.setattr(local, "run_command", lambda command, env, stops=None: ran.append(command) or 0)
     (tmp_path / "code").mkdir()
-    for user_value, expected in ((None, "native"), ("munge", "munge")):
-        if user_value is None:
-            monkeypatch.delenv("PMIX_MCA_psec", raising=False)
-        else:
-            monkeypatch.setenv("PMIX_MCA_psec", user_value)
+    for user_values, expected in (((None, None), ("native", "1")), (("munge", "0"), ("munge", "0"))):
+        for name, user_value in zip(("PMIX_MCA_psec", "OMPI_MCA_mpi_yield_when_idle"), user_values, strict=True):
+            if user_value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, user_value)
         local.run_local(JobConfig(), {}, RunDir(tmp_path), code=tmp_path / "code")
         written = (tmp_path / "command.txt").read_text().split()
-        assert f"PMIX_MCA_psec={expected}" in written and written == ran[-1], written
+        assert {f"PMIX_MCA_psec={expected[0]}", f"OMPI_MCA_mpi_yield_when_idle={expected[1]}"} <= set(written) and written == ran[-1], written
