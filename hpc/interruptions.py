@@ -85,23 +85,11 @@ def cost_of_interruption(
     launched = float(start["launched"])
     before = [row for row in steps if float(row["time"]) < launched and (previous_launch is None or float(row["time"]) >= previous_launch)]
     last_step_at = max((float(row["time"]) for row in before), default=None)
-    to_stop = to_commit = None
-    ended = _number(failure.get("ended")) if failure else None
-    if stop is not None:
-        began = float(stop["received"])
-        cause = f"{stop['signal']} ({stop.get('reason') or 'a stop'}{', during ' + stop['phase'] if stop.get('phase') not in (None, 'training') else ''})"
-        agreed, committed = _number(stop.get("agreed")), float(stop["committed"])
-        if agreed is not None:
-            to_stop, to_commit = max(agreed - began, 0.0), max(committed - agreed, 0.0)
-        settled = committed
-    elif failure is not None and _number(failure.get("failed")) is not None:
-        began = float(failure["failed"])
-        cause = f"failure ({failure.get('failure') or 'srun exit ' + str(failure.get('exit_code'))})"
-        settled = began
-    elif last_step_at is not None:
-        began, cause, settled = last_step_at, "failure (cause unknown: no record)", last_step_at
-    else:
+    onset = interruption_onset(stop, failure, last_step_at)
+    if onset is None:
         return None
+    began, cause, settled, to_stop, to_commit = onset
+    ended = _number(failure.get("ended")) if failure else None
     to_exit = max(ended - settled, 0.0) if ended is not None else None
     eligible, job_started = _number(start.get("eligible")), _number(start.get("job_started"))
     held = queued = None
@@ -131,6 +119,27 @@ def cost_of_interruption(
         redone_steps=redone,
         redone_s=redone * median_step_s,
     )
+
+
+def interruption_onset(
+    stop: Mapping[str, Any] | None, failure: Mapping[str, Any] | None, last_step_at: float | None
+) -> tuple[float, str, float, float | None, float | None] | None:
+    """When the interruption began, its cause in words, when the ranks had settled (the stop's
+    commit, else the failure), and for a stop the seconds to agree on a step and to commit it.
+    None when nothing tells when it began."""
+    if stop is not None:
+        began = float(stop["received"])
+        cause = f"{stop['signal']} ({stop.get('reason') or 'a stop'}{', during ' + stop['phase'] if stop.get('phase') not in (None, 'training') else ''})"
+        agreed, committed = _number(stop.get("agreed")), float(stop["committed"])
+        if agreed is None:
+            return began, cause, committed, None, None
+        return began, cause, committed, max(agreed - began, 0.0), max(committed - agreed, 0.0)
+    if failure is not None and _number(failure.get("failed")) is not None:
+        began = float(failure["failed"])
+        return began, f"failure ({failure.get('failure') or 'srun exit ' + str(failure.get('exit_code'))})", began, None, None
+    if last_step_at is not None:
+        return last_step_at, "failure (cause unknown: no record)", last_step_at, None, None
+    return None
 
 
 def costs(timeline: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

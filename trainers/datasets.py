@@ -180,33 +180,14 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
     """Checks one HDF5 file, or shards whose splits are read as one: a split's rows are its
     dataset's rows in every shard that holds it, in the shards' order (a shard may hold only
     some of the splits)."""
-    import h5py
-    import numpy as np
 
     files = [path] if isinstance(path, Path) else list(path)
     parents = {f.parent for f in files}
     shown = str(files[0]) if len(files) == 1 else f"{parents.pop() if len(parents) == 1 else files[0].parent} ({len(files)} shards)"
     pairs = ((cfg.train_x, cfg.train_y), (cfg.val_x, cfg.val_y), (cfg.test_x, cfg.test_y))
-    names = [name for pair in pairs for name in pair]
-    splits: dict[str, list[tuple[h5py.Dataset, h5py.Dataset]]] = {x_name: [] for x_name, _ in pairs}
-    handles = []
+    handles: list[h5py.File] = []
     try:
-        for file in files:
-            if not file.exists():
-                raise DataError(f"data.path {str(file)!r} does not exist")
-            if not file.is_file() or not h5py.is_hdf5(file):
-                raise DataError(f"data.path {str(file)!r} is not an HDF5 file")
-            f = h5py.File(file, "r")
-            handles.append(f)
-            held = [name for name in names if isinstance(f.get(name), h5py.Dataset)]
-            if not held:
-                raise DataError(f"{file} holds none of {', '.join(names)} (set data.train_x/... to the names it has)")
-            for x_name, y_name in pairs:
-                if (x_name in held) != (y_name in held):
-                    has, lacks = (x_name, y_name) if x_name in held else (y_name, x_name)
-                    raise DataError(f"{file} holds {has} without {lacks}; a shard holds a split's inputs and labels together")
-                if x_name in held:
-                    splits[x_name].append((f[x_name], f[y_name]))
+        splits = read_splits(files, pairs, handles)
         lacks = "the file has no" if len(files) == 1 else f"none of the {len(files)} files of data.path has a"
         if not splits[cfg.train_x]:
             raise DataError(f"{shown}: {lacks} training split {cfg.train_x} (set data.train_x/... to the names it has)")
@@ -216,47 +197,95 @@ def inspect_hdf5(path: Path | Sequence[Path], cfg: DataConfig) -> DatasetInfo:
             val_split, test_split = (cfg.test_x, cfg.test_y), None
         else:
             raise DataError(f"{shown}: {lacks} validation split {cfg.val_x} (or {cfg.test_x}); set data.val_x/data.val_y to the names it has")
-        used = [cfg.train_x, val_split[0], *([test_split[0]] if test_split else [])]
-        for x, y in (pair for name in used for pair in splits[name]):
-            at = f"{x.file.filename}: " if len(files) > 1 else f"{shown}: "
-            if x.shape[0] != y.shape[0] or y.ndim != 1:
-                raise DataError(f"{at}{x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
-            if not np.issubdtype(y.dtype, np.integer):
-                raise DataError(f"{at}labels {y.name} must be integers, not {y.dtype}")
-            if not (np.issubdtype(x.dtype, np.number) and x.ndim >= 2):
-                raise DataError(f"{at}inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
-        first = splits[cfg.train_x][0][0]
         kinds = {cfg.train_x: "train", val_split[0]: "validation", **({test_split[0]: "test"} if test_split else {})}
-        for name in used:
-            for x, _ in splits[name]:
-                if x.shape[1:] != first.shape[1:]:
-                    in_file = f" in {x.file.filename}" if len(files) > 1 else ""
-                    raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kinds[name]} inputs {x.shape[1:]}{in_file} differ in shape")
-                if x.dtype != first.dtype:
-                    raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
-                if x.attrs.get("scale") != first.attrs.get("scale"):
-                    scales = f"{first.attrs.get('scale')} in {first.file.filename} but {x.attrs.get('scale')} in {x.file.filename}"
-                    raise DataError(f"{shown}: the inputs' scale attribute is {scales}; store every shard alike")
+        used = {name: splits[name] for name in kinds}
+        check_split_arrays(used, shown, sharded=len(files) > 1)
+        first = check_shards_alike(used, kinds, shown, sharded=len(files) > 1)
         num_train, num_val, num_test = (
             sum(x.shape[0] for x, _ in splits[name]) if name else 0 for name in (cfg.train_x, val_split[0], test_split and test_split[0])
         )
         if num_train == 0:
             raise DataError(f"{shown}: {cfg.train_x} is empty")
-        labels = [y for name in used for _, y in splits[name] if y.shape[0]]
-        ranges = [(f"{y.file.filename}:{y.name.lstrip('/')}" if len(files) > 1 else y.name.lstrip("/"), label_range(y)) for y in labels]
-        declared = max(int(f.attrs.get("num_classes", 0)) for f in handles)
-        num_classes = declared or max(high for _, (_, high) in ranges) + 1
-        for name, (low, high) in ranges:
-            if low < 0 or high >= num_classes:
-                source = "the file's num_classes attribute" if declared else "max label + 1"
-                raise DataError(
-                    f"{shown}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
-                    f"({source}); store labels 0..num_classes-1"
-                )
+        num_classes = checked_class_count(used, handles, shown, sharded=len(files) > 1)
         return DatasetInfo(shown, num_train, num_val, tuple(first.shape[1:]), num_classes, tuple(str(f) for f in files), val_split, test_split, num_test)
     finally:
         for f in handles:
             f.close()
+
+
+Split = list[tuple["h5py.Dataset", "h5py.Dataset"]]  # a split's (inputs, labels) in each shard that holds it
+
+
+def read_splits(files: list[Path], pairs: tuple[tuple[str, str], ...], handles: list[h5py.File]) -> dict[str, Split]:
+    """Each split's (inputs, labels) datasets, by its inputs' name, from every file that holds
+    it; each file opened is appended to `handles` (the caller closes them)."""
+    import h5py
+
+    names = [name for pair in pairs for name in pair]
+    splits: dict[str, Split] = {x_name: [] for x_name, _ in pairs}
+    for file in files:
+        if not file.exists():
+            raise DataError(f"data.path {str(file)!r} does not exist")
+        if not file.is_file() or not h5py.is_hdf5(file):
+            raise DataError(f"data.path {str(file)!r} is not an HDF5 file")
+        f = h5py.File(file, "r")
+        handles.append(f)
+        held = [name for name in names if isinstance(f.get(name), h5py.Dataset)]
+        if not held:
+            raise DataError(f"{file} holds none of {', '.join(names)} (set data.train_x/... to the names it has)")
+        for x_name, y_name in pairs:
+            if (x_name in held) != (y_name in held):
+                has, lacks = (x_name, y_name) if x_name in held else (y_name, x_name)
+                raise DataError(f"{file} holds {has} without {lacks}; a shard holds a split's inputs and labels together")
+            if x_name in held:
+                splits[x_name].append((f[x_name], f[y_name]))
+    return splits
+
+
+def check_split_arrays(used: dict[str, Split], shown: str, sharded: bool) -> None:
+    """Inputs numeric N x ..., labels integer N, in every shard of every split used."""
+    import numpy as np
+
+    for x, y in (pair for split in used.values() for pair in split):
+        at = f"{x.file.filename}: " if sharded else f"{shown}: "
+        if x.shape[0] != y.shape[0] or y.ndim != 1:
+            raise DataError(f"{at}{x.name} has {x.shape[0]} rows but {y.name} has shape {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"{at}labels {y.name} must be integers, not {y.dtype}")
+        if not (np.issubdtype(x.dtype, np.number) and x.ndim >= 2):
+            raise DataError(f"{at}inputs {x.name} must be numeric N x ..., not {x.dtype} {x.shape}")
+
+
+def check_shards_alike(used: dict[str, Split], kinds: dict[str, str], shown: str, sharded: bool) -> h5py.Dataset:
+    """Every split's inputs shaped, typed and scaled as the first training shard's; returns that shard's inputs."""
+    first = next(iter(used.values()))[0][0]
+    for name, split in used.items():
+        for x, _ in split:
+            if x.shape[1:] != first.shape[1:]:
+                in_file = f" in {x.file.filename}" if sharded else ""
+                raise DataError(f"{shown}: train inputs {first.shape[1:]} and {kinds[name]} inputs {x.shape[1:]}{in_file} differ in shape")
+            if x.dtype != first.dtype:
+                raise DataError(f"{shown}: inputs are {first.dtype} in {first.file.filename} but {x.dtype} in {x.file.filename}; store every shard alike")
+            if x.attrs.get("scale") != first.attrs.get("scale"):
+                scales = f"{first.attrs.get('scale')} in {first.file.filename} but {x.attrs.get('scale')} in {x.file.filename}"
+                raise DataError(f"{shown}: the inputs' scale attribute is {scales}; store every shard alike")
+    return first
+
+
+def checked_class_count(used: dict[str, Split], handles: list[h5py.File], shown: str, sharded: bool) -> int:
+    """The files' num_classes attribute, else the largest label + 1; every label of the splits used within it."""
+    labels = [y for split in used.values() for _, y in split if y.shape[0]]
+    ranges = [(f"{y.file.filename}:{y.name.lstrip('/')}" if sharded else y.name.lstrip("/"), label_range(y)) for y in labels]
+    declared = max(int(f.attrs.get("num_classes", 0)) for f in handles)
+    num_classes = declared or max(high for _, (_, high) in ranges) + 1
+    for name, (low, high) in ranges:
+        if low < 0 or high >= num_classes:
+            source = "the file's num_classes attribute" if declared else "max label + 1"
+            raise DataError(
+                f"{shown}: labels in {name} run {low}..{high}, outside 0..{num_classes - 1} for num_classes={num_classes} "
+                f"({source}); store labels 0..num_classes-1"
+            )
+    return num_classes
 
 
 def label_range(labels: h5py.Dataset, chunk: int = 1 << 22) -> tuple[int, int]:

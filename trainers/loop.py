@@ -585,21 +585,7 @@ def apply_deterministic_kernels() -> None:
 
 def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, metrics: MetricsWriter | None = None) -> Loop:
     """Model, optimizer, schedule, gradient sync and data, resumed from the newest checkpoint."""
-    task.set_place(Place(comm.rank, comm.world_size, comm.device))
-    torch.manual_seed(cfg.trainer.seed)
-    if cfg.trainer.deterministic:
-        apply_deterministic_kernels()
-    device = comm.device
-    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format  # 4-D parameters only
-    model = task.build_model()
-    if cfg.trainer.sync_batchnorm:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
-    if cfg.trainer.activation_checkpointing:
-        recompute_in_backward(task.checkpointed_modules(model))
-    broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
-    if cfg.comm.sharding == "full":  # before the optimizer: FSDP2 replaces the parameters with their shards
-        model = shard_model(model, sharding_units(task, model))
+    model = placed_model(cfg, comm, task)
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
     global_batch = accumulation * cfg.data.batch_size * comm.world_size
     optimizer = build_optimizer(cfg.optim, task.param_groups(model), scaled_lr(cfg.optim, global_batch))
@@ -608,12 +594,8 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
     # Compiled for training only: evaluation's eval mode would compile a second graph. The state
     # saved is the plain model's (no `_orig_mod.` prefix), so a resume may switch compile.
     train_module = compiled(sync.module, cfg.trainer.compile_backend) if cfg.trainer.compile else None
-    precision = cfg.trainer.precision
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    train, val, held_out = task.train_data(), task.eval_data(), task.test_data()
-    check_data_sets(train, val, comm)
-    if held_out is not None:
-        check_data_sets(train, held_out, comm, "test")
+    scaler = torch.amp.GradScaler(comm.device.type, enabled=cfg.trainer.precision == "fp16")
+    train, val, held_out = checked_data_sets(task, comm)
     sampler = ShardSampler(len(train), cfg.data.batch_size, comm.rank, comm.world_size, cfg.trainer.seed)
     steps_per_epoch = max(1, sampler.steps_per_epoch // accumulation)
     total_steps = min(cfg.trainer.max_steps or 1 << 62, cfg.trainer.epochs * steps_per_epoch)
@@ -624,28 +606,8 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
     rngstreams.seed_rank(cfg.trainer.seed, comm.rank)  # its own stream from here on (a checkpoint's, if resumed)
     coordinator, progress, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, model, optimizer, schedule, scaler, task_target)
     run.milestones.loaded(load_began, time.time())
-    log.info(
-        "training %s: %d train / %d validation%s samples, %d ranks x batch %d x %d micro-batches, %d steps per epoch, "
-        "comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s%s), global batch %d, lr %g, precision %s%s",
-        task_name(task),
-        len(train),
-        len(val),
-        f" / {len(held_out)} test" if held_out is not None else "",
-        comm.world_size,
-        cfg.data.batch_size,
-        accumulation,
-        steps_per_epoch,
-        cfg.comm.backend,
-        cfg.comm.algorithm,
-        cfg.comm.bucket_mb,
-        cfg.comm.overlap,
-        cfg.comm.compression,
-        f", sharding {cfg.comm.sharding}" if cfg.comm.sharding != "none" else "",
-        global_batch,
-        optimizer.param_groups[0]["initial_lr"],
-        precision,
-        ", compiled" if train_module is not None else "",
-    )
+    plan = f"{comm.world_size} ranks x batch {cfg.data.batch_size} x {accumulation} micro-batches, {steps_per_epoch} steps per epoch"
+    log_training_plan(cfg, task, (train, val, held_out), plan, global_batch, optimizer.param_groups[0]["initial_lr"], train_module is not None)
     run.steps.total_steps = total_steps if total_steps < 1 << 62 else None
     return Loop(
         cfg,
@@ -668,9 +630,66 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
         resumed_from=resumed_from,
         guard=BadStepGuard(cfg.trainer.max_bad_steps),
         watch=StragglerWatch(comm, run.host, cfg.trainer.straggler_every, cfg.trainer.straggler_ratio),
-        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision),
+        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.trainer.precision),
         metrics=metrics or MetricsWriter(None),
         train_module=train_module,
+    )
+
+
+def placed_model(cfg: FitConfig, comm: Collectives, task: Task) -> nn.Module:
+    """The task's model on this rank's device, the same on every rank, as the trainer settings
+    shape it (SyncBatchNorm, channels_last, recomputation in backward) and sharded for
+    comm.sharding=full, before any optimizer sees its parameters."""
+    task.set_place(Place(comm.rank, comm.world_size, comm.device))
+    torch.manual_seed(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        apply_deterministic_kernels()
+    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format  # 4-D parameters only
+    model = task.build_model()
+    if cfg.trainer.sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(comm.device, memory_format=memory_format)  # type: ignore[call-overload]  # torch stubs lack memory_format
+    if cfg.trainer.activation_checkpointing:
+        recompute_in_backward(task.checkpointed_modules(model))
+    broadcast_module(comm, model)  # identical start on every rank, whatever their seeds did
+    if cfg.comm.sharding == "full":  # before the optimizer: FSDP2 replaces the parameters with their shards
+        model = shard_model(model, sharding_units(task, model))
+    return model
+
+
+def checked_data_sets(task: Task, comm: Collectives) -> tuple[MapDataset, MapDataset, MapDataset | None]:
+    """The task's training, validation and (optional) test sets, checked alike on every rank."""
+    train, val, held_out = task.train_data(), task.eval_data(), task.test_data()
+    check_data_sets(train, val, comm)
+    if held_out is not None:
+        check_data_sets(train, held_out, comm, "test")
+    return train, val, held_out
+
+
+def log_training_plan(
+    cfg: FitConfig, task: Task, data_sets: tuple[MapDataset, MapDataset, MapDataset | None], plan: str, global_batch: int, lr: float, is_compiled: bool
+) -> None:
+    """The one line that says what this run trains, on what, and how its gradients travel."""
+    train, val, held_out = data_sets
+    comm = cfg.comm
+    log.info(
+        "training %s: %d train / %d validation%s samples, %s, comm %s (allreduce %s, buckets %.1f MiB, overlap %s, compression %s%s), "
+        "global batch %d, lr %g, precision %s%s",
+        task_name(task),
+        len(train),
+        len(val),
+        f" / {len(held_out)} test" if held_out is not None else "",
+        plan,
+        comm.backend,
+        comm.algorithm,
+        comm.bucket_mb,
+        comm.overlap,
+        comm.compression,
+        f", sharding {comm.sharding}" if comm.sharding != "none" else "",
+        global_batch,
+        lr,
+        cfg.trainer.precision,
+        ", compiled" if is_compiled else "",
     )
 
 

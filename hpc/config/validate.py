@@ -61,6 +61,14 @@ def check_resources(job: JobConfig) -> None:
     if cluster.max_nodes is not None and res.nodes + res.spare_nodes > cluster.max_nodes:
         asked = f"resources.nodes={res.nodes}" + (f" + resources.spare_nodes={res.spare_nodes}" if res.spare_nodes else "")
         raise UserError(f"{asked} is more than the {cluster.max_nodes} nodes of cluster {cluster.name}")
+    check_node_fit(job)
+    check_placement(job)
+    check_time_limit(job)
+
+
+def check_node_fit(job: JobConfig) -> None:
+    """A node's share of the job (tasks x CPUs, tasks x GPUs) within what a node of the cluster has."""
+    res, cluster = job.resources, job.cluster
     cpus = res.tasks_per_node * res.cpus_per_task
     if cluster.cpus_per_node is not None and cpus > cluster.cpus_per_node:
         raise UserError(
@@ -74,10 +82,11 @@ def check_resources(job: JobConfig) -> None:
             f"{res.tasks_per_node} tasks x {res.gpus_per_task} GPUs per node = {gpus} > the {cluster.gpus_per_node} "
             f"GPUs of a {cluster.name} node; lower resources.tasks_per_node or resources.gpus_per_task"
         )
-    if cluster.signal not in ("USR1", "USR2", "TERM", "INT"):
-        raise UserError(f"cluster.signal={cluster.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
-    if cluster.signal_seconds < 1:
-        raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
+
+
+def check_placement(job: JobConfig) -> None:
+    """The switch count asked of Slurm and the topology file the rings follow."""
+    res, cluster = job.resources, job.cluster
     if cluster.switches is not None and not 1 <= cluster.switches <= res.nodes:
         raise UserError(f"cluster.switches={cluster.switches} must be between 1 and resources.nodes={res.nodes}")
     if cluster.topology_conf is not None:
@@ -87,6 +96,15 @@ def check_resources(job: JobConfig) -> None:
             raise UserError(f"cluster.topology_conf={cluster.topology_conf}: {err.strerror}") from None
     if cluster.switches_wait_min < 0:
         raise UserError(f"cluster.switches_wait_min={cluster.switches_wait_min} must be >= 0")
+
+
+def check_time_limit(job: JobConfig) -> None:
+    """The stop signal the ranks handle, and a time limit that leaves room before it."""
+    res, cluster = job.resources, job.cluster
+    if cluster.signal not in ("USR1", "USR2", "TERM", "INT"):
+        raise UserError(f"cluster.signal={cluster.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
+    if cluster.signal_seconds < 1:
+        raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
@@ -166,6 +184,13 @@ def check_training(job: JobConfig) -> None:
         accumulation_steps(job.trainer, job.data.batch_size, world)
     except ValueError as err:
         raise UserError(str(err)) from None
+    check_optimizer(job)
+    check_checkpointing(job)
+    check_evaluation(job)
+
+
+def check_optimizer(job: JobConfig) -> None:
+    """Clipping, the learning rate and its schedule, AdamW's betas."""
     if job.trainer.clip_grad_norm is not None and job.trainer.clip_grad_norm <= 0:
         raise UserError(f"trainer.clip_grad_norm={job.trainer.clip_grad_norm} must be > 0, or null for off")
     optim = job.optim
@@ -177,13 +202,16 @@ def check_training(job: JobConfig) -> None:
         raise UserError(f"optim.betas={list(optim.betas)} must be two numbers in [0, 1): AdamW's beta1 and beta2, e.g. [0.9,0.95]")
     if job.optim.warmup_steps < 0 or job.optim.reference_batch < 1:
         raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} must be >= 0 and optim.reference_batch={job.optim.reference_batch} >= 1")
+
+
+def check_checkpointing(job: JobConfig) -> None:
+    """How often checkpoints are taken, and that a fallback is kept."""
     if job.checkpoint.every_steps < 0:
         raise UserError(f"checkpoint.every_steps={job.checkpoint.every_steps} must be >= 0 (0: off)")
     if job.checkpoint.every_minutes is not None and job.checkpoint.every_minutes <= 0:
         raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
-    check_evaluation(job)
 
 
 def check_evaluation(job: JobConfig) -> None:
