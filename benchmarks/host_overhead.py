@@ -76,10 +76,10 @@ def counting() -> Iterator[HostReads]:
 def builtin_loop(steps: int, workdir: Path, reads: HostReads) -> list[tuple[float, int]]:
     """trainers.fit for `steps` steps on one rank; (time, reads so far) at each step's report."""
     from collectives.base import SingleProcess
+    from trainers.context import RunContext
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
-    from trainers.run import RunContext
 
     marks: list[tuple[float, int]] = []
 
@@ -98,7 +98,7 @@ def proxy_config(steps: int) -> Any:
     """One epoch of the digits (1,437 samples: 179 steps of 8), cut at `steps`; no checkpoints."""
     from collectives.config import CommConfig
     from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
-    from trainers.run import FitConfig
+    from trainers.context import FitConfig
 
     return FitConfig(
         model=ModelConfig(hidden_sizes=[64]),

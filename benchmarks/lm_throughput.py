@@ -41,7 +41,7 @@ BATCH = 32  # per rank
 def fit_config(steps: int, batch: int, backend: str) -> Any:
     from collectives.config import CommConfig
     from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
-    from trainers.run import FitConfig
+    from trainers.context import FitConfig
 
     trainer = dataclasses.replace(TrainerConfig(), epochs=1, max_steps=steps, watchdog_s=None, log_every=10**6)
     return FitConfig(
@@ -57,10 +57,10 @@ def fit_config(steps: int, batch: int, backend: str) -> Any:
 def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, tokens: Path) -> tuple[float, float]:
     """(wall seconds from the end of step `warmup` to the end of the last step, the last step's
     loss), on rank 0: measured as the plain loop is, by the clock, not from the step records."""
+    from trainers.context import RunContext
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
-    from trainers.run import RunContext
     from trainers.tasks.lm import LanguageModelTask
 
     class Clocked(StepReporter):

@@ -14,7 +14,9 @@ class CollectivesError(RuntimeError):
     """A communication setup that cannot work (wrong launcher, missing library)."""
 
 
-class Handle(Protocol):
+class InFlight(Protocol):
+    """A collective started and not yet waited for (the run handle is trainers.handle.Handle)."""
+
     def wait(self) -> Any:
         """Block until the collective finished; returns its result (allgather) or None."""
 
@@ -27,15 +29,15 @@ class Collectives(Protocol):
     def allreduce_(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> None:
         """Reduce a contiguous CPU tensor in place across all ranks."""
 
-    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> Handle:
+    def allreduce_async(self, buffer: torch.Tensor, op: ReduceOp = "sum") -> InFlight:
         """Start an in-place allreduce; the buffer must not be touched until wait()."""
 
     def allgather(self, mine: torch.Tensor) -> torch.Tensor:
         """Every rank's equally sized tensor, concatenated in rank order."""
 
-    def allgather_async(self, mine: torch.Tensor) -> Handle: ...
+    def allgather_async(self, mine: torch.Tensor) -> InFlight: ...
 
-    def reduce_scatter_async(self, buffer: torch.Tensor) -> Handle:
+    def reduce_scatter_async(self, buffer: torch.Tensor) -> InFlight:
         """Start a sum over ranks of `buffer` (its length a multiple of the world size) of which
         this rank gets chunk `rank` of `world_size` equal chunks; wait() returns that chunk."""
 

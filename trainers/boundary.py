@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
-from collectives.base import Collectives, Deferred
-from collectives.base import Handle as InFlight
+from collectives.base import Collectives, Deferred, InFlight
 from trainers import metricnames
+from trainers.context import Milestones
 from trainers.preemption import StopFlag
-from trainers.run import Milestones
 from trainers.saving import SaveCoordinator
 from trainers.task import TaskError
 from trainers.watchdog import Watchdog

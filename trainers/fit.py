@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.base import Collectives
+from trainers.context import FitConfig, FitResult, RunContext
 from trainers.loop import EpochEnd, build_loop
 from trainers.metrics import MetricsWriter
-from trainers.run import FitConfig, FitResult, RunContext
 from trainers.task import adapt
 
 

@@ -30,6 +30,7 @@ from collectives.gradsync import GradientSync, build_gradient_sync
 from trainers import metricnames, rngstreams
 from trainers.boundary import PendingVote, StepBoundary, StepVote
 from trainers.config import accumulation_steps, scaled_lr
+from trainers.context import FitConfig, RunContext
 from trainers.data import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import BadStepGuard, skip_past
@@ -40,7 +41,6 @@ from trainers.optim import build_optimizer, build_schedule, step_unless
 from trainers.recompute import recompute_in_backward
 from trainers.recovery import agree_on_newest, resume_or_start, roll_back
 from trainers.reporting import PHASES, four_places
-from trainers.run import FitConfig, RunContext
 from trainers.sampler import ShardSampler
 from trainers.saving import SaveCoordinator
 from trainers.shards import own_state

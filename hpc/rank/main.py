@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # the module level stays light: srun starts it after catching
     from collectives.base import Collectives
     from hpc.config.schema import JobConfig
     from hpc.rank.script import ScriptResult
+    from trainers.context import FitResult
     from trainers.preemption import StopFlag
-    from trainers.run import FitResult
     from trainers.watchdog import Watchdog
 
 # STOP_SIGNALS (hpc.rank.signals): each one stops at a step boundary with a checkpoint, never as a
@@ -210,9 +210,9 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
 
 
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
+    from trainers.context import FitConfig, RunContext
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
-    from trainers.run import FitConfig, RunContext
     from trainers.tasks import build_task
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)

@@ -19,8 +19,8 @@ from hpc.rundir import RunDir
 
 if TYPE_CHECKING:
     from hpc.config.schema import JobConfig
+    from trainers.context import Milestones
     from trainers.reporting import StepReporter
-    from trainers.run import Milestones
     from trainers.watchdog import Watchdog
 
 log = logging.getLogger("hpc.rank")
@@ -50,7 +50,7 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
 
 def run_milestones(run_dir: RunDir, is_main: bool) -> Milestones:
     """The run's timeline (rank 0 records it: hpc.rank.timeline); the other ranks' only counts."""
-    from trainers.run import Milestones
+    from trainers.context import Milestones
 
     return Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if is_main else None)
 

@@ -78,7 +78,7 @@ class Timeline:
         best_effort(self._record_stop, signal_name, received, phase, reason, stopped_step)
 
     def record_start(self, milestones: dict[str, Any]) -> None:
-        """After the first step of this start (trainers.run.Milestones): rank 0 only. Best effort:
+        """After the first step of this start (trainers.context.Milestones): rank 0 only. Best effort:
         it runs inside the training loop."""
         best_effort(self._record_start, milestones)
 

@@ -13,9 +13,9 @@ import torch
 from tests.support.fit_in_process import HeldOut, Regression, steps_of, stopped_step, train
 from tests.support.fit_in_process import config as task_config
 from trainers.checkpoint import load_tensor_file
+from trainers.context import FitConfig
 from trainers.layout import SHARED, committed_steps, step_dir_name
 from trainers.metrics import read_metrics
-from trainers.run import FitConfig
 from trainers.task import Place
 
 

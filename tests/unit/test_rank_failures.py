@@ -183,12 +183,10 @@ def test_a_users_traceback_starts_at_the_users_own_frame(tmp_path):
 
     code = rank_main.CODE_ROOT
     library = str(Path(runpy.__file__))
-    err = raise_through(
-        [(str(code / "hpc/rank/main.py"), "train"), (library, "run_path"), (str(tmp_path / "train.py"), "main"), (str(code / "trainers/run.py"), "end_step")],
-        ValueError("bad shard"),
-    )
+    frames = [(str(code / "hpc/rank/main.py"), "train"), (library, "run_path"), (str(tmp_path / "train.py"), "main")]
+    err = raise_through([*frames, (str(code / "trainers/handle.py"), "end_step")], ValueError("bad shard"))
     shown = [frame.filename for frame in traceback.extract_tb(from_users_frame(err, code))]
-    assert shown == [str(tmp_path / "train.py"), str(code / "trainers/run.py")]
+    assert shown == [str(tmp_path / "train.py"), str(code / "trainers/handle.py")]
     inside = raise_through([(str(code / "hpc/rank/main.py"), "train"), (library, "run_path")], KeyError("python"))
     assert len(traceback.extract_tb(from_users_frame(inside, code))) == 2  # no frame of the user's: all of it
 

@@ -20,7 +20,7 @@ from collectives.torchdist import TorchDistCollectives
 from tests.support.fit_in_process import builtin_task, config, counting_blocks, steps_of, train
 from tests.support.ranks import gloo_world_of_one
 from trainers.config import ModelConfig, OptimConfig
-from trainers.run import FitConfig
+from trainers.context import FitConfig
 
 STEPS = 8
 

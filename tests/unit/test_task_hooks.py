@@ -15,7 +15,7 @@ from torch import nn
 from benchmarks.rundirs import newest_shared_state
 from tests.support.fit_in_process import Regression, config, counting_blocks, steps_of, stopped_step, train
 from trainers.config import OptimConfig
-from trainers.run import FitConfig
+from trainers.context import FitConfig
 from trainers.task import TaskError
 
 

@@ -19,7 +19,7 @@ from tests.support.fit_in_process import builtin_task
 from tests.support.fit_in_process import train as fit_in_process
 from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
-from trainers.run import FitConfig
+from trainers.context import FitConfig
 from trainers.tensorfile import read_tensor_file
 
 STEPS = 6
