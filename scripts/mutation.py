@@ -71,7 +71,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_unwritable.py",
     ],
     "trainers.export": ["tests/unit/test_export.py"],
-    "hpc.config.search": ["tests/unit/test_search.py"],
+    "hpc.config.search": ["tests/unit/test_search.py", "tests/unit/test_search_checks.py"],
     "hpc.config.validate": ["tests/unit/test_first_hour.py", "tests/unit/test_backends_preflight.py", "tests/unit/test_spec.py", "tests/unit/test_fuzz.py"],
 }
 
@@ -80,6 +80,10 @@ SAME_DIGEST = "another cut of the same blake2b digest: still two independent 20-
 DURABILITY = "durability across a power cut (flush, fsync): not observable short of one"
 DAEMON = "a daemon thread or not: every path the tests take joins it before the interpreter exits"
 EQUIVALENT: dict[str, str] = {
+    "hpc.config.search:132:42:0 -> 1": "n_trials was checked >= 1 just above: `or 0` is never taken",
+    "hpc.config.search:133:38:0 -> 1": "n_jobs was checked >= 1 just above: `or 0` is never taken",
+    "hpc.config.search:160:73:True -> False": "compose_jobs returns one job per override list: the lengths are always equal",
+    "hpc.config.search:222:24:and -> or": "Hydra's interval() has two float ends, or two int ones under int(): never one of each",
     "trainers.rngstreams:27:47:1 -> 2": "a 62-bit seed instead of 63: as decorrelated, as reproducible",
     "trainers.export:69:8:call left out": "durability across a power cut (flush before fsync): not observable short of one",
     "trainers.export:70:8:call left out": "durability across a power cut (fsync before the rename): not observable short of one",

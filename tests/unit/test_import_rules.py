@@ -232,6 +232,18 @@ def test_login_node_commands_do_not_import_torch_at_start():
         assert "torch" not in reached, f"{start} imports torch at module level (through {sorted(m for m in reached if m in MODULES)})"
 
 
+def test_the_backend_table_and_a_runs_context_stay_below_what_reads_them():
+    # The login node reads the backend table (validate, comm=auto): no torch or MPI at its module
+    # level. What a run is given (trainers.context) sits below the loop, the fit and the run
+    # handle that read it: none of them is imported back.
+    reached = closure("collectives.backends", module_level_only=True)
+    assert not reached & {"torch", "mpi4py", "numpy"}, sorted(reached & {"torch", "mpi4py", "numpy"})
+    bad = violations(("trainers.context",), ("trainers.loop", "trainers.fit", "trainers.handle", "trainers.boundary"))
+    assert not bad, bad
+    readers = {module for module, found in GRAPH.items() if any(i.target == "hpc.rank.services" for i in found)}
+    assert readers <= {"hpc.rank.main", "hpc.run"} or all(r.startswith("tests.") for r in readers - {"hpc.rank.main", "hpc.run"}), readers
+
+
 def test_nothing_imports_the_user_tools_but_their_command_names():
     bad = [v for v in violations(tuple(p for p in PACKAGES if p != "tests"), ("hpc.tools",)) if not v.startswith("hpc.tools.")]
     bad = [v for v in bad if not any(v.startswith(f"{name}:") and v.endswith(f" imports {target}") for name, target in COMMANDS.items())]
