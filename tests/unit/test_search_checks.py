@@ -43,7 +43,7 @@ def test_the_sweeper_settings_take_their_boundaries_and_keep_their_values():
     assert (settings.n_trials, settings.n_jobs, settings.max_failure_rate, settings.direction) == (7, 3, 0.0, None)  # no rate given: none tolerated
     assert (settings.study_name, settings.storage) == ("search", None)
     assert study_settings({**SETTINGS, "direction": []}).direction is None
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field .n_trials."):
         settings.n_trials = 9  # type: ignore[misc]
     for sampler in ({}, {"seed": 1}, "tpe"):
         with pytest.raises(UserError, match="hydra.sweeper.sampler needs a _target_"):
@@ -98,7 +98,7 @@ def test_a_search_of_one_edge_point_is_checked_and_conflicting_directions_say_wh
     arguments = ["model=choice(mlp)", "sweep.objective=loss"]
     found = check_search(arguments, sweeper_config(fixed_overrides(["hydra/sweeper=optuna", *arguments])))
     assert len(found.points) == 1 and found.direction == "minimize"
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field .objective."):
         found.objective = "val_loss"  # type: ignore[misc]  # launch.py's checked search, as checked
     arguments = ["optim.lr=interval(0.01,0.3)", "sweep.objective=val_accuracy", "hydra.sweeper.direction=minimize"]
     with pytest.raises(UserError, match="sweep.objective=val_accuracy is better higher, but hydra.sweeper.direction=minimize"):
