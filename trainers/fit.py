@@ -18,6 +18,7 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
     loop = build_loop(cfg, comm, task, run or RunContext(), metrics)
     epoch_end = EpochEnd()
     stopped_by = loop.stop_agreed()  # a stop during start-up or resume: the newest checkpoint stays as it is
+    ended_as = "FAILED"  # how this start ends, for the trackers (an exception leaves it so)
     try:
         while stopped_by is None and loop.more_to_train():
             ended = loop.train_pass()
@@ -41,8 +42,9 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
             epoch_end = EpochEnd(val=loop.evaluate())
         # The held-out split is evaluated once, by the run that completes training, never during it.
         tested, test_step = loop.test_once() if stopped_by is None and not loop.more_to_train() else ({}, None)
+        ended_as = "STOPPED" if stopped_by is not None else "FINISHED"
     finally:
-        loop.close()
+        loop.close(ended_as)
     progress = loop.progress
     return FitResult(
         progress.epoch - 1,

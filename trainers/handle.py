@@ -353,9 +353,7 @@ class Handle:
             record[name] = float(number)
         self.logged.update({k: v for k, v in record.items() if k != "step"})
         self.metrics.write(record)
-        for name, value in record.items():
-            if name != "step" and math.isfinite(value):
-                self.reporter.scalar(name, value, int(record["step"]))
+        self.reporter.figures({name: value for name, value in record.items() if name != "step" and math.isfinite(value)}, int(record["step"]))
 
     def save(self, synchronous: bool = True) -> None:
         """A checkpoint of the current step (all ranks call it at the same point)."""
@@ -390,6 +388,7 @@ class Handle:
         watchdog = self.boundary.watchdog
         if watchdog is not None:  # the other ranks may still be stepping: a stall names this rank
             watchdog.leave("left the loop (the run handle's finish())")
+        ended_as = "FAILED"  # for the trackers; an exception leaves it so
         try:
             self.settle()  # the last step's vote: its metrics reported (a stop it carries comes too late to matter)
             if self.stopped_by is None and self.step > (self.resumed_from or 0):
@@ -397,10 +396,12 @@ class Handle:
             elif self.coordinator is not None:
                 self.coordinator.finish_pending()
             self.metrics.write({"step": self.step, "peak_memory_mib": peaks_over_ranks(self.comm)})
+            ended_as = "STOPPED" if self.stopped_by is not None else "FINISHED"
         finally:
-            self.close()
+            self.close(ended_as)
 
-    def close(self) -> None:
+    def close(self, ended_as: str = "FAILED") -> None:
+        """`ended_as`: how this start ends for the metrics sinks (FINISHED, STOPPED, FAILED)."""
         boundary = self.boundary
         boundary.close()
         quiesce = getattr(self.comm, "quiesce", None)  # torch.distributed's threads let go of the votes (collectives/torchdist.py)
@@ -409,7 +410,7 @@ class Handle:
         if boundary.watchdog is not None:  # the handle's own (hpc.run started it)
             boundary.watchdog.close()
             boundary.watchdog = None
-        self.reporter.close()
+        self.reporter.close(ended_as)
         self.metrics.close()
 
 

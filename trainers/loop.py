@@ -422,8 +422,7 @@ class Loop:
         self.keep_if_best(val)
 
     def report_validation(self, val: dict[str, float]) -> None:
-        for name, value in val.items():
-            self.run.steps.scalar(f"val/{name}", value, self.progress.step)
+        self.run.steps.figures({f"val/{name}": value for name, value in val.items()}, self.progress.step)
 
     def keep_if_best(self, val: dict[str, float]) -> None:
         """checkpoint.best: when this validation improves the figure, a checkpoint of this step is
@@ -525,6 +524,7 @@ class Loop:
         figures = self.evaluate(self.held_out)
         weights = "the final weights" if best is None else f"the best checkpoint (step {best['step']}, {best['metric']} {best['value']:.4g})"
         log.info("held-out test split, evaluated once on %s: %s", weights, figures_line("test", figures))
+        self.run.steps.figures({f"test/{name}": value for name, value in figures.items()}, self.progress.step)
         return figures, self.progress.step if best is None else int(best["step"])
 
     def load_best_for_test(self) -> dict[str, Any] | None:
@@ -560,7 +560,8 @@ class Loop:
         live |= {t.data_ptr() for state in self.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
         return lambda tensor: tensor.numel() > 0 and tensor.data_ptr() in live
 
-    def close(self) -> None:
+    def close(self, ended_as: str = "FINISHED") -> None:
+        """`ended_as`: FINISHED, STOPPED (to resume later) or FAILED, for the metrics sinks."""
         if self.loader is not None:
             self.loader.close()
         self.boundary.close()
@@ -569,7 +570,7 @@ class Loop:
             if close is not None:
                 close()
         self.sync.close()
-        self.run.steps.close()
+        self.run.steps.close(ended_as)
         self.metrics.close()
 
 

@@ -1,5 +1,6 @@
-"""Per-step reporting on rank 0: steps.jsonl, a progress bar or timestamped lines, a Prometheus
-text file, TensorBoard. Every figure it gets is already reduced over ranks by fit().
+"""Per-step reporting on rank 0: the progress line (a bar on a terminal, timestamped lines in a
+log), and every chosen metrics sink (trainers/sinks.py: steps.jsonl, TensorBoard, Prometheus;
+trainers/trackers.py: MLflow, W&B). Every figure it gets is already reduced over ranks.
 
 Also the straggler rule: from every rank's mean busy time per step, the slowest vs the median.
 """
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainers.metrics import MetricsWriter
+from trainers.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, TensorBoardSink, task_metrics
 
-PHASES = ("data", "compute", "comm", "optimizer")  # the step time split, in fit()'s order
+__all__ = ["PHASES", "StepReporter", "Straggler", "find_straggler", "four_places", "task_metrics"]
 progress_log = logging.getLogger("trainers.progress")  # a terminal shows these as the bar instead
 
 
@@ -43,12 +45,6 @@ def find_straggler(step_ms: list[float], hosts: list[str], ratio: float) -> Stra
     return found if found.ratio > ratio else None
 
 
-# What the loop records about every step itself (MetricsWriter adds "time"); every other number in
-# a record is a task's metric.
-BOOKKEEPING = {
-    "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens", "lr", "grad_norm",
-    *(f"{p}_ms" for p in PHASES),
-}  # fmt: skip
 SHORT_NAMES = {"accuracy": "acc"}  # in the progress line
 
 
@@ -58,35 +54,9 @@ def four_places(value: float) -> str:
     return f"{value:.3g}" if value != 0 and abs(value) < 1e-3 else f"{value:.4f}"
 
 
-def task_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """The task's metrics in a step record (means per sample over ranks), by name."""
-    return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)}
-
-
-def render_prometheus(record: dict[str, Any], run: str) -> str:
-    """Prometheus text exposition format (for node_exporter's textfile collector)."""
-    label = run.replace("\\", "\\\\").replace('"', '\\"')
-    lines = []
-    gauges = [
-        ("hpctk_step", "step", "optimizer steps done"),
-        ("hpctk_samples_per_second", "samples_per_s", "training throughput, all ranks"),
-        ("hpctk_loss", "loss", "training loss, mean over ranks"),
-        ("hpctk_accuracy", "accuracy", "training accuracy, mean over ranks"),
-    ]
-    for name, key, help_text in gauges:
-        if key in record:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f'{name}{{run="{label}"}} {float(record[key]):.6g}']
-    metrics = {name: value for name, value in task_metrics(record).items() if name != "accuracy"}
-    if metrics:
-        lines += ["# HELP hpctk_metric a task's training metric, mean over ranks", "# TYPE hpctk_metric gauge"]
-        lines += [f'hpctk_metric{{run="{label}",name="{name}"}} {value:.6g}' for name, value in sorted(metrics.items())]
-    lines += ["# HELP hpctk_step_phase_seconds step time by phase, mean over ranks", "# TYPE hpctk_step_phase_seconds gauge"]
-    lines += [f'hpctk_step_phase_seconds{{run="{label}",phase="{phase}"}} {record.get(f"{phase}_ms", 0.0) / 1000:.6g}' for phase in PHASES]
-    return "\n".join(lines) + "\n"
-
-
 class StepReporter:
-    """Rank 0 reports; on other ranks (`steps_file=None`) every method does nothing."""
+    """Rank 0 reports; on other ranks (`steps_file=None`) every method does nothing. The sinks:
+    steps.jsonl, then a Prometheus file and TensorBoard where given, then `sinks` (the trackers)."""
 
     def __init__(
         self,
@@ -97,40 +67,32 @@ class StepReporter:
         tensorboard_dir: Path | None = None,
         run_name: str = "",
         terminal: TextIO | None = None,
+        sinks: Sequence[MetricsSink] = (),
     ) -> None:
-        self._writer = MetricsWriter(steps_file)
         self.enabled = steps_file is not None
         self.total_steps = total_steps
         self._log_every = max(1, log_every)
-        self._prometheus = prometheus_file if self.enabled else None
-        self._run_name = run_name
         self._bar = terminal if self.enabled else None  # the caller knows whether a person watches
-        self._tensorboard: Any = None
-        if self.enabled and tensorboard_dir is not None:
-            from torch.utils.tensorboard import (
-                SummaryWriter,  # needs the tensorboard package (checked before submission)
-            )
-
-            self._tensorboard = SummaryWriter(str(tensorboard_dir))
+        self.sinks: list[MetricsSink] = []
+        if steps_file is not None:
+            self.sinks.append(StepsFile(steps_file))
+            if prometheus_file is not None:
+                self.sinks.append(PrometheusFile(prometheus_file, run_name, every=self._log_every))
+            if tensorboard_dir is not None:
+                self.sinks.append(TensorBoardSink(tensorboard_dir))
+            self.sinks += sinks
 
     def report(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._writer.write(record)
+        for sink in self.sinks:
+            sink.step(record)
         step = int(record["step"])
-        if self._tensorboard is not None:
-            for key in ("loss", *task_metrics(record), "samples_per_s", "lr", "grad_norm", *(f"{p}_ms" for p in PHASES)):
-                if key in record:
-                    self._tensorboard.add_scalar(f"train/{key}", record[key], step)
         if self._bar is not None:
             self._bar.write("\r\033[K" + self._progress_text(record))
             self._bar.flush()
         if step % self._log_every == 0 or step == self.total_steps:
             progress_log.info("%s", self._progress_text(record))
-            if self._prometheus is not None:
-                tmp = self._prometheus.with_name(self._prometheus.name + ".tmp")
-                tmp.write_text(render_prometheus(record, self._run_name))
-                tmp.replace(self._prometheus)  # the collector never reads half a file
 
     def _progress_text(self, record: dict[str, Any]) -> str:
         of = f"/{self.total_steps}" if self.total_steps else ""
@@ -145,15 +107,22 @@ class StepReporter:
         loss = four_places(record.get("loss", float("nan")))
         return f"step {record['step']}{of}  loss {loss}  {metrics}{optimizer}{record['samples_per_s']:.0f} samples/s  ms: {split}"
 
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        """Per-epoch figures (test accuracy) for TensorBoard too."""
-        if self._tensorboard is not None:
-            self._tensorboard.add_scalar(tag, value, step)
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        """Figures of a moment (validation, a script's log()) at `step`, for the sinks that plot them."""
+        for sink in self.sinks:
+            sink.figures(figures, step)
 
-    def close(self) -> None:
-        self._writer.close()
+    def config(self, config: Mapping[str, Any]) -> None:
+        """The composed job, once per start (the trackers record it)."""
+        for sink in self.sinks:
+            sink.config(config)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """`status`: how this start ends: FINISHED, STOPPED (to resume later) or FAILED."""
         if self._bar is not None:
             self._bar.write("\n")
             self._bar.flush()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+            self._bar = None
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(status)

@@ -112,6 +112,9 @@ class JobConfig:
     script_args: list[str] = field(default_factory=list)
     workdir: str | None = None
     name: str = "train"
+    # Where rank 0's figures go beyond steps.jsonl and the terminal (trainers/trackers.py):
+    # tensorboard, prometheus, mlflow, wandb; each configured by its library's own variables.
+    trackers: list[str] = field(default_factory=list)
     run_root: str = "runs"  # run directories go under here (relative: to the launch dir)
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing
     wait: bool = False  # slurm: block until the job ends, streaming rank 0's log

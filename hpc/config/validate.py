@@ -136,8 +136,19 @@ def check_reporting(job: JobConfig) -> None:
         raise UserError(f"trainer.watchdog_startup_s={trainer.watchdog_startup_s} must be > 0 seconds")
     if trainer.max_bad_steps < 0:
         raise UserError(f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 0 (0: skip bad steps, never roll back)")
-    if trainer.tensorboard and not installed("tensorboard"):
-        raise UserError("trainer.tensorboard=true needs the tensorboard package: pip install tensorboard")
+    check_trackers(job)
+
+
+def check_trackers(job: JobConfig) -> None:
+    from trainers.trackers import PACKAGES, chosen
+
+    for name in job.trackers:
+        if name not in PACKAGES:
+            raise UserError(f"trackers: unknown tracker {name!r} (known: {', '.join(sorted(PACKAGES))})")
+    for name in chosen(job.trackers, job.trainer.tensorboard, job.trainer.prometheus_file):
+        if not installed(PACKAGES[name]):
+            package = PACKAGES[name].replace("_", "-")
+            raise UserError(f"trackers: {name} needs the {package} package: pip install {package} (or pip install 'hpc-toolkit[trackers]')")
 
 
 def check_training(job: JobConfig) -> None:

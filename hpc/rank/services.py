@@ -33,19 +33,32 @@ def attached_to_terminal() -> bool:
 
 
 def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
-    """Where a job's steps are reported: steps.jsonl, the progress line, Prometheus, TensorBoard
-    (rank 0; the other ranks' reporter only closes)."""
+    """Where a job's steps are reported: steps.jsonl, the progress line and the chosen sinks
+    (`trackers`: Prometheus, TensorBoard, MLflow, W&B), on rank 0; the other ranks' reporter
+    only closes. The trackers are given the composed job once per start."""
     from trainers.reporting import StepReporter
+    from trainers.trackers import DEFAULT_PROMETHEUS_FILE, TrackedRun, chosen, opened
 
+    if not is_main:
+        return StepReporter(None)
     trainer = job.trainer
-    return StepReporter(
-        run_dir.steps if is_main else None,
+    names = chosen(job.trackers, trainer.tensorboard, trainer.prometheus_file)
+    tracked = TrackedRun.of(run_dir.path, run_dir.steps)  # read before this start appends to steps.jsonl
+    reporter = StepReporter(
+        run_dir.steps,
         log_every=trainer.log_every,
-        prometheus_file=run_dir.path / trainer.prometheus_file if trainer.prometheus_file else None,
-        tensorboard_dir=run_dir.path / "tensorboard" if trainer.tensorboard else None,
+        prometheus_file=run_dir.path / (trainer.prometheus_file or DEFAULT_PROMETHEUS_FILE) if "prometheus" in names else None,
+        tensorboard_dir=run_dir.path / "tensorboard" if "tensorboard" in names else None,
         run_name=run_dir.path.name,
         terminal=sys.stdout if attached_to_terminal() else None,
+        sinks=opened(names, tracked),
     )
+    if len(reporter.sinks) > 1:
+        from omegaconf import OmegaConf
+
+        composed = OmegaConf.to_container(OmegaConf.load(run_dir.config), resolve=False)
+        reporter.config({str(key): value for key, value in composed.items()} if isinstance(composed, dict) else {})
+    return reporter
 
 
 def run_milestones(run_dir: RunDir, is_main: bool) -> Milestones:

@@ -17,6 +17,7 @@ from hpc.slurmctl import job_state
 from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, state_hash, step_losses, submit_job
+from tests.support.trackers import one_tracker_run_each
 from trainers.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -68,7 +69,9 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
     (tmp_path / "b").mkdir()
     # The uninterrupted run beside the interrupted one: the four nodes hold both
     reference_id, ref_dir = submit_job(*job, cwd=tmp_path / "a", env=env)
-    job_id, run_dir = submit_job(*job, cwd=tmp_path / "b", env=env)
+    # The interrupted run reports to MLflow and W&B (offline): one tracker run each, at the end
+    tracked = {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    job_id, run_dir = submit_job(*job, "trackers=[mlflow,wandb]", cwd=tmp_path / "b", env=tracked)
 
     # (steps into the current start, then what interrupts it): counted from the lines logged when
     # the start began, as the stop before may land several steps after its signal was sent.
@@ -110,6 +113,9 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
     assert found[3]["redone_steps"] <= 10
     (status,) = statuses(run_dir)
     assert status.interrupted.startswith("4 interruptions: ") and status.interrupted in status.line()
+    with pytest.MonkeyPatch.context() as env_of_the_test:
+        env_of_the_test.setenv("MLFLOW_TRACKING_URI", tracked["MLFLOW_TRACKING_URI"])
+        one_tracker_run_each(tmp_path, run_dir, steps=result["steps"], starts=5)
 
 
 def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues(tmp_path):

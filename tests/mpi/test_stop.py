@@ -1,6 +1,7 @@
 """`python -m hpc.stop RUN_DIR`, as docs/checkpoints.md shows it, on a real local run of two
 ranks: both ranks stop at the same step with a committed checkpoint, only the ranks were
-signalled, and the run resumes from that step."""
+signalled, and the run resumes from that step; its MLflow and W&B runs are one each, every step
+logged once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.docs import marked_blocks
 from tests.support.runs import logged_steps, rank_pids, resume_command, start_launch, stopped_pattern, wait_for_run
+from tests.support.trackers import one_tracker_run_each
 from trainers.layout import committed_steps, rank_files, step_dir_name
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -34,8 +36,24 @@ def documented_stop(run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "hpc.stop", str(run_dir)]
 
 
-def test_hpc_stop_stops_both_ranks_at_one_step_with_a_committed_checkpoint_and_the_run_resumes(tmp_path):
-    launched = start_launch(*JOB, cwd=tmp_path)
+def documented_trackers(where: Path) -> tuple[dict[str, str], list[str]]:
+    """The trackers' variables and the launch overrides of docs/observability.md, run in `where`."""
+    (block,) = marked_blocks("docs/observability.md", __file__)
+    export, launch = [line for line in block.body.splitlines() if line.strip()]
+    words = shlex.split(export.replace("$PWD", str(where)))
+    assert words[0] == "export", export
+    variables = dict(word.split("=", 1) for word in words[1:])
+    words = shlex.split(launch, comments=True)
+    assert words[:2] == ["python", "launch.py"], launch
+    return variables, words[2:]
+
+
+def test_hpc_stop_stops_both_ranks_at_one_step_with_a_committed_checkpoint_and_the_run_resumes(tmp_path, monkeypatch):
+    variables, overrides = documented_trackers(tmp_path)
+    assert set(variables) == {"MLFLOW_TRACKING_URI", "WANDB_MODE"} and overrides == ["trackers=[mlflow,wandb]"]
+    for name, value in {**variables, "WANDB_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)  # the ranks read the trackers' own variables
+    launched = start_launch(*JOB, *overrides, cwd=tmp_path)
     run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 3 and len(list((run / "heartbeats").glob("rank-*.json"))) == 2, "3 steps")
     ranks = sorted(rank_pids(run_dir))
     stop = subprocess.run(documented_stop(run_dir), cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -62,3 +80,4 @@ def test_hpc_stop_stops_both_ranks_at_one_step_with_a_committed_checkpoint_and_t
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["status"], result["resumed_from"], result["steps"]) == ("completed", stopped, 88)
+    one_tracker_run_each(tmp_path, run_dir, steps=88, starts=2)

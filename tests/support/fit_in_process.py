@@ -107,7 +107,8 @@ class StopAt(StepReporter):
     """Raises the stop flag as a signal would, once step `at` is reported."""
 
     def __init__(self, path: Path | None, stop: StopFlag, at: int | None) -> None:
-        super().__init__(path)
+        # the exporter's file beside steps.jsonl, as trainer.prometheus_file sets it
+        super().__init__(path, prometheus_file=path.with_name("metrics.prom") if path is not None else None)
         self.stop, self.at = stop, at
 
     def report(self, record: dict[str, Any]) -> None:
@@ -122,7 +123,6 @@ def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: i
     main = comm is None or comm.rank == 0
     stop = stop or StopFlag()
     steps = StopAt(run_dir / "steps.jsonl" if main else None, stop, stop_at)
-    steps._prometheus = run_dir / "metrics.prom" if main else None  # the exporter's file, as trainer.prometheus_file sets it
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
     metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
     return fit(cfg, comm or SingleProcess(), task, metrics, run)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainers.reporting import StepReporter, find_straggler, render_prometheus
+from trainers.reporting import StepReporter, find_straggler
 
 
 def test_straggler_is_the_slowest_rank_above_the_ratio_of_the_median():
@@ -18,12 +18,29 @@ def test_straggler_is_the_slowest_rank_above_the_ratio_of_the_median():
     assert find_straggler([10.0], ["a"], ratio=1.5) is None
 
 
-def test_prometheus_text_has_gauges_and_phases():
-    text = render_prometheus({"step": 7, "samples_per_s": 123.5, "loss": 0.25, "data_ms": 2.0, "compute_ms": 10.0}, 'run "x"')
-    assert 'hpctk_step{run="run \\"x\\""} 7' in text
-    assert 'hpctk_samples_per_second{run="run \\"x\\""} 123.5' in text
-    assert 'hpctk_step_phase_seconds{run="run \\"x\\"",phase="data"} 0.002' in text
-    assert "# TYPE hpctk_loss gauge" in text and "hpctk_accuracy" not in text
+def prometheus_samples(path):
+    """The file as Prometheus's own parser reads it: {(name, labels...): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, *sorted(sample.labels.items())): sample.value for family in text_string_to_metric_families(path.read_text()) for sample in family.samples
+    }
+
+
+def test_prometheus_file_has_gauges_task_metrics_and_phases(tmp_path):
+    prom = tmp_path / "metrics.prom"
+    reporter = StepReporter(tmp_path / "steps.jsonl", log_every=1, prometheus_file=prom, run_name='run "x"')
+    reporter.report({"step": 7, "samples_per_s": 123.5, "loss": 0.25, "perplexity": 3.5, "data_ms": 2.0, "compute_ms": 10.0})
+    run = ("run", 'run "x"')
+    samples = prometheus_samples(prom)
+    assert samples[("hpctk_step", run)] == 7
+    assert samples[("hpctk_samples_per_second", run)] == 123.5
+    assert samples[("hpctk_loss", run)] == 0.25
+    assert samples[("hpctk_metric", ("name", "perplexity"), run)] == 3.5
+    assert samples[("hpctk_step_phase_seconds", ("phase", "data"), run)] == 0.002
+    assert samples[("hpctk_step_phase_seconds", ("phase", "optimizer"), run)] == 0.0
+    assert ("hpctk_accuracy", run) not in samples  # never reported: no made-up value
+    assert "# TYPE hpctk_loss gauge" in prom.read_text()
 
 
 def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_end(tmp_path):
@@ -35,8 +52,9 @@ def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_en
         exported.append(next(line for line in prom.read_text().splitlines() if line.startswith("hpctk_step{")) if prom.exists() else None)
     reporter.close()
     assert [json.loads(line)["step"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
-    # Rewritten at steps 2 and 4 (every log_every) and at the last step, 5; unchanged in between.
-    assert exported == [None, 'hpctk_step{run="r"} 2', 'hpctk_step{run="r"} 2', 'hpctk_step{run="r"} 4', 'hpctk_step{run="r"} 5']
+    # Rewritten at steps 2 and 4 (every log_every), unchanged in between, and at the end.
+    assert exported == [None, 'hpctk_step{run="r"} 2.0', 'hpctk_step{run="r"} 2.0', 'hpctk_step{run="r"} 4.0', 'hpctk_step{run="r"} 4.0']
+    assert prometheus_samples(prom)[("hpctk_step", ("run", "r"))] == 5
 
 
 def test_other_ranks_write_nothing(tmp_path):
@@ -52,7 +70,7 @@ def test_tensorboard_event_files_hold_the_step_scalars(tmp_path):
     reporter = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
     for step in (1, 2):
         reporter.report({"step": step, "loss": 1.0 / step, "samples_per_s": 5.0})
-    reporter.scalar("test/accuracy", 0.75, 2)
+    reporter.figures({"test/accuracy": 0.75}, 2)
     reporter.close()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()

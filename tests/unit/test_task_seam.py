@@ -30,7 +30,15 @@ def test_a_user_task_trains_and_its_metric_names_are_reported(tmp_path):
     epochs = read_metrics(tmp_path / "metrics.jsonl")
     assert [set(e) >= {"val_loss", "val_close"} for e in epochs] == [True, True]
     assert result.val_metrics["close"] == epochs[-1]["val_close"] and result.val_metrics["loss"] == epochs[-1]["val_loss"] < steps[0]["loss"]
-    assert f'hpctk_metric{{run="",name="close"}} {steps[-1]["close"]:.6g}' in (tmp_path / "metrics.prom").read_text()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exported = {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families((tmp_path / "metrics.prom").read_text())
+        for s in f.samples
+        if s.name == "hpctk_metric"
+    }
+    assert exported[(("name", "close"), ("run", ""))] == steps[-1]["close"]
 
 
 def test_two_thread_ranks_agree_with_one_rank_at_the_same_global_batch(tmp_path):

@@ -1,0 +1,173 @@
+"""Experiment trackers as metrics sinks (trainers/trackers.py), against the real libraries: an
+MLflow tracking store (SQLite) and W&B in offline mode, its files read back. A toolkit run is one
+tracker run over all its starts, and a step the tracker holds is never logged again."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from hpc.config.schema import JobConfig
+from hpc.config.validate import check_trackers
+from hpc.errors import UserError
+from tests.support.wandb_files import history, records, run_records
+from trainers.reporting import StepReporter
+from trainers.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
+
+
+def start(run_dir: Path, names: list[str], steps: range, loss_offset: float, ended_as: str) -> None:
+    """One start of a run: its reporter as a rank 0 builds it, steps reported, then closed."""
+    tracked = TrackedRun.of(run_dir, run_dir / "steps.jsonl")
+    reporter = StepReporter(run_dir / "steps.jsonl", sinks=opened(names, tracked))
+    reporter.config({"optim": {"lr": 0.1, "name": "sgd"}, "trainer": {"epochs": 2}})
+    for step in steps:
+        reporter.report({"step": step, "loss": loss_offset + 1.0 / step, "samples_per_s": 100.0, "compute_ms": 2.0})
+        if step % 4 == 0:
+            reporter.figures({"val/accuracy": step / 10}, step)
+    reporter.close(ended_as)
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hpctk-tests")
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def test_mlflow_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, mlflow_store):
+    run_dir = tmp_path / "runs" / "sweep" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir.parent / "sweep.json").write_text("{}")  # a sweep point: tagged with its sweep
+    start(run_dir, ["mlflow"], range(1, 7), 0.0, "STOPPED")  # stopped at step 6 to requeue
+    run_id = (run_dir / TRACKERS_FILE).read_text()
+    run = mlflow_store.search_runs([mlflow_store.get_experiment_by_name("hpctk-tests").experiment_id])
+    assert [r.info.status for r in run] == ["SCHEDULED"]
+    # Resumed from a checkpoint of step 4 after a crash: steps 5 and 6 trained again (other
+    # values here, to tell them apart), then on to 10.
+    start(run_dir, ["mlflow"], range(5, 11), 100.0, "FINISHED")
+    assert (run_dir / TRACKERS_FILE).read_text() == run_id
+    runs = mlflow_store.search_runs([mlflow_store.get_experiment_by_name("hpctk-tests").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].info.run_name == "sweep/r1"
+    assert runs[0].data.tags["hpctk.sweep"] == "sweep" and runs[0].data.tags["hpctk.run_dir"] == str(run_dir)
+    losses = mlflow_store.get_metric_history(runs[0].info.run_id, "train/loss")
+    assert [m.step for m in losses] == list(range(1, 11))
+    assert [m.value for m in losses][4:6] == [1 / 5, 1 / 6]  # the first start's values were kept
+    assert [m.value for m in losses][6] == 100 + 1 / 7
+    assert [m.step for m in mlflow_store.get_metric_history(runs[0].info.run_id, "val/accuracy")] == [4, 8]
+    assert runs[0].data.params["optim.lr"] == "0.1" and runs[0].data.params["optim.name"] == "sgd"
+
+
+def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "3"
+    run_dir.mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")  # a sweep point: grouped by its sweep
+    start(run_dir, ["wandb"], range(1, 5), 0.0, "STOPPED")
+    run_id = json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["id"]
+    assert json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"] == {"id": run_id, "through": 4}
+    start(run_dir, ["wandb"], range(5, 9), 0.0, "STOPPED")
+    # Then the job was killed with wandb-core holding the second start's records: its files
+    # hold nothing, and no clean finish confirmed them.
+    (second,) = [p for p in (tmp_path / "wandb").glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
+    (second / f"run-{run_id}.wandb").write_bytes(b":W&B\xe1\xbe\x00")
+    (run_dir / TRACKERS_FILE).write_text(json.dumps({"wandb": {"id": run_id, "through": 4}}))
+    assert last_step(run_dir / "steps.jsonl") == 8
+    # Resumed from a checkpoint of step 6: steps 7 and 8 trained again (other values), on to 10.
+    start(run_dir, ["wandb"], range(7, 11), 100.0, "FINISHED")
+    starts = list((tmp_path / "wandb").glob("offline-run-*"))  # a start in the same second as the one before: "-1" added
+    assert len(starts) == 3 and all(p.name.split("-")[3] == run_id for p in starts)
+    rows = [row for row in history(tmp_path / "wandb", run_id) if "train/loss" in row]
+    assert [row["_step"] for row in rows] == list(range(1, 11))  # 5-8 from steps.jsonl, given again
+    assert [row["train/loss"] for row in rows][6:9] == [1 / 7, 1 / 8, 100 + 1 / 9]  # steps.jsonl's first values kept
+    assert json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["through"] == 10
+    assert {(r.run_id, r.display_name, r.run_group) for r in run_records(tmp_path / "wandb", run_id)} == {(run_id, "sweep/3", "sweep")}
+
+
+def history_of(offline_dir: Path, run_id: str) -> list[dict]:
+    """The history rows of one start's offline dir."""
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        for record in records(offline_dir / f"run-{run_id}.wandb")
+        if record.WhichOneof("record_type") == "history"
+    ]
+
+
+def test_steps_after_a_mark_are_each_steps_first_record_in_step_order(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    assert records_after(steps, None) == []
+    steps.write_text("".join(json.dumps({"step": n, "loss": float(n)}) + "\n" for n in (1, 2, 3, 4, 3, 4, 5)) + '{"step": 6, "lo')
+    assert [(r["step"], r["loss"]) for r in records_after(steps, 2)] == [(3, 3.0), (4, 4.0), (5, 5.0)]
+    assert [r["step"] for r in records_after(steps, None)] == [1, 2, 3, 4, 5]
+
+
+def test_a_tracker_that_cannot_open_is_left_out_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    caplog.set_level(logging.ERROR, "trainers.trackers")
+    start(tmp_path, ["mlflow"], range(1, 3), 0.0, "FINISHED")
+    assert last_step(tmp_path / "steps.jsonl") == 2  # steps.jsonl has every step
+    assert any(r.message.startswith("tracker mlflow left out of this start") for r in caplog.records)
+    assert not (tmp_path / TRACKERS_FILE).exists()
+
+
+def test_a_tracker_failing_midway_stops_alone(tmp_path, caplog):
+    from trainers.trackers import Guarded
+
+    class Flaky:
+        def __init__(self):
+            self.steps = []
+
+        def step(self, record):
+            if record["step"] == 2:
+                raise ConnectionError("server went away")
+            self.steps.append(record["step"])
+
+        def figures(self, figures, step): ...
+        def config(self, config): ...
+        def close(self, status): ...
+
+    flaky = Flaky()
+    caplog.set_level(logging.ERROR, "trainers.trackers")
+    reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[Guarded("flaky", flaky)])
+    for step in (1, 2, 3):
+        reporter.report({"step": step, "loss": 1.0})
+    reporter.close()
+    assert flaky.steps == [1] and last_step(tmp_path / "steps.jsonl") == 3
+    assert [r.message for r in caplog.records] == ["tracker flaky stopped for this start (step failed): ConnectionError: server went away"]
+
+
+def test_the_last_step_survives_a_cut_line_and_a_long_file(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    assert last_step(steps) is None
+    steps.write_text("".join(f'{{"step": {n}, "loss": 0.5, "pad": "{"x" * 900}"}}\n' for n in range(1, 200)) + '{"step": 200, "lo')
+    assert last_step(steps) == 199
+
+
+@pytest.mark.parametrize(
+    ("trackers", "message"),
+    [
+        (["mlfow"], "trackers: unknown tracker 'mlfow' .known: mlflow, prometheus, tensorboard, wandb."),
+        (["prometheus", "comet"], "unknown tracker 'comet'"),
+    ],
+)
+def test_unknown_trackers_are_refused_in_one_line(trackers, message):
+    with pytest.raises(UserError, match=message):
+        check_trackers(JobConfig(trackers=trackers))
+
+
+def test_a_tracker_without_its_package_is_refused_naming_the_install(monkeypatch):
+    import hpc.config.validate as validate
+
+    monkeypatch.setattr(validate, "installed", lambda module: module != "wandb")
+    with pytest.raises(UserError, match=r"trackers: wandb needs the wandb package: pip install wandb"):
+        check_trackers(JobConfig(trackers=["mlflow", "wandb"]))
+    check_trackers(JobConfig(trackers=["mlflow", "prometheus"]))

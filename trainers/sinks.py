@@ -1,0 +1,152 @@
+"""Where rank 0's figures go: one protocol (`MetricsSink`) that the built-in loop and the run
+handle both feed through trainers.reporting.StepReporter, and the sinks that need no account:
+steps.jsonl, TensorBoard's event files and a Prometheus text file. The experiment trackers
+(MLflow, Weights & Biases) are trainers/trackers.py; the terminal's line is the reporter's own.
+
+A sink is handed every figure already reduced over ranks, on rank 0 only; its library is
+imported when the sink is built, i.e. only when the job chose it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainers.metrics import MetricsWriter
+
+PHASES = ("data", "compute", "comm", "optimizer")  # the step time split, in fit()'s order
+
+# What the loop records about every step itself (MetricsWriter adds "time"); every other number in
+# a record is a task's metric.
+BOOKKEEPING = {
+    "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens", "lr", "grad_norm",
+    *(f"{p}_ms" for p in PHASES),
+}  # fmt: skip
+
+
+def task_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """The task's metrics in a step record (means per sample over ranks), by name."""
+    return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)}
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """A step record's plottable numbers as every plotting sink names them (train/<name>): the
+    loss, the task's metrics, throughput, the learning rate, the gradient norm and the step's
+    time by phase (no counters, no flags)."""
+    keys = ("loss", *task_metrics(record), "samples_per_s", "tokens_per_s", "lr", "grad_norm", "step_ms", *(f"{p}_ms" for p in PHASES))
+    return {f"train/{key}": float(record[key]) for key in keys if key in record}
+
+
+class MetricsSink(Protocol):
+    """One destination of a run's figures. `step`: a training step's record (with "step");
+    `figures`: figures of a moment (validation at an epoch's end, a script's log()) at a step;
+    `config`: the composed job, once per start; `close`: the run's end on this start ("FINISHED",
+    "STOPPED": stopped to resume later, "FAILED")."""
+
+    def step(self, record: Mapping[str, Any]) -> None: ...
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None: ...
+
+    def config(self, config: Mapping[str, Any]) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
+class StepsFile:
+    """steps.jsonl: every step's record, appended (a requeued job keeps appending)."""
+
+    def __init__(self, path: Path) -> None:
+        self._writer = MetricsWriter(path)
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        self._writer.write(dict(record))
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        pass  # metrics.jsonl has them (the loop's and the handle's own writer)
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        pass  # config.yaml has it
+
+    def close(self, status: str) -> None:
+        self._writer.close()
+
+
+class TensorBoardSink:
+    """Event files (torch.utils.tensorboard; needs the tensorboard package, checked before
+    submission): train/<name> per step, each figure under its own tag."""
+
+    def __init__(self, directory: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(str(directory))
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        step = int(record["step"])
+        for tag, value in scalars(record).items():
+            self._writer.add_scalar(tag, value, step)
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        for tag, value in figures.items():
+            self._writer.add_scalar(tag, value, step)
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self, status: str) -> None:
+        self._writer.close()
+
+
+class PrometheusFile:
+    """A Prometheus text file for node_exporter's textfile collector, written through
+    prometheus_client (its writer replaces the file whole: the collector never reads half of it)
+    every `every` steps and at the end."""
+
+    def __init__(self, path: Path, run: str, every: int = 1) -> None:
+        from prometheus_client import CollectorRegistry, Gauge
+
+        self.path, self._every = path, max(1, every)
+        self.registry = CollectorRegistry()
+
+        def gauge(name: str, text: str, *labels: str) -> Any:
+            return Gauge(name, text, ["run", *labels], registry=self.registry)
+
+        # a child per label set is made at its first value: a figure never reported is not exported as 0
+        self._gauges = {
+            "step": gauge("hpctk_step", "optimizer steps done"),
+            "samples_per_s": gauge("hpctk_samples_per_second", "training throughput, all ranks"),
+            "loss": gauge("hpctk_loss", "training loss, mean over ranks"),
+            "accuracy": gauge("hpctk_accuracy", "training accuracy, mean over ranks"),
+        }
+        self._metric = gauge("hpctk_metric", "a task's training metric, mean over ranks", "name")
+        self._phase = gauge("hpctk_step_phase_seconds", "step time by phase, mean over ranks", "phase")
+        self._run = run
+        self._stepped = False
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        self._stepped = True
+        for key, gauge in self._gauges.items():
+            if key in record:
+                gauge.labels(run=self._run).set(float(record[key]))
+        for name, value in task_metrics(record).items():
+            if name != "accuracy":
+                self._metric.labels(run=self._run, name=name).set(value)
+        for phase in PHASES:
+            self._phase.labels(run=self._run, phase=phase).set(float(record.get(f"{phase}_ms", 0.0)) / 1000)
+        if int(record["step"]) % self._every == 0:
+            self.write()
+
+    def write(self) -> None:
+        from prometheus_client import write_to_textfile
+
+        write_to_textfile(str(self.path), self.registry)
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        pass
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self, status: str) -> None:
+        if self._stepped:
+            self.write()  # the last step's figures, whatever the interval

@@ -1,0 +1,299 @@
+"""Experiment trackers as metrics sinks (trainers/sinks.py): MLflow and Weights & Biases, one
+tracker run per toolkit run from its first start to its last requeue.
+
+The tracker's run id is kept in the run dir (trackers.json) at the first start; every later
+start reopens that run. A start after a crash trains again the steps between the last committed
+checkpoint and the crash: those were logged already, so a tracker is given only the steps after
+the last one it holds (MLflow says which; for W&B, whose offline files cannot be asked,
+steps.jsonl's last step before this start says it). Each tracker reads its own standard
+variables (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, WANDB_PROJECT, WANDB_MODE, ...): nothing
+of them is written into the run dir, and the library is imported only when the job chose it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainers.sinks import MetricsSink, scalars
+
+TRACKERS_FILE = "trackers.json"  # in the run dir: {"mlflow": {"run_id": ...}, "wandb": {"id": ...}}
+TAIL_BYTES = 1 << 16  # enough of steps.jsonl's end to hold its last record
+log = logging.getLogger("trainers.trackers")
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """What a tracker is told of the toolkit's run."""
+
+    run_dir: Path
+    name: str  # the run's name in the tracker (the run dir's; a sweep point's: sweep/point)
+    group: str | None  # the sweep a point belongs to (W&B's group, MLflow's hpctk.sweep tag)
+    logged_through: int | None  # the last step reported before this start (None: none)
+    steps_file: Path  # steps.jsonl: every step reported, in the order reported
+
+    @classmethod
+    def of(cls, run_dir: Path, steps_file: Path) -> TrackedRun:
+        in_sweep = (run_dir.parent / "sweep.json").is_file()
+        group = run_dir.parent.name if in_sweep else None
+        name = f"{group}/{run_dir.name}" if group else run_dir.name
+        return cls(run_dir, name, group, last_step(steps_file), steps_file)
+
+    def remembered(self, tracker: str) -> dict[str, Any] | None:
+        path = self.run_dir / TRACKERS_FILE
+        if not path.is_file():
+            return None
+        entry = json.loads(path.read_text()).get(tracker)
+        return entry if isinstance(entry, dict) else None
+
+    def remember(self, tracker: str, entry: dict[str, Any]) -> None:
+        """Written whole (a temporary file renamed): a start killed here leaves the old file or the new."""
+        path = self.run_dir / TRACKERS_FILE
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({**known, tracker: entry}, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+
+def last_step(steps_file: Path) -> int | None:
+    """The step of steps.jsonl's last complete record (None: no file, or no record)."""
+    try:
+        with steps_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill, or the first one cut by the seek
+    return None
+
+
+def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
+    """steps.jsonl's records of the steps after `step` (all: None), each step's first record
+    (a step trained again after a crash was reported again), in step order."""
+    first: dict[int, dict[str, Any]] = {}
+    try:
+        lines = steps_file.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            number = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill
+        if (step is None or number > step) and number not in first:
+            first[number] = record
+    return [first[number] for number in sorted(first)]
+
+
+def flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys (`optim.lr`), each value as text."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flat(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if not isinstance(value, str) else value
+    return out
+
+
+class Tracker:
+    """What both trackers share: steps already held by the tracker are not given again."""
+
+    holds_through: int | None = None
+
+    def fresh(self, step: int) -> bool:
+        return self.holds_through is None or step > self.holds_through
+
+
+class MlflowTracker(Tracker):
+    """An MLflow run through MlflowClient (the tracking URI from MLFLOW_TRACKING_URI, else MLflow's
+    default); the experiment from MLFLOW_EXPERIMENT_ID or MLFLOW_EXPERIMENT_NAME (made if new),
+    else MLflow's default experiment."""
+
+    PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
+    PARAM_CHARS = 6000  # MLflow's longest parameter value
+
+    def __init__(self, run: TrackedRun) -> None:
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient()
+        known = run.remembered("mlflow")
+        self.reopened = known is not None
+        if known is not None:
+            self.run_id = str(known["run_id"])
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.holds_through = self.last_logged_step()
+        else:
+            tags = {"hpctk.run_dir": str(run.run_dir), **({"hpctk.sweep": run.group} if run.group else {})}
+            created = self.client.create_run(self.experiment_id(), run_name=run.name, tags=tags)
+            self.run_id = created.info.run_id
+            run.remember("mlflow", {"run_id": self.run_id})
+
+    def experiment_id(self) -> str:
+        if os.environ.get("MLFLOW_EXPERIMENT_ID"):
+            return os.environ["MLFLOW_EXPERIMENT_ID"]
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if not name:
+            return "0"  # MLflow's "Default" experiment
+        found = self.client.get_experiment_by_name(name)
+        return found.experiment_id if found is not None else self.client.create_experiment(name)
+
+    def last_logged_step(self) -> int | None:
+        """The highest step of any metric of the run: MLflow keeps each metric's value of the
+        highest step as its latest (RunData's metric objects carry that step)."""
+        data = self.client.get_run(self.run_id).data
+        steps = [metric.step for metric in getattr(data, "_metric_objs", [])]
+        return max(steps) if steps else None
+
+    def log(self, figures: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in figures.items()])
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        step = int(record["step"])
+        if self.fresh(step):
+            self.log(scalars(record), step)
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        if self.fresh(step):
+            self.log(figures, step)
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        if self.reopened:
+            return  # logged at the first start (MLflow refuses a parameter logged again)
+        from mlflow.entities import Param
+
+        params = [Param(key, value[: self.PARAM_CHARS]) for key, value in flat(config).items()]
+        for first in range(0, len(params), self.PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=params[first : first + self.PARAMS_PER_BATCH])
+
+    def close(self, status: str) -> None:
+        if status == "STOPPED":  # stopped to resume: the requeued job reopens it
+            self.client.update_run(self.run_id, status="SCHEDULED")
+        else:
+            self.client.set_terminated(self.run_id, status="FINISHED" if status == "FINISHED" else "FAILED")
+
+
+class WandbTracker(Tracker):
+    """A Weights & Biases run (wandb.init with the kept id and resume="allow"; project, entity,
+    mode and directory from WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE, WANDB_DIR).
+
+    W&B's records go through its wandb-core process, which buffers them: killed with the job
+    (SIGKILL, or the SIGTERM Slurm sends every process of a requeued job), it loses what it held.
+    So the toolkit counts as held only what a clean finish confirmed (`through` in trackers.json),
+    and a start after any other end first gives W&B, from steps.jsonl, the steps after that
+    (their first values; W&B ignores a step below the one it holds online)."""
+
+    def __init__(self, run: TrackedRun) -> None:
+        import wandb
+
+        known = run.remembered("wandb")
+        self.tracked = run
+        self.run_id = str(known["id"]) if known is not None else secrets.token_hex(6)  # W&B takes [a-z0-9] ids
+        if known is None:
+            run.remember("wandb", {"id": self.run_id})  # before init: a start killed in it reopens the same id
+        confirmed = known.get("through") if known is not None else None
+        self.last_logged: int | None = confirmed
+        self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
+        if run.logged_through is not None and (confirmed is None or confirmed < run.logged_through):
+            for record in records_after(run.steps_file, confirmed):
+                self.log_step(record)
+        self.holds_through = run.logged_through
+
+    def log_step(self, record: Mapping[str, Any]) -> None:
+        step = int(record["step"])
+        self.run.log(scalars(record), step=step)
+        self.last_logged = step
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        if self.fresh(int(record["step"])):
+            self.log_step(record)
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        if self.fresh(step):
+            self.run.log(dict(figures), step=step)
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
+
+    def close(self, status: str) -> None:
+        if status == "STOPPED":
+            self.run.mark_preempting()  # W&B's state for a run that resumes later
+        self.run.finish(exit_code=1 if status == "FAILED" else 0)
+        # finish() returned: wandb-core wrote (or sent) every record it was given
+        self.tracked.remember("wandb", {"id": self.run_id, "through": self.last_logged})
+
+
+TRACKERS: dict[str, Callable[[TrackedRun], MetricsSink]] = {"mlflow": MlflowTracker, "wandb": WandbTracker}
+# Every name `trackers=[...]` takes, and the package it needs (checked on the login node).
+PACKAGES = {"mlflow": "mlflow", "prometheus": "prometheus_client", "tensorboard": "tensorboard", "wandb": "wandb"}
+DEFAULT_PROMETHEUS_FILE = "metrics.prom"  # in the run dir, where trainer.prometheus_file names none
+
+
+def opened(names: list[str], run: TrackedRun) -> list[MetricsSink]:
+    """The trackers among `names`, opened; one that fails to open (its server down, a bad URI) is
+    left out with an error line: training goes on, which a tracker's outage must not end."""
+    sinks: list[MetricsSink] = []
+    for name in names:
+        if name in TRACKERS:
+            try:
+                sinks.append(Guarded(name, TRACKERS[name](run)))
+            except Exception as err:  # noqa: BLE001 - any library's failure
+                log.error("tracker %s left out of this start: %s: %s", name, type(err).__name__, err)
+    return sinks
+
+
+class Guarded:
+    """A tracker whose failure (a request that failed after the library's own retries) is
+    logged once and ends that tracker for this start, never the training."""
+
+    def __init__(self, name: str, sink: MetricsSink) -> None:
+        self.name, self.sink = name, sink
+        self.failed = False
+
+    def call(self, method: str, *args: Any) -> None:
+        if self.failed:
+            return
+        try:
+            getattr(self.sink, method)(*args)
+        except Exception as err:  # noqa: BLE001 - any library's failure
+            self.failed = True
+            log.error("tracker %s stopped for this start (%s failed): %s: %s", self.name, method, type(err).__name__, err)
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        self.call("step", record)
+
+    def figures(self, figures: Mapping[str, float], step: int) -> None:
+        self.call("figures", figures, step)
+
+    def config(self, config: Mapping[str, Any]) -> None:
+        self.call("config", config)
+
+    def close(self, status: str) -> None:
+        self.call("close", status)
+
+
+def chosen(trackers: list[str], tensorboard: bool, prometheus_file: str | None) -> list[str]:
+    """The sinks a job asked for beyond steps.jsonl and the terminal: `trackers`, with
+    trainer.tensorboard=true and trainer.prometheus_file as the older spellings of two of them."""
+    names = list(dict.fromkeys(trackers))
+    if tensorboard and "tensorboard" not in names:
+        names.append("tensorboard")
+    if prometheus_file and "prometheus" not in names:
+        names.append("prometheus")
+    return names
