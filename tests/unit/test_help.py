@@ -1,11 +1,16 @@
 """Every command the README and the docs pages name answers --help and -h: exit 0, a usage text.
 
 The commands are read from the documents themselves, so a command added there without a parser
-that knows --help fails here. Each check starts Python (some start torch): one start per command.
+that knows --help fails here. One Python answers every command's --help in turn
+(tests/support/help_runner.py, through runpy as `python -m` runs a module): a dozen of them import
+torch first, which one start per command paid a dozen times. The two that set up their process
+(launch.py: Hydra, with its own flags, both -h and --help; the rank's entry point: signal
+handlers and faulthandler on the real stderr before anything else) run in processes of their own.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -40,6 +45,7 @@ EXPECTED = {
 # lower-case word (not an override `a=b`, a path, an option or the end of a code span)
 COMMAND = re.compile(r"python3? (-m [a-z_]+(?:\.[a-z_]+)+|(?:benchmarks/)?[a-z_]+\.py)(?: ([a-z][a-z_]*)(?=[ \t\n]))?")
 # These take a path or a file where the docs write a word; their positional is not a subcommand
+OWN_PROCESS = {"launch.py", "-m hpc.rank.main"}
 NO_SUBCOMMANDS = {"-m hpc.status", "-m hpc.report", "-m hpc.resubmit", "-m trainers.tensorfile", "launch.py"}
 
 
@@ -69,15 +75,28 @@ def _run(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.fixture(scope="module")
+def answers() -> dict[str, list]:
+    """Every documented command's --help but OWN_PROCESS's, answered by one process: command -> [exit code, stdout, stderr]."""
+    proc = _run("tests/support/help_runner.py", "--", *(c for c in COMMANDS if c not in OWN_PROCESS))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.splitlines()[-1])
+
+
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_documented_command_answers_help(command):
+def test_every_documented_command_answers_help(command, answers):
     # argparse answers -h with the --help action itself, which its help lists as "-h, --help";
     # Hydra's launch.py has its own flags, so both are run there
     flags = ("--help", "-h") if command == "launch.py" else ("--help",)
-    started = [_run(*command.split(), flag) for flag in flags]
-    for flag, proc in zip(flags, started, strict=True):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{command} {flag}: exit {proc.returncode}\n{err[-2000:]}"
+    if command in OWN_PROCESS:
+        started = [_run(*command.split(), flag) for flag in flags]
+        outputs = [proc.communicate(timeout=120) for proc in started]
+        results = [(proc.returncode, out, err) for proc, (out, err) in zip(started, outputs, strict=True)]
+    else:
+        results = [tuple(answers[command])]
+    for flag, (returncode, out, err) in zip(flags, results, strict=True):
+        assert returncode == 0, f"{command} {flag}: exit {returncode}\n{err[-2000:]}"
         if command == "launch.py":  # Hydra's help, by the README: the config groups, an option a line
             assert "== Config groups" in out and "resources:" in out, out
             continue
