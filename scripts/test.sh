@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --cluster
 scripts/slurm-sim.sh start
+scripts/s3-sim.sh start  # an S3-compatible server (moto) for the object-store checkpoint tests
 # Lint, format and types first: seconds, and a failure here names the line.
 python3 -m ruff check .
 python3 -m ruff format --check .

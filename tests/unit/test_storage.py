@@ -1,0 +1,118 @@
+"""Checkpoint stores (trainers/storage.py): the local directory and an object store, the latter
+against a real S3-compatible server (scripts/s3-sim.sh: moto's), reached directly or through a
+proxy that can be cut mid-save. The marker comes last, only marked steps are listed, a store
+that errors fails the save after its retries and leaves the committed steps as they were."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import uuid
+
+import pytest
+
+from tests.support.runs import ROOT
+from tests.support.tcp_fault import CuttableProxy
+from trainers.layout import MARKER, step_dir_name
+from trainers.storage import LocalStore, ObjectStore, StoreError, open_store, retried
+
+
+@pytest.fixture(scope="module")
+def s3_variables() -> dict[str, str]:
+    """The S3-compatible server up (started if it is not), and the variables that reach it."""
+    subprocess.run([str(ROOT / "scripts" / "s3-sim.sh"), "start"], check=True, capture_output=True, timeout=60)
+    listed = subprocess.run([str(ROOT / "scripts" / "s3-sim.sh"), "env"], check=True, capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in listed.split())
+
+
+@pytest.fixture
+def s3(s3_variables, monkeypatch) -> str:
+    for name, value in s3_variables.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://hpctk-tests/{uuid.uuid4().hex}"  # a prefix of this test's own
+
+
+def stage(store, step: int, pieces: dict[str, bytes], staging) -> None:
+    for name, data in pieces.items():
+        path = staging / f".tmp-{step_dir_name(step)}" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        store.put(step, name, path)
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_step_is_listed_only_once_its_marker_is_written_and_its_pieces_read_back(kind, tmp_path, request):
+    location = str(tmp_path / "checkpoints") if kind == "local" else request.getfixturevalue("s3")
+    store = open_store(location, tmp_path / "staging")
+    assert isinstance(store, LocalStore if kind == "local" else ObjectStore)
+    staging = store.root if isinstance(store, LocalStore) else tmp_path / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    stage(store, 5, {"shared.ckpt": b"s" * 1000, "rank-00000.ckpt": b"r0"}, staging)
+    assert store.committed_steps() == []  # pieces without a marker are no checkpoint
+    store.commit(5, b'{"step": 5}')
+    stage(store, 9, {"shared.ckpt": b"t" * 10}, staging)
+    assert store.committed_steps() == [5]
+    store.commit(9, b'{"step": 9}')
+    assert store.committed_steps() == [5, 9]
+    assert store.read(5, MARKER) == b'{"step": 5}'
+    assert store.fetch(5, "shared.ckpt").read_bytes() == b"s" * 1000 and store.fetch(5, "rank-00000.ckpt").read_bytes() == b"r0"
+    store.remove(5)
+    assert store.committed_steps() == [9]
+    stage(store, 9, {"shared.ckpt": b"new"}, staging)  # the same step saved again after a restart: the new one wins
+    store.commit(9, b'{"step": 9, "again": true}')
+    assert store.read(9, MARKER) == b'{"step": 9, "again": true}' and store.fetch(9, "shared.ckpt").read_bytes() == b"new"
+
+
+def test_an_object_store_cut_mid_save_fails_the_save_and_the_committed_step_stays_the_newest(s3, tmp_path, monkeypatch):
+    import os
+
+    proxy = CuttableProxy(("127.0.0.1", int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    try:
+        store = ObjectStore(s3, tmp_path, attempts=3, first_wait_s=0.05)
+        stage(store, 10, {"shared.ckpt": b"a" * 100}, tmp_path)
+        store.commit(10, b'{"step": 10}')
+        stage(store, 20, {"shared.ckpt": b"b" * 100}, tmp_path)
+        proxy.sever()  # the server goes away between two pieces of step 20
+        with pytest.raises(StoreError, match=r"uploading step-000000020/rank-00000.ckpt \(s3://.*\) failed after 3 attempts"):
+            stage(store, 20, {"rank-00000.ckpt": b"c" * 100}, tmp_path)
+        with pytest.raises(StoreError, match=r"committing step-000000020 .* failed after 3 attempts"):
+            store.commit(20, b'{"step": 20}')
+        proxy.mend()
+        assert store.committed_steps() == [10]  # step 20's piece is there, unmarked: no checkpoint
+        assert store.fetch(10, "shared.ckpt").read_bytes() == b"a" * 100
+        # Gone for a moment only: the retries (0.05, 0.1, 0.2 ... s) carry the save through
+        patient = ObjectStore(s3, tmp_path, attempts=6, first_wait_s=0.05)
+        proxy.sever()
+        threading.Timer(0.2, proxy.mend).start()
+        stage(patient, 30, {"shared.ckpt": b"d" * 100}, tmp_path)
+        patient.commit(30, b'{"step": 30}')
+        assert patient.committed_steps() == [10, 30]
+    finally:
+        proxy.close()
+
+
+def test_a_missing_bucket_fails_at_once_naming_it(s3, tmp_path):
+    store = ObjectStore("s3://no-such-bucket-hpctk/x", tmp_path, attempts=5, first_wait_s=10)  # a retry would take 10 s
+    with pytest.raises(StoreError, match=r"uploading step-000000001/shared.ckpt \(s3://no-such-bucket-hpctk/x\) failed: "):
+        stage(store, 1, {"shared.ckpt": b"x"}, tmp_path)
+
+
+def test_retries_wait_twice_as_long_each_time_then_give_up(monkeypatch):
+    import trainers.storage as storage
+
+    waits: list[float] = []
+    monkeypatch.setattr(storage.time, "sleep", waits.append)
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "done"
+
+    assert retried("uploading", flaky, attempts=4, first_wait_s=0.5) == "done" and waits == [0.5, 1.0]
+    waits.clear()
+    with pytest.raises(StoreError, match=r"^uploading failed after 2 attempts: ConnectionResetError: reset by peer$"):
+        retried("uploading", lambda: flaky() if False else (_ for _ in ()).throw(ConnectionResetError("reset by peer")), attempts=2, first_wait_s=0.25)
+    assert waits == [0.25]
