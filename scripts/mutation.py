@@ -71,6 +71,9 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_unwritable.py",
     ],
     "trainers.export": ["tests/unit/test_export.py"],
+    "trainers.trackers": ["tests/unit/test_trackers.py"],
+    "trainers.sinks": ["tests/unit/test_reporting.py", "tests/unit/test_task_seam.py", "tests/unit/test_trackers.py"],
+    "trainers.storage": ["tests/unit/test_storage.py"],
     "hpc.config.search": ["tests/unit/test_search.py", "tests/unit/test_search_checks.py"],
     "hpc.config.validate": ["tests/unit/test_first_hour.py", "tests/unit/test_backends_preflight.py", "tests/unit/test_spec.py", "tests/unit/test_fuzz.py"],
 }

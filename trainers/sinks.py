@@ -53,23 +53,30 @@ class MetricsSink(Protocol):
     def close(self, status: str) -> None: ...
 
 
+FIGURES_FILE = "figures.jsonl"  # beside steps.jsonl
+
+
 class StepsFile:
-    """steps.jsonl: every step's record, appended (a requeued job keeps appending)."""
+    """steps.jsonl: every step's record, appended (a requeued job keeps appending); and
+    figures.jsonl beside it: every figure of a moment as the trackers get it ({"step", "figures"}),
+    from which a tracker that lost what it was given is given it again (trainers/trackers.py)."""
 
     def __init__(self, path: Path) -> None:
         self._writer = MetricsWriter(path)
+        self._figures = MetricsWriter(path.with_name(FIGURES_FILE))
 
     def step(self, record: Mapping[str, Any]) -> None:
         self._writer.write(dict(record))
 
     def figures(self, figures: Mapping[str, float], step: int) -> None:
-        pass  # metrics.jsonl has them (the loop's and the handle's own writer)
+        self._figures.write({"step": step, "figures": dict(figures)})
 
     def config(self, config: Mapping[str, Any]) -> None:
         pass  # config.yaml has it
 
     def close(self, status: str) -> None:
         self._writer.close()
+        self._figures.close()
 
 
 class TensorBoardSink:

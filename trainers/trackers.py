@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.sinks import MetricsSink, scalars
+from trainers.sinks import FIGURES_FILE, MetricsSink, scalars
 
 TRACKERS_FILE = "trackers.json"  # in the run dir: {"mlflow": {"run_id": ...}, "wandb": {"id": ...}}
 TAIL_BYTES = 1 << 16  # enough of steps.jsonl's end to hold its last record
@@ -79,8 +79,8 @@ def last_step(steps_file: Path) -> int | None:
 
 
 def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
-    """steps.jsonl's records of the steps after `step` (all: None), each step's first record
-    (a step trained again after a crash was reported again), in step order."""
+    """steps.jsonl's records (or figures.jsonl's) of the steps after `step` (all: None), each
+    step's first record (a step trained again after a crash was reported again), in step order."""
     first: dict[int, dict[str, Any]] = {}
     try:
         lines = steps_file.read_text().splitlines()
@@ -95,6 +95,24 @@ def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
         if (step is None or number > step) and number not in first:
             first[number] = record
     return [first[number] for number in sorted(first)]
+
+
+def figures_after(figures_file: Path, step: int | None) -> dict[int, dict[str, float]]:
+    """figures.jsonl's figures of the steps after `step`, merged by step (the first value of each)."""
+    merged: dict[int, dict[str, float]] = {}
+    try:
+        lines = figures_file.read_text().splitlines()
+    except FileNotFoundError:
+        return merged
+    for line in lines:
+        try:
+            record = json.loads(line)
+            number, figures = int(record["step"]), dict(record["figures"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a kill
+        if step is None or number > step:
+            merged[number] = {**figures, **merged.get(number, {})}
+    return merged
 
 
 def flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -211,9 +229,19 @@ class WandbTracker(Tracker):
         self.last_logged: int | None = confirmed
         self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
         if run.logged_through is not None and (confirmed is None or confirmed < run.logged_through):
-            for record in records_after(run.steps_file, confirmed):
-                self.log_step(record)
+            self.replay(run, confirmed)
         self.holds_through = run.logged_through
+
+    def replay(self, run: TrackedRun, confirmed: int | None) -> None:
+        """The steps and figures after `confirmed`, as steps.jsonl and figures.jsonl hold them."""
+        figures = figures_after(run.steps_file.with_name(FIGURES_FILE), confirmed)
+        for record in records_after(run.steps_file, confirmed):
+            step = int(record["step"])
+            self.run.log({**scalars(record), **figures.pop(step, {})}, step=step)
+            self.last_logged = step
+        for step in sorted(figures):  # figures of a step with no record (a script's log() at its own step)
+            if run.logged_through is not None and step <= run.logged_through:
+                self.run.log(figures[step], step=step)
 
     def log_step(self, record: Mapping[str, Any]) -> None:
         step = int(record["step"])

@@ -57,6 +57,12 @@ def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_en
     assert prometheus_samples(prom)[("hpctk_step", ("run", "r"))] == 5
 
 
+def test_a_run_closed_before_its_first_step_exports_nothing(tmp_path):
+    reporter = StepReporter(tmp_path / "steps.jsonl", prometheus_file=tmp_path / "metrics.prom")
+    reporter.close("STOPPED")
+    assert not (tmp_path / "metrics.prom").exists()  # no figure was ever measured
+
+
 def test_other_ranks_write_nothing(tmp_path):
     reporter = StepReporter(None, prometheus_file=tmp_path / "p.prom")
     reporter.report({"step": 10, "loss": 1.0})

@@ -112,7 +112,50 @@ def test_retries_wait_twice_as_long_each_time_then_give_up(monkeypatch):
         return "done"
 
     assert retried("uploading", flaky, attempts=4, first_wait_s=0.5) == "done" and waits == [0.5, 1.0]
+    assert len(calls) == 3
     waits.clear()
     with pytest.raises(StoreError, match=r"^uploading failed after 2 attempts: ConnectionResetError: reset by peer$"):
-        retried("uploading", lambda: flaky() if False else (_ for _ in ()).throw(ConnectionResetError("reset by peer")), attempts=2, first_wait_s=0.25)
+        retried("uploading", lambda: (_ for _ in ()).throw(ConnectionResetError("reset by peer")), attempts=2, first_wait_s=0.25)
     assert waits == [0.25]
+
+
+def test_an_object_store_leaves_no_local_copies_and_removes_every_object_of_a_step(s3, tmp_path):
+    store = ObjectStore(s3, tmp_path / "staging")
+    stage(store, 3, {"shared.ckpt": b"x" * 10, "rank-00000.ckpt": b"y"}, tmp_path / "staging")
+    store.commit(3, b'{"step": 3}')
+    assert not store.staging(3).exists()  # the staged pieces are uploaded: the local disk keeps no copy
+    fetched = store.fetch(3, "shared.ckpt")
+    store.remove(3)
+    assert store.fs.find(store.key(3)) == [] and not fetched.exists()
+
+
+def test_a_listing_sees_what_another_client_committed_since(s3, tmp_path):
+    reader, writer = ObjectStore(s3, tmp_path / "r"), ObjectStore(s3, tmp_path / "w")
+    assert reader.committed_steps() == []
+    stage(writer, 4, {"shared.ckpt": b"z"}, tmp_path / "w")
+    writer.commit(4, b'{"step": 4}')
+    assert reader.committed_steps() == [4]  # not the reader's cached listing
+
+
+def test_a_local_store_removes_a_step_whole(tmp_path):
+    store = LocalStore(tmp_path)
+    stage(store, 2, {"shared.ckpt": b"x"}, tmp_path)
+    store.commit(2, b"{}")
+    store.remove(2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_no_retry_mends_is_raised_at_once(monkeypatch):
+    import botocore.exceptions  # noqa: F401 - imported, as s3fs's client imports it: its errors are told apart
+
+    import trainers.storage as storage
+
+    waits: list[float] = []
+    monkeypatch.setattr(storage.time, "sleep", waits.append)
+    for error in (ValueError("bad argument"), FileNotFoundError("no such bucket"), PermissionError("denied")):
+        with pytest.raises(StoreError, match=rf"^listing failed: {type(error).__name__}: "):
+            retried("listing", lambda error=error: (_ for _ in ()).throw(error), attempts=3)
+    assert waits == []
+    with pytest.raises(StoreError, match=r"failed after 3 attempts: EndpointConnectionError"):
+        retried("listing", lambda: (_ for _ in ()).throw(botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")), attempts=3)
+    assert waits == [0.5, 1.0]

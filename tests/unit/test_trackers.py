@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +19,23 @@ from tests.support.wandb_files import history, records, run_records
 from trainers.reporting import StepReporter
 from trainers.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
 
+# A config as the ranks read it: nested, with a value longer than MLflow takes and more keys
+# than one of its requests carries.
+CONFIG = {"optim": {"lr": 0.1, "name": "sgd"}, "trainer": {"epochs": 2}, "task": {"prompt": "p" * 7000, **{f"k{i}": i for i in range(150)}}}
 
-def start(run_dir: Path, names: list[str], steps: range, loss_offset: float, ended_as: str) -> None:
-    """One start of a run: its reporter as a rank 0 builds it, steps reported, then closed."""
+
+def start(run_dir: Path, names: list[str], steps: range, loss_offset: float, ended_as: str, during=None) -> None:
+    """One start of a run: its reporter as a rank 0 builds it, steps reported, `during()`, then closed."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     tracked = TrackedRun.of(run_dir, run_dir / "steps.jsonl")
     reporter = StepReporter(run_dir / "steps.jsonl", sinks=opened(names, tracked))
-    reporter.config({"optim": {"lr": 0.1, "name": "sgd"}, "trainer": {"epochs": 2}})
+    reporter.config(CONFIG)
     for step in steps:
         reporter.report({"step": step, "loss": loss_offset + 1.0 / step, "samples_per_s": 100.0, "compute_ms": 2.0})
         if step % 4 == 0:
             reporter.figures({"val/accuracy": step / 10}, step)
+    if during is not None:
+        during()
     reporter.close(ended_as)
 
 
@@ -43,13 +52,22 @@ def test_mlflow_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, m
     run_dir = tmp_path / "runs" / "sweep" / "r1"
     run_dir.mkdir(parents=True)
     (run_dir.parent / "sweep.json").write_text("{}")  # a sweep point: tagged with its sweep
+    began = time.time()
     start(run_dir, ["mlflow"], range(1, 7), 0.0, "STOPPED")  # stopped at step 6 to requeue
     run_id = (run_dir / TRACKERS_FILE).read_text()
-    run = mlflow_store.search_runs([mlflow_store.get_experiment_by_name("hpctk-tests").experiment_id])
-    assert [r.info.status for r in run] == ["SCHEDULED"]
+    (run,) = mlflow_store.search_runs([mlflow_store.get_experiment_by_name("hpctk-tests").experiment_id])
+    assert run.info.status == "SCHEDULED"
+    params = run.data.params  # the config at the first start: dotted keys, cut to MLflow's 6000 characters, in batches of 100
+    assert params["optim.lr"] == "0.1" and params["optim.name"] == "sgd" and params["task.k149"] == "149" and params["task.prompt"] == "p" * 6000
+    (loss,) = [m for m in mlflow_store.get_metric_history(run.info.run_id, "train/loss") if m.step == 1]
+    assert began * 1000 - 1 <= loss.timestamp <= time.time() * 1000 + 1  # milliseconds, as MLflow keeps them
+
+    def running() -> None:
+        assert mlflow_store.get_run(run.info.run_id).info.status == "RUNNING"  # reopened
+
     # Resumed from a checkpoint of step 4 after a crash: steps 5 and 6 trained again (other
     # values here, to tell them apart), then on to 10.
-    start(run_dir, ["mlflow"], range(5, 11), 100.0, "FINISHED")
+    start(run_dir, ["mlflow"], range(5, 11), 100.0, "FINISHED", during=running)
     assert (run_dir / TRACKERS_FILE).read_text() == run_id
     runs = mlflow_store.search_runs([mlflow_store.get_experiment_by_name("hpctk-tests").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].info.run_name == "sweep/r1"
@@ -88,6 +106,13 @@ def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_
     assert [row["_step"] for row in rows] == list(range(1, 11))  # 5-8 from steps.jsonl, given again
     assert [row["train/loss"] for row in rows][6:9] == [1 / 7, 1 / 8, 100 + 1 / 9]  # steps.jsonl's first values kept
     assert json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["through"] == 10
+    assert [row["_step"] for row in history(tmp_path / "wandb", run_id) if "val/accuracy" in row] == [4, 8]
+    kinds = [[record.WhichOneof("record_type") for record in records(p / f"run-{run_id}.wandb")] for p in sorted(starts)]
+    assert ["preempting" in kind for kind in kinds] == [True, False, False]  # the stops; the crashed start's file was emptied
+    exits = [record.exit.exit_code for p in sorted(starts) for record in records(p / f"run-{run_id}.wandb") if record.WhichOneof("record_type") == "exit"]
+    assert exits == [0, 0]
+    configs = [record.config for p in sorted(starts) for record in records(p / f"run-{run_id}.wandb") if record.WhichOneof("record_type") == "config"]
+    assert any(item.key == "optim" and json.loads(item.value_json) == {"lr": 0.1, "name": "sgd"} for config in configs for item in config.update)
     assert {(r.run_id, r.display_name, r.run_group) for r in run_records(tmp_path / "wandb", run_id)} == {(run_id, "sweep/3", "sweep")}
 
 
@@ -171,3 +196,45 @@ def test_a_tracker_without_its_package_is_refused_naming_the_install(monkeypatch
     with pytest.raises(UserError, match=r"trackers: wandb needs the wandb package: pip install wandb"):
         check_trackers(JobConfig(trackers=["mlflow", "wandb"]))
     check_trackers(JobConfig(trackers=["mlflow", "prometheus"]))
+
+
+def test_a_wandb_start_killed_in_init_reopens_the_same_id(tmp_path, monkeypatch, caplog):
+    import wandb
+
+    def killed(**kwargs):
+        raise RuntimeError("killed while starting")
+
+    monkeypatch.setattr(wandb, "init", killed)
+    caplog.set_level(logging.ERROR, "trainers.trackers")
+    start(tmp_path, ["wandb"], range(1, 2), 0.0, "FAILED")
+    assert "tracker wandb left out of this start: RuntimeError: killed while starting" in caplog.text
+    kept = json.loads((tmp_path / TRACKERS_FILE).read_text())["wandb"]
+    assert set(kept) == {"id"} and kept["id"].isalnum() and kept["id"].islower()  # the next start resumes this id
+
+
+def test_mlflow_without_an_experiment_named_uses_the_default_or_the_id_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    start(tmp_path / "a", ["mlflow"], range(1, 2), 0.0, "FINISHED")
+    assert len(client.search_runs(["0"])) == 1
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", client.create_experiment("by-id"))
+    start(tmp_path / "b", ["mlflow"], range(1, 2), 0.0, "FAILED")
+    (run,) = client.search_runs([os.environ["MLFLOW_EXPERIMENT_ID"]])
+    assert run.info.status == "FAILED" and run.info.run_name == "b"
+
+
+@pytest.mark.parametrize(
+    ("trackers", "tensorboard", "prometheus_file", "expected"),
+    [
+        ([], False, None, []),
+        (["mlflow", "mlflow"], False, None, ["mlflow"]),
+        (["wandb"], True, "m.prom", ["wandb", "tensorboard", "prometheus"]),
+        (["prometheus", "tensorboard"], True, "m.prom", ["prometheus", "tensorboard"]),
+    ],
+)
+def test_the_older_settings_choose_the_same_sinks(trackers, tensorboard, prometheus_file, expected):
+    from trainers.trackers import chosen
+
+    assert chosen(trackers, tensorboard, prometheus_file) == expected
