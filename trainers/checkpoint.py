@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, rank_files, read_best, step_dir_name
+from trainers.storage import fsync_dir
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
@@ -43,14 +44,6 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: f.read(8 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_durably(path: Path, write: Callable[[Any], None]) -> None:
