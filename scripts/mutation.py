@@ -101,11 +101,11 @@ EQUIVALENT: dict[str, str] = {
     "trainers.metricnames:88:29:0 -> 1": "a rank's names encode to at least `[]` (2 bytes): the header is never 0",
     "trainers.checkpoint:44:41:8 -> 9": "the size of the blocks a file is hashed in: the same digest",
     "trainers.checkpoint:44:46:20 -> 21": "the size of the blocks a file is hashed in: the same digest",
-    "trainers.storage:66:8:call left out": DURABILITY,  # fsync_dir, moved here from trainers.checkpoint
-    "trainers.storage:91:8:call left out": DURABILITY,
-    "trainers.storage:95:12:call left out": DURABILITY,
+    "trainers.storage:67:8:call left out": DURABILITY,  # fsync_path, once trainers.checkpoint's fsync_dir
+    "trainers.storage:92:8:call left out": DURABILITY,
     "trainers.storage:96:12:call left out": DURABILITY,
-    "trainers.storage:98:8:call left out": DURABILITY,
+    "trainers.storage:97:12:call left out": DURABILITY,
+    "trainers.storage:99:8:call left out": DURABILITY,
     "trainers.checkpoint:54:8:call left out": DURABILITY + " (the file's close flushes it)",
     "trainers.checkpoint:55:8:call left out": DURABILITY,
     "trainers.checkpoint:92:12:call left out": "waits for CUDA copies: no device here (the device suite's resume check has one)",

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, rank_files, read_best, step_dir_name
-from trainers.storage import fsync_dir
+from trainers.storage import fsync_path
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
@@ -245,11 +245,11 @@ class Checkpointer:
         if final.exists():  # a save of the same step after a restart: the new one wins
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fsync_dir(self.root)
+        fsync_path(self.root)
         marker = {"step": step, "world_size": self.world_size, "files": files}
         write_durably(final / f".{MARKER}.tmp", lambda f: f.write(json.dumps(marker, indent=1).encode()))
         os.replace(final / f".{MARKER}.tmp", final / MARKER)
-        fsync_dir(final)
+        fsync_path(final)
         self._verified[final] = Committed(step, final, self.world_size)  # we just wrote its sums
         self._prune(step)
         return final
@@ -292,7 +292,7 @@ class Checkpointer:
             tmp = self.root / f".{BEST}.tmp"
             write_durably(tmp, lambda f: f.write(json.dumps(record, indent=1).encode()))
             os.replace(tmp, self.root / BEST)
-            fsync_dir(self.root)
+            fsync_path(self.root)
         self.best = record
 
     def wait_pruned(self) -> None:

@@ -32,6 +32,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from trainers.storage import fsync_path
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm")
 
 
@@ -67,24 +69,16 @@ def write_shards(out: Path, splits: Sequence[Split], shard_mb: float, attrs: dic
             per_shard = max(1, int(shard_mb * (1 << 20)) // max(1, row_bytes))
             written += _write_split(tmp, split, per_shard, attrs)
         for path in [*written, tmp]:  # on disk before the name says the shards are complete
-            _fsync(path)
+            fsync_path(path)
         try:
             os.rename(tmp, out)
         except OSError:
             raise ConvertError(f"{out} appeared while converting; remove it or choose another --out") from None
-        _fsync(out.parent)
+        fsync_path(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [out / path.name for path in written]
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_split(tmp: Path, split: Split, per_shard: int, attrs: dict[str, object]) -> list[Path]:

@@ -60,7 +60,8 @@ class CheckpointStore(Protocol):
         ...
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's: the names in it, after a rename) by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -88,14 +89,14 @@ class LocalStore:
         if final.exists():  # a save of the same step after a restart: the new one wins
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fsync_dir(self.root)
+        fsync_path(self.root)
         written = final / f".{MARKER}.tmp"
         with written.open("wb") as f:
             f.write(marker)
             f.flush()
             os.fsync(f.fileno())
         os.replace(written, final / MARKER)
-        fsync_dir(final)
+        fsync_path(final)
 
     def committed_steps(self) -> list[int]:
         return sorted(int(d.name.removeprefix(STEP_PREFIX)) for d in self.root.glob(f"{STEP_PREFIX}*") if (d / MARKER).is_file())

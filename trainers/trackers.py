@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,39 +78,38 @@ def last_step(steps_file: Path) -> int | None:
     return None
 
 
-def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
-    """steps.jsonl's records (or figures.jsonl's) of the steps after `step` (all: None), each
-    step's first record (a step trained again after a crash was reported again), in step order."""
-    first: dict[int, dict[str, Any]] = {}
+def numbered(path: Path, after: int | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(step, record) of a JSON-lines file's records with a step after `after` (all: None), in
+    file order; a line cut by a kill, or without a step, is passed over; no file: none."""
     try:
-        lines = steps_file.read_text().splitlines()
+        lines = path.read_text().splitlines()
     except FileNotFoundError:
-        return []
+        return
     for line in lines:
         try:
             record = json.loads(line)
             number = int(record["step"])
         except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a kill
-        if (step is None or number > step) and number not in first:
-            first[number] = record
+            continue
+        if after is None or number > after:
+            yield number, record
+
+
+def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
+    """steps.jsonl's records of the steps after `step` (all: None), each step's first record
+    (a step trained again after a crash was reported again), in step order."""
+    first: dict[int, dict[str, Any]] = {}
+    for number, record in numbered(steps_file, step):
+        first.setdefault(number, record)
     return [first[number] for number in sorted(first)]
 
 
 def figures_after(figures_file: Path, step: int | None) -> dict[int, dict[str, float]]:
     """figures.jsonl's figures of the steps after `step`, merged by step (the first value of each)."""
     merged: dict[int, dict[str, float]] = {}
-    try:
-        lines = figures_file.read_text().splitlines()
-    except FileNotFoundError:
-        return merged
-    for line in lines:
-        try:
-            record = json.loads(line)
-            number, figures = int(record["step"]), dict(record["figures"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a kill
-        if step is None or number > step:
+    for number, record in numbered(figures_file, step):
+        figures = record.get("figures")
+        if isinstance(figures, dict):
             merged[number] = {**figures, **merged.get(number, {})}
     return merged
 

@@ -37,13 +37,14 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
     (`trackers`: Prometheus, TensorBoard, MLflow, W&B), on rank 0; the other ranks' reporter
     only closes. The trackers are given the composed job once per start."""
     from trainers.reporting import StepReporter
-    from trainers.trackers import DEFAULT_PROMETHEUS_FILE, TrackedRun, chosen, opened
+    from trainers.trackers import DEFAULT_PROMETHEUS_FILE, TRACKERS, TrackedRun, chosen, opened
 
     if not is_main:
         return StepReporter(None)
     trainer = job.trainer
     names = chosen(job.trackers, trainer.tensorboard, trainer.prometheus_file)
-    tracked = TrackedRun.of(run_dir.path, run_dir.steps)  # read before this start appends to steps.jsonl
+    # read before this start appends to steps.jsonl; only where a tracker is chosen
+    trackers = opened(names, TrackedRun.of(run_dir.path, run_dir.steps)) if any(name in TRACKERS for name in names) else []
     reporter = StepReporter(
         run_dir.steps,
         log_every=trainer.log_every,
@@ -51,9 +52,9 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
         tensorboard_dir=run_dir.path / "tensorboard" if "tensorboard" in names else None,
         run_name=run_dir.path.name,
         terminal=sys.stdout if attached_to_terminal() else None,
-        sinks=opened(names, tracked),
+        sinks=trackers,
     )
-    if len(reporter.sinks) > 1:
+    if trackers:  # the composed job, for the trackers (the other sinks take none)
         from omegaconf import OmegaConf
 
         composed = OmegaConf.to_container(OmegaConf.load(run_dir.config), resolve=False)

@@ -13,7 +13,7 @@ import torch
 
 from trainers import checkpoint as checkpoint_module
 from trainers import tensorfile
-from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, fsync_dir, load_tensor_file, sha256_of
+from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, fsync_path, load_tensor_file, sha256_of
 from trainers.layout import BEST, MARKER, read_best, step_dir_name
 
 
@@ -397,7 +397,7 @@ def test_syncing_a_directory_closes_what_it_opens(tmp_path):
     """Every commit syncs two directories: a leaked descriptor per call runs a long job out of them."""
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(5):
-        fsync_dir(tmp_path)
+        fsync_path(tmp_path)
     assert len(os.listdir("/proc/self/fd")) == before
 
 
