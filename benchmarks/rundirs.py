@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from collectives.mpirun import local_ranks_environment
-from trainers.checkpoint import load_tensor_file
-from trainers.layout import SHARED, STEP_PREFIX
+from trainers.checkpoint import Committed, load_piece, verify
+from trainers.layout import SHARED, rank_file
+from trainers.storage import CheckpointStore, stored_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,19 +27,26 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / "runs").glob("*/*/config.yaml"))
 
 
+def newest_checkpoint(run_dir: Path) -> tuple[CheckpointStore, Committed]:
+    """The run's newest committed checkpoint, wherever it keeps them (checkpoint.uri: an object store)."""
+    store = stored_checkpoints(run_dir / "checkpoints")
+    return store, verify(store, store.committed_steps()[-1])
+
+
 def newest_shared_state(run_dir: Path) -> dict[str, Any]:
     """The shared state (model, optimizer, schedule, progress) of the run's newest checkpoint."""
-    newest = sorted((run_dir / "checkpoints").glob(f"{STEP_PREFIX}*"))[-1]
-    return load_tensor_file(newest / SHARED)
+    store, newest = newest_checkpoint(run_dir)
+    return load_piece(store, newest, SHARED)
 
 
 def state_hash(run_dir: Path) -> str:
     """A digest of the newest checkpoint's model weights (consolidated where the ranks saved rows)."""
     from trainers.export import checkpoint_weights
 
-    newest = sorted((run_dir / "checkpoints").glob(f"{STEP_PREFIX}*"))[-1]
-    state = load_tensor_file(newest / SHARED)
-    model = checkpoint_weights(newest, state)[1] if "handle" not in state else state["state"]["model"]  # the built-in loop's, or a run handle's
+    store, newest = newest_checkpoint(run_dir)
+    state = load_piece(store, newest, SHARED)
+    ranks = lambda: (load_piece(store, newest, rank_file(rank)) for rank in range(newest.world_size))  # noqa: E731
+    model = checkpoint_weights(ranks, state)[1] if "handle" not in state else state["state"]["model"]  # the built-in loop's, or a run handle's
     digest = hashlib.sha256()
     for name, tensor in sorted(model.items()):
         digest.update(name.encode() + tensor.numpy().tobytes())

@@ -65,19 +65,25 @@ def per_rank(obj: Any) -> Any:
 
 
 def start_run(
-    run_dir: str | os.PathLike[str] | None = None, *, save_every_steps: int | None = None, save_every_minutes: float | None = None, **state: Any
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    save_every_steps: int | None = None,
+    save_every_minutes: float | None = None,
+    checkpoint_uri: str | None = None,
+    **state: Any,
 ) -> Run:
     """Register `state`, restore the newest committed checkpoint into it (or start fresh), and
     return the handle. Every rank calls it, with the same names. A checkpoint is saved every
     `save_every_steps` steps and every `save_every_minutes` minutes (asynchronously), and when
     a stop is agreed; defaults: launch.py's checkpoint.every_steps and checkpoint.every_minutes
-    (0 and 10), the same by hand."""
+    (0 and 10), the same by hand. `checkpoint_uri` (s3://bucket/prefix): checkpoints there, in
+    the run's own place, instead of the run dir (default: launch.py's checkpoint.uri)."""
     global _current
     if _current is not None and not _current.handle.finished:
         raise RuntimeError("start_run() was called twice; one run handle per process")
     host = hosting.host()
     handlers = {sig: signal.getsignal(sig) for sig in host.signals} if host is not None else {}  # the script's: a signal raises in it
-    _current = Run(_build(run_dir, state, save_every_steps, save_every_minutes), handlers)
+    _current = Run(_build(run_dir, state, save_every_steps, save_every_minutes, checkpoint_uri), handlers)
     hosting.started(_current.handle)
     return _current
 
@@ -187,7 +193,7 @@ class Run:
             raise SystemExit(EXIT_RESUMABLE)
 
 
-def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None) -> Handle:
+def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None, uri: str | None) -> Handle:
     import dataclasses
 
     from trainers.config import CheckpointConfig
@@ -222,6 +228,8 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
         cfg = dataclasses.replace(cfg, every_steps=every_steps)
     if every_minutes is not None:
         cfg = dataclasses.replace(cfg, every_minutes=every_minutes)
+    if uri is not None:
+        cfg = dataclasses.replace(cfg, uri=uri)
     try:
         return _start(where, rank, cfg, stop, host, state)
     except BaseException:

@@ -129,6 +129,27 @@ def queued_jobs() -> dict[str, str]:
     return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
 
 
+@pytest.fixture(scope="session")
+def s3_variables() -> dict[str, str]:
+    """The S3-compatible server up (scripts/s3-sim.sh: moto's; started if it is not), and the
+    standard variables that reach it."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "s3-sim.sh"
+    started = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=60)
+    require(started.returncode == 0, f"an S3-compatible server ({started.stderr.strip()})")
+    listed = subprocess.run([str(script), "env"], check=True, capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in listed.split())
+
+
+@pytest.fixture
+def s3(s3_variables: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """An s3:// URL of this test's own, the variables that reach its server set."""
+    import uuid
+
+    for name, value in s3_variables.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://hpctk-tests/{uuid.uuid4().hex}"
+
+
 @pytest.fixture
 def needs_mpi() -> None:
     from collectives.mpirun import find_mpirun

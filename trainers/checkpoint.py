@@ -1,10 +1,12 @@
-"""Atomic, verifiable checkpoints shared by all ranks of a job.
+"""Atomic, verifiable checkpoints shared by all ranks of a job, in a checkpoint store
+(trainers.storage: the run dir's checkpoints/, or an object store under checkpoint.uri).
 
-The layout under <run_dir>/checkpoints/ is trainers.layout's (step-NNNNNNNNN/ with shared.ckpt,
-one rank-NNNNN.ckpt per rank, and the COMMITTED marker). A save writes into `.tmp-step-.../`, fsyncs every file, renames the directory, fsyncs the
-parent, then writes COMMITTED (itself via a temporary file, fsync and rename). Only directories
-whose COMMITTED marker matches their files are ever loaded; anything else is reported and
-skipped in favour of the previous one. Files are in the pickle-free format of
+The layout is trainers.layout's (step-NNNNNNNNN/ with shared.ckpt, one rank-NNNNN.ckpt per rank,
+and the COMMITTED marker). Every rank writes and fsyncs its pieces into the store's staging
+directory and puts them (an object store uploads them); rank 0 commits: the marker, naming the
+size and sha256 of every piece, written last. Only steps whose marker matches their pieces are
+ever loaded (an object store's pieces are hashed as they are fetched); anything else is reported
+and skipped in favour of the previous one. Files are in the pickle-free format of
 `trainers.tensorfile` (tensor bytes written straight from memory, the small header read with
 `torch.load(weights_only=True)`): nothing in them can run code. Writing happens on a
 background thread (async, from reused host copies of the state) or inline (sync);
@@ -17,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +28,8 @@ from typing import Any
 
 import torch
 
-from trainers.layout import BEST, MARKER, SHARED, STEP_PREFIX, rank_file, rank_files, read_best, step_dir_name
-from trainers.storage import fsync_path
+from trainers.layout import BEST, MARKER, SHARED, parse_best, rank_file, step_dir_name
+from trainers.storage import CheckpointStore, LocalStore, StoreError
 from trainers.tensorfile import read_tensor_file, write_tensor_file
 
 log = logging.getLogger("trainers.checkpoint")
@@ -36,6 +37,16 @@ log = logging.getLogger("trainers.checkpoint")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or used; the message names the cause."""
+
+
+class StoreUnavailable(CheckpointError):
+    """The checkpoint store stayed unreachable through every retry: unlike the other checkpoint
+    errors, one a restart may not meet (hpc.rank.failures restarts the ranks)."""
+
+
+def store_failure(what: str, err: StoreError) -> CheckpointError:
+    error = StoreUnavailable if err.transient else CheckpointError
+    return error(f"{what} failed: {err}; the previous committed checkpoint is intact")
 
 
 def sha256_of(path: Path) -> str:
@@ -112,38 +123,64 @@ class HostCopies:
 @dataclass(frozen=True)
 class Committed:
     step: int
-    path: Path
     world_size: int
+    files: dict[str, dict[str, Any]]  # piece name: {"bytes", "sha256"}
+    where: str  # the step's place in its store, for messages
 
 
-def verify(directory: Path) -> Committed:
-    """The checkpoint in `directory` if its marker and checksums hold, else CheckpointError."""
-    marker = directory / MARKER
-    if not marker.is_file():
-        raise CheckpointError(f"{directory.name} has no {MARKER} marker (an interrupted save)")
+def verify(store: CheckpointStore, step: int) -> Committed:
+    """Checkpoint `step` if its marker names pieces that are all there with their sizes (and, in
+    a local store, their checksums: an object store's are checked as a piece is fetched), else
+    CheckpointError."""
+    name = step_dir_name(step)
     try:
-        meta = json.loads(marker.read_text())
+        meta = json.loads(store.read(step, MARKER))
         files: dict[str, dict[str, Any]] = meta["files"]
-        step, world_size = int(meta["step"]), int(meta["world_size"])
+        world_size = int(meta["world_size"])
+        if int(meta["step"]) != step:
+            raise ValueError(f"it names step {meta['step']}")
+    except FileNotFoundError:
+        raise CheckpointError(f"{name} has no {MARKER} marker (an interrupted save)") from None
     except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{directory.name}: unreadable {MARKER} marker ({err})") from None
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            raise CheckpointError(f"{directory.name}: {name} is missing")
-        if path.stat().st_size != expected["bytes"] or sha256_of(path) != expected["sha256"]:
-            raise CheckpointError(f"{directory.name}: {name} does not match its checksum (truncated or corrupted)")
-    return Committed(step, directory, world_size)
+        raise CheckpointError(f"{name}: unreadable {MARKER} marker ({err})") from None
+    except StoreError as err:
+        raise CheckpointError(f"{name}: {err}") from None
+    for piece, expected in files.items():
+        try:
+            size = store.size(step, piece)
+        except StoreError as err:
+            raise CheckpointError(f"{name}: {err}") from None
+        if size is None:
+            raise CheckpointError(f"{name}: {piece} is missing")
+        if size != expected["bytes"] or (store.local and sha256_of(store.fetch(step, piece)) != expected["sha256"]):
+            raise CheckpointError(f"{name}: {piece} does not match its checksum (truncated or corrupted)")
+    return Committed(step, world_size, files, f"{store.url}/{name}")
+
+
+def load_piece(store: CheckpointStore, checkpoint: Committed, piece: str) -> Any:
+    """Piece `piece` of a verified checkpoint, read safely; an object store's download is hashed
+    against the marker first (CheckpointError when it does not match)."""
+    try:
+        path = store.fetch(checkpoint.step, piece)
+    except StoreError as err:
+        raise CheckpointError(f"{step_dir_name(checkpoint.step)}: {err}") from None
+    try:
+        if not store.local and sha256_of(path) != checkpoint.files[piece]["sha256"]:
+            raise CheckpointError(f"{step_dir_name(checkpoint.step)}: {piece} does not match its checksum (truncated or corrupted)")
+        return load_tensor_file(path)
+    finally:
+        store.release(path)
 
 
 class Checkpointer:
     """One per rank. `begin_save` writes this rank's part; `commit` (all ranks, after they agree
-    that everybody finished writing) makes it visible. Rank 0 renames and marks."""
+    that everybody finished writing) makes it visible. Rank 0 commits."""
 
-    def __init__(self, root: Path, rank: int, world_size: int, keep: int) -> None:
+    def __init__(self, store: CheckpointStore | Path, rank: int, world_size: int, keep: int) -> None:
         if keep < 2:
             raise CheckpointError(f"keep={keep}: keep at least 2 checkpoints so a bad newest one has a fallback")
-        self.root, self.rank, self.world_size, self.keep = root, rank, world_size, keep
+        self.store = LocalStore(store) if isinstance(store, Path) else store
+        self.rank, self.world_size, self.keep = rank, world_size, keep
         self._writer: threading.Thread | None = None
         self._host_copies = HostCopies()
         self._copied = threading.Event()  # the pending save's deferred copies are done
@@ -151,21 +188,26 @@ class Checkpointer:
         self._deleter: threading.Thread | None = None
         self._error: BaseException | None = None
         self.pending_step: int | None = None
-        # Directories already checked, or committed by us: pruning after every save must not
-        # re-read and re-hash every kept checkpoint. Loading always verifies afresh.
-        self._verified: dict[Path, Committed] = {}
-        self.best = read_best(root)  # the checkpoint kept for its validation figure (checkpoint.best), never pruned
+        # Steps already checked, or committed by us: pruning after every save must not re-read
+        # and re-hash every kept checkpoint. Loading always verifies afresh.
+        self._verified: dict[int, Committed] = {}
+        staging = self.store.staging(0).parent
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            staging.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise CheckpointError(f"checkpoint dir {root} cannot be created: {err.strerror}") from None
-        if not os.access(root, os.W_OK):
-            raise CheckpointError(f"checkpoint dir {root} is not writable")
+            raise CheckpointError(f"checkpoint dir {staging} cannot be created: {err.strerror}") from None
+        if not os.access(staging, os.W_OK):
+            raise CheckpointError(f"checkpoint dir {staging} is not writable")
+        try:
+            # the checkpoint kept for its validation figure (checkpoint.best), never pruned
+            self.best = parse_best(self.store.read_meta(BEST))
+        except StoreError as err:
+            raise CheckpointError(f"the checkpoint store cannot be read: {err}") from None
 
     # --- saving -------------------------------------------------------------------------------
 
     def tmp_dir(self, step: int) -> Path:
-        return self.root / f".tmp-{step_dir_name(step)}"
+        return self.store.staging(step)
 
     def begin_save(
         self, step: int, shared: dict[str, Any] | None, own: dict[str, Any], asynchronous: bool, later: Callable[[torch.Tensor], bool] | None = None
@@ -184,6 +226,7 @@ class Checkpointer:
         tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
         self.pending_step = step
         copied = self._copied = threading.Event()
+        pieces = [(rank_file(self.rank), own), *([(SHARED, shared)] if shared is not None else [])]
 
         def write() -> None:
             try:
@@ -195,9 +238,10 @@ class Checkpointer:
             finally:
                 copied.set()
             try:
-                save_tensor_file(tmp / rank_file(self.rank), own)
-                if shared is not None:
-                    save_tensor_file(tmp / SHARED, shared)
+                for name, state in pieces:
+                    save_tensor_file(tmp / name, state)
+                    self.store.put(step, name, tmp / name)
+                    self.store.put(step, f"{name}.sum", tmp / f"{name}.sum")  # the checksum last: the piece is whole
             except BaseException as err:  # reported on the training thread by wait_written()
                 self._error = err
 
@@ -217,7 +261,7 @@ class Checkpointer:
         return time.perf_counter() - started
 
     def written(self) -> bool:
-        """True when this rank's part of the pending save is on disk (or failed)."""
+        """True when this rank's part of the pending save is in the store (or failed)."""
         return self._writer is None or not self._writer.is_alive()
 
     def wait_written(self) -> None:
@@ -227,72 +271,69 @@ class Checkpointer:
         if self._error is not None:
             err, self._error = self._error, None
             self.pending_step = None
+            if isinstance(err, StoreError):
+                raise store_failure("writing the checkpoint", err)
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             raise CheckpointError(f"writing the checkpoint failed: {reason}; the previous committed checkpoint is intact")
 
-    def commit(self) -> Path | None:
+    def commit(self) -> str | None:
         """Called on every rank once all ranks have written; rank 0 publishes the checkpoint."""
         step = self.pending_step
         self.pending_step = None
         if step is None or self.rank != 0:
             return None
-        tmp, final = self.tmp_dir(step), self.root / step_dir_name(step)
-        expected = {SHARED, *(rank_file(r) for r in range(self.world_size))}
-        missing = sorted(name for name in expected if not (tmp / f"{name}.sum").is_file())
-        if missing:
-            raise CheckpointError(f"step {step}: files {missing} were not written")
-        files = {name: json.loads((tmp / f"{name}.sum").read_text()) for name in sorted(expected)}
-        if final.exists():  # a save of the same step after a restart: the new one wins
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_path(self.root)
-        marker = {"step": step, "world_size": self.world_size, "files": files}
-        write_durably(final / f".{MARKER}.tmp", lambda f: f.write(json.dumps(marker, indent=1).encode()))
-        os.replace(final / f".{MARKER}.tmp", final / MARKER)
-        fsync_path(final)
-        self._verified[final] = Committed(step, final, self.world_size)  # we just wrote its sums
+        expected = sorted({SHARED, *(rank_file(r) for r in range(self.world_size))})
+        try:
+            sums = {name: self.store.read_staged(step, f"{name}.sum") for name in expected}
+            missing = [name for name, text in sums.items() if text is None]
+            if missing:
+                raise CheckpointError(f"step {step}: files {missing} were not written")
+            files = {name: json.loads(text or b"") for name, text in sums.items()}
+            marker = {"step": step, "world_size": self.world_size, "files": files}
+            self.store.commit(step, json.dumps(marker, indent=1).encode())
+        except StoreError as err:
+            raise store_failure("committing the checkpoint", err) from None
+        self._verified[step] = Committed(step, self.world_size, files, f"{self.store.url}/{step_dir_name(step)}")  # we just wrote its sums
         self._prune(step)
-        return final
+        return self._verified[step].where
 
     def _prune(self, committed_step: int) -> None:
-        """Keep the newest `keep`. Old directories are renamed out of sight at once and deleted
-        on a background thread: deleting a large checkpoint takes longer than writing a marker
-        (measured: ~0.18 s for 256 MiB here), and the training thread must not wait for it."""
+        """Keep the newest `keep`. Old steps are retired at once (out of sight: a rename, or an
+        object store's marker deleted) and deleted on a background thread: deleting a large
+        checkpoint takes longer than writing a marker (measured: ~0.18 s for 256 MiB here), and
+        the training thread must not wait for it."""
         self.wait_pruned()
         kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
-        doomed: list[Path] = []
         best = self.best["step"] if self.best else None
-        for old in kept[: -self.keep]:
-            if old.step == best:
-                continue
-            trash = self.root / f".old-{old.path.name}"
-            if trash.exists():  # left by a process killed while deleting it
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(old.path, trash)
-            self._verified.pop(old.path, None)
-            doomed.append(trash)
-        # Leftovers of interrupted saves are older than what was just committed; a newer
-        # temporary dir belongs to a save other ranks have already begun: never touch it.
-        doomed += [stale for stale in self.root.glob(f".tmp-{STEP_PREFIX}*") if int(stale.name.removeprefix(f".tmp-{STEP_PREFIX}")) < committed_step]
-        doomed += [leftover for leftover in self.root.glob(f".old-{STEP_PREFIX}*") if leftover not in doomed]
-        if doomed:
+        store = self.store
+        try:
+            for old in kept[: -self.keep]:
+                if old.step != best:
+                    store.retire(old.step)
+                    self._verified.pop(old.step, None)
+        except StoreError as err:  # tried again after the next commit
+            log.warning("pruning old checkpoints failed: %s", err)
+            return
 
-            def delete() -> None:
-                for path in doomed:
-                    shutil.rmtree(path, ignore_errors=True)
+        def delete() -> None:
+            try:
+                # What retired steps and interrupted saves (older than the commit) left behind.
+                store.remove_leftovers(committed_step)
+            except StoreError as err:  # tried again after the next commit
+                log.warning("deleting old checkpoints failed: %s", err)
 
-            self._deleter = threading.Thread(target=delete, name="checkpoint-prune", daemon=True)
-            self._deleter.start()
+        self._deleter = threading.Thread(target=delete, name="checkpoint-prune", daemon=True)
+        self._deleter.start()
 
     def mark_best(self, step: int, metric: str, value: float, mode: str) -> None:
         """Keep committed checkpoint `step` as the best by `metric` (rank 0 writes best.json; the
         one it named before is pruned with the old ones from the next commit on)."""
         record = {"step": step, "metric": metric, "value": value, "mode": mode, "path": step_dir_name(step)}
         if self.rank == 0:
-            tmp = self.root / f".{BEST}.tmp"
-            write_durably(tmp, lambda f: f.write(json.dumps(record, indent=1).encode()))
-            os.replace(tmp, self.root / BEST)
-            fsync_path(self.root)
+            try:
+                self.store.write_meta(BEST, json.dumps(record, indent=1).encode())
+            except StoreError as err:
+                raise CheckpointError(f"recording the best checkpoint failed: {err}") from None
         self.best = record
 
     def wait_pruned(self) -> None:
@@ -303,17 +344,21 @@ class Checkpointer:
 
     # --- loading ------------------------------------------------------------------------------
 
-    def _verify_once(self, directory: Path) -> Committed:
-        if directory not in self._verified:
-            self._verified[directory] = verify(directory)
-        return self._verified[directory]
+    def _verify_once(self, step: int) -> Committed:
+        if step not in self._verified:
+            self._verified[step] = verify(self.store, step)
+        return self._verified[step]
 
-    def _checked_newest_first(self, check: Callable[[Path], Committed] = verify) -> Iterator[Committed]:
+    def _checked_newest_first(self, check: Callable[[int], Committed] | None = None) -> Iterator[Committed]:
         """Valid checkpoints, newest first, each verified only when reached; invalid ones are
-        reported and skipped. Step directories sort by name (zero-padded step numbers)."""
-        for directory in sorted(self.root.glob(f"{STEP_PREFIX}*"), reverse=True):
+        reported and skipped."""
+        try:
+            steps = self.store.committed_steps()
+        except StoreError as err:
+            raise CheckpointError(f"the checkpoint store cannot be listed: {err}") from None
+        for step in reversed(steps):
             try:
-                yield check(directory)
+                yield (check or (lambda s: verify(self.store, s)))(step)
             except CheckpointError as err:
                 log.warning("skipping checkpoint: %s", err)
 
@@ -323,25 +368,25 @@ class Checkpointer:
 
     def rank_states(self, step: int) -> Iterator[dict[str, Any]]:
         """Every rank's own file of committed checkpoint `step`, read one at a time (resharding)."""
-        for path in rank_files(self.root / step_dir_name(step)):
-            yield load_tensor_file(path)
+        checkpoint = self._verify_once(step)
+        for rank in range(checkpoint.world_size):
+            yield load_piece(self.store, checkpoint, rank_file(rank))
+
+    def _load(self, checkpoint: Committed) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        shared = load_piece(self.store, checkpoint, SHARED)
+        own = load_piece(self.store, checkpoint, rank_file(self.rank)) if checkpoint.world_size == self.world_size else None
+        return checkpoint.step, shared, own
 
     def load_step(self, step: int) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         """Committed checkpoint `step`, as load_latest gives it; CheckpointError if it does not verify."""
-        checkpoint = verify(self.root / step_dir_name(step))
-        own = load_tensor_file(checkpoint.path / rank_file(self.rank)) if checkpoint.world_size == self.world_size else None
-        return checkpoint.step, load_tensor_file(checkpoint.path / SHARED), own
+        return self._load(verify(self.store, step))
 
     def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
         """(step, shared state, this rank's own state or None if the world size changed).
         Only the newest checkpoints are read, down to the first that verifies and loads."""
         for checkpoint in self._checked_newest_first():
             try:
-                shared = load_tensor_file(checkpoint.path / SHARED)
-                own_path = checkpoint.path / rank_file(self.rank)
-                own = load_tensor_file(own_path) if checkpoint.world_size == self.world_size else None
+                return self._load(checkpoint)
             except CheckpointError as err:
                 log.warning("skipping checkpoint: %s", err)
-                continue
-            return checkpoint.step, shared, own
         return None

@@ -122,6 +122,10 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
+    # Where checkpoints go instead of <run_dir>/checkpoints/: an fsspec URL (s3://bucket/prefix;
+    # endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) or a directory. Each
+    # run gets its own place under it (trainers.storage.run_location); null: the run dir.
+    uri: str | None = None
     keep: int = 2  # committed checkpoints kept; fewer than 2 is refused
     every_steps: int = 0  # 0: not by step count
     every_minutes: float | None = 10.0  # None: not by time

@@ -1,9 +1,13 @@
 """The trained model out of the toolkit: a run's checkpoint's model weights as a safetensors file.
 
     python -m trainers.export RUN_DIR --out model.safetensors [--step N | --best] [--state NAME]
+    python -m trainers.export s3://bucket/prefix/RUN --out model.safetensors
 
-The checkpoint is the newest committed one that verifies (its checksums), or the step asked
-for, or the one checkpoint.best kept. Its model's state dict is written as safetensors (the
+RUN_DIR finds its checkpoints where the run put them (its checkpoints/, or the object store that
+checkpoints/STORE names: checkpoint.uri); a URL is a run's place in an object store itself (the
+endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). The checkpoint is the
+newest committed one that verifies (its checksums), or the step asked for, or the one
+checkpoint.best kept. Its model's state dict is written as safetensors (the
 format of Hugging Face's `safetensors` package: an 8-byte header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the bytes), with the task's description, the step and
 the run's config in the header's metadata. Nothing is unpickled on the way (trainers.tensorfile).
@@ -18,14 +22,17 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from collectives.fsdp import SHARDED
-from trainers.checkpoint import CheckpointError, load_tensor_file, verify
-from trainers.layout import SHARED, rank_files, read_best, step_dir_name
+from trainers.checkpoint import CheckpointError, Committed, load_piece, load_tensor_file, verify
+from trainers.layout import BEST, SHARED, parse_best, rank_file, rank_files, step_dir_name
+from trainers.storage import CheckpointStore, StoreError, open_store, stored_checkpoints
 
 DTYPES = {
     torch.float64: "F64",
@@ -89,30 +96,37 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, metadata
 
 
-def chosen_checkpoint(run_dir: Path, step: int | None, best: bool) -> Path:
-    checkpoints = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+def checkpoint_store(source: str, staging: Path) -> CheckpointStore:
+    """The store a run dir, its checkpoints/ dir or a URL names (downloads go into `staging`)."""
+    if "://" in source and not source.startswith("file://"):
+        return open_store(source, staging)
+    path = Path(source.removeprefix("file://"))
+    checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if not checkpoints.is_dir():
-        raise ExportError(f"{run_dir} is not a run dir (no checkpoints/ in it)")
-    if best:
-        record = read_best(checkpoints)
-        if record is None:
-            raise ExportError(f"{checkpoints} keeps no best checkpoint (best.json: the run needs checkpoint.best=val_<figure>)")
-        step = int(record["step"])
+        raise ExportError(f"{path} is not a run dir (no checkpoints/ in it)")
+    return stored_checkpoints(checkpoints)
+
+
+def chosen_checkpoint(store: CheckpointStore, step: int | None, best: bool) -> Committed:
+    try:
+        if best:
+            record = parse_best(store.read_meta(BEST))
+            if record is None:
+                raise ExportError(f"{store.url} keeps no best checkpoint (best.json: the run needs checkpoint.best=val_<figure>)")
+            step = int(record["step"])
+        kept = store.committed_steps()
+    except StoreError as err:
+        raise ExportError(str(err)) from None
     if step is not None:
-        directory = checkpoints / step_dir_name(step)
-        if not directory.is_dir():
-            kept = sorted(int(d.name.removeprefix("step-")) for d in checkpoints.glob("step-*") if d.name.removeprefix("step-").isdigit())
-            raise ExportError(f"no checkpoint step {step} in {checkpoints} (it keeps steps {', '.join(map(str, kept)) or 'none'})")
-        verify(directory)  # CheckpointError names a missing or corrupted file
-        return directory
-    for directory in sorted(checkpoints.glob("step-*"), reverse=True):
+        if step not in kept:
+            raise ExportError(f"no checkpoint step {step} in {store.url} (it keeps steps {', '.join(map(str, kept)) or 'none'})")
+        return verify(store, step)  # CheckpointError names a missing or corrupted file
+    for newest in reversed(kept):
         try:
-            verify(directory)
+            return verify(store, newest)
         except CheckpointError as err:
-            print(f"skipping {directory.name}: {err}", file=sys.stderr)
-            continue
-        return directory
-    raise ExportError(f"{checkpoints} holds no committed checkpoint")
+            print(f"skipping {step_dir_name(newest)}: {err}", file=sys.stderr)
+    raise ExportError(f"{store.url} holds no committed checkpoint")
 
 
 def module_like(state: Any) -> bool:
@@ -146,53 +160,60 @@ def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str
     return modules[0], dict(registered[modules[0]])
 
 
-def checkpoint_weights(directory: Path, shared: dict[str, Any], state: str | None = None) -> tuple[str, dict[str, torch.Tensor]]:
+RankStates = Callable[[], Iterator[dict[str, Any]]]  # every rank's own piece, read one at a time
+
+
+def checkpoint_weights(ranks: Path | RankStates, shared: dict[str, Any], state: str | None = None) -> tuple[str, dict[str, torch.Tensor]]:
     """A committed checkpoint's model weights, whole: with comm.sharding=full, or a script's own
-    fully_shard model under the run handle, consolidated from the rows every rank saved."""
+    fully_shard model under the run handle, consolidated from the rows every rank saved (`ranks`:
+    a local checkpoint directory, or what reads its rank pieces)."""
+    rank_states = ranks if callable(ranks) else lambda: (load_tensor_file(path) for path in rank_files(ranks))
     name, weights = model_state(shared, state)
     if shared.get("model_sharded"):
         shapes = {key: value for key, value in shared.get("model_shapes", {}).items() if key not in weights}
-        weights = {**weights, **ranks_rows(directory, "model_shard", shapes)}
+        weights = {**weights, **ranks_rows(rank_states, "model_shard", shapes)}
     markers: dict[str, Any] = {key: value for key, value in weights.items() if is_marker(value)}
     if markers:
-        whole = ranks_rows(directory, "dtensor_pieces", {str(m[SHARDED]): m["shape"] for m in markers.values()})
+        whole = ranks_rows(rank_states, "dtensor_pieces", {str(m[SHARDED]): m["shape"] for m in markers.values()})
         lacking = [key for key, m in markers.items() if str(m[SHARDED]) not in whole]
         if lacking:
-            raise ExportError(f"{directory}: no rank's file holds the rows of {', '.join(lacking[:3])}: the checkpoint is incomplete")
+            raise ExportError(f"no rank's file holds the rows of {', '.join(lacking[:3])}: the checkpoint is incomplete")
         weights = {key: whole[str(markers[key][SHARDED])] if key in markers else value for key, value in weights.items()}
     return name, weights
 
 
-def ranks_rows(directory: Path, key: str, shapes: dict[str, Any]) -> dict[str, torch.Tensor]:
+def ranks_rows(rank_states: RankStates, key: str, shapes: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Whole tensors of these shapes from the pieces every rank's file keeps under `key`, read one
     file at a time."""
     from collectives.fsdp import full_model_state
 
-    return full_model_state((load_tensor_file(path).get(key, {"pieces": []}) for path in rank_files(directory)), shapes)
+    return full_model_state((state.get(key, {"pieces": []}) for state in rank_states()), shapes)
 
 
-def export(run_dir: Path, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
+def export(source: Path | str, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
     """Write the chosen checkpoint's model as safetensors; what was written (for the summary line)."""
-    directory = chosen_checkpoint(run_dir, step, best)
-    shared = load_tensor_file(directory / SHARED)
-    name, weights = checkpoint_weights(directory, shared, state)
+    with tempfile.TemporaryDirectory(prefix="hpctk-export-") as staging:
+        store = checkpoint_store(str(source), Path(staging))
+        checkpoint = chosen_checkpoint(store, step, best)
+        shared = load_piece(store, checkpoint, SHARED)
+        name, weights = checkpoint_weights(lambda: (load_piece(store, checkpoint, rank_file(r)) for r in range(checkpoint.world_size)), shared, state)
     description = {key: value for key, value in shared.get("model_config", {}).items()}
     metadata = {
         "format": "pt",
         "hpctk_state": name,
-        "hpctk_step": str(int(directory.name.removeprefix("step-"))),
+        "hpctk_step": str(checkpoint.step),
         "hpctk_task": json.dumps(description, sort_keys=True, default=str),
         "hpctk_config": str(shared.get("config", "")),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     write_safetensors(out, weights, metadata)
     count = sum(t.numel() for t in weights.values())
-    return {"step": int(metadata["hpctk_step"]), "state": name, "tensors": len(weights), "parameters": count, "task": description}
+    return {"step": checkpoint.step, "state": name, "tensors": len(weights), "parameters": count, "task": description}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainers.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="a run dir (or its checkpoints/ dir)")
+    parser.add_argument("run_dir", help="a run dir (or its checkpoints/ dir), or a run's checkpoints in an object store (s3://...)")
     parser.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="this checkpoint step instead of the newest")
@@ -201,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         written = export(args.run_dir, args.out, args.step, args.best, args.state)
-    except (ExportError, CheckpointError) as err:
+    except (ExportError, CheckpointError, StoreError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     task = written["task"].get("task", "a script")

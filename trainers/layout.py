@@ -32,10 +32,15 @@ def rank_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("rank-*.ckpt"))
 
 
+def step_number(name: str) -> int | None:
+    """The step a `step-NNNNNNNNN` name holds; None for any other name."""
+    digits = name.removeprefix(STEP_PREFIX)
+    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+
+
 def step_of(directory: Path) -> int | None:
     """The step a `step-NNNNNNNNN` directory holds; None for any other name."""
-    digits = directory.name.removeprefix(STEP_PREFIX)
-    return int(digits) if directory.name.startswith(STEP_PREFIX) and digits.isdigit() else None
+    return step_number(directory.name)
 
 
 def committed_steps(checkpoints: Path) -> list[int]:
@@ -49,8 +54,16 @@ def read_best(checkpoints: Path) -> dict[str, Any] | None:
     """best.json: {"step", "metric", "value", "mode"}; None when absent or unreadable (then no
     checkpoint is kept for its figure until the next evaluation names one)."""
     try:
-        record = json.loads((checkpoints / BEST).read_text())
-    except (OSError, ValueError):
+        return parse_best((checkpoints / BEST).read_bytes())
+    except OSError:
+        return None
+
+
+def parse_best(text: bytes | None) -> dict[str, Any] | None:
+    """best.json's record, or None (absent, unreadable, or not such a record)."""
+    try:
+        record = json.loads(text) if text is not None else None
+    except ValueError:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("step"), int) or not isinstance(record.get("value"), int | float):
         return None

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from collectives.base import Collectives
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint import Checkpointer, CheckpointError
 from trainers.config import CheckpointConfig
+from trainers.storage import StoreError, run_store
 
 log = logging.getLogger("trainers.checkpoint")
 
@@ -26,9 +27,13 @@ class SaveCoordinator:
 
     @classmethod
     def in_dir(cls, checkpoint_dir: Path, comm: Collectives, cfg: CheckpointConfig) -> SaveCoordinator:
-        """This rank's coordinator of the checkpoints in `checkpoint_dir`: the built-in loop's
-        (trainers.recovery) and the run handle's (hpc.run) alike."""
-        return cls(Checkpointer(checkpoint_dir, comm.rank, comm.world_size, cfg.keep), comm, cfg)
+        """This rank's coordinator of the run's checkpoints (in `checkpoint_dir`, or under
+        `checkpoint.uri`): the built-in loop's (trainers.recovery) and the run handle's (hpc.run) alike."""
+        try:
+            store = run_store(checkpoint_dir, cfg.uri)
+        except StoreError as err:
+            raise CheckpointError(f"checkpoint.uri: {err}") from None
+        return cls(Checkpointer(store, comm.rank, comm.world_size, cfg.keep), comm, cfg)
 
     def time_vote(self) -> float:
         """1 when this rank's clock says a timed save is due. Ranks leave a step's collective

@@ -13,6 +13,7 @@ a marker, which `committed_steps` never lists and a later commit's pruning remov
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -22,21 +23,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from trainers.layout import MARKER, STEP_PREFIX, step_dir_name
+from trainers.layout import MARKER, STEP_PREFIX, step_dir_name, step_number
 
 log = logging.getLogger("trainers.storage")
 T = TypeVar("T")
 
 
 class StoreError(OSError):
-    """An operation of a checkpoint store that failed, after its retries where it has them."""
+    """An operation of a checkpoint store that failed, after its retries where it has them;
+    `transient`: the store was unreachable or erring (a later start may find it back), not a
+    missing bucket, key or right."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class CheckpointStore(Protocol):
     url: str  # where, in messages
+    local: bool  # True: its files are read in place (a checksum costs no download)
+
+    def staging(self, step: int) -> Path:
+        """The local directory this rank writes step `step`'s pieces into before `put`."""
+        ...
 
     def put(self, step: int, name: str, staged: Path) -> None:
         """Piece `name` of step `step`'s save, staged locally at `staged`, made durable in the store."""
+        ...
+
+    def read_staged(self, step: int, name: str) -> bytes | None:
+        """A small piece put for `step`, not yet committed (a checksum file); None: not put."""
         ...
 
     def commit(self, step: int, marker: bytes) -> None:
@@ -51,12 +67,36 @@ class CheckpointStore(Protocol):
         """A small file of a step (its marker, a checksum file)."""
         ...
 
+    def size(self, step: int, name: str) -> int | None:
+        """The size of piece `name` of `step`; None: no such piece."""
+        ...
+
     def fetch(self, step: int, name: str) -> Path:
         """A local file holding piece `name` of `step` (the store's own file where it has one)."""
         ...
 
+    def release(self, path: Path) -> None:
+        """Done with a file `fetch` gave: a downloaded copy is deleted."""
+        ...
+
     def remove(self, step: int) -> None:
         """Every object or file of `step`, marker first (never a marker left naming missing pieces)."""
+        ...
+
+    def retire(self, step: int) -> None:
+        """`step` out of sight at once (never listed again); `remove_leftovers` deletes the rest."""
+        ...
+
+    def remove_leftovers(self, before: int) -> None:
+        """What retired steps, and interrupted saves of steps before `before`, left behind."""
+        ...
+
+    def write_meta(self, name: str, data: bytes) -> None:
+        """A small file beside the steps (best.json), replaced whole."""
+        ...
+
+    def read_meta(self, name: str) -> bytes | None:
+        """A file `write_meta` wrote; None: none."""
         ...
 
 
@@ -69,10 +109,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def remove_staged_before(root: Path, before: int) -> None:
+    """The staging directories of saves before step `before` under `root`; a newer one belongs to
+    a save other ranks have already begun: never touched."""
+    for stale in root.glob(f".tmp-{STEP_PREFIX}*"):
+        step = step_number(stale.name.removeprefix(".tmp-"))
+        if step is not None and step < before:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 class LocalStore:
     """Checkpoints in a directory (local disk or a shared file system): the staging directory
     is `.tmp-step-N/` beside the steps, and `commit` renames it to `step-N/`, fsyncs, then writes
     the marker through a temporary name, fsync and rename."""
+
+    local = True
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -83,6 +134,12 @@ class LocalStore:
 
     def put(self, step: int, name: str, staged: Path) -> None:
         pass  # written and fsynced in place by the writer
+
+    def read_staged(self, step: int, name: str) -> bytes | None:
+        try:
+            return (self.staging(step) / name).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def commit(self, step: int, marker: bytes) -> None:
         tmp, final = self.staging(step), self.root / step_dir_name(step)
@@ -99,18 +156,52 @@ class LocalStore:
         fsync_path(final)
 
     def committed_steps(self) -> list[int]:
-        return sorted(int(d.name.removeprefix(STEP_PREFIX)) for d in self.root.glob(f"{STEP_PREFIX}*") if (d / MARKER).is_file())
+        return sorted(step for d in self.root.glob(f"{STEP_PREFIX}*") if (step := step_number(d.name)) is not None and (d / MARKER).is_file())
 
     def read(self, step: int, name: str) -> bytes:
         return (self.root / step_dir_name(step) / name).read_bytes()
 
+    def size(self, step: int, name: str) -> int | None:
+        path = self.root / step_dir_name(step) / name
+        return path.stat().st_size if path.is_file() else None
+
     def fetch(self, step: int, name: str) -> Path:
         return self.root / step_dir_name(step) / name
 
+    def release(self, path: Path) -> None:
+        pass  # the store's own file
+
+    def retire(self, step: int) -> None:
+        """One rename: never half a step listed."""
+        directory, trash = self.root / step_dir_name(step), self.root / f".old-{step_dir_name(step)}"
+        if trash.exists():  # left by a process killed while deleting it
+            shutil.rmtree(trash, ignore_errors=True)
+        if directory.exists():
+            os.replace(directory, trash)
+
     def remove(self, step: int) -> None:
-        directory = self.root / step_dir_name(step)
-        (directory / MARKER).unlink(missing_ok=True)
-        shutil.rmtree(directory, ignore_errors=True)
+        self.retire(step)
+        shutil.rmtree(self.root / f".old-{step_dir_name(step)}", ignore_errors=True)
+
+    def remove_leftovers(self, before: int) -> None:
+        remove_staged_before(self.root, before)
+        for leftover in self.root.glob(f".old-{STEP_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def write_meta(self, name: str, data: bytes) -> None:
+        tmp = self.root / f".{name}.tmp"
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / name)
+        fsync_path(self.root)
+
+    def read_meta(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
 
 
 def transient(err: BaseException) -> bool:
@@ -136,7 +227,7 @@ def retried(what: str, operation: Callable[[], T], attempts: int = 5, first_wait
             if not transient(err):  # no bucket, no key, no right, no credentials: no retry mends it
                 raise StoreError(f"{what} failed: {type(err).__name__}: {err}") from err
             if attempt == attempts:
-                raise StoreError(f"{what} failed after {attempts} attempts: {type(err).__name__}: {err}") from err
+                raise StoreError(f"{what} failed after {attempts} attempts: {type(err).__name__}: {err}", transient=True) from err
             log.warning("%s failed (attempt %d of %d, again in %.1f s): %s: %s", what, attempt, attempts, wait, type(err).__name__, err)
             time.sleep(wait)  # a backoff between attempts at a remote service, not a wait for a local event
             wait *= 2
@@ -153,6 +244,8 @@ class ObjectStore:
     `<url>/step-N/<piece>`, `<url>/step-N/COMMITTED` written last. Pieces are staged in
     `staging_root` (local disk) and uploaded whole; fetched pieces are downloaded into it."""
 
+    local = False
+
     def __init__(self, url: str, staging_root: Path, attempts: int = 5, first_wait_s: float = 0.5) -> None:
         import fsspec
 
@@ -162,6 +255,9 @@ class ObjectStore:
         # `retried` the one retry policy: s3fs's and botocore's own retries, stacked under it,
         # turned a store gone for good into minutes of waiting (seen: 100 s for 3 attempts).
         options = S3_OPTIONS if self.url.startswith(("s3://", "s3a://")) else {}
+        problem = unusable(self.url)
+        if problem:
+            raise StoreError(problem)
         self.fs, self.prefix = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **options)
         if hasattr(self.fs, "retries"):
             self.fs.retries = 1  # s3fs's own attempts per call
@@ -179,6 +275,19 @@ class ObjectStore:
 
     def put(self, step: int, name: str, staged: Path) -> None:
         self._retried(f"uploading {step_dir_name(step)}/{name}", lambda: self.fs.put_file(str(staged), self.key(step, name)))
+        staged.unlink(missing_ok=True)  # in the store now: the local disk keeps no copy
+
+    def read_staged(self, step: int, name: str) -> bytes | None:
+        return self._read_or_none(f"reading {step_dir_name(step)}/{name}", self.key(step, name))
+
+    def _read_or_none(self, what: str, key: str) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                return bytes(self.fs.cat_file(key))
+            except FileNotFoundError:
+                return None
+
+        return self._retried(what, read)
 
     def commit(self, step: int, marker: bytes) -> None:
         self._retried(f"committing {step_dir_name(step)}", lambda: self.fs.pipe_file(self.key(step, MARKER), marker))
@@ -188,12 +297,21 @@ class ObjectStore:
         def listed() -> list[int]:
             self.fs.invalidate_cache(self.prefix)
             found = self.fs.glob(f"{self.prefix}/{STEP_PREFIX}*/{MARKER}")
-            return sorted(int(Path(path).parent.name.removeprefix(STEP_PREFIX)) for path in found)
+            return sorted(step for path in found if (step := step_number(Path(path).parent.name)) is not None)
 
         return self._retried("listing checkpoints", listed)
 
     def read(self, step: int, name: str) -> bytes:
         return bytes(self._retried(f"reading {step_dir_name(step)}/{name}", lambda: self.fs.cat_file(self.key(step, name))))
+
+    def size(self, step: int, name: str) -> int | None:
+        def sized() -> int | None:
+            try:
+                return int(self.fs.info(self.key(step, name))["size"])
+            except FileNotFoundError:
+                return None
+
+        return self._retried(f"reading the size of {step_dir_name(step)}/{name}", sized)
 
     def fetch(self, step: int, name: str) -> Path:
         local = self.staging_root / "fetched" / step_dir_name(step) / name
@@ -211,9 +329,98 @@ class ObjectStore:
         self._retried(f"removing {step_dir_name(step)}", removed)
         shutil.rmtree(self.staging_root / "fetched" / step_dir_name(step), ignore_errors=True)
 
+    def release(self, path: Path) -> None:
+        path.unlink(missing_ok=True)  # a downloaded copy: a large model's second copy on local disk
+
+    def retire(self, step: int) -> None:
+        """Its marker deleted: one request; the pieces, unmarked now, go with the leftovers."""
+        self._retried(f"retiring {step_dir_name(step)}", lambda: self.fs.rm_file(self.key(step, MARKER)) if self.fs.exists(self.key(step, MARKER)) else None)
+
+    def remove_leftovers(self, before: int) -> None:
+        def unmarked() -> list[int]:
+            self.fs.invalidate_cache(self.prefix)
+            steps = {step_number(Path(path).name) for path in self.fs.glob(f"{self.prefix}/{STEP_PREFIX}*")}
+            return sorted(step for step in steps if step is not None and step < before and not self.fs.exists(self.key(step, MARKER)))
+
+        for step in self._retried("listing leftovers", unmarked):
+            self.remove(step)
+        remove_staged_before(self.staging_root, before)
+
+    def write_meta(self, name: str, data: bytes) -> None:
+        self._retried(f"writing {name}", lambda: self.fs.pipe_file(f"{self.prefix}/{name}", data))
+
+    def read_meta(self, name: str) -> bytes | None:
+        return self._read_or_none(f"reading {name}", f"{self.prefix}/{name}")
+
+
+def unusable(url: str) -> str | None:
+    """Why fsspec cannot open `url` here (an unknown scheme, its package not installed); None: it can."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        return f"{url}: fsspec knows no storage {protocol}:// (s3://bucket/prefix, gs://, az://, ... or a directory)"
+    except ImportError as err:
+        extra = " (pip install 'hpc-toolkit[storage]')" if protocol in ("s3", "s3a") else ""
+        return f"{url}: the package for {protocol}:// is not installed{extra}: {err}"
+    if not url.split("://", 1)[1].strip("/"):
+        return f"{url}: name a bucket (and a prefix): {protocol}://bucket/prefix"
+    return None
+
 
 def open_store(location: str, staging_root: Path) -> CheckpointStore:
     """A URL with a scheme (`s3://...`) is an object store; anything else a directory."""
     if "://" in location and not location.startswith("file://"):
         return ObjectStore(location, staging_root)
     return LocalStore(Path(location.removeprefix("file://")))
+
+
+# In <run_dir>/checkpoints/ when the run's checkpoints live elsewhere (checkpoint.uri): their URL,
+# for the tools that find a run's checkpoints from its run dir (hpc.status, export, the supervisor).
+POINTER = "STORE"
+
+
+def run_location(uri: str, run_dir: Path) -> str:
+    """The run's own place under `checkpoint.uri`: the run dir's name and a digest of its path, so
+    two runs (a sweep's trials) never share one and every requeue of a run finds its own."""
+    digest = hashlib.sha256(str(run_dir.absolute()).encode()).hexdigest()[:8]
+    return f"{uri.rstrip('/')}/{run_dir.name}-{digest}"
+
+
+def run_store(checkpoints: Path, uri: str | None) -> CheckpointStore:
+    """The store of the run whose run dir holds `checkpoints/`: that directory itself, or the run's
+    place under `uri`, named in checkpoints/STORE (the URL only: never an endpoint or a key)."""
+    if not uri:
+        return LocalStore(checkpoints)
+    location = run_location(uri, checkpoints.parent)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    pointer = checkpoints / POINTER
+    if not pointer.is_file() or pointer.read_text().strip() != location:
+        written = checkpoints / f".{POINTER}.{os.getpid()}"  # every rank may write it: the same text
+        written.write_text(location + "\n")
+        os.replace(written, pointer)
+    return open_store(location, checkpoints)
+
+
+def stored_checkpoints(checkpoints: Path, attempts: int = 5) -> CheckpointStore:
+    """A run's store as its run dir names it: `checkpoints/STORE`'s URL, else the directory."""
+    try:
+        location = (checkpoints / POINTER).read_text().strip()
+    except FileNotFoundError:
+        return LocalStore(checkpoints)
+    store = open_store(location, checkpoints)
+    if isinstance(store, ObjectStore):
+        store.attempts = attempts
+    return store
+
+
+def newest_committed(checkpoints: Path, attempts: int = 1) -> int | None:
+    """The newest committed step of the run whose checkpoints/ this is, wherever they live; None:
+    none, or its object store unreachable now (warned: a login-node view, never an error)."""
+    try:
+        return max(stored_checkpoints(checkpoints, attempts).committed_steps(), default=None)
+    except StoreError as err:
+        log.warning("checkpoints of %s not listed: %s", checkpoints.parent, err)
+        return None

@@ -223,6 +223,13 @@ def check_checkpointing(job: JobConfig) -> None:
         raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
+    uri = job.checkpoint.uri
+    if uri and "://" in uri and not uri.startswith("file://"):
+        from trainers.storage import unusable
+
+        problem = unusable(uri)
+        if problem:
+            raise UserError(f"checkpoint.uri={problem}")
 
 
 def check_evaluation(job: JobConfig) -> None:

@@ -35,11 +35,13 @@ def repeats(err: BaseException) -> bool:
     """Whether `err` would happen again on every restart (see the module's docstring)."""
     from collectives.base import CollectivesError
     from hpc.errors import UserError
-    from trainers.checkpoint import CheckpointError
+    from trainers.checkpoint import CheckpointError, StoreUnavailable
     from trainers.datasets import DataError
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 
+    if isinstance(err, StoreUnavailable):  # an object store down for longer than its retries
+        return False
     if isinstance(err, TaskError | CheckpointError | DivergedError | DataError | UserError | CollectivesError):
         return True
     if isinstance(err, PROGRAMMING_ERRORS) or type(err).__name__ == "OutOfMemoryError":  # torch's, CUDA's: the batch does not fit

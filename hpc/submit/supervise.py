@@ -304,10 +304,13 @@ class Supervisor:
 
     def newest_checkpoint(self) -> int:
         """The newest committed step of the run (rank 0 names its run dir in `<id>.run-dir`)."""
-        from trainers.layout import committed_steps
+        from trainers.storage import newest_committed
 
         run_dir = self.run_dir()
-        return -1 if run_dir is None else max(committed_steps(run_dir / "checkpoints"), default=0)
+        if run_dir is None:
+            return -1
+        newest = newest_committed(run_dir / "checkpoints", attempts=3)
+        return 0 if newest is None else newest
 
     def append(self, record: StepRecord) -> None:
         log = self.marker("steps.jsonl")

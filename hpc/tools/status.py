@@ -38,8 +38,8 @@ from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
 from hpc.shown import shown_value
-from trainers.layout import committed_steps
 from trainers.reporting import task_metrics
+from trainers.storage import newest_committed
 
 T = TypeVar("T")
 
@@ -305,7 +305,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def newest_checkpoint(run_dir: RunDir) -> int | None:
-    return max(committed_steps(run_dir.checkpoints), default=None)
+    """Its newest committed step, in the run dir or the object store checkpoint.uri named."""
+    return newest_committed(run_dir.checkpoints)
 
 
 def result_state(result: dict[str, Any]) -> str:

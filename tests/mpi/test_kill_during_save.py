@@ -134,13 +134,14 @@ def test_sigkill_inside_saves_resumes_from_the_newest_committed_checkpoint(tmp_p
 
     # A corrupted newest checkpoint is skipped: the job resumes from the one before and finishes.
     *_, before, newest = Checkpointer(run_dir / "checkpoints", 0, 2, keep=3).committed()
-    data = bytearray((newest.path / SHARED).read_bytes())
+    damaged = run_dir / "checkpoints" / step_dir_name(newest.step) / SHARED
+    data = bytearray(damaged.read_bytes())
     data[len(data) // 3] ^= 0x5A
-    (newest.path / SHARED).write_bytes(bytes(data))
+    damaged.write_bytes(bytes(data))
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"] == before.step
     assert resumed_steps(run_dir, 0) == [*expected_resumes, before.step]
     log = (run_dir / "logs" / "rank-00000.log").read_text()
-    assert f"skipping checkpoint: {newest.path.name}: {SHARED} does not match its checksum" in log
+    assert f"skipping checkpoint: {step_dir_name(newest.step)}: {SHARED} does not match its checksum" in log

@@ -29,6 +29,7 @@ from tests.support.runs import (
 )
 from trainers.convert import main as convert
 from trainers.datasets import build_digits_hdf5
+from trainers.storage import ObjectStore, stored_checkpoints
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -72,10 +73,14 @@ def digits_shards(directory: Path) -> str:
 # Sharded state (comm.sharding) stopped and resumed on real ranks: tests/mpi/test_run_handle.py
 # (ZeRO-2 on mpirun, a script's FSDP2 under launch.py), tests/mpi/test_world_size_change.py (the
 # built-in loop's FSDP2, 2 -> 3 -> 2 ranks) and tests/e2e/test_preemption.py (ZeRO-2 on Slurm).
-@pytest.mark.parametrize("job", [USER_JOB, SHARDED_JOB], ids=["user-task-workers", "sharded-workers-augmented"])
-def test_signal_stops_resume_bit_exactly(tmp_path, job):
-    env = fixtures_env()
+# The user's task keeps its checkpoints in an object store (checkpoint.uri: a real S3-compatible
+# server, scripts/s3-sim.sh), the built-in task in the run dir: the same guarantees from both.
+@pytest.mark.parametrize("job", [USER_JOB, SHARDED_JOB], ids=["user-task-workers-s3", "sharded-workers-augmented"])
+def test_signal_stops_resume_bit_exactly(tmp_path, job, request):
     builtin = job is SHARDED_JOB
+    if not builtin:
+        job = [*job, f"checkpoint.uri={request.getfixturevalue('s3')}"]  # the server's variables set for the ranks
+    env = fixtures_env()
     if builtin:
         job = [*job, f"data.path={digits_shards(tmp_path)}"]
     (tmp_path / "a").mkdir()
@@ -110,6 +115,10 @@ def test_signal_stops_resume_bit_exactly(tmp_path, job):
     assert result["test_metrics"] == reference_result["test_metrics"] and bool(result["test_metrics"]) == any(a.startswith("data.path=") for a in job)
 
     assert 0 < stopped < result["steps"]
+    if not builtin:  # resumed from the object store: the run dir holds none of it
+        store = stored_checkpoints(run_dir / "checkpoints")
+        assert isinstance(store, ObjectStore) and store.committed_steps()[-1] == result["steps"]
+        assert not list((run_dir / "checkpoints").rglob("*.ckpt")) and not list((run_dir / "checkpoints").glob("step-*"))
     assert step_losses(run_dir) == step_losses(ref_dir)  # every step, bit for bit
     assert state_hash(run_dir) == state_hash(ref_dir)
     ref_metrics = [json.loads(line) for line in (ref_dir / "metrics.jsonl").read_text().splitlines()]

@@ -13,8 +13,9 @@ import torch
 
 from trainers import checkpoint as checkpoint_module
 from trainers import tensorfile
-from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, fsync_path, load_tensor_file, sha256_of
+from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, load_tensor_file, sha256_of
 from trainers.layout import BEST, MARKER, read_best, step_dir_name
+from trainers.storage import fsync_path
 
 
 def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False) -> None:
@@ -54,7 +55,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous(tmp_path, damag
         target.unlink()
     step, shared, _ = ckpt.load_latest()
     assert step == 1 and torch.equal(shared["w"], torch.full((4,), 1.0))
-    assert "skipping checkpoint" in caplog.text
+    assert damage == "marker" or "skipping checkpoint" in caplog.text  # without its marker a step is not listed at all
 
 
 def test_an_interrupted_save_is_never_loaded(tmp_path):
@@ -347,7 +348,7 @@ def test_only_rank_0_publishes_and_commit_names_the_checkpoint(tmp_path):
     rank1.begin_save(4, None, {"rng": torch.tensor([1])}, asynchronous=False)
     rank0.begin_save(4, {"w": torch.zeros(2)}, {"rng": torch.tensor([0])}, asynchronous=False)
     assert rank1.commit() is None and not (tmp_path / step_dir_name(4)).exists()  # rank 1 wrote, rank 0 publishes
-    assert rank0.commit() == tmp_path / step_dir_name(4)
+    assert rank0.commit() == str(tmp_path / step_dir_name(4))
     assert [c.step for c in rank0.committed()] == [4]
     assert [int(state["rng"]) for state in rank0.rank_states(4)] == [0, 1]  # every rank's own file, in rank order
 

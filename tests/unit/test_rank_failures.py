@@ -21,15 +21,17 @@ from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
 from hpc.rundir import RunDir
 from tests.support.runs import ROOT
-from trainers.checkpoint import CheckpointError
+from trainers.checkpoint import CheckpointError, store_failure
 from trainers.datasets import DataError
 from trainers.guard import DivergedError
 from trainers.loader import DataWorkerError
+from trainers.storage import StoreError
 from trainers.task import TaskError
 
 LASTING = [
     TaskError("task.hidden must be > 0"),
     CheckpointError("written by task lm, not classify"),
+    store_failure("writing the checkpoint", StoreError("uploading step-000000010/shared.ckpt (s3://nobucket/p) failed: NoSuchBucket")),
     DivergedError("3 non-finite steps in a row"),
     DataError("labels outside 0..9"),
     UserError("comm=nccl needs GPUs"),
@@ -53,6 +55,7 @@ PASSING = [
     RuntimeError("NCCL watchdog: collective operation timeout"),
     DataWorkerError("data worker 1 died (killed by SIGKILL, often the out-of-memory killer)"),
     KeyError("python"),
+    store_failure("writing the checkpoint", StoreError("uploading step-000000010/shared.ckpt (s3://b/p) failed after 5 attempts: ...", transient=True)),
 ]
 
 

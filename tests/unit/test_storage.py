@@ -5,31 +5,13 @@ that errors fails the save after its retries and leaves the committed steps as t
 
 from __future__ import annotations
 
-import subprocess
 import threading
-import uuid
 
 import pytest
 
-from tests.support.runs import ROOT
 from tests.support.tcp_fault import CuttableProxy
 from trainers.layout import MARKER, step_dir_name
 from trainers.storage import LocalStore, ObjectStore, StoreError, open_store, retried
-
-
-@pytest.fixture(scope="module")
-def s3_variables() -> dict[str, str]:
-    """The S3-compatible server up (started if it is not), and the variables that reach it."""
-    subprocess.run([str(ROOT / "scripts" / "s3-sim.sh"), "start"], check=True, capture_output=True, timeout=60)
-    listed = subprocess.run([str(ROOT / "scripts" / "s3-sim.sh"), "env"], check=True, capture_output=True, text=True).stdout
-    return dict(line.split("=", 1) for line in listed.split())
-
-
-@pytest.fixture
-def s3(s3_variables, monkeypatch) -> str:
-    for name, value in s3_variables.items():
-        monkeypatch.setenv(name, value)
-    return f"s3://hpctk-tests/{uuid.uuid4().hex}"  # a prefix of this test's own
 
 
 def stage(store, step: int, pieces: dict[str, bytes], staging) -> None:
