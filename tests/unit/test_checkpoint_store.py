@@ -160,3 +160,54 @@ def test_a_run_keeps_its_own_place_under_the_uri_and_its_run_dir_names_it_withou
     written = "".join(p.read_text(errors="replace") for p in first.rglob("*") if p.is_file())
     assert secret not in written and secret not in caplog.text
     assert isinstance(open_store(str(tmp_path / "elsewhere"), tmp_path), LocalStore)
+
+
+def test_a_run_whose_checkpoints_are_in_s3_exports_by_its_run_dir_and_by_its_url_as_documented(s3, tmp_path):
+    """docs/checkpoints.md's two export lines, run as written (python: this interpreter) on a run
+    trained with checkpoint.uri; both give the run's newest checkpoint, byte for byte the same."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from hpc.rundir import RunDir
+    from hpc.tools.status import newest_checkpoint
+    from tests.support.docs import marked_blocks
+    from tests.support.fit_in_process import Regression, train
+    from tests.support.fit_in_process import config as task_config
+
+    cfg = task_config(max_steps=6, every_steps=2)
+    result = train(tmp_path / "run", Regression(), dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=s3)))
+    assert not list((tmp_path / "run" / "checkpoints").glob("step-*"))  # in the store, not the run dir
+    assert newest_checkpoint(RunDir(tmp_path / "run")) == result.steps  # hpc.status's column, from the store
+    (block,) = marked_blocks("docs/checkpoints.md", __file__)
+    lines = [line for line in block.body.splitlines() if line.strip()]
+    assert len(lines) == 2 and all(line.startswith("python -m trainers.export ") for line in lines), lines
+    outputs = []
+    for number, line in enumerate(lines):
+        out = tmp_path / f"model-{number}.safetensors"
+        command = line.replace("RUN_DIR", str(tmp_path / "run")).replace("model.safetensors", str(out)).replace("python ", f"{sys.executable} ", 1)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"model of checkpoint step {result.steps} " in done.stdout
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    missing = subprocess.run(
+        [sys.executable, "-m", "trainers.export", f"{s3}/no-such-run", "--out", str(tmp_path / "x.safetensors")], capture_output=True, text=True, timeout=120
+    )
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [f"error: {s3}/no-such-run holds no committed checkpoint"]
+
+
+def test_hpc_status_shows_no_step_for_a_store_it_cannot_reach_and_says_why_in_one_line(s3, tmp_path, monkeypatch, caplog):
+    from hpc.rundir import RunDir
+    from hpc.tools.status import newest_checkpoint
+
+    run_store(tmp_path / "run" / "checkpoints", s3)
+    proxy = CuttableProxy(("127.0.0.1", 9))  # nothing listens behind it
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    proxy.sever()
+    try:
+        with caplog.at_level(logging.WARNING, logger="trainers.storage"):
+            assert newest_checkpoint(RunDir(tmp_path / "run")) is None
+    finally:
+        proxy.close()
+    assert f"checkpoints of {tmp_path / 'run'} not listed: listing checkpoints (s3://" in caplog.text

@@ -49,6 +49,8 @@ def test_local_cluster_is_one_node_but_may_oversubscribe_cores():
         (lambda j: replace(j, model=replace(j.model, name="vit")), "model.name='vit' is not one of mlp, cnn"),
         (lambda j: replace(j, comm=replace(j.comm, backend="nccl2")), "comm.backend"),
         (lambda j: replace(j, checkpoint=replace(j.checkpoint, keep=1)), "keep at least 2"),
+        (lambda j: replace(j, checkpoint=replace(j.checkpoint, uri="s4://bucket/x")), r"checkpoint.uri=s4://bucket/x: fsspec knows no storage s4://"),
+        (lambda j: replace(j, checkpoint=replace(j.checkpoint, uri="s3://")), r"checkpoint.uri=s3://: name a bucket \(and a prefix\)"),
         (lambda j: replace(j, optim=replace(j.optim, lr=0.0)), "optim.lr=0.0 must be > 0"),
         (lambda j: replace(j, trainer=replace(j.trainer, epochs=0)), "trainer.epochs=0"),
         (lambda j: replace(j, trainer=replace(j.trainer, watchdog_s=0)), "trainer.watchdog_s=0 must be > 0 seconds, or null"),
@@ -58,6 +60,18 @@ def test_local_cluster_is_one_node_but_may_oversubscribe_cores():
 def test_bad_training_settings_are_refused(change, message):
     with pytest.raises(UserError, match=message):
         check_training(change(JobConfig()))
+
+
+def test_an_object_store_whose_package_is_missing_is_refused_naming_the_extra(monkeypatch):
+    import fsspec
+
+    def missing(protocol: str):
+        raise ImportError("Install s3fs to access S3")
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", missing)
+    with pytest.raises(UserError, match=r"checkpoint.uri=s3://b/p: the package for s3:// is not installed \(pip install 'hpc-toolkit\[storage\]'\)"):
+        check_training(replace(JobConfig(), checkpoint=replace(JobConfig().checkpoint, uri="s3://b/p")))
+    check_training(replace(JobConfig(), checkpoint=replace(JobConfig().checkpoint, uri="/scratch/checkpoints")))  # a directory: no package
 
 
 def test_rank_environment_adds_cluster_env_and_root_permission(monkeypatch):
