@@ -39,12 +39,14 @@ MPIRUN = mpirun_command(2, [sys.executable])
 
 
 @pytest.mark.parametrize("sync", ["fsdp"])  # DDP's: tests/mpi/test_prefetch_resume.py (the same checks, two stops)
-def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path, sync):
+def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupted(tmp_path, sync, s3):
     """fsdp: the script shards its model with fully_shard (FSDP2); the handle saves each rank's
-    rows of the parameters and of AdamW's state in its own file and rebuilds them on resume."""
+    rows of the parameters and of AdamW's state in its own file and rebuilds them on resume. The
+    checkpoints go to an object store (checkpoint.uri: the S3 server of scripts/s3-sim.sh), and
+    the export reads them back from there."""
     work = tmp_path / "work"
     work.mkdir()
-    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", f"run_root={work / 'runs'}"]
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={SCRIPT}", "resources.tasks_per_node=2", f"checkpoint.uri={s3}", f"run_root={work / 'runs'}"]
     stopped = subprocess.run(
         [*command, "--", "--sync", sync, "--steps", "30", "--signal-at", "9", "--out", str(tmp_path / "ours.json")],
         cwd=work,
@@ -72,6 +74,7 @@ def test_launch_py_stops_at_a_signal_and_resumes_as_torchrun_trains_uninterrupte
     ours, theirs = (json.loads((tmp_path / name).read_text()) for name in ("ours.json", "ref.json"))
     assert ours["weights"] == theirs["weights"] and ours["best"] == theirs["best"]
     # The model out of the toolkit (for fsdp: every rank's rows consolidated): the final weights
+    assert (run_dir / "checkpoints" / "STORE").read_text().startswith(s3) and not list((run_dir / "checkpoints").glob("step-*"))
     written = export(run_dir, tmp_path / "model.safetensors")
     tensors, _ = load_safetensors(tmp_path / "model.safetensors")
     assert written["step"] == 30 and sorted(t.flatten().tolist() for t in tensors.values()) == sorted(ours["weights"])  # the file orders by name
