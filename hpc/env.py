@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import hostlist
 
 # Exported by the toolkit to its ranks (hpc.submit), read on the rank (hpc.rank).
-TTY_VARIABLE = "HPCTK_TTY"  # "1": launch.py runs in a terminal (rank 0 draws a progress bar)
+TTY_VARIABLE = "HPCTK_TTY"  # N > 0: launch.py runs in a terminal N columns wide (rank 0 draws a progress bar)
 # Set by hpc.submit.ranks: after a clean stop the ranks exit 0 and it returns result.json's code.
 RESULT_EXIT_VARIABLE = "HPCTK_RESULT_EXIT"
 REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # where rank 0 asks the batch script's EXIT trap to requeue

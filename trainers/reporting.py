@@ -1,5 +1,5 @@
-"""Per-step reporting on rank 0: the progress line (a bar on a terminal, timestamped lines in a
-log), and every chosen metrics sink (trainers/sinks.py: steps.jsonl, TensorBoard, Prometheus;
+"""Per-step reporting on rank 0: the progress line (tqdm's bar on a terminal, timestamped lines
+in a log), and every chosen metrics sink (trainers/sinks.py: steps.jsonl, TensorBoard, Prometheus;
 trainers/trackers.py: MLflow, W&B). Every figure it gets is already reduced over ranks.
 
 Also the straggler rule: from every rank's mean busy time per step, the slowest vs the median.
@@ -18,6 +18,8 @@ from trainers.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, Tenso
 
 __all__ = ["PHASES", "StepReporter", "Straggler", "find_straggler", "four_places", "task_metrics"]
 progress_log = logging.getLogger("trainers.progress")  # a terminal shows these as the bar instead
+# The step's own line first (it names the step: "step 30/480  loss ..."), then tqdm's bar and times
+BAR_FORMAT = "{desc}  {bar:12} {percentage:3.0f}% [{elapsed}<{remaining}]"
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,14 @@ class StepReporter:
         run_name: str = "",
         terminal: TextIO | None = None,
         sinks: Sequence[MetricsSink] = (),
+        columns: int = 120,
     ) -> None:
         self.enabled = steps_file is not None
         self.total_steps = total_steps
         self._log_every = max(1, log_every)
-        self._bar = terminal if self.enabled else None  # the caller knows whether a person watches
+        self._terminal = terminal if self.enabled else None  # the caller knows whether a person watches
+        self._bar: Any = None  # tqdm's, made at the first step (the total is known by then)
+        self._columns = columns  # the terminal's width: a longer line is cut, never wrapped
         self.sinks: list[MetricsSink] = []
         if steps_file is not None:
             self.sinks.append(StepsFile(steps_file))
@@ -88,11 +93,23 @@ class StepReporter:
         for sink in self.sinks:
             sink.step(record)
         step = int(record["step"])
-        if self._bar is not None:
-            self._bar.write("\r\033[K" + self._progress_text(record))
-            self._bar.flush()
+        if self._terminal is not None:
+            self._draw(step, record)
         if step % self._log_every == 0 or step == self.total_steps:
             progress_log.info("%s", self._progress_text(record))
+
+    def _draw(self, step: int, record: dict[str, Any]) -> None:
+        """tqdm's bar: the step's line, then the bar, the share done and the time left. Log lines
+        go through tqdm.write (hpc.rank.main), which lifts the bar and draws it again below them."""
+        text = self._progress_text(record)
+        if self._bar is None:
+            from tqdm import tqdm
+
+            tqdm.monitor_interval = 0  # no monitor thread: the data loader's workers fork this process
+            # From the step a resume starts at; redrawn at most 10 times a second (tqdm's default)
+            self._bar = tqdm(total=self.total_steps, initial=step, desc=text, file=self._terminal, ncols=self._columns, bar_format=BAR_FORMAT)
+        self._bar.set_description_str(text, refresh=False)
+        self._bar.update(step - self._bar.n)
 
     def _progress_text(self, record: dict[str, Any]) -> str:
         of = f"/{self.total_steps}" if self.total_steps else ""
@@ -120,9 +137,8 @@ class StepReporter:
     def close(self, status: str = "FINISHED") -> None:
         """`status`: how this start ends: FINISHED, STOPPED (to resume later) or FAILED."""
         if self._bar is not None:
-            self._bar.write("\n")
-            self._bar.flush()
-            self._bar = None
+            self._bar.close()  # the last step's line stays on the screen
+        self._bar = self._terminal = None
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close(status)

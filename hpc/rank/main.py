@@ -64,6 +64,19 @@ log = logging.getLogger("hpc.rank")
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the toolkit's code: the frozen copy on Slurm (hpc.submit.snapshot)
 
 
+class AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]  # of a text stream
+    """Log lines on a terminal that shows tqdm's progress bar: written through tqdm.write, which
+    lifts the bar, prints the line, and draws the bar again below it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
 def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     """One log file per rank; rank 0 also prints to stdout. Every line names the rank."""
     run_dir.logs.mkdir(parents=True, exist_ok=True)
@@ -72,12 +85,13 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
     file_handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix} %(levelname)s %(name)s: %(message)s"))
     handlers: list[logging.Handler] = [file_handler]
     if rank.is_main:
-        console = logging.StreamHandler(sys.stdout)
+        console: logging.Handler
         if attached_to_terminal():  # a person watching: short lines, and the progress bar shows steps
-            # Each line first erases the bar (redrawn in place at the next step): no line glued to its end.
-            console.setFormatter(logging.Formatter("\r\033[K%(message)s"))
+            console = AboveTheBar(sys.stdout)  # no line glued to the bar's end, the bar kept below
+            console.setFormatter(logging.Formatter("%(message)s"))
             console.addFilter(lambda record: record.name != "trainers.progress")
         else:  # a Slurm or mpirun log file: plain timestamped lines
+            console = logging.StreamHandler(sys.stdout)
             console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         handlers.append(console)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)

@@ -26,10 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("hpc.rank")
 
 
+def terminal_columns() -> int:
+    """How wide launch.py's terminal is; 0: it runs in none (hpc.submit.local says so in HPCTK_TTY).
+    mpirun hands the ranks a pseudo-terminal of its own either way (0 columns wide), so their own
+    isatty() and size cannot tell."""
+    value = os.environ.get(TTY_VARIABLE, "0")
+    return int(value) if value.isdigit() else 0
+
+
 def attached_to_terminal() -> bool:
-    """Whether launch.py runs in a terminal (hpc.submit.local says so in HPCTK_TTY): mpirun hands the
-    ranks a pseudo-terminal of its own either way, so their own isatty() cannot tell."""
-    return os.environ.get(TTY_VARIABLE) == "1"
+    return terminal_columns() > 0
 
 
 def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
@@ -52,6 +58,7 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
         tensorboard_dir=run_dir.path / "tensorboard" if "tensorboard" in names else None,
         run_name=run_dir.path.name,
         terminal=sys.stdout if attached_to_terminal() else None,
+        columns=terminal_columns(),
         sinks=trackers,
     )
     if trackers:  # the composed job, for the trackers (the other sinks take none)

@@ -60,8 +60,19 @@ def run_local(
     run_dir.write_json(run_dir.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir.path), **(info or {})})
     command = pinned_command(rank_command(job, run_dir, mpirun), {**env, **one_machine_environment(os.environ)}, code, os.environ.get("PYTHONPATH"))
     (run_dir.path / "command.txt").write_text(shlex.join(command) + "\n")
-    tty = {TTY_VARIABLE: "1" if sys.stdout.isatty() else "0"}  # rank 0 draws a progress bar in a terminal
+    # rank 0 draws a progress bar in a terminal, as wide as this one (mpirun's own pseudo-terminal
+    # tells the ranks 0 columns)
+    tty = {TTY_VARIABLE: str(terminal_width()) if sys.stdout.isatty() else "0"}
     return run_command(command, {**os.environ, **tty}, stops)  # the very command.txt
+
+
+def terminal_width() -> int:
+    """This terminal's columns, from the terminal itself (a COLUMNS variable may be stale: some
+    tools export one); 80 where it says 0 or cannot tell."""
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
 
 
 def run_command(command: list[str], env: dict[str, str], stops: list[int] | None = None) -> int:

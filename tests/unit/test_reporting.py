@@ -84,17 +84,29 @@ def test_tensorboard_event_files_hold_the_step_scalars(tmp_path):
     assert events.Scalars("test/accuracy")[0].value == 0.75
 
 
-def test_a_terminal_gets_a_progress_line_redrawn_in_place(tmp_path):
+def test_a_terminal_gets_tqdms_bar_redrawn_in_place_with_log_lines_above_it(tmp_path):
     import io
+    import logging
+
+    from hpc.rank.main import AboveTheBar
 
     terminal = io.StringIO()
-    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=40, terminal=terminal)
+    console = AboveTheBar(terminal)
+    said = logging.getLogger("test.above")
+    said.addHandler(console)
+    said.setLevel(logging.INFO)
+    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=40, terminal=terminal, columns=200)
     reporter.report({"step": 1, "loss": 2.5, "accuracy": 0.25, "samples_per_s": 1000.0, "data_ms": 0.5, "compute_ms": 3.0})
-    reporter.report({"step": 2, "loss": 2.0, "accuracy": 0.5, "samples_per_s": 1100.0})
+    said.info("epoch 1/2: val_loss 0.5")
+    reporter.report({"step": 2, "loss": 2.0, "accuracy": 0.5, "samples_per_s": 1100.0, "compute_ms": 3.0})
     reporter.close()
+    said.removeHandler(console)
     shown = terminal.getvalue()
-    assert shown.startswith("\r\033[Kstep 1/40  loss 2.5000  acc 0.250  1000 samples/s  ms: data 0.5 compute 3.0 comm 0.0 optimizer 0.0")
-    assert shown.count("\r\033[K") == 2 and shown.endswith("\n") and shown.count("\n") == 1
+    first, line, rest = shown.partition("epoch 1/2: val_loss 0.5\n")
+    assert first.startswith("\rstep 1/40  loss 2.5000  acc 0.250  1000 samples/s  ms: data 0.5 compute 3.0 comm 0.0 optimizer 0.0") and " 2% [" in first
+    assert first.endswith("\r") and first.rstrip("\r ").endswith("]")  # the bar lifted (blanked) before the log line
+    assert rest.startswith("\rstep 1/40") and "\rstep 2/40  loss 2.0000  acc 0.500" in rest and " 5% [" in rest  # drawn again below it
+    assert shown.endswith("\n") and shown.count("\n") == 2  # the log line's, and the bar's last line kept
 
 
 def test_the_progress_line_shows_the_steps_lr_and_gradient_norm_where_logged():
