@@ -66,6 +66,7 @@ TARGETS: dict[str, list[str]] = {
     "trainers.rngstreams": ["tests/unit/test_rng_streams.py", "tests/unit/test_checkpoint.py"],
     "trainers.checkpoint": [
         "tests/unit/test_checkpoint.py",
+        "tests/unit/test_checkpoint_store.py",
         "tests/unit/test_checkpoint_options.py",
         "tests/unit/test_saving.py",
         "tests/unit/test_unwritable.py",
@@ -73,7 +74,7 @@ TARGETS: dict[str, list[str]] = {
     "trainers.export": ["tests/unit/test_export.py"],
     "trainers.trackers": ["tests/unit/test_trackers.py"],
     "trainers.sinks": ["tests/unit/test_reporting.py", "tests/unit/test_task_seam.py", "tests/unit/test_trackers.py"],
-    "trainers.storage": ["tests/unit/test_storage.py"],
+    "trainers.storage": ["tests/unit/test_storage.py", "tests/unit/test_checkpoint_store.py", "tests/unit/test_checkpoint.py"],
     "hpc.config.search": ["tests/unit/test_search.py", "tests/unit/test_search_checks.py"],
     "hpc.config.validate": ["tests/unit/test_first_hour.py", "tests/unit/test_backends_preflight.py", "tests/unit/test_spec.py", "tests/unit/test_fuzz.py"],
 }
