@@ -58,6 +58,9 @@ class ClusterConfig:
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun
+    # Any other sbatch option: long name -> value (true: a flag), e.g. +cluster.sbatch.mail-type=END,
+    # cluster.sbatch.exclusive=true; those the toolkit sets are refused naming their setting (hpc.config.sbatch).
+    sbatch: dict[str, Any] = field(default_factory=dict)
     # sbatch --switches=<switches>@<switches_wait_min>: wait up to that long for an allocation
     # on at most this many leaf switches (`python -m hpc.topology place` suggests the count).
     switches: int | None = None

@@ -6,13 +6,13 @@ import functools
 import importlib.util
 import shutil
 import sys
-import unicodedata
 from pathlib import Path
 from typing import Any
 
 from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, sharding_refused
 from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
 from collectives.mpirun import find_mpirun
+from hpc.config.sbatch import has_control_character, sbatch_lines
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
@@ -29,10 +29,6 @@ from trainers.config import (
     closure_refusal,
 )
 from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
-
-# Control characters (C0, DEL, C1 such as NEL) and Unicode line/paragraph separators: each can
-# end a line for some reader of the sbatch script (Python's splitlines, editors, log viewers).
-CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")
 
 
 def check_resources(job: JobConfig) -> None:
@@ -379,8 +375,9 @@ def check_script_values(job: JobConfig) -> None:
         "cluster.name": cluster.name,
     }
     for key, value in values.items():
-        if value is not None and any(unicodedata.category(ch) in CONTROL_CATEGORIES for ch in value):
+        if value is not None and has_control_character(value):
             raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")
+    sbatch_lines(cluster.sbatch)  # any sbatch option: known to sbatch, not one the toolkit sets, one printable value
     if not job.name.strip() or "/" in job.name:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
 

@@ -4,6 +4,7 @@ and nothing in them runs, neither at submission nor when the batch script and th
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,28 @@ def test_a_job_with_a_hostile_name_and_run_root_runs_to_completion_and_runs_noth
     assert list((run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.out"))  # Slurm wrote under the literal path too
     found = canaries_found(tmp_path)
     assert not found, f"hostile text ran: {found}"
+
+
+def test_any_sbatch_option_reaches_slurm_with_its_value_literal(tmp_path):
+    """cluster.sbatch: `scontrol show job` shows each option, the hostile comment as typed."""
+    options = ["+cluster.sbatch.mail-type=END", "+cluster.sbatch.exclusive=true", "+cluster.sbatch.nice=7"]
+    options.append(f"+cluster.sbatch.comment={hydra_quoted(ALL_AT_ONCE)}")
+    job_id = launch("options", tmp_path / "runs", tmp_path, "hold=true", *options)
+    try:
+        fields = job_fields(job_id)
+        assert (fields["MailType"], fields["OverSubscribe"], fields["Nice"]) == ("END", "NO", "7"), fields
+        line = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
+        assert f"Comment={ALL_AT_ONCE} " in line
+        script = (the_run_dir(tmp_path / "runs") / "job.sbatch").read_text()
+        assert "#SBATCH --mail-type=END" in script and "#SBATCH --exclusive" in script
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    assert not canaries_found(tmp_path)
+
+
+def test_every_option_the_installed_sbatch_lists_is_one_cluster_sbatch_knows():
+    from hpc.config.sbatch import KNOWN
+
+    listed = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, check=True).stdout
+    options = set(re.findall(r"--([a-z][a-z0-9-]*)", listed)) - {"help", "usage", "version", "verbose", "quiet"}
+    assert options and not options - KNOWN, sorted(options - KNOWN)

@@ -37,18 +37,21 @@ def directive_values(script: str) -> dict[str, str]:
 
 
 def baseline_lines(root: Path) -> int:
-    return len(render_sbatch(JobConfig(cluster=replace(CLUSTER, account="a", constraint="c"), name="train"), {}, RunDir(root / "x")).splitlines())
+    baseline = JobConfig(cluster=replace(CLUSTER, account="a", constraint="c", sbatch={"comment": "c"}), name="train")
+    return len(render_sbatch(baseline, {}, RunDir(root / "x")).splitlines())
 
 
 @SLOW
-@given(name=nasty_text, partition=nasty_text, account=nasty_text, constraint=nasty_text)
-def test_sbatch_directive_values_are_literal_or_refused(tmp_path_factory, name, partition, account, constraint):
-    job = JobConfig(cluster=replace(CLUSTER, partition=partition, account=account, constraint=constraint), name=name)
+@given(name=nasty_text, partition=nasty_text, account=nasty_text, constraint=nasty_text, comment=nasty_text)
+def test_sbatch_directive_values_are_literal_or_refused(tmp_path_factory, name, partition, account, constraint, comment):
+    """cluster.sbatch's values too (any sbatch option: `comment` here)."""
+    cluster = replace(CLUSTER, partition=partition, account=account, constraint=constraint, sbatch={"comment": comment})
+    job = JobConfig(cluster=cluster, name=name)
     try:
         check_script_values(job)
     except UserError as err:
         assert "\n" not in str(err)
-        controls = [c for c in name + partition + account + constraint if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
+        controls = [c for c in name + partition + account + constraint + comment if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
         assert controls or "/" in name or not name.strip()
         return
     root = tmp_path_factory.mktemp("sbatch")
@@ -56,6 +59,7 @@ def test_sbatch_directive_values_are_literal_or_refused(tmp_path_factory, name, 
     assert len(script.splitlines()) == baseline_lines(root)  # no line was added: nothing can run
     values = directive_values(script)
     assert (values["job-name"], values["partition"], values["account"], values["constraint"]) == (name, partition, account, constraint)
+    assert values["comment"] == comment
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 

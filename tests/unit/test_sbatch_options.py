@@ -1,0 +1,54 @@
+"""Any sbatch option through cluster.sbatch (hpc.config.sbatch): rendered as #SBATCH lines in the
+script the job is submitted with, and every option the toolkit sets itself refused there in one
+line naming the setting that owns it. On the real Slurm: tests/e2e/test_injection_slurm.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hpc.config.sbatch import KNOWN, OWNED, sbatch_lines
+from hpc.config.schema import ClusterConfig, JobConfig
+from hpc.config.validate import check_script_values
+from hpc.errors import UserError
+from hpc.rundir import RunDir
+from hpc.submit.slurm import render_sbatch
+
+CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20)
+
+
+def script_with(tmp_path, **options) -> list[str]:
+    job = JobConfig(cluster=replace(CLUSTER, sbatch=options), name="train")
+    check_script_values(job)
+    return [line for line in render_sbatch(job, {}, RunDir(tmp_path / "run")).splitlines() if line.startswith("#SBATCH")]
+
+
+def test_any_sbatch_option_becomes_its_line_true_a_flag_false_and_null_none(tmp_path):
+    lines = script_with(tmp_path, **{"mail-type": "END", "exclusive": True, "reservation": None, "overcommit": False, "nice": 10, "wckey": "mine"})
+    assert "#SBATCH --mail-type=END" in lines and "#SBATCH --exclusive" in lines and "#SBATCH --nice=10" in lines
+    assert not any(("reservation" in line or "overcommit" in line) for line in lines)
+    assert [line for line in lines if "--wckey" in line] == ["#SBATCH --wckey=mine"]  # replaces submitit's own wckey: one line
+    assert lines.count("#SBATCH --signal=USR1@120") == 1 and "#SBATCH --requeue" in lines  # the toolkit's, untouched
+
+
+@pytest.mark.parametrize("option", sorted(OWNED))
+def test_every_option_the_toolkit_sets_is_refused_naming_the_setting_that_owns_it(option):
+    with pytest.raises(UserError, match=rf"^cluster.sbatch.{option}: the toolkit sets --{option} itself; use {OWNED[option].split(' ')[0]}"):
+        sbatch_lines({option: "x"})
+    assert option in KNOWN  # each is a real sbatch option
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"mail-typo": "END"}, r"^cluster.sbatch.mail-typo: sbatch has no option --mail-typo \(sbatch has --mail-type, --mail-user\)$"),
+        ({"frobnicate": 1}, r"^cluster.sbatch.frobnicate: sbatch has no option --frobnicate$"),
+        ({"Mail_Type": "END"}, r"^cluster.sbatch.Mail_Type: name sbatch's long option without dashes, e.g. cluster.sbatch.mail-type=END$"),
+        ({"gres": ["gpu:1", "nic:1"]}, r"^cluster.sbatch.gres=\['gpu:1', 'nic:1'\]: give one value"),
+        ({"comment": "a\nsrun evil"}, r"^cluster.sbatch.comment='a\\nsrun evil' contains a control character"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line_on_the_login_node(options, message):
+    with pytest.raises(UserError, match=message):
+        check_script_values(JobConfig(cluster=replace(CLUSTER, sbatch=options)))
