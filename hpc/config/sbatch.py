@@ -62,6 +62,7 @@ OWNED = {
     "parsable": "the toolkit (it reads sbatch's answer)",
     "wait": "the toolkit (launch.py follows the job itself)",
     "test-only": "dry_run=true",
+    "dependency": "after= (afterok) and after_any= (afterany)",
 }
 
 OPTION_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -99,3 +100,26 @@ def sbatch_lines(options: Mapping[str, Any]) -> dict[str, Any]:
             raise UserError(f"cluster.sbatch.{key}={text!r} contains a control character (line break, tab, ...); use printable characters only")
         rendered[key] = text
     return rendered
+
+
+JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or one task of an array (123_4)
+
+
+def job_ids(key: str, value: Any) -> list[str]:
+    """`after`/`after_any` as job ids: one id, a list (after=[123,124]) or a text of ids separated by
+    commas or colons (after="123,124"); UserError for anything else."""
+    if value is None or value == "" or value == []:
+        return []
+    items = value if isinstance(value, list | tuple) else re.split(r"[,:]", str(value))
+    ids = [str(item).strip() for item in items]
+    bad = [item for item in ids if not JOB_ID.fullmatch(item)]
+    if bad or isinstance(value, bool):
+        raise UserError(f"{key}={value!r}: name Slurm job ids, e.g. {key}=123 or {key}=[123,124] (an array's task: 123_4)")
+    return ids
+
+
+def dependency(after: Any, after_any: Any) -> str | None:
+    """sbatch's --dependency for `after` (afterok: each ended COMPLETED) and `after_any`
+    (afterany: each ended, in any state); None: neither."""
+    parts = [f"{kind}:{':'.join(ids)}" for kind, ids in (("afterok", job_ids("after", after)), ("afterany", job_ids("after_any", after_any))) if ids]
+    return ",".join(parts) or None

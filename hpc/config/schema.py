@@ -122,6 +122,10 @@ class JobConfig:
     dry_run: bool = False  # print the resolved config and the sbatch script, submit nothing
     wait: bool = False  # slurm: block until the job ends, streaming rank 0's log
     hold: bool = False  # slurm: submit held (sbatch --hold); `scontrol release JOB` starts it
+    # slurm: start only once these jobs ended COMPLETED (after: sbatch --dependency=afterok) or
+    # ended at all (after_any: afterany); a job id, or several: after=[123,124] or after="123,124".
+    after: Any = None
+    after_any: Any = None
     # Who may read run dirs and checkpoints: private (0700/0600), group (0750/0640), or umask
     # (leave the caller's umask alone).
     run_access: str = "private"

@@ -12,7 +12,7 @@ from typing import Any
 from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, sharding_refused
 from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
 from collectives.mpirun import find_mpirun
-from hpc.config.sbatch import has_control_character, sbatch_lines
+from hpc.config.sbatch import has_control_character, job_ids, sbatch_lines
 from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
@@ -360,6 +360,28 @@ def check_launcher_tools(job: JobConfig) -> None:
         raise UserError(f"sbatch not found: cluster={job.cluster.name} needs a Slurm login node; use cluster=local to run here")
 
 
+def check_dependencies(job: JobConfig) -> None:
+    """after= and after_any=: Slurm job ids of jobs Slurm knows; after= (afterok) none that has
+    ended otherwise than COMPLETED, which would leave this job pending for ever."""
+    from hpc import slurmctl
+
+    waits = {"after": job_ids("after", job.after), "after_any": job_ids("after_any", job.after_any)}
+    if not any(waits.values()):
+        return
+    if job.cluster.launcher != "slurm":
+        key = next(key for key, ids in waits.items() if ids)
+        raise UserError(f"{key}= holds a job until others end: it needs a Slurm cluster (cluster={job.cluster.name} runs at once, here)")
+    if shutil.which("scontrol") is None:  # a dry run away from Slurm: the ids' form is checked
+        return
+    for key, ids in waits.items():
+        for job_id in ids:
+            state = slurmctl.job_fields(job_id).get("JobState")
+            if state is None:
+                raise UserError(f"{key}={job_id}: Slurm knows no job {job_id} (a typo, or it ended long enough ago to be forgotten)")
+            if key == "after" and state in slurmctl.TERMINAL_STATES and state != "COMPLETED":
+                raise UserError(f"{key}={job_id}: job {job_id} ended {state}, so this job would never start; use after_any={job_id} to run it anyway")
+
+
 def check_script_values(job: JobConfig) -> None:
     """Values that become `#SBATCH --key='value'` lines (submitit quotes them) or path names.
     A line break would end the quoted value and start a line the shell runs, so control
@@ -476,6 +498,7 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     check_training(job)
     if not in_allocation:
         check_launcher_tools(job)
+        check_dependencies(job)
     check_optim_targets(job)
     if job.script is not None:
         check_user_script(job)

@@ -110,7 +110,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise
     run_dir.write_json(run_dir.job, {"job_id": job_id, "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
-    tell(f"submitted job {job_id} to {job.cluster.name}")
+    tell(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})")
     tell(f"run directory: {run_dir.path}")
     if not job.wait:
         return 0

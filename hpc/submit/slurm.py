@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc import slurmctl
-from hpc.config.sbatch import sbatch_lines
+from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
 from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE
 from hpc.errors import UserError
@@ -151,6 +151,9 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
         params["additional_parameters"]["switches"] = f"{cluster.switches}@{cluster.switches_wait_min}"
     if job.hold:
         params["additional_parameters"]["hold"] = True
+    needs = dependency(job.after, job.after_any)
+    if needs:
+        params["additional_parameters"]["dependency"] = needs
     params["additional_parameters"].update(sbatch_lines(cluster.sbatch))  # checked on the login node: none of the above
     return params
 

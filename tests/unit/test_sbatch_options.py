@@ -10,7 +10,7 @@ import pytest
 
 from hpc.config.sbatch import KNOWN, OWNED, sbatch_lines
 from hpc.config.schema import ClusterConfig, JobConfig
-from hpc.config.validate import check_script_values
+from hpc.config.validate import check_dependencies, check_script_values
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit.slurm import render_sbatch
@@ -52,3 +52,38 @@ def test_every_option_the_toolkit_sets_is_refused_naming_the_setting_that_owns_i
 def test_bad_options_are_refused_in_one_line_on_the_login_node(options, message):
     with pytest.raises(UserError, match=message):
         check_script_values(JobConfig(cluster=replace(CLUSTER, sbatch=options)))
+
+
+@pytest.mark.parametrize(
+    "after, after_any, line",
+    [
+        (123, None, "#SBATCH --dependency=afterok:123"),
+        ([123, "124_2"], None, "#SBATCH --dependency=afterok:123:124_2"),
+        ("123,124", 125, "#SBATCH --dependency=afterok:123:124,afterany:125"),
+        (None, "7:8", "#SBATCH --dependency=afterany:7:8"),
+    ],
+)
+def test_after_and_after_any_become_sbatchs_dependency(tmp_path, after, after_any, line):
+    job = JobConfig(cluster=CLUSTER, name="train", after=after, after_any=after_any)
+    lines = [entry for entry in render_sbatch(job, {}, RunDir(tmp_path / "run")).splitlines() if entry.startswith("#SBATCH --dependency")]
+    assert lines == [line]
+
+
+def test_a_dependency_is_refused_in_one_line_where_it_could_never_hold(monkeypatch):
+    from hpc import slurmctl
+    from hpc.config import validate
+
+    with pytest.raises(UserError, match=r"^after='12x': name Slurm job ids, e.g. after=123 or after=\[123,124\]"):
+        check_dependencies(JobConfig(cluster=CLUSTER, after="12x"))
+    with pytest.raises(UserError, match=r"^after_any= holds a job until others end: it needs a Slurm cluster \(cluster=local runs at once, here\)$"):
+        check_dependencies(JobConfig(after_any=5))
+    with pytest.raises(UserError, match=r"^cluster.sbatch.dependency: the toolkit sets --dependency itself; use after= \(afterok\) and after_any="):
+        sbatch_lines({"dependency": "afterok:5"})
+    states = {"5": "FAILED", "6": "RUNNING"}
+    monkeypatch.setattr(validate.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: {"JobState": states[job_id]} if job_id in states else {})
+    with pytest.raises(UserError, match=r"^after=5: job 5 ended FAILED, so this job would never start; use after_any=5 to run it anyway$"):
+        check_dependencies(JobConfig(cluster=CLUSTER, after=[6, 5]))
+    with pytest.raises(UserError, match=r"^after_any=9: Slurm knows no job 9 \(a typo, or it ended long enough ago to be forgotten\)$"):
+        check_dependencies(JobConfig(cluster=CLUSTER, after_any=9))
+    check_dependencies(JobConfig(cluster=CLUSTER, after=6, after_any=5))  # running, and failed but waited on in any state
