@@ -410,7 +410,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--watch", nargs="?", const=10.0, type=float, metavar="SECONDS", help="list again every SECONDS (10) until no run is running or waiting; Ctrl-C stops"
     )
+    parser.add_argument("--json", action="store_true", help="one JSON list of the runs (run_dir, job_id, state, last_step, checkpoint_step, ...) for scripts")
     args = parser.parse_args(argv)
+    if args.json and args.watch is not None:
+        print("error: --json lists once: drop --watch (or call it again)", file=sys.stderr)
+        return 2
     if args.watch is not None and not args.watch > 0:
         print(f"error: --watch {args.watch:g}: give a number of seconds above 0", file=sys.stderr)
         return 2
@@ -419,6 +423,9 @@ def main(argv: list[str]) -> int:
     try:
         while True:
             found = statuses(Path(args.path))
+            if args.json:
+                print(json.dumps([as_record(status) for status in found], indent=1))
+                return 0
             listing = render(found)
             if in_place:
                 listing = ["\033[H\033[2J" + f"every {args.watch:g} s: python -m hpc.status {args.path}  ({time.strftime('%H:%M:%S')})", *listing]
@@ -431,6 +438,16 @@ def main(argv: list[str]) -> int:
         return err.exit_code
     except KeyboardInterrupt:  # the way out of --watch
         return 0
+
+
+def as_record(status: RunStatus) -> dict[str, Any]:
+    """A run's status as plain JSON values (--json): the fields of the listing, the search by its
+    sweep dir and objective, rates as numbers (null: not known)."""
+    record = {field.name: getattr(status, field.name) for field in dataclasses.fields(status) if field.name != "search"}
+    record = {key: str(value) if isinstance(value, Path) else value for key, value in record.items()}
+    search = status.search
+    record["search"] = {"sweep_dir": str(search.sweep_dir), "objective": search.objective, "direction": search.direction} if search else None
+    return record
 
 
 def still_going(status: RunStatus) -> bool:

@@ -120,6 +120,25 @@ def test_status_of_a_sweep_shows_its_swept_values_and_no_rate_while_pending(tmp_
     assert [line.split()[:3] for line in listing.stdout.splitlines()] == [["job", "run", "swept"], ["5_0", "0", "optim.lr=0.1"], ["5_1", "1", "optim.lr=0.2"]]
 
 
+def test_status_json_gives_scripts_every_runs_fields(tmp_path, capsys, monkeypatch):
+    from hpc.tools import status as status_module
+
+    sweep = tmp_path / "sweep"
+    runs = [_run(sweep, str(i), 2, [100, 250]) for i in range(2)]
+    _sweep(sweep, [(run, [f"optim.lr={lr}"]) for run, lr in zip(runs, ["0.1", "0.2"], strict=True)])
+    runs[0].write_json(runs[0].job, {"job_id": "5_0"})
+    monkeypatch.setattr(status_module.slurmctl, "job_records", lambda ids: {"5_0": {"JobState": "PENDING", "Reason": "Dependency"}})
+    assert status_module.main([str(sweep), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["job_id"], r["state"], r["reason"], r["swept"], r["last_step"]) for r in listed] == [
+        ("0", "5_0", "PENDING", "Dependency", "optim.lr=0.1", 10),
+        ("1", None, listed[1]["state"], "", "optim.lr=0.2", 10),
+    ]
+    assert listed[0]["run_dir"] == str(runs[0].path) and listed[0]["search"] is None and listed[0]["samples_per_s"] == 250.0
+    assert status_module.main([str(sweep), "--json", "--watch"]) == 2
+    assert "error: --json lists once: drop --watch" in capsys.readouterr().err
+
+
 def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     run = _run(tmp_path, "r", 2, [100])
     for step, committed in ((10, True), (20, True), (30, False)):  # step 30: a save that never committed
