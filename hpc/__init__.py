@@ -12,8 +12,22 @@
 Leaves imported by all of these and importing none of them: errors, rundir (the run-dir
 layout), interruptions (what an interruption cost, from the timeline), env (the one reader of SLURM_*/OMPI_*/PMIX_*/torchrun variables), slurmctl (every
 scontrol/squeue/sacct call), cli (the argument parser of our commands). status, report,
-topology and costmodel here are the public command names (`python -m hpc.status`).
+topology and costmodel here are the public command names (`python -m hpc.status`). api:
+`from hpc import submit`, launch.py from Python (it runs launch.py; loaded only when asked for).
 
 Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> trainers ->
 collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. The submit path never imports torch.
 """
+
+from typing import Any
+
+__all__ = ["Job", "SubmitError", "submit"]
+
+
+def __getattr__(name: str) -> Any:
+    """`from hpc import submit` (hpc.api), loaded only when asked for: every rank imports hpc."""
+    if name in __all__:
+        from hpc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'hpc' has no attribute {name!r}")
