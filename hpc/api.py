@@ -80,7 +80,9 @@ class Job:
     def cancel(self) -> None:
         """scancel the Slurm job (a requeued job too); a local run has ended already."""
         if self.job_id is not None:
-            subprocess.run(["scancel", self.job_id], capture_output=True, check=False)
+            failed = slurmctl.cancel(self.job_id)
+            if failed:
+                raise SubmitError(f"scancel {self.job_id}: {failed}")
 
 
 def submit(*overrides: str, script_args: Sequence[str] = (), cwd: str | Path | None = None, python: str = sys.executable) -> Job | list[Job]:
