@@ -8,6 +8,7 @@ a rank exits with EXIT_RESUMABLE instead of requeueing).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -148,6 +149,14 @@ def submit_wrapped(command: str, *sbatch_args: str) -> tuple[str | None, str]:
     preemptor in the benchmarks): (its job id or None, sbatch's error text)."""
     code, out, err = _run(["sbatch", "--parsable", *sbatch_args, "--wrap", command])
     return (out.strip().split(";")[0] or None, "") if code == 0 else (None, err.strip() or f"exit code {code}")
+
+
+def max_array_size() -> int | None:
+    """The cluster's MaxArraySize (`scontrol show config`): array task ids stay below it; None:
+    not known (no scontrol, or no such line)."""
+    code, out, _ = _run(["scontrol", "show", "config"]) if available("scontrol") else (1, "", "")
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE) if code == 0 else None
+    return int(found.group(1)) if found else None
 
 
 def cancel(job_id: str, signal: str | None = None) -> str | None:

@@ -50,6 +50,8 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 JobRequeue=1
 MinJobAge=600
+# Low on purpose: a sweep of more points than this is split into several arrays (hpc.submit.sweep)
+MaxArraySize=5
 KillWait=10
 SlurmctldTimeout=30
 SlurmdTimeout=30

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hpc import slurmctl
 from hpc.config.schema import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
@@ -90,20 +91,46 @@ def submit_arrays(points: Sequence[SweepPoint], sweep_dir: Path, record: dict[st
     code = sweep_dir / "code"
     if not code.is_dir():
         freeze_job_code(code, *(p.job for p in points))
-    for params, group in sweep_groups(points, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
-        try:
-            record["arrays"].append(submit_group(params, group, sweep_dir, record["points"]))
-        except UserError as err:
-            if not record["arrays"]:
-                raise
-            write_record(sweep_dir, record)  # what did go out stays visible to hpc.status
-            submitted = ", ".join(a["job_id"] for a in record["arrays"])
-            raise UserError(f"{err}; arrays already submitted: {submitted} (listed in {sweep_dir / SWEEP_FILE})") from None
-        write_record(sweep_dir, record)
-        array = record["arrays"][-1]
-        limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
-        what = f"job array {array['job_id']}: {len(group)} tasks (points {_nums(group)})" if len(group) > 1 else f"job {array['job_id']} (point {_nums(group)})"
-        emit(f"submitted {what}{limit}")
+    largest = slurmctl.max_array_size()
+    for shared, whole in sweep_groups(points, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+        for params, group in arrays_within(shared, whole, largest, record["arrays"]):
+            submit_array_group(params, group, sweep_dir, record, emit)
+
+
+Array = tuple[dict[str, Any], list[SweepPoint]]  # one sbatch's parameters and its points
+
+
+def arrays_within(params: dict[str, Any], group: list[SweepPoint], largest: int | None, submitted: list[dict[str, Any]]) -> Iterator[Array]:
+    """One array's points as arrays of at most `largest` tasks (the cluster's MaxArraySize: task
+    ids stay below it). With a throttle (sweep.max_parallel), each array after the first waits
+    for the one before it to end (afterany): the throttle holds for the sweep, not per array."""
+    size = largest if largest and largest < len(group) else len(group)
+    for start in range(0, len(group), size):
+        chunk = group[start : start + size]
+        if start and _max_parallel(group) is not None:
+            previous = f"afterany:{submitted[-1]['job_id']}"  # the array just submitted
+            extra = params["additional_parameters"]
+            needs = ",".join(filter(None, [extra.get("dependency"), previous]))
+            yield {**params, "additional_parameters": {**extra, "dependency": needs}}, chunk
+        else:
+            yield params, chunk
+
+
+def submit_array_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, record: dict[str, Any], emit: Callable[[str], None]) -> None:
+    """One array out, recorded in sweep.json at once; an error after the first names what went out."""
+    try:
+        record["arrays"].append(submit_group(params, group, sweep_dir, record["points"]))
+    except UserError as err:
+        if not record["arrays"]:
+            raise
+        write_record(sweep_dir, record)  # what did go out stays visible to hpc.status
+        submitted = ", ".join(a["job_id"] for a in record["arrays"])
+        raise UserError(f"{err}; arrays already submitted: {submitted} (listed in {sweep_dir / SWEEP_FILE})") from None
+    write_record(sweep_dir, record)
+    array = record["arrays"][-1]
+    limit = f", at most {array['max_parallel']} at once" if array["max_parallel"] else ""
+    what = f"job array {array['job_id']}: {len(group)} tasks (points {_nums(group)})" if len(group) > 1 else f"job {array['job_id']} (point {_nums(group)})"
+    emit(f"submitted {what}{limit}")
 
 
 def prepare_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
@@ -154,7 +181,10 @@ def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable
     """What `-m ... dry_run=true` would submit: the arrays and each one's sbatch script."""
     code = sweep_dir / "code"
     on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
-    for params, group in sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
+    largest = slurmctl.max_array_size() if on_slurm else None
+    earlier = [{"job_id": "<the array before>"}]
+    groups = sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code))
+    for params, group in (array for shared, whole in groups for array in arrays_within(shared, whole, largest, earlier)):
         limit = _max_parallel(group) or len(group)
         emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
         for point in group:
