@@ -4,7 +4,10 @@ outlives its launcher.
 The settings are hydra-optuna-sweeper's (sampler, direction, study_name, storage, n_trials,
 n_jobs, max_failure_rate, params: hpc/conf/hydra/sweeper/optuna.yaml); the plugin itself is not
 used. What this adds around an interruption:
-- The study is stored in the sweep dir (`optuna.db`, SQLite) unless `storage` names another.
+- The study is stored in the sweep dir as Optuna's journal file (`optuna.journal`: appends and
+  a lock by symlink, safe on NFS and Lustre, where SQLite's locks are not) unless `storage` names
+  another (`sqlite:///...`, any database URL, or `journal:///path`); a sweep dir whose study began
+  in `optuna.db` (before the journal was the default) goes on there.
 - Run the same command again with the same `hydra.sweep.dir` and the study continues: trials
   whose jobs were submitted are waited for (local ones resume from their checkpoint), and only
   the trials still missing from `n_trials` are asked for. No trial is submitted twice.
@@ -53,6 +56,23 @@ def run_study(run: StudyRun) -> None:
         sys.exit(130)
 
 
+JOURNAL = "optuna.journal"
+
+
+def study_storage(setting: str | None, sweep_dir: Path) -> tuple[Any, str]:
+    """(the Optuna storage, its name in messages) for `search.storage`: by default a journal file
+    in the sweep dir, safe on a shared file system; a database URL as given."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if setting is None and (sweep_dir / "optuna.db").exists():  # a study begun before the journal default
+        setting = f"sqlite:///{sweep_dir / 'optuna.db'}"
+    if setting is not None and not setting.startswith("journal:"):
+        return setting, setting
+    path = Path(setting.removeprefix("journal://").removeprefix("journal:")) if setting else sweep_dir / JOURNAL
+    return JournalStorage(JournalFileBackend(str(path))), f"journal file {path}"
+
+
 def _run(run: StudyRun) -> None:
     import optuna
 
@@ -62,7 +82,7 @@ def _run(run: StudyRun) -> None:
     if earlier is not None and earlier != search_arguments(run.command):
         raise UserError(f"{run.sweep_dir} holds a study of another command ({shlex.join(earlier)}): run that one, or choose a new hydra.sweep.dir")
     run.sweep_dir.mkdir(parents=True, exist_ok=True)
-    storage = settings.storage or f"sqlite:///{run.sweep_dir / 'optuna.db'}"
+    storage, named = study_storage(settings.storage, run.sweep_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what happens
     direction = cast(Direction, run.search.direction)
     study = optuna.create_study(study_name=settings.study_name, storage=storage, sampler=sampler, direction=direction, load_if_exists=True)
@@ -71,7 +91,7 @@ def _run(run: StudyRun) -> None:
     ran = {int(p["trial"]): p for p in record["points"] if p.get("trial") is not None}
     unrun = sum(1 for t in study.trials if t.number not in ran)  # asked for, never run: an interrupt closed them as failed
     closed = f" (and {unrun} that an interrupt closed before they ran, not counted)" if unrun else ""
-    print(f"study {settings.study_name!r} in {storage}: {len(study.trials) - unrun} trials so far{closed}")
+    print(f"study {settings.study_name!r} in {named}: {len(study.trials) - unrun} trials so far{closed}")
     print(f"if this launcher is interrupted, continue the study with: {resume_command(run)}")
 
     finish_unfinished(run, study, ran)

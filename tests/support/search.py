@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.objective import objective_value
+from hpc.submit.study import study_storage
 from tests.support.runs import ROOT
 
 # Optuna's TPE with a seed asks the same learning rates every time; training is bit-exact.
@@ -37,11 +38,11 @@ def sweep_points(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_study(sweep_dir: Path, trials: int) -> dict[int, float]:
-    """The study in optuna.db against the runs: `trials` finished trials, each run once, each
+    """The study in the sweep dir (its journal file) against the runs: `trials` finished trials, each run once, each
     told the objective its run reported. Returns the objective by trial number."""
     import optuna
 
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    study = optuna.load_study(study_name="search", storage=study_storage(None, sweep_dir)[0])
     points = sweep_points(sweep_dir)
     assert sorted(p["num"] for p in points) == list(range(trials)), points
     assert sorted(p["trial"] for p in points) == sorted({p["trial"] for p in points}), "a trial submitted twice"

@@ -238,3 +238,22 @@ def test_a_trial_is_named_by_its_point_with_optunas_number_where_it_differs():
     Optuna's `trial 6` for the same trial, two failed placeholders between them)."""
     assert trials.trial_name(4, 6) == "trial #4 (Optuna's 6)"
     assert trials.trial_name(4, 4) == trials.trial_name(4, None) == "trial #4"
+
+
+def test_a_study_is_kept_in_a_journal_file_by_default_and_in_a_database_when_asked_for(tmp_path):
+    """The journal (appends under a symlink lock) is safe on NFS, where SQLite's locks are not; a
+    sweep dir whose study began in optuna.db goes on there."""
+    import optuna
+
+    from hpc.submit.study import study_storage
+
+    storage, named = study_storage(None, tmp_path)
+    optuna.create_study(study_name="s", storage=storage).optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    assert named == f"journal file {tmp_path / 'optuna.journal'}" and (tmp_path / "optuna.journal").stat().st_size > 0
+    assert len(optuna.load_study(study_name="s", storage=study_storage(None, tmp_path)[0]).trials) == 2  # read back: a later launcher's view
+    assert study_storage(f"sqlite:///{tmp_path / 'x.db'}", tmp_path) == (f"sqlite:///{tmp_path / 'x.db'}", f"sqlite:///{tmp_path / 'x.db'}")
+    assert study_storage(f"journal://{tmp_path / 'elsewhere.journal'}", tmp_path)[1] == f"journal file {tmp_path / 'elsewhere.journal'}"
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "optuna.db").touch()
+    assert study_storage(None, older)[0] == f"sqlite:///{older / 'optuna.db'}"
