@@ -159,6 +159,15 @@ def max_array_size() -> int | None:
     return int(found.group(1)) if found else None
 
 
+def srun_has_option(option: str) -> bool | None:
+    """Whether this cluster's srun lists `option` in its help (a SPANK plugin's, such as pyxis's
+    --container-image, shows there); None: no srun here to ask."""
+    if not available("srun"):
+        return None
+    code, out, err = _run(["srun", "--help"])
+    return option in out + err
+
+
 def cancel(job_id: str, signal: str | None = None) -> str | None:
     """`scancel` the job, or with `signal` only signal its processes (as preemption's
     send_user_signal does); returns the error text, or None."""

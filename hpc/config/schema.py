@@ -61,6 +61,14 @@ class ClusterConfig:
     # Any other sbatch option: long name -> value (true: a flag), e.g. +cluster.sbatch.mail-type=END,
     # cluster.sbatch.exclusive=true; those the toolkit sets are refused naming their setting (hpc.config.sbatch).
     sbatch: dict[str, Any] = field(default_factory=dict)
+    # The ranks in a container image (docs/running-jobs.md): through pyxis (srun --container-image,
+    # an image such as nvcr.io#nvidia/pytorch:24.05-py3) or apptainer (`apptainer exec IMAGE`, a
+    # .sif file or docker://...). Only the ranks: the batch script, its requeue and EXIT trap, and
+    # the step supervisor stay on the host. container_mounts: more host paths the ranks read
+    # (data), as SRC[:DST]; the run dir is always mounted at its own path.
+    container: str | None = None
+    container_runtime: str = "pyxis"  # pyxis | apptainer
+    container_mounts: list[str] = field(default_factory=list)
     # sbatch --switches=<switches>@<switches_wait_min>: wait up to that long for an allocation
     # on at most this many leaf switches (`python -m hpc.topology place` suggests the count).
     switches: int | None = None

@@ -360,6 +360,35 @@ def check_launcher_tools(job: JobConfig) -> None:
         raise UserError(f"sbatch not found: cluster={job.cluster.name} needs a Slurm login node; use cluster=local to run here")
 
 
+def check_container(job: JobConfig) -> None:
+    """cluster.container: a Slurm cluster, a runtime it has (pyxis's srun option, or apptainer on
+    PATH), printable values, and pyxis mounts without the commas that separate them."""
+    cluster = job.cluster
+    if not cluster.container:
+        return
+    if cluster.launcher != "slurm":
+        raise UserError(
+            f"cluster.container={cluster.container}: the ranks start in a container through srun; use a Slurm cluster (cluster={cluster.name} runs mpirun here)"
+        )
+    if cluster.container_runtime not in ("pyxis", "apptainer"):
+        raise UserError(f"cluster.container_runtime={cluster.container_runtime!r} must be pyxis (srun --container-image) or apptainer")
+    for key, value in (("cluster.container", cluster.container), *(("cluster.container_mounts", mount) for mount in cluster.container_mounts)):
+        if has_control_character(value) or (cluster.container_runtime == "pyxis" and key.endswith("mounts") and "," in value):
+            raise UserError(f"{key}={value!r}: one path (or SRC:DST) of printable characters without commas")
+    if job.dry_run:  # the script is shown; the submission checks the runtime
+        return
+    if cluster.container_runtime == "pyxis":
+        from hpc import slurmctl
+
+        if slurmctl.srun_has_option("--container-image") is False:
+            raise UserError(
+                f"cluster.container={cluster.container}: this cluster's srun has no --container-image (the pyxis plugin is not installed); "
+                "use cluster.container_runtime=apptainer where apptainer is, or run without cluster.container"
+            )
+    elif shutil.which("apptainer") is None:
+        raise UserError(f"cluster.container={cluster.container}: apptainer not found on PATH (cluster.container_runtime=apptainer); install it or use pyxis")
+
+
 def check_dependencies(job: JobConfig) -> None:
     """after= and after_any=: Slurm job ids of jobs Slurm knows; after= (afterok) none that has
     ended otherwise than COMPLETED, which would leave this job pending for ever."""
@@ -499,6 +528,7 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     if not in_allocation:
         check_launcher_tools(job)
         check_dependencies(job)
+        check_container(job)
     check_optim_targets(job)
     if job.script is not None:
         check_user_script(job)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,10 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     srun_args = list(cluster.srun_args)
     if res.spare_nodes:  # the step runs on `nodes` of the nodes + spares allocated
         srun_args = [f"--nodes={res.nodes}", f"--ntasks={res.nodes * res.tasks_per_node}", f"--ntasks-per-node={res.tasks_per_node}", *srun_args]
+    container, rank_python = container_launch(job, code_root.parent)
+    srun_args += container
     params: dict[str, Any] = {
+        "rank_python": rank_python,  # hpc.submit.slurm's own: taken out before submitit sees the rest
         "job_name": job.name,
         "nodes": res.nodes + res.spare_nodes,
         "ntasks_per_node": res.tasks_per_node,
@@ -158,7 +161,25 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     return params
 
 
-def srun_line(folder: Path, srun_args: list[str], run_dir: Path, array: bool = False) -> list[str]:
+CONTAINER_RUNTIMES = ("pyxis", "apptainer")
+
+
+def container_launch(job: JobConfig, shared_dir: Path) -> tuple[list[str], list[str]]:
+    """(srun's container options, the command that starts the ranks' Python) for
+    cluster.container: pyxis's srun options with the image's `python3`, or `apptainer exec`
+    around it; without a container, none and this interpreter. `shared_dir` (the run or sweep
+    dir: frozen code, configs, logs, checkpoints) is mounted at its own path."""
+    cluster = job.cluster
+    if not cluster.container:
+        return [], [sys.executable]
+    mounts = [f"{shared_dir}:{shared_dir}", *cluster.container_mounts]
+    if cluster.container_runtime == "pyxis":
+        return [f"--container-image={cluster.container}", f"--container-mounts={','.join(mounts)}"], ["python3"]
+    binds = [arg for mount in mounts for arg in ("--bind", mount)]
+    return [], ["apptainer", "exec", *(["--nv"] if job.resources.gpus_per_task else []), *binds, cluster.container, "python3"]
+
+
+def srun_line(folder: Path, srun_args: list[str], run_dir: Path, array: bool = False, python: Sequence[str] = ()) -> list[str]:
     """The ranks' step: srun running `python -m hpc.rank.main RUN_DIR` on every task (its first
     module catches the stop signals before anything is imported). The per-task logs are named
     as submitit names them."""
@@ -168,7 +189,7 @@ def srun_line(folder: Path, srun_args: list[str], run_dir: Path, array: bool = F
     stdout, stderr = str(paths.stdout), str(paths.stderr)
     if array:
         stdout, stderr = stdout.replace("%j", "%A_%a"), stderr.replace("%j", "%A_%a")
-    return ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args, sys.executable, "-u", "-m", "hpc.rank.main", str(run_dir)]
+    return ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args, *(python or [sys.executable]), "-u", "-m", "hpc.rank.main", str(run_dir)]
 
 
 def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None = None) -> tuple[list[str], str]:
@@ -203,7 +224,9 @@ def _submit(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_pa
 
     executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
     array = len(run_dirs) > 1
-    lines = [srun_line(executor.folder, params["srun_args"], run_dir.path, array) for run_dir in run_dirs]
+    params = dict(params)
+    python = params.pop("rank_python", None) or [sys.executable]
+    lines = [srun_line(executor.folder, params["srun_args"], run_dir.path, array, python) for run_dir in run_dirs]
     # The srun line travels in submitit's pickle; the script shows it too, for whoever reads it, as
     # comments (a line break in a path is shown escaped: it would end the comment)
     shown = shlex.join([*lines[0][:-1], "RUN_DIR"]) if array else shlex.join(lines[0])

@@ -4,6 +4,7 @@ line naming the setting that owns it. On the real Slurm: tests/e2e/test_injectio
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 import pytest
@@ -87,3 +88,43 @@ def test_a_dependency_is_refused_in_one_line_where_it_could_never_hold(monkeypat
     with pytest.raises(UserError, match=r"^after_any=9: Slurm knows no job 9 \(a typo, or it ended long enough ago to be forgotten\)$"):
         check_dependencies(JobConfig(cluster=CLUSTER, after_any=9))
     check_dependencies(JobConfig(cluster=CLUSTER, after=6, after_any=5))  # running, and failed but waited on in any state
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_a_container_wraps_the_ranks_alone_and_mounts_the_run_dir(tmp_path, runtime):
+    """The srun line starts the image's python3 in the container; the batch script (its requeue
+    and EXIT trap) and the step supervisor stay outside it."""
+    cluster = replace(CLUSTER, container="img.sif" if runtime == "apptainer" else "nvcr.io#nvidia/pytorch:24.05-py3", container_runtime=runtime)
+    cluster = replace(cluster, container_mounts=["/data:/data"])
+    run_dir = RunDir(tmp_path / "run")
+    script = render_sbatch(JobConfig(cluster=cluster, name="train"), {}, run_dir)
+    (srun,) = [shlex.split(line.removeprefix("#   ")) for line in script.splitlines() if line.startswith("#   srun ")]
+    mount = f"{run_dir.path}:{run_dir.path}"
+    rank = ["python3", "-u", "-m", "hpc.rank.main", str(run_dir.path)]
+    if runtime == "pyxis":
+        assert srun[-7:] == ["--container-image=nvcr.io#nvidia/pytorch:24.05-py3", f"--container-mounts={mount},/data:/data", *rank]
+    else:
+        assert srun[-12:] == ["apptainer", "exec", "--bind", mount, "--bind", "/data:/data", "img.sif", *rank]
+    # The script's own commands (its exports, EXIT trap, the supervisor's start) run on the host
+    commands = [line for line in script.splitlines() if not line.startswith("#")]
+    assert any(line.startswith("trap ") for line in commands) and not [line for line in commands if "--container-image" in line or "apptainer exec" in line]
+
+
+def test_a_container_the_cluster_cannot_start_is_refused_in_one_line(monkeypatch):
+    from hpc import slurmctl
+    from hpc.config import validate
+    from hpc.config.validate import check_container
+
+    with pytest.raises(UserError, match=r"^cluster.container=x.sif: the ranks start in a container through srun; use a Slurm cluster \(cluster=local runs"):
+        check_container(JobConfig(cluster=replace(ClusterConfig(), container="x.sif")))
+    with pytest.raises(UserError, match=r"^cluster.container_runtime='docker' must be pyxis"):
+        check_container(JobConfig(cluster=replace(CLUSTER, container="x", container_runtime="docker")))
+    with pytest.raises(UserError, match=r"^cluster.container_mounts='/a,/b': one path"):
+        check_container(JobConfig(cluster=replace(CLUSTER, container="x", container_mounts=["/a,/b"])))
+    monkeypatch.setattr(slurmctl, "srun_has_option", lambda option: False)
+    with pytest.raises(UserError, match=r"^cluster.container=x: this cluster's srun has no --container-image \(the pyxis plugin is not installed\)"):
+        check_container(JobConfig(cluster=replace(CLUSTER, container="x")))
+    monkeypatch.setattr(validate.shutil, "which", lambda tool: None)
+    with pytest.raises(UserError, match=r"^cluster.container=x.sif: apptainer not found on PATH"):
+        check_container(JobConfig(cluster=replace(CLUSTER, container="x.sif", container_runtime="apptainer")))
+    check_container(JobConfig(cluster=replace(CLUSTER, container="x"), dry_run=True))  # a dry run shows the script
