@@ -77,7 +77,10 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous(store, damage, 
     else:
         (store.root / step_dir_name(2) / SHARED).unlink()
     with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
-        step, shared, _ = Checkpointer(store, rank=0, world_size=1, keep=3).load_latest()
+        restarted = Checkpointer(store, rank=0, world_size=1, keep=3)
+        step, shared, _ = restarted.load_latest()
+    if isinstance(store, LocalStore) or damage != "flip":  # a local listing hashes; an object store's checks sizes (its pieces are hashed as fetched)
+        assert [c.step for c in restarted.committed()] == [1]
     assert step == 1 and torch.equal(shared["w"], torch.full((4,), 1.0))
     expected = {"flip": "does not match its checksum", "truncate": "does not match its checksum", "marker": "unreadable COMMITTED", "missing": "is missing"}
     assert expected[damage] in caplog.text

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tests.support.tcp_fault import CuttableProxy
-from trainers.layout import MARKER, step_dir_name
+from trainers.layout import MARKER, STEP_PREFIX, step_dir_name
 from trainers.storage import LocalStore, ObjectStore, StoreError, open_store, retried
 
 
@@ -76,8 +76,9 @@ def test_an_object_store_cut_mid_save_fails_the_save_and_the_committed_step_stay
 
 def test_a_missing_bucket_fails_at_once_naming_it(s3, tmp_path):
     store = ObjectStore("s3://no-such-bucket-hpctk/x", tmp_path, attempts=5, first_wait_s=10)  # a retry would take 10 s
-    with pytest.raises(StoreError, match=r"uploading step-000000001/shared.ckpt \(s3://no-such-bucket-hpctk/x\) failed: "):
+    with pytest.raises(StoreError, match=r"uploading step-000000001/shared.ckpt \(s3://no-such-bucket-hpctk/x\) failed: ") as failed:
         stage(store, 1, {"shared.ckpt": b"x"}, tmp_path)
+    assert failed.value.transient is False  # no restart mends it (hpc.rank.failures)
 
 
 def test_retries_wait_twice_as_long_each_time_then_give_up(monkeypatch):
@@ -96,14 +97,15 @@ def test_retries_wait_twice_as_long_each_time_then_give_up(monkeypatch):
     assert retried("uploading", flaky, attempts=4, first_wait_s=0.5) == "done" and waits == [0.5, 1.0]
     assert len(calls) == 3
     waits.clear()
-    with pytest.raises(StoreError, match=r"^uploading failed after 2 attempts: ConnectionResetError: reset by peer$"):
+    with pytest.raises(StoreError, match=r"^uploading failed after 2 attempts: ConnectionResetError: reset by peer$") as failed:
         retried("uploading", lambda: (_ for _ in ()).throw(ConnectionResetError("reset by peer")), attempts=2, first_wait_s=0.25)
-    assert waits == [0.25]
+    assert waits == [0.25] and failed.value.transient is True  # a later start may find the store back
 
 
 def test_an_object_store_leaves_no_local_copies_and_removes_every_object_of_a_step(s3, tmp_path):
     store = ObjectStore(s3, tmp_path / "staging")
     stage(store, 3, {"shared.ckpt": b"x" * 10, "rank-00000.ckpt": b"y"}, tmp_path / "staging")
+    assert not list(store.staging(3).iterdir())  # each piece deleted once uploaded, before any commit (other ranks' nodes)
     store.commit(3, b'{"step": 3}')
     assert not store.staging(3).exists()  # the staged pieces are uploaded: the local disk keeps no copy
     fetched = store.fetch(3, "shared.ckpt")
@@ -141,3 +143,20 @@ def test_an_error_no_retry_mends_is_raised_at_once(monkeypatch):
     with pytest.raises(StoreError, match=r"failed after 3 attempts: EndpointConnectionError"):
         retried("listing", lambda: (_ for _ in ()).throw(botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")), attempts=3)
     assert waits == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_leftovers_of_earlier_saves_go_and_a_newer_save_under_way_stays(kind, tmp_path, request):
+    location = str(tmp_path / "checkpoints") if kind == "local" else request.getfixturevalue("s3")
+    store = open_store(location, tmp_path / "checkpoints")
+    staging = tmp_path / "checkpoints"
+    for step in (3, 9):  # a save cut before its commit, and one other ranks have begun
+        store.staging(step).mkdir(parents=True)
+        (store.staging(step) / "rank-00001.ckpt").write_bytes(b"r")
+    (staging / f"{STEP_PREFIX}junk").mkdir()  # a stray directory, even with a marker, is no step
+    (staging / f"{STEP_PREFIX}junk" / MARKER).write_text("{}")
+    stage(store, 5, {"shared.ckpt": b"s"}, staging)
+    store.commit(5, b"{}")
+    store.remove_leftovers(5)
+    assert not store.staging(3).exists() and (store.staging(9) / "rank-00001.ckpt").is_file()
+    assert store.committed_steps() == [5]
