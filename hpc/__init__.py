@@ -21,12 +21,12 @@ collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. Th
 
 from typing import Any
 
-__all__ = ["Job", "SubmitError", "submit"]
+__all__ = ["Job", "SubmitError", "submit"]  # submit: the hpc.submit package, callable (its __init__)
 
 
 def __getattr__(name: str) -> Any:
-    """`from hpc import submit` (hpc.api), loaded only when asked for: every rank imports hpc."""
-    if name in __all__:
+    """`from hpc import Job, SubmitError` (hpc.api), loaded only when asked for: every rank imports hpc."""
+    if name in ("Job", "SubmitError"):
         from hpc import api
 
         return getattr(api, name)
