@@ -303,7 +303,11 @@ class Checkpointer:
         checkpoint takes longer than writing a marker (measured: ~0.18 s for 256 MiB here), and
         the training thread must not wait for it."""
         self.wait_pruned()
-        kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
+        try:
+            kept = sorted(self._checked_newest_first(self._verify_once), key=lambda c: c.step)
+        except CheckpointError as err:  # the commit stands; pruning is tried again after the next one
+            log.warning("pruning old checkpoints skipped: %s", err)
+            return
         best = self.best["step"] if self.best else None
         store = self.store
         try:
@@ -355,7 +359,7 @@ class Checkpointer:
         try:
             steps = self.store.committed_steps()
         except StoreError as err:
-            raise CheckpointError(f"the checkpoint store cannot be listed: {err}") from None
+            raise store_failure("listing the checkpoints", err) from None
         for step in reversed(steps):
             try:
                 yield (check or (lambda s: verify(self.store, s)))(step)

@@ -214,3 +214,30 @@ def test_hpc_status_shows_no_step_for_a_store_it_cannot_reach_and_says_why_in_on
     finally:
         proxy.close()
     assert f"checkpoints of {tmp_path / 'run'} not listed: listing checkpoints (s3://" in caplog.text
+
+
+def test_a_listing_that_fails_after_a_commit_skips_pruning_and_one_at_a_resume_is_restartable(tmp_path, caplog):
+    """The store goes away between a commit and its pruning (seen in CI): the commit stands and
+    training goes on; at a resume the same failure is StoreUnavailable (hpc.rank.failures restarts)."""
+    from trainers.checkpoint import StoreUnavailable
+    from trainers.storage import StoreError
+
+    class Flaky(LocalStore):
+        down = False
+
+        def committed_steps(self) -> list[int]:
+            if self.down:
+                raise StoreError("listing checkpoints (here) failed after 5 attempts: ConnectionClosedError", transient=True)
+            return super().committed_steps()
+
+    store = Flaky(tmp_path / "checkpoints")
+    ckpt = Checkpointer(store, rank=0, world_size=1, keep=2)
+    ckpt.begin_save(1, {"w": torch.zeros(1)}, {"rng": torch.tensor([1])}, asynchronous=False)
+    store.down = True
+    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+        assert ckpt.commit().endswith(step_dir_name(1))
+    assert "pruning old checkpoints skipped: listing the checkpoints failed: listing checkpoints (here) failed after 5 attempts" in caplog.text
+    with pytest.raises(StoreUnavailable, match=r"^listing the checkpoints failed: .*; the previous committed checkpoint is intact$"):
+        Checkpointer(store, rank=0, world_size=1, keep=2).load_latest()
+    store.down = False
+    assert store.committed_steps() == [1]
