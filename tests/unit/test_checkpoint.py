@@ -24,18 +24,6 @@ def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False
     ckpt.commit()
 
 
-def test_saves_commit_atomically_and_keep_the_last_k(tmp_path):
-    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=2)
-    for step in (10, 20, 30):
-        save(ckpt, step, float(step), asynchronous=step == 20)
-    assert [c.step for c in ckpt.committed()] == [20, 30]
-    step, shared, own = ckpt.load_latest()
-    assert step == 30 and torch.equal(shared["w"], torch.full((4,), 30.0)) and int(own["rng"]) == 30
-    ckpt.wait_pruned()
-    assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob(".old-*"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir_name(20), step_dir_name(30)]
-
-
 @pytest.mark.parametrize("damage", ["flip", "truncate", "marker", "missing"])
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous(tmp_path, damage, caplog):
     ckpt = Checkpointer(tmp_path, rank=0, world_size=1, keep=3)

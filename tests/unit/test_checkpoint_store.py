@@ -58,6 +58,8 @@ def test_saves_commit_keep_the_newest_two_and_prune_the_rest_whole(store):
     assert pieces(store, 30) == sorted([MARKER, SHARED, f"{SHARED}.sum", "rank-00000.ckpt", "rank-00000.ckpt.sum"])
     if isinstance(store, ObjectStore):
         assert not any(store.staging_root.rglob("*.ckpt"))  # uploaded and loaded: no local copy is kept
+    else:  # no staging or retired directory left beside the two kept
+        assert sorted(p.name for p in store.root.iterdir()) == [step_dir_name(20), step_dir_name(30)]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "marker", "missing"])
