@@ -49,10 +49,8 @@ class Job:
         """Slurm's state while Slurm knows the job; then (and for a local run) the run dir's:
         COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN before a rank wrote its result."""
         if self.job_id is not None:
-            # scontrol's records: an array's tasks that never started share one (hpc.status reads them so too)
-            records = slurmctl.job_records([self.job_id])
-            fields = records.get(self.job_id) or records.get(f"{self.job_id.split('_')[0]}_*")
-            if fields and fields.get("JobState"):
+            fields = slurmctl.record_of(slurmctl.job_records([self.job_id]), self.job_id)
+            if fields.get("JobState"):
                 return fields["JobState"]
         status = self.result().get("status")
         return RESULT_STATES.get(str(status), "UNKNOWN")

@@ -79,6 +79,12 @@ def job_records(job_ids: Iterable[str]) -> dict[str, dict[str, str]]:
     return records
 
 
+def record_of(records: dict[str, dict[str, str]], job_id: str) -> dict[str, str]:
+    """A job's fields among job_records(): its own, or (an array task not started yet) the
+    record its array's unstarted tasks share; {} when Slurm knows neither."""
+    return records.get(job_id) or records.get(f"{job_id.split('_')[0]}_*", {})
+
+
 def job_state(job_id: str) -> str:
     """The job's state from squeue (works without accounting); UNKNOWN once Slurm forgot it."""
     code, out, _ = _run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"])

@@ -32,7 +32,7 @@ import torch
 from collectives.fsdp import SHARDED
 from trainers.checkpoint import CheckpointError, Committed, load_piece, load_tensor_file, verify
 from trainers.layout import BEST, SHARED, parse_best, rank_file, rank_files, step_dir_name
-from trainers.storage import CheckpointStore, StoreError, open_store, stored_checkpoints
+from trainers.storage import CheckpointStore, StoreError, is_object_url, open_store, stored_checkpoints
 
 DTYPES = {
     torch.float64: "F64",
@@ -98,7 +98,7 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[st
 
 def checkpoint_store(source: str, staging: Path) -> CheckpointStore:
     """The store a run dir, its checkpoints/ dir or a URL names (downloads go into `staging`)."""
-    if "://" in source and not source.startswith("file://"):
+    if is_object_url(source):
         return open_store(source, staging)
     path = Path(source.removeprefix("file://"))
     checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path

@@ -370,9 +370,14 @@ def unusable(url: str) -> str | None:
     return None
 
 
+def is_object_url(location: str) -> bool:
+    """A URL with a scheme other than file:// (`s3://...`): an object store; anything else a directory."""
+    return "://" in location and not location.startswith("file://")
+
+
 def open_store(location: str, staging_root: Path) -> CheckpointStore:
-    """A URL with a scheme (`s3://...`) is an object store; anything else a directory."""
-    if "://" in location and not location.startswith("file://"):
+    """An object store for a URL with a scheme (`s3://...`), else a directory."""
+    if is_object_url(location):
         return ObjectStore(location, staging_root)
     return LocalStore(Path(location.removeprefix("file://")))
 

@@ -13,7 +13,7 @@ from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, 
 from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
 from collectives.mpirun import find_mpirun
 from hpc.config.sbatch import has_control_character, job_ids, sbatch_lines
-from hpc.config.schema import LAUNCHERS, RUN_ACCESS, JobConfig
+from hpc.config.schema import CONTAINER_RUNTIMES, LAUNCHERS, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
@@ -219,10 +219,10 @@ def check_checkpointing(job: JobConfig) -> None:
         raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
     if job.checkpoint.keep < 2:
         raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
-    uri = job.checkpoint.uri
-    if uri and "://" in uri and not uri.startswith("file://"):
-        from trainers.storage import unusable
+    from trainers.storage import is_object_url, unusable
 
+    uri = job.checkpoint.uri
+    if uri and is_object_url(uri):
         problem = unusable(uri)
         if problem:
             raise UserError(f"checkpoint.uri={problem}")
@@ -370,7 +370,7 @@ def check_container(job: JobConfig) -> None:
         raise UserError(
             f"cluster.container={cluster.container}: the ranks start in a container through srun; use a Slurm cluster (cluster={cluster.name} runs mpirun here)"
         )
-    if cluster.container_runtime not in ("pyxis", "apptainer"):
+    if cluster.container_runtime not in CONTAINER_RUNTIMES:
         raise UserError(f"cluster.container_runtime={cluster.container_runtime!r} must be pyxis (srun --container-image) or apptainer")
     for key, value in (("cluster.container", cluster.container), *(("cluster.container_mounts", mount) for mount in cluster.container_mounts)):
         if has_control_character(value) or (cluster.container_runtime == "pyxis" and key.endswith("mounts") and "," in value):

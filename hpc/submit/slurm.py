@@ -161,9 +161,6 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     return params
 
 
-CONTAINER_RUNTIMES = ("pyxis", "apptainer")
-
-
 def container_launch(job: JobConfig, shared_dir: Path) -> tuple[list[str], list[str]]:
     """(srun's container options, the command that starts the ranks' Python) for
     cluster.container: pyxis's srun options with the image's `python3`, or `apptainer exec`

@@ -332,7 +332,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     job = _read_json(run_dir.job)
     result = _read_json(run_dir.result)
     job_id = job.get("job_id")
-    fields = (slurm.get(job_id) or slurm.get(f"{job_id.split('_')[0]}_*", {})) if job_id else {}
+    fields = slurmctl.record_of(slurm, job_id) if job_id else {}
     if job_id is None:
         state = _local_state(job, result)
     elif fields:
