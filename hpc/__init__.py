@@ -12,22 +12,12 @@
 Leaves imported by all of these and importing none of them: errors, rundir (the run-dir
 layout), interruptions (what an interruption cost, from the timeline), env (the one reader of SLURM_*/OMPI_*/PMIX_*/torchrun variables), slurmctl (every
 scontrol/squeue/sacct call), cli (the argument parser of our commands). status, report,
-topology and costmodel here are the public command names (`python -m hpc.status`). api:
-`from hpc import submit`, launch.py from Python (it runs launch.py; loaded only when asked for).
+topology and costmodel here are the public command names (`python -m hpc.status`).
+`from hpc import submit`: launch.py from Python (hpc.submit.api; its Job and SubmitError are
+`from hpc.submit import Job, SubmitError`).
 
 Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> trainers ->
 collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. The submit path never imports torch.
 """
 
-from typing import Any
-
-__all__ = ["Job", "SubmitError", "submit"]  # submit: the hpc.submit package, callable (its __init__)
-
-
-def __getattr__(name: str) -> Any:
-    """`from hpc import Job, SubmitError` (hpc.api), loaded only when asked for: every rank imports hpc."""
-    if name in ("Job", "SubmitError"):
-        from hpc import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'hpc' has no attribute {name!r}")
+__all__ = ["submit"]  # the hpc.submit package, callable (its __init__): loaded only when asked for, every rank imports hpc

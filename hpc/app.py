@@ -36,6 +36,7 @@ from hpc.config.compose import (
     sweep_points,
     sweeper_of,
 )
+from hpc.config.launchers import traits
 from hpc.config.local_gpus import local_job
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
@@ -326,7 +327,7 @@ def print_search(search: Search, job: JobConfig, command: list[str]) -> None:
     print(f"# the search space's edges, each composed and checked: {len(search.points)}")
     for overrides, _ in search.points:
         print(f"#   {' '.join(o for o in overrides if o not in command)}")
-    where = "on local MPI ranks, one after another" if job.cluster.launcher == "local" else f"as one job array per batch on {job.cluster.name}"
+    where = f"as one job array per batch on {job.cluster.name}" if traits(job.cluster.launcher).queued else "on local MPI ranks, one after another"
     print(f"dry run: nothing submitted; trials would run {where}")
 
 

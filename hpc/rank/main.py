@@ -30,21 +30,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc import slurmctl
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
-from hpc.rank.lifecycle import (
-    EXIT_RESUMABLE,
-    forbid_failure_requeue,
-    mark_error,
-    mark_finished,
-    note_run_dir,
-    plan_after_stop,
-    request_requeue,
-    trap_requeues,
-)
+from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rank.outcomes import record_end, record_failure, wait_for_peers
+from hpc.rank.scheduler import scheduler_of
 from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.timeline import Timeline
@@ -128,7 +119,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
     from trainers.preemption import StopFlag
 
     if rank.is_main:
-        note_run_dir(os.environ, run_dir.path)  # where the batch script's step supervisor sees progress
+        scheduler_of(os.environ).note_run_dir(run_dir.path)  # where the batch script's step supervisor sees progress
     with contextlib.ExitStack() as started:
         stop = StopFlag().install(STOP_SIGNALS)  # before anything slow: a signal during start-up is not lost
         started.callback(stop.uninstall)
@@ -201,8 +192,9 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
 
 def end_for_good(rank: RankInfo, why: str) -> None:
     """No restart in the allocation and no requeue: the error would repeat."""
-    mark_error(os.environ, f"rank {rank.rank}: {why}")  # the step supervisor starts no restart
-    job_id = forbid_failure_requeue(os.environ)
+    scheduler = scheduler_of(os.environ)
+    scheduler.mark_error(f"rank {rank.rank}: {why}")  # the step supervisor starts no restart
+    job_id = scheduler.forbid_requeue()
     if job_id is not None:
         log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
 
@@ -319,6 +311,7 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     """The summary (result.json on rank 0), and after a stop what follows: a requeue by the batch
     script, by rank 0 itself, or exit code 75 for whoever starts the run dir again."""
     status = "stopped" if result.stopped_by else "completed"
+    scheduler = scheduler_of(os.environ)
     # Restarts as hpc.status counts them: Slurm's requeues, or the starts rank 0's timeline saw (a local relaunch too)
     restarts = max(restart_count(os.environ), restarts_in(read_jsonl(run_dir.path / TIMELINE)))
     summary = {**result.__dict__, "world_size": rank.world_size, "num_nodes": rank.num_nodes, "status": status, "restarts": restarts}
@@ -327,15 +320,16 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
         summary["exit_code"] = 0
         if rank.is_main:
             run_dir.write_json(run_dir.result, summary)
-            mark_finished(os.environ)  # the batch script's trap never requeues a finished run
+            scheduler.mark_finished()  # the batch script's trap never requeues a finished run
         return summary
     if not rank.is_main:  # rank 0 decides what follows; a requeue by the batch script wants exit 0
-        summary["exit_code"] = 0 if trap_requeues(os.environ) else EXIT_RESUMABLE
+        summary["exit_code"] = 0 if scheduler.requeued_by_batch_script() else EXIT_RESUMABLE
         log.info("stopped with every rank at step %d; rank 0 says what follows", result.steps)
         return summary
     received = datetime.fromtimestamp(stop.received_at or time.time())
-    what, requeue_id, exit_code = plan_after_stop(os.environ, received, job.cluster.signal_seconds)
-    summary["exit_code"] = exit_code
+    plan = scheduler.plan_after_stop(received, job.cluster.signal_seconds)
+    what, requeue_id = plan.what, plan.requeue_id
+    summary["exit_code"] = plan.exit_code
     run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
     # Another rank's signal may have ended the step before rank 0's own came (during the save): name that one.
     stopped_by = stop.signal_name or str(result.stopped_by)
@@ -347,14 +341,14 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
         saved, at = "checkpoint committed" if result.steps else "nothing trained yet, nothing to save", f" at step {result.steps}"
     stopped = f"stopped by {stopped_by}{hit}{at}, {saved}"
     if requeue_id is None:
-        log.info("%s; %s%s", stopped, what, f" (exit code {exit_code})" if exit_code else "")
-    elif request_requeue(os.environ, requeue_id, stopped):
+        log.info("%s; %s%s", stopped, what, f" (exit code {plan.exit_code})" if plan.exit_code else "")
+    elif scheduler.request_requeue(requeue_id, stopped):
         log.info("%s; %s once every rank has exited (the batch script does it)", stopped, what)
     else:  # a hand-typed batch script without the trap: requeue from here
         log.info("%s; %s", stopped, what)
-        error = slurmctl.requeue(requeue_id)
+        error = scheduler.requeue(requeue_id)
         if error:
-            log.error("scontrol requeue %s failed: %s; requeue it by hand to resume", requeue_id, error)
+            log.error("requeueing job %s failed: %s; requeue it by hand to resume", requeue_id, error)
             summary["exit_code"] = EXIT_RESUMABLE
     return summary
 

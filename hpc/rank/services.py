@@ -10,9 +10,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from hpc import slurmctl
-from hpc.env import STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, slurm_job_id
+from hpc.env import STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo
 from hpc.rank.lifecycle import EXIT_STALLED
+from hpc.rank.scheduler import scheduler_of
 from hpc.rank.signals import PROCESS_STARTED
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir
@@ -86,15 +86,16 @@ def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog 
 
     def on_stall(message: str) -> None:
         log.error("%s; ending all %d ranks", message, rank.world_size)
-        job_id = slurm_job_id(os.environ)
+        scheduler = scheduler_of(os.environ)
+        job_id = scheduler.job_id()
         supervised = STEP_ATTEMPT_VARIABLE in os.environ  # the batch script starts the ranks again in the allocation
-        if job_id is not None and not supervised and job.cluster.requeue and slurmctl.available("scontrol"):
-            error = slurmctl.requeue(job_id)
+        if job_id is not None and not supervised and job.cluster.requeue and scheduler.can_requeue():
+            error = scheduler.requeue(job_id)
             # Several ranks notice the stall; the first requeue wins, later ones find it pending.
             log.error(
                 "requeued job %s: it resumes from the last committed checkpoint"
                 if error is None
-                else f"scontrol requeue %s: {error} (another rank may have requeued it first)",
+                else f"requeueing job %s: {error} (another rank may have requeued it first)",
                 job_id,
             )
         logging.shutdown()

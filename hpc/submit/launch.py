@@ -17,7 +17,7 @@ from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
-from hpc.submit import local, slurm
+from hpc.submit.launchers import QueuedLauncher, launcher_for
 from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
 from trainers.datasets import DatasetInfo
@@ -79,42 +79,43 @@ def tell(line: str, console: bool = True) -> None:
 def launch(job: JobConfig, run_dir: RunDir) -> int:
     """Run or submit `job`, as prepare() returned it (validated once, by hpc.app), from `run_dir`."""
     env = rank_environment(job)
+    launcher = launcher_for(job)
     if job.dry_run:
         print("# resolved config")
         print(resolved_yaml(job))
-        if job.cluster.launcher == "slurm":
-            print("# sbatch script")
-            print(slurm.render_sbatch(job, env, run_dir))
-        else:
-            print("# command (cluster=local runs mpirun, no sbatch)")
-            command = local.rank_command(job, run_dir)
-            print(shlex.join(local.pinned_command(command, env, run_dir.code, os.environ.get("PYTHONPATH"))))
+        print(launcher.dry_run(job, env, run_dir))
         return 0
     mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
     run_dir.config.write_text(resolved_yaml(job))
-    if job.cluster.launcher == "local":
-        ranks = job.resources.nodes * job.resources.tasks_per_node
-        tell(f"{ranks} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
-        code = local.run_local(job, env, run_dir)
-        tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
-        tell(f"run directory: {run_dir.path}")
-        if code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
-            print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
-            tell(f"the run failed on {failure}", console=False)
-        if code == EXIT_RESUMABLE:
-            tell(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
-        return code
+    if isinstance(launcher, QueuedLauncher):
+        return submit_and_tell(launcher, job, env, run_dir)
+    ranks = job.resources.nodes * job.resources.tasks_per_node
+    tell(f"{ranks} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
+    code = launcher.run(job, env, run_dir)
+    tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
+    tell(f"run directory: {run_dir.path}")
+    if code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
+        print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
+        tell(f"the run failed on {failure}", console=False)
+    if code == EXIT_RESUMABLE:
+        tell(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
+    return code
+
+
+def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:
+    """Submit the job, say its id in the form after= takes, and (wait=true) follow it to its end."""
     try:
-        job_id = slurm.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
+        job_id = launcher.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
     except UserError:
         shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
         raise
-    run_dir.write_json(run_dir.job, {"job_id": job_id, "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
+    info = {"job_id": job_id, "cluster": job.cluster.name, "launcher": job.cluster.launcher, "run_dir": str(run_dir.path)}
+    run_dir.write_json(run_dir.job, info)
     tell(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})")
     tell(f"run directory: {run_dir.path}")
     if not job.wait:
         return 0
-    state = slurm.wait_for_job(job_id, run_dir.rank_log(0))
+    state = launcher.wait(job_id, run_dir.rank_log(0))
     tell(f"job {job_id} ended: {state}")
     return 0 if state == "COMPLETED" and run_dir.result.exists() else 1
 

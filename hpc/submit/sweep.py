@@ -19,12 +19,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
 from hpc.config.schema import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
-from hpc.submit import local, slurm
 from hpc.submit.launch import prepare, rank_environment, resolved_yaml
+from hpc.submit.launchers import ForegroundLauncher, QueuedLauncher, launcher_for
 from hpc.submit.snapshot import freeze_job_code
 from hpc.submit.tidy import prune_empty
 
@@ -63,44 +62,68 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     if len(dry) > 1:
         raise UserError("dry_run differs between sweep points; set it for the whole sweep, not as a sweep dimension")
     write_point_dirs(prepared, sweep_dir)
-    on_slurm = [p for p in prepared if p.job.cluster.launcher == "slurm"]
-    on_local = [p for p in prepared if p.job.cluster.launcher == "local"]
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
-    if on_slurm:
-        submit_arrays(on_slurm, sweep_dir, record, emit)
+    submit_arrays(prepared, sweep_dir, record, emit)
     write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
     worst = 0
-    for index, point in enumerate(on_local):
+    on_local = run_here(prepared)
+    for index, (point, launcher) in enumerate(on_local):
         run_dir = RunDir(sweep_dir / str(point.num))
         record["points"].append(point.entry(run_dir.path, None))
         write_record(sweep_dir, record)
         emit(f"point #{point.num} ({' '.join(point.overrides)}): running locally")
         stops: list[int] = []
-        worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops))
+        worst = max(worst, launcher.run(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops))
         if stops and index + 1 < len(on_local):  # one Ctrl-C stops the sweep, not just the point it came in
-            emit(f"interrupted: points {_nums(on_local[index + 1 :])} not run")
+            emit(f"interrupted: points {_nums([later for later, _ in on_local[index + 1 :]])} not run")
             worst = max(worst, 128 + stops[0])  # the shell's code for a command ended by that signal
             break
     emit(f"sweep directory: {sweep_dir}")
     return worst
 
 
+def run_here(points: Sequence[SweepPoint]) -> list[tuple[SweepPoint, ForegroundLauncher]]:
+    """The points whose launcher runs them here, in the foreground, each with it."""
+    return [(point, launcher) for point in points if isinstance(launcher := launcher_for(point.job), ForegroundLauncher)]
+
+
+def queued(points: Sequence[SweepPoint]) -> list[tuple[QueuedLauncher, list[SweepPoint]]]:
+    """The points a scheduler runs, by launcher, in order of first appearance."""
+    by_name: dict[str, tuple[QueuedLauncher, list[SweepPoint]]] = {}
+    for point in points:
+        launcher = launcher_for(point.job)
+        if isinstance(launcher, QueuedLauncher):
+            by_name.setdefault(point.job.cluster.launcher, (launcher, []))[1].append(point)
+    return list(by_name.values())
+
+
 def submit_arrays(points: Sequence[SweepPoint], sweep_dir: Path, record: dict[str, Any], emit: Callable[[str], None]) -> None:
-    """One job array per distinct sbatch script, each recorded in sweep.json as it goes out. The
-    sources are frozen once per sweep: a search's later batches run the code its first one did."""
+    """The points a scheduler runs as one job array per distinct batch script, each recorded in
+    sweep.json as it goes out (points run here are left out). The sources are frozen once per
+    sweep: a search's later batches run the code its first one did."""
     code = sweep_dir / "code"
-    if not code.is_dir():
-        freeze_job_code(code, *(p.job for p in points))
-    largest = slurmctl.max_array_size()
-    for shared, whole in sweep_groups(points, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code)):
-        for params, group in arrays_within(shared, whole, largest, record["arrays"]):
-            submit_array_group(params, group, sweep_dir, record, emit)
+    for launcher, on_queue in queued(points):
+        if not code.is_dir():
+            freeze_job_code(code, *(p.job for p in on_queue))
+        for params, group in arrays_of(launcher, on_queue, code, record["arrays"]):
+            submit_array_group(launcher, params, group, sweep_dir, record, emit)
 
 
 Array = tuple[dict[str, Any], list[SweepPoint]]  # one sbatch's parameters and its points
 
 
-def arrays_within(params: dict[str, Any], group: list[SweepPoint], largest: int | None, submitted: list[dict[str, Any]]) -> Iterator[Array]:
+def arrays_of(launcher: QueuedLauncher, points: Sequence[SweepPoint], code: Path, submitted: list[dict[str, Any]]) -> Iterator[Array]:
+    """The arrays `points` go out as: one per distinct batch script, each split to the
+    scheduler's largest array (arrays_within; `submitted`: the arrays sent before, as sweep.json
+    lists them)."""
+    largest = launcher.max_array_size()
+    for shared, whole in sweep_groups(points, lambda job: launcher.array_parameters(job, rank_environment(job), code)):
+        yield from arrays_within(launcher, shared, whole, largest, submitted)
+
+
+def arrays_within(
+    launcher: QueuedLauncher, params: dict[str, Any], group: list[SweepPoint], largest: int | None, submitted: list[dict[str, Any]]
+) -> Iterator[Array]:
     """One array's points as arrays of at most `largest` tasks (the cluster's MaxArraySize: task
     ids stay below it). With a throttle (sweep.max_parallel), each array after the first waits
     for the one before it to end (afterany): the throttle holds for the sweep, not per array."""
@@ -108,18 +131,17 @@ def arrays_within(params: dict[str, Any], group: list[SweepPoint], largest: int 
     for start in range(0, len(group), size):
         chunk = group[start : start + size]
         if start and _max_parallel(group) is not None:
-            previous = f"afterany:{submitted[-1]['job_id']}"  # the array just submitted
-            extra = params["additional_parameters"]
-            needs = ",".join(filter(None, [extra.get("dependency"), previous]))
-            yield {**params, "additional_parameters": {**extra, "dependency": needs}}, chunk
+            yield launcher.after_any(params, submitted[-1]["job_id"]), chunk  # after the array just submitted
         else:
             yield params, chunk
 
 
-def submit_array_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, record: dict[str, Any], emit: Callable[[str], None]) -> None:
+def submit_array_group(
+    launcher: QueuedLauncher, params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, record: dict[str, Any], emit: Callable[[str], None]
+) -> None:
     """One array out, recorded in sweep.json at once; an error after the first names what went out."""
     try:
-        record["arrays"].append(submit_group(params, group, sweep_dir, record["points"]))
+        record["arrays"].append(submit_group(launcher, params, group, sweep_dir, record["points"]))
     except UserError as err:
         if not record["arrays"]:
             raise
@@ -155,15 +177,23 @@ def write_point_dirs(points: Sequence[SweepPoint], sweep_dir: Path) -> None:
         run_dir.config.write_text(resolved_yaml(point.job))
 
 
-def submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, points_out: list[dict[str, Any]]) -> dict[str, Any]:
+def submit_group(
+    launcher: QueuedLauncher, params: dict[str, Any], group: list[SweepPoint], sweep_dir: Path, points_out: list[dict[str, Any]]
+) -> dict[str, Any]:
     first = group[0].job
     max_parallel = _max_parallel(group)
     run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
-    job_ids, script = slurm.submit_array(params, run_dirs, sweep_dir / "slurm", max_parallel)
-    array_id = job_ids[0].split("_")[0]
+    array_id, job_ids, script = launcher.submit_array(params, run_dirs, sweep_dir / "slurm", max_parallel)
     for point, run_dir, job_id in zip(group, run_dirs, job_ids, strict=True):
         run_dir.sbatch.write_text(script)
-        info = {"job_id": job_id, "array_job_id": array_id, "cluster": point.job.cluster.name, "run_dir": str(run_dir.path), "overrides": list(point.overrides)}
+        info = {
+            "job_id": job_id,
+            "array_job_id": array_id,
+            "cluster": point.job.cluster.name,
+            "launcher": point.job.cluster.launcher,
+            "run_dir": str(run_dir.path),
+            "overrides": list(point.overrides),
+        }
         run_dir.write_json(run_dir.job, info)
         points_out.append(point.entry(run_dir.path, job_id))
     (sweep_dir / f"array-{array_id}.sbatch").write_text(script)
@@ -180,20 +210,16 @@ def submit_group(params: dict[str, Any], group: list[SweepPoint], sweep_dir: Pat
 def _print_dry_run(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None]) -> int:
     """What `-m ... dry_run=true` would submit: the arrays and each one's sbatch script."""
     code = sweep_dir / "code"
-    on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
-    largest = slurmctl.max_array_size() if on_slurm else None
     earlier = [{"job_id": "<the array before>"}]
-    groups = sweep_groups(on_slurm, lambda job: slurm.sbatch_parameters(job, rank_environment(job), code))
-    for params, group in (array for shared, whole in groups for array in arrays_within(shared, whole, largest, earlier)):
-        limit = _max_parallel(group) or len(group)
-        emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
-        for point in group:
-            emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
-        run_dirs = [RunDir(sweep_dir / str(p.num)) for p in group]
-        emit(slurm.render_array_sbatch({**params, "array_parallelism": limit}, sweep_dir / "slurm", run_dirs))
-    for point in points:
-        if point.job.cluster.launcher == "local":
-            emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")
+    for launcher, on_queue in queued(points):
+        for params, group in arrays_of(launcher, on_queue, code, earlier):
+            limit = _max_parallel(group) or len(group)
+            emit(f"# job array of {len(group)} tasks (points {_nums(group)}), at most {limit} at once")
+            for point in group:
+                emit(f"#   point #{point.num}: {' '.join(point.overrides)}")
+            emit(launcher.render_array(params, sweep_dir / "slurm", [RunDir(sweep_dir / str(p.num)) for p in group], limit))
+    for point, _ in run_here(points):
+        emit(f"# point #{point.num} ({' '.join(point.overrides)}) would run locally")
     emit(f"dry run: nothing submitted; the sweep directory would be {sweep_dir}")
     return 0
 

@@ -20,20 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.objective import objective_value, reported_objectives
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.shown import shown_override
-from hpc.submit import local
 from hpc.submit.launch import rank_environment
-from hpc.submit.sweep import SweepPoint, prepare_points, read_record, submit_arrays, write_point_dirs, write_record
+from hpc.submit.launchers import GONE, ForegroundLauncher, QueuedLauncher
+from hpc.submit.sweep import SweepPoint, prepare_points, queued, read_record, run_here, submit_arrays, write_point_dirs, write_record
 
 POLL_S = 2.0
 COMMAND_LINE = frozenset(sys.argv[1:])  # what every trial shares (the study adds it to each one's overrides)
 GONE_POLLS = 5  # answers in a row that Slurm no longer knows a job (or squeue fails) before it counts as ended
-GONE = "GONE"  # the job's state when neither squeue nor sacct knows it
 ENDED_POLLS = 2  # an ended state seen twice: Slurm shows NODE_FAIL or PREEMPTED for a moment before it requeues
 
 
@@ -58,12 +56,9 @@ def run_batch(points: Sequence[SweepPoint], sweep_dir: Path, objective: str, sea
     write_point_dirs(prepared, sweep_dir)
     record = read_record(sweep_dir)
     record["search"] = search
-    on_slurm = [p for p in prepared if p.job.cluster.launcher == "slurm"]
-    if on_slurm:
-        submit_arrays(on_slurm, sweep_dir, record, emit)
-    for point in prepared:
-        if point.job.cluster.launcher == "local":
-            record["points"].append(point.entry(sweep_dir / str(point.num), None))
+    submit_arrays(prepared, sweep_dir, record, emit)
+    for point, _ in run_here(prepared):
+        record["points"].append(point.entry(sweep_dir / str(point.num), None))
     write_record(sweep_dir, record)
     return wait_for(prepared, sweep_dir, objective, emit)
 
@@ -77,15 +72,15 @@ def trial_name(num: int, trial: int | None) -> str:
 def wait_for(points: Sequence[SweepPoint], sweep_dir: Path, objective: str, emit: Callable[[str], None] = print) -> list[Outcome]:
     """The outcome of each trial, once its run has one: local trials are run (or resumed) here,
     one after another; Slurm's are waited for."""
-    outcomes = {p.num: run_local_trial(p, sweep_dir, objective, emit) for p in points if p.job.cluster.launcher == "local"}
-    on_slurm = [p for p in points if p.job.cluster.launcher != "local"]
+    outcomes = {point.num: run_local_trial(point, launcher, sweep_dir, objective, emit) for point, launcher in run_here(points)}
     submitted = {point.get("num"): point.get("job_id") for point in read_record(sweep_dir)["points"]}
-    job_ids = {p.num: submitted.get(p.num) for p in on_slurm}
-    outcomes.update(wait_for_jobs(on_slurm, job_ids, sweep_dir, objective, emit))
+    for launcher, on_queue in queued(points):
+        job_ids = {p.num: submitted.get(p.num) for p in on_queue}
+        outcomes.update(wait_for_jobs(launcher, on_queue, job_ids, sweep_dir, objective, emit))
     return [outcomes[p.num] for p in points]
 
 
-def run_local_trial(point: SweepPoint, sweep_dir: Path, objective: str, emit: Callable[[str], None]) -> Outcome:
+def run_local_trial(point: SweepPoint, launcher: ForegroundLauncher, sweep_dir: Path, objective: str, emit: Callable[[str], None]) -> Outcome:
     """Run the trial on local ranks; a run stopped earlier resumes from its newest checkpoint."""
     run_dir = RunDir(sweep_dir / str(point.num))
     done = trial_outcome(point.num, run_dir, objective)
@@ -93,7 +88,7 @@ def run_local_trial(point: SweepPoint, sweep_dir: Path, objective: str, emit: Ca
         return done  # it completed before the launcher was interrupted
     emit(f"{trial_name(point.num, point.trial)} ({_label(point)}): running locally")
     stops: list[int] = []
-    code = local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops)
+    code = launcher.run(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops)
     if code == EXIT_RESUMABLE:
         raise SearchInterrupted(f"{trial_name(point.num, point.trial)} stopped at a checkpoint; run the same command again to continue the study")
     outcome = trial_outcome(point.num, run_dir, objective) or Outcome(point.num, None, f"its ranks exited with code {code} (see {run_dir.rank_log(0)})")
@@ -104,9 +99,15 @@ def run_local_trial(point: SweepPoint, sweep_dir: Path, objective: str, emit: Ca
 
 
 def wait_for_jobs(
-    points: Sequence[SweepPoint], job_ids: dict[int, str | None], sweep_dir: Path, objective: str, emit: Callable[[str], None], poll_s: float = POLL_S
+    launcher: QueuedLauncher,
+    points: Sequence[SweepPoint],
+    job_ids: dict[int, str | None],
+    sweep_dir: Path,
+    objective: str,
+    emit: Callable[[str], None],
+    poll_s: float = POLL_S,
 ) -> dict[int, Outcome]:
-    """Poll Slurm until every trial's run completed or its job ended for good."""
+    """Poll the scheduler until every trial's run completed or its job ended for good."""
     outcomes: dict[int, Outcome] = {}
     shown: dict[int, str] = {}
     ended: dict[int, int] = {}  # polls in a row that showed the job ended (or gone)
@@ -115,21 +116,17 @@ def wait_for_jobs(
             outcomes[point.num] = Outcome(point.num, None, "never submitted (the launcher was interrupted while submitting it)")
     while len(outcomes) < len(points):
         waiting = [p for p in points if p.num not in outcomes]
-        ids = [str(job_ids[p.num]) for p in waiting]
-        records = slurmctl.job_records(ids)
-        accounting = slurmctl.accounting_states([i for i in ids if i not in records])
+        seen = launcher.jobs([str(job_ids[p.num]) for p in waiting])
         for point in waiting:
             job_id = str(job_ids[point.num])
-            fields = records.get(job_id) or records.get(f"{job_id.split('_')[0]}_*", {})
-            state = fields.get("JobState") or accounting.get(job_id) or GONE
-            ended[point.num] = ended.get(point.num, 0) + 1 if state in slurmctl.TERMINAL_STATES or state == GONE else 0
-            outcome = _settled(point.num, RunDir(sweep_dir / str(point.num)), objective, job_id, state, ended[point.num])
-            restarts = fields.get("Restarts", "0")
+            state, restarts = seen[job_id].state, seen[job_id].restarts
+            ended[point.num] = ended.get(point.num, 0) + 1 if state in launcher.terminal_states or state == GONE else 0
+            outcome = _settled(launcher, point.num, RunDir(sweep_dir / str(point.num)), objective, job_id, state, ended[point.num])
             label = f"{trial_name(point.num, point.trial)} ({_label(point)})"
             if outcome is not None:
                 outcomes[point.num] = outcome
                 emit(f"{label}: {_describe(outcome, objective)}")
-            elif shown.get(point.num) != (now := state if restarts in ("", "0") else f"{state} (restarts: {restarts})"):
+            elif shown.get(point.num) != (now := f"{state} (restarts: {restarts})" if restarts else state):
                 emit(f"{label}: job {job_id} {now}")
                 shown[point.num] = now
         if len(outcomes) < len(points):
@@ -137,15 +134,15 @@ def wait_for_jobs(
     return outcomes
 
 
-def _settled(num: int, run_dir: RunDir, objective: str, job_id: str, state: str, ended_polls: int) -> Outcome | None:
+def _settled(launcher: QueuedLauncher, num: int, run_dir: RunDir, objective: str, job_id: str, state: str, ended_polls: int) -> Outcome | None:
     """The trial's outcome once it has one: its run completed (result.json is written before
     the job's last breath), or its job ended (or vanished) for good without that."""
     outcome = trial_outcome(num, run_dir, objective)
-    if outcome is not None and state not in {"RUNNING", "COMPLETING"} | slurmctl.WAITING_STATES:
+    if outcome is not None and state not in launcher.running_states | launcher.waiting_states:
         return outcome
     if ended_polls < (GONE_POLLS if state == GONE else ENDED_POLLS):
         return None
-    reason = "is no longer known to Slurm" if state == GONE else f"ended {state}"
+    reason = f"is no longer known to {launcher.traits.scheduler}" if state == GONE else f"ended {state}"
     return Outcome(num, None, f"job {job_id} {reason} without a result (see {run_dir.rank_log(0)})")
 
 

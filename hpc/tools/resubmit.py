@@ -19,9 +19,8 @@ from typing import Any
 
 from hpc.errors import UserError
 from hpc.rundir import RunDir
-from hpc.submit import local
 from hpc.submit.launch import rank_environment
-from hpc.submit.sweep import SweepPoint, read_record, submit_arrays, write_record
+from hpc.submit.sweep import SweepPoint, queued, read_record, run_here, submit_arrays, write_record
 from hpc.tools.status import RunStatus, statuses_of, still_going
 
 
@@ -71,17 +70,16 @@ def resubmit(sweep_dir: Path, dry_run: bool, emit: Any = print) -> int:
         return 0
     points = [point_of(entry) for entry, _ in again]
     record = read_record(sweep_dir)
-    on_slurm = [p for p in points if p.job.cluster.launcher == "slurm"]
-    if on_slurm:
+    if queued(points):
         record.setdefault("arrays", [])
-        submit_arrays(on_slurm, sweep_dir, record, emit)
+        submit_arrays(points, sweep_dir, record, emit)
         record["points"] = sorted({int(e["num"]): e for e in record["points"]}.values(), key=lambda e: int(e["num"]))  # each point's newest entry
         write_record(sweep_dir, record)
     worst = 0
-    for point in (p for p in points if p.job.cluster.launcher == "local"):
+    for point, launcher in run_here(points):
         emit(f"point #{point.num}: running locally again")
         run_dir = RunDir(sweep_dir / str(point.num))
-        worst = max(worst, local.run_local(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}))
+        worst = max(worst, launcher.run(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}))
     return worst
 
 

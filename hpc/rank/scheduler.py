@@ -1,0 +1,141 @@
+"""The ranks' side of the launcher seam: the job they run in, as its scheduler knows it, and what
+follows a stop. hpc.rank.main, the watchdog hookup and the run handle (hpc.run) ask the
+Scheduler of their environment (`scheduler_of`), never a scheduler's variables or tools.
+
+- SlurmJob: SLURM_JOB_ID is set; its facts come from scontrol, a requeue is `scontrol requeue`
+  (or a request to the batch script's EXIT trap), all in hpc.rank.lifecycle.
+- NoScheduler: ranks mpirun started (cluster=local, or by hand): nothing to requeue; a stopped
+  run exits EXIT_RESUMABLE for whoever starts the run dir again.
+
+A new scheduler: a class with these methods, chosen in scheduler_of by its own job variable;
+its submission side is hpc.submit.launchers.QueuedLauncher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from hpc import slurmctl
+from hpc.env import slurm_job_id
+from hpc.rank import lifecycle
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    what: str  # what follows, for the log: "time limit: requeueing job 41"
+    requeue_id: str | None  # the job to requeue; None: nothing to requeue from here
+    exit_code: int  # the rank's
+
+
+class Scheduler(Protocol):
+    def job_id(self) -> str | None:
+        """The scheduler's id of this job (an array task's own); None outside a scheduler's job."""
+        ...
+
+    def plan_after_stop(self, received_at: datetime, signal_seconds: int) -> StopPlan: ...
+
+    def can_requeue(self) -> bool:
+        """Whether a rank can requeue its own job here."""
+        ...
+
+    def requeue(self, job_id: str) -> str | None:
+        """Requeue the job now; the error text, None on success."""
+        ...
+
+    def request_requeue(self, job_id: str, detail: str) -> Path | None:
+        """Leave the requeue to the batch script, once every rank has exited; None where it offers none."""
+        ...
+
+    def requeued_by_batch_script(self) -> bool: ...
+
+    def mark_finished(self) -> Path | None:
+        """The training is complete: the batch script never requeues the job after this."""
+        ...
+
+    def mark_error(self, message: str) -> Path | None:
+        """An error that would repeat: the step supervisor starts no restart."""
+        ...
+
+    def note_run_dir(self, run_dir: Path) -> Path | None: ...
+
+    def forbid_requeue(self) -> str | None:
+        """The job is never requeued again (an error that would repeat); its id where that was done."""
+        ...
+
+
+class SlurmJob:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def job_id(self) -> str | None:
+        return slurm_job_id(self.env)
+
+    def plan_after_stop(self, received_at: datetime, signal_seconds: int) -> StopPlan:
+        return StopPlan(*lifecycle.plan_after_stop(self.env, received_at, signal_seconds))
+
+    def can_requeue(self) -> bool:
+        return slurmctl.available("scontrol")
+
+    def requeue(self, job_id: str) -> str | None:
+        return slurmctl.requeue(job_id)
+
+    def request_requeue(self, job_id: str, detail: str) -> Path | None:
+        return lifecycle.request_requeue(self.env, job_id, detail)
+
+    def requeued_by_batch_script(self) -> bool:
+        return lifecycle.trap_requeues(self.env)
+
+    def mark_finished(self) -> Path | None:
+        return lifecycle.mark_finished(self.env)
+
+    def mark_error(self, message: str) -> Path | None:
+        return lifecycle.mark_error(self.env, message)
+
+    def note_run_dir(self, run_dir: Path) -> Path | None:
+        return lifecycle.note_run_dir(self.env, run_dir)
+
+    def forbid_requeue(self) -> str | None:
+        return lifecycle.forbid_failure_requeue(self.env)
+
+
+class NoScheduler:
+    """Ranks outside any scheduler's job: mpirun's (cluster=local), or started by hand."""
+
+    def job_id(self) -> str | None:
+        return None
+
+    def plan_after_stop(self, received_at: datetime, signal_seconds: int) -> StopPlan:
+        return StopPlan("not a Slurm job: run its command.txt (or start the same run dir again) to resume", None, lifecycle.EXIT_RESUMABLE)
+
+    def can_requeue(self) -> bool:
+        return False
+
+    def requeue(self, job_id: str) -> str | None:
+        return f"job {job_id}: no scheduler runs these ranks"
+
+    def request_requeue(self, job_id: str, detail: str) -> Path | None:
+        return None
+
+    def requeued_by_batch_script(self) -> bool:
+        return False
+
+    def mark_finished(self) -> Path | None:
+        return None
+
+    def mark_error(self, message: str) -> Path | None:
+        return None
+
+    def note_run_dir(self, run_dir: Path) -> Path | None:
+        return None
+
+    def forbid_requeue(self) -> str | None:
+        return None
+
+
+def scheduler_of(env: Mapping[str, str]) -> Scheduler:
+    """The scheduler whose job these ranks run in, from their environment."""
+    return SlurmJob(env) if slurm_job_id(env) is not None else NoScheduler()

@@ -1,0 +1,182 @@
+"""The launcher seam: how a job's ranks start, behind one of two interfaces.
+
+- A foreground launcher runs the ranks now, on this machine, and returns their exit code
+  (LocalLauncher: mpirun). A sweep's points on it run one after another.
+- A queued launcher hands jobs to a scheduler and answers for them later: one job, or one job
+  array for several run dirs, then their states, cancel and wait (SlurmLauncher: sbatch through
+  submitit).
+
+launch.py's job, a sweep's points, a study's trials, hpc.resubmit and the Python API reach the
+launchers only through `launcher_for(job)` and these two classes; what the login-node checks
+need to know of a launcher is in hpc.config.launchers (its traits). A new scheduler is a
+subclass of QueuedLauncher in a module of its own, one line in LAUNCHERS below, one row of
+traits, and its ranks' side behind hpc.rank.scheduler.Scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc import slurmctl
+from hpc.config.launchers import LauncherTraits, traits
+from hpc.config.schema import JobConfig
+from hpc.rundir import RunDir
+from hpc.submit import local, slurm
+
+GONE = "GONE"  # a job's state once its scheduler no longer knows it
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A queued job as its scheduler shows it now."""
+
+    state: str  # the scheduler's own word (RUNNING, PENDING, COMPLETED, ...), or GONE
+    restarts: int = 0  # how often it was requeued
+
+
+class ForegroundLauncher(ABC):
+    traits: LauncherTraits
+
+    @abstractmethod
+    def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+        """What running the job would run, as text; runs nothing."""
+
+    @abstractmethod
+    def run(
+        self, job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None, stops: list[int] | None = None
+    ) -> int:
+        """Run the job's ranks to their end, here; their exit code. `info`: more for job.json;
+        `code`: sources frozen already; `stops`: each signal that reached this process meanwhile."""
+
+
+class QueuedLauncher(ABC):
+    traits: LauncherTraits
+    terminal_states: frozenset[str]  # a job in one of these has ended for good (unless requeued)
+    waiting_states: frozenset[str]  # queued, held or suspended: not started, or not running now
+    running_states: frozenset[str]  # its ranks run, or are ending
+
+    @abstractmethod
+    def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+        """The script the job would be submitted as; submits nothing."""
+
+    @abstractmethod
+    def submit(self, job: JobConfig, env: dict[str, str], run_dir: RunDir, code: Path) -> str:
+        """Submit the job (its ranks run `code`, frozen); its job id."""
+
+    @abstractmethod
+    def array_parameters(self, job: JobConfig, env: dict[str, str], code: Path) -> dict[str, Any]:
+        """What the scheduler is asked for: jobs with equal parameters share one array."""
+
+    @abstractmethod
+    def max_array_size(self) -> int | None:
+        """The most tasks one array may have here; None: no limit known."""
+
+    @abstractmethod
+    def after_any(self, params: dict[str, Any], job_id: str) -> dict[str, Any]:
+        """`params` of a job held until `job_id` ended, whichever way."""
+
+    @abstractmethod
+    def submit_array(self, params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None) -> tuple[str, list[str], str]:
+        """One submission for all `run_dirs`, at most `max_parallel` running at once: the
+        array's job id, each run dir's own, and the submitted script."""
+
+    @abstractmethod
+    def render_array(self, params: dict[str, Any], folder: Path, run_dirs: list[RunDir], max_parallel: int) -> str:
+        """The script submit_array would submit; submits nothing."""
+
+    @abstractmethod
+    def jobs(self, job_ids: list[str]) -> dict[str, QueuedJob]:
+        """Each job as the scheduler (or its accounting, for ended ones) shows it; GONE where neither knows it."""
+
+    @abstractmethod
+    def cancel(self, job_id: str) -> str | None:
+        """Cancel the job (a requeued one too); the error text, None on success."""
+
+    @abstractmethod
+    def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
+        """Block until the job ended, printing rank 0's log as it grows; its final state."""
+
+
+Launcher = ForegroundLauncher | QueuedLauncher
+
+
+class LocalLauncher(ForegroundLauncher):
+    traits = traits("local")
+
+    def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+        command = local.pinned_command(local.rank_command(job, run_dir), env, run_dir.code, os.environ.get("PYTHONPATH"))
+        return f"# command (cluster={job.cluster.name} runs mpirun, no sbatch)\n{shlex.join(command)}"
+
+    def run(
+        self, job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None, stops: list[int] | None = None
+    ) -> int:
+        return local.run_local(job, env, run_dir, info, code, stops)
+
+
+class SlurmLauncher(QueuedLauncher):
+    traits = traits("slurm")
+    terminal_states = frozenset(slurmctl.TERMINAL_STATES)
+    waiting_states = frozenset(slurmctl.WAITING_STATES)
+    running_states = frozenset({"RUNNING", "COMPLETING"})
+
+    def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+        return f"# sbatch script\n{slurm.render_sbatch(job, env, run_dir)}"
+
+    def submit(self, job: JobConfig, env: dict[str, str], run_dir: RunDir, code: Path) -> str:
+        return slurm.submit(job, env, run_dir, code)
+
+    def array_parameters(self, job: JobConfig, env: dict[str, str], code: Path) -> dict[str, Any]:
+        return slurm.sbatch_parameters(job, env, code)
+
+    def max_array_size(self) -> int | None:
+        return slurmctl.max_array_size()
+
+    def after_any(self, params: dict[str, Any], job_id: str) -> dict[str, Any]:
+        extra = params["additional_parameters"]
+        needs = ",".join(filter(None, [extra.get("dependency"), f"afterany:{job_id}"]))
+        return {**params, "additional_parameters": {**extra, "dependency": needs}}
+
+    def submit_array(self, params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None) -> tuple[str, list[str], str]:
+        job_ids, script = slurm.submit_array(params, run_dirs, folder, max_parallel)
+        return job_ids[0].split("_")[0], job_ids, script  # a task's id: "<array>_<task>"
+
+    def render_array(self, params: dict[str, Any], folder: Path, run_dirs: list[RunDir], max_parallel: int) -> str:
+        return slurm.render_array_sbatch({**params, "array_parallelism": max_parallel}, folder, run_dirs)
+
+    def jobs(self, job_ids: list[str]) -> dict[str, QueuedJob]:
+        records = slurmctl.job_records(job_ids)
+        accounting = slurmctl.accounting_states([i for i in job_ids if not slurmctl.record_of(records, i)])
+        seen = {}
+        for job_id in job_ids:
+            fields = slurmctl.record_of(records, job_id)
+            restarts = fields.get("Restarts", "0")
+            seen[job_id] = QueuedJob(fields.get("JobState") or accounting.get(job_id) or GONE, int(restarts) if restarts.isdigit() else 0)
+        return seen
+
+    def cancel(self, job_id: str) -> str | None:
+        return slurmctl.cancel(job_id)
+
+    def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
+        return slurm.wait_for_job(job_id, rank0_log, emit)
+
+
+LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLauncher()}
+
+
+def launcher_for(job: JobConfig) -> Launcher:
+    """The job's launcher (cluster.launcher, checked by hpc.config.validate)."""
+    return LAUNCHERS[job.cluster.launcher]
+
+
+def queued_launcher(name: str) -> QueuedLauncher:
+    """The queued launcher of that name (a job.json's `launcher`)."""
+    chosen = LAUNCHERS[name]
+    if not isinstance(chosen, QueuedLauncher):
+        raise ValueError(f"launcher {name} runs jobs in the foreground; it queues none")
+    return chosen

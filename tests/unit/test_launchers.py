@@ -1,0 +1,167 @@
+"""The launcher seam (hpc.submit.launchers, hpc.config.launchers, hpc.rank.scheduler): every
+launcher named once with its traits, the checks asking traits rather than names, and a third,
+made-up scheduler taking a sweep and a study's waiting with no change outside its own class."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc import slurmctl
+from hpc.config import launchers as traits_table
+from hpc.config.launchers import LAUNCHER_TRAITS, LauncherTraits
+from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
+from hpc.config.validate import check_dependencies, validate_job
+from hpc.errors import UserError
+from hpc.rank import lifecycle
+from hpc.rank.scheduler import NoScheduler, SlurmJob, scheduler_of
+from hpc.rundir import RunDir
+from hpc.submit import sweep, trials
+from hpc.submit.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedJob, QueuedLauncher, SlurmLauncher
+from hpc.submit.sweep import SweepPoint
+
+
+def test_every_launcher_has_its_traits_and_the_kind_its_traits_say():
+    assert set(LAUNCHERS) == set(LAUNCHER_TRAITS)
+    for name, launcher in LAUNCHERS.items():
+        assert launcher.traits is LAUNCHER_TRAITS[name]
+        assert isinstance(launcher, QueuedLauncher) == launcher.traits.queued != isinstance(launcher, ForegroundLauncher)
+
+
+def test_a_job_held_after_an_array_keeps_its_own_dependency_too():
+    params = {"additional_parameters": {"dependency": "afterok:7"}, "nodes": 1}
+    held = SlurmLauncher().after_any(params, "12")
+    assert held["additional_parameters"]["dependency"] == "afterok:7,afterany:12" and held["nodes"] == 1
+    assert params["additional_parameters"]["dependency"] == "afterok:7"  # the shared parameters untouched
+    assert SlurmLauncher().after_any({"additional_parameters": {}}, "12")["additional_parameters"]["dependency"] == "afterany:12"
+
+
+def test_slurm_jobs_come_from_scontrol_then_accounting_then_gone(monkeypatch):
+    records = {"5": {"JobState": "RUNNING", "Restarts": "2"}, "6_*": {"JobState": "PENDING", "Restarts": "0"}}
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: records)
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: asked.append(list(ids)) or {"8": "COMPLETED"})
+    seen = SlurmLauncher().jobs(["5", "6_3", "8", "9"])
+    assert seen == {"5": QueuedJob("RUNNING", 2), "6_3": QueuedJob("PENDING", 0), "8": QueuedJob("COMPLETED"), "9": QueuedJob(GONE)}
+    assert asked == [["8", "9"]]  # accounting only for the jobs scontrol no longer shows
+
+
+FAKE = LauncherTraits("fakeq", "a made-up queue", "FakeQ", queued=True, one_machine=False, asks_for_gpus=True, tool="true", without_tool="no fakeq")
+
+
+class FakeQueue(QueuedLauncher):
+    """A scheduler that exists only in this test: it records what it is given."""
+
+    traits = FAKE
+    terminal_states = frozenset({"DONE", "BROKEN"})
+    waiting_states = frozenset({"QUEUED"})
+    running_states = frozenset({"GOING"})
+
+    def __init__(self) -> None:
+        self.arrays: list[tuple[dict[str, Any], list[str], int | None]] = []
+        self.states: dict[str, str] = {}
+
+    def dry_run(self, job, env, run_dir):
+        return "# fakeq script"
+
+    def submit(self, job, env, run_dir, code):
+        return self.submit_array(self.array_parameters(job, env, code), [run_dir], code, None)[1][0]
+
+    def array_parameters(self, job, env, code):
+        return {"nodes": job.resources.nodes, "after": []}
+
+    def max_array_size(self):
+        return 2
+
+    def after_any(self, params, job_id):
+        return {**params, "after": [*params["after"], job_id]}
+
+    def submit_array(self, params, run_dirs, folder, max_parallel):
+        array = f"q{len(self.arrays)}"
+        self.arrays.append((params, [run_dir.path.name for run_dir in run_dirs], max_parallel))
+        return array, [f"{array}.{i}" for i in range(len(run_dirs))], f"# fakeq array {array}"
+
+    def render_array(self, params, folder, run_dirs, max_parallel):
+        return f"# fakeq array of {len(run_dirs)}"
+
+    def jobs(self, job_ids):
+        return {job_id: QueuedJob(self.states.get(job_id, GONE)) for job_id in job_ids}
+
+    def cancel(self, job_id):
+        return None
+
+    def wait(self, job_id, rank0_log, emit=print):
+        return self.states.get(job_id, GONE)
+
+
+@pytest.fixture
+def fake_queue(monkeypatch) -> FakeQueue:
+    queue = FakeQueue()
+    monkeypatch.setitem(LAUNCHERS, "fakeq", queue)
+    monkeypatch.setitem(traits_table.LAUNCHER_TRAITS, "fakeq", FAKE)
+    monkeypatch.setattr(sweep, "freeze_job_code", lambda code, *jobs: Path(code).mkdir(parents=True))
+    return queue
+
+
+def on_fake_queue(num: int, nodes: int = 1, max_parallel: int | None = None) -> SweepPoint:
+    job = JobConfig()
+    job = replace(job, cluster=ClusterConfig(name="fq", launcher="fakeq"), resources=ResourcesConfig(nodes=nodes))
+    job = replace(job, sweep=replace(job.sweep, max_parallel=max_parallel))
+    return SweepPoint(num, (f"optim.lr=0.{num}",), job)
+
+
+def test_a_new_scheduler_takes_a_sweep_as_arrays_split_to_its_size_and_chained_under_a_throttle(fake_queue, tmp_path):
+    points = [on_fake_queue(0, max_parallel=1), on_fake_queue(1, max_parallel=1), on_fake_queue(2, max_parallel=1), on_fake_queue(3, nodes=2)]
+    lines: list[str] = []
+    assert sweep.launch_sweep(points, tmp_path, lines.append) == 0
+    assert [(names, limit) for _, names, limit in fake_queue.arrays] == [(["0", "1"], 1), (["2"], 1), (["3"], None)]
+    assert [params["after"] for params, _, _ in fake_queue.arrays] == [[], ["q0"], []]  # the throttle holds across the split
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert [p["job_id"] for p in record["points"]] == ["q0.0", "q0.1", "q1.0", "q2.0"]
+    assert RunDir(tmp_path / "3").read_json(RunDir(tmp_path / "3").job)["launcher"] == "fakeq"
+    assert "submitted job array q0: 2 tasks (points #0, #1), at most 1 at once" in lines
+
+
+def test_a_new_scheduler_answers_a_studys_waiting_for_its_trials(fake_queue, tmp_path):
+    for num in (0, 1):
+        (tmp_path / str(num)).mkdir()
+    RunDir(tmp_path / "0").write_json(RunDir(tmp_path / "0").result, {"status": "completed", "val_metrics": {"accuracy": 0.5}})
+    fake_queue.states = {"q0.0": "DONE", "q0.1": "BROKEN"}
+    lines: list[str] = []
+    points = [on_fake_queue(0), on_fake_queue(1)]
+    outcomes = trials.wait_for_jobs(fake_queue, points, {0: "q0.0", 1: "q0.1"}, tmp_path, "val_accuracy", lines.append, poll_s=0)
+    assert outcomes[0] == trials.Outcome(0, 0.5)
+    assert outcomes[1].value is None and "job q0.1 ended BROKEN without a result" in str(outcomes[1].error)
+
+
+def test_the_login_checks_ask_a_launchers_traits_not_its_name(fake_queue, monkeypatch):
+    monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: {"JobState": "RUNNING"})
+    """A queued launcher other than Slurm may take more than one node and wait for other jobs;
+    one without a queue (this machine's) may do neither."""
+    queued = on_fake_queue(0, nodes=3).job
+    monkeypatch.setattr("hpc.config.validate.check_node_fit", lambda job: None)
+    validate_job(replace(queued, after="12"))  # refused for nothing a queue offers
+    local = replace(queued, cluster=ClusterConfig(name="mine", launcher="local"))
+    with pytest.raises(UserError, match=r"resources.nodes=3: cluster=local runs on this one machine"):
+        validate_job(local)
+    with pytest.raises(UserError, match=r"after= holds a job until others end: it needs a Slurm cluster \(cluster=mine runs at once, here\)"):
+        check_dependencies(replace(local, resources=ResourcesConfig(nodes=1), after="12"))
+
+
+def test_ranks_ask_the_scheduler_of_their_environment(tmp_path, monkeypatch):
+    assert isinstance(scheduler_of({}), NoScheduler) and isinstance(scheduler_of({"SLURM_JOB_ID": "4"}), SlurmJob)
+    plan = scheduler_of({}).plan_after_stop(datetime.now(), 30)
+    assert (plan.requeue_id, plan.exit_code) == (None, lifecycle.EXIT_RESUMABLE) and "to resume" in plan.what
+    quiet = NoScheduler()
+    told = (quiet.job_id(), quiet.can_requeue(), quiet.mark_finished(), quiet.request_requeue("4", "x"), quiet.forbid_requeue())
+    assert told == (None, False, None, None, None)
+    env = {"SLURM_JOB_ID": "4", "SLURM_RESTART_COUNT": "1", lifecycle.REQUEST_DIR_VARIABLE: str(tmp_path)}
+    job = scheduler_of(env)
+    assert job.job_id() == "4" and job.requeued_by_batch_script() == slurmctl.available("scontrol")
+    assert job.request_requeue("4", "stopped by SIGUSR1") == tmp_path / "4.restart-1"
+    assert job.mark_finished() == tmp_path / "4.finished"
