@@ -38,6 +38,7 @@ from hpc.rank.outcomes import record_end, record_failure, wait_for_peers
 from hpc.rank.scheduler import scheduler_of
 from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
+from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
 
@@ -219,7 +220,6 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
     from trainers.context import FitConfig, RunContext
     from trainers.fit import fit
     from trainers.metrics import MetricsWriter
-    from trainers.tasks import build_task
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
     context = RunContext(
@@ -231,10 +231,7 @@ def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, 
         watchdog=watchdog,
         milestones=run_milestones(run_dir, rank.is_main),
     )
-    # launch.py pins the built-in task's files: one path, or the list of shards a glob matched
-    data_path = [Path(p) for p in job.data.path] if isinstance(job.data.path, list | tuple) else Path(job.data.path) if job.data.path else None
-    task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
-    return fit(fit_cfg, comm, task, MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+    return fit(fit_cfg, comm, job_task(job), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
 
 
 def import_without_collection(*modules: str) -> None:

@@ -35,13 +35,13 @@ def evaluate_run(run_dir: Path, step: int | None = None, best: bool = False, spl
 
     from collectives.base import SingleProcess
     from hpc.config.schema import to_job_config
+    from hpc.rank.task import job_task
     from trainers.checkpoint import CheckpointError, load_piece
     from trainers.evaluation import evaluate
     from trainers.export import ExportError, checkpoint_store, checkpoint_weights, chosen_checkpoint
     from trainers.layout import SHARED, rank_file
     from trainers.storage import StoreError
     from trainers.task import Place
-    from trainers.tasks import build_task
 
     run = RunDir(run_dir)
     if not run.config.is_file():
@@ -57,8 +57,7 @@ def evaluate_run(run_dir: Path, step: int | None = None, best: bool = False, spl
             _, weights = checkpoint_weights(lambda: (load_piece(store, checkpoint, rank_file(r)) for r in range(checkpoint.world_size)), shared)
     except (ExportError, CheckpointError, StoreError) as err:
         raise UserError(str(err)) from None
-    data_path = [Path(p) for p in job.data.path] if isinstance(job.data.path, list | tuple) else Path(job.data.path) if job.data.path else None
-    task = build_task(job.task, {"model": job.model, "data": job.data, "trainer": job.trainer, "data_path": data_path})
+    task = job_task(job)
     comm = SingleProcess()
     task.set_place(Place(comm.rank, comm.world_size, comm.device))
     model = task.build_model()

@@ -53,7 +53,8 @@ def test_a_store_cut_mid_run_fails_the_save_and_the_run_resumes_from_the_last_co
 
         command, env = resume_command(run_dir)
         resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        logs = "".join(f"\n--- rank {rank}:\n" + (run_dir / "logs" / f"rank-0000{rank}.log").read_text()[-1500:] for rank in (0, 1))
+        assert resumed.returncode == 0, resumed.stderr[-1500:] + logs  # a rank's own error is in its log
         result = json.loads((run_dir / "result.json").read_text())
         assert result["status"] == "completed" and result["resumed_from"] == newest
         store = stored_checkpoints(run_dir / "checkpoints")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "tests")
 LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions"}
 # `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
-COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel", "stop", "resubmit")}
+COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel", "stop", "resubmit", "evaluate")}
 
 
 @dataclass(frozen=True)
