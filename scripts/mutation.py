@@ -76,7 +76,15 @@ TARGETS: dict[str, list[str]] = {
     "trainers.sinks": ["tests/unit/test_reporting.py", "tests/unit/test_task_seam.py", "tests/unit/test_trackers.py"],
     "trainers.storage": ["tests/unit/test_storage.py", "tests/unit/test_checkpoint_store.py", "tests/unit/test_checkpoint.py", "tests/unit/test_spec.py"],
     "hpc.config.search": ["tests/unit/test_search.py", "tests/unit/test_search_checks.py"],
-    "hpc.config.validate": ["tests/unit/test_first_hour.py", "tests/unit/test_backends_preflight.py", "tests/unit/test_spec.py", "tests/unit/test_fuzz.py"],
+    "hpc.config.validate": [
+        "tests/unit/test_first_hour.py",
+        "tests/unit/test_backends_preflight.py",
+        "tests/unit/test_spec.py",
+        "tests/unit/test_fuzz.py",
+        "tests/unit/test_launchers.py",
+    ],
+    "hpc.submit.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py"],
+    "hpc.rank.scheduler": ["tests/unit/test_launchers.py", "tests/unit/test_rank_failures.py"],
 }
 
 # Survivors that change nothing a user can observe, each with its reason: "module:line:change".
