@@ -83,7 +83,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_fuzz.py",
         "tests/unit/test_launchers.py",
     ],
-    "hpc.submit.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py"],
+    "hpc.submit.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py", "tests/unit/test_api.py"],
     "hpc.rank.scheduler": ["tests/unit/test_launchers.py", "tests/unit/test_rank_failures.py"],
 }
 

@@ -158,10 +158,60 @@ def test_ranks_ask_the_scheduler_of_their_environment(tmp_path, monkeypatch):
     plan = scheduler_of({}).plan_after_stop(datetime.now(), 30)
     assert (plan.requeue_id, plan.exit_code) == (None, lifecycle.EXIT_RESUMABLE) and "to resume" in plan.what
     quiet = NoScheduler()
-    told = (quiet.job_id(), quiet.can_requeue(), quiet.mark_finished(), quiet.request_requeue("4", "x"), quiet.forbid_requeue())
-    assert told == (None, False, None, None, None)
+    told = (
+        quiet.job_id(),
+        quiet.can_requeue(),
+        quiet.requeued_by_batch_script(),
+        quiet.mark_finished(),
+        quiet.request_requeue("4", "x"),
+        quiet.forbid_requeue(),
+    )
+    assert told == (None, False, False, None, None, None) and quiet.mark_error("x") is None and quiet.note_run_dir(tmp_path) is None
+    assert quiet.requeue("4") == "job 4: no scheduler runs these ranks"
     env = {"SLURM_JOB_ID": "4", "SLURM_RESTART_COUNT": "1", lifecycle.REQUEST_DIR_VARIABLE: str(tmp_path)}
     job = scheduler_of(env)
     assert job.job_id() == "4" and job.requeued_by_batch_script() == slurmctl.available("scontrol")
     assert job.request_requeue("4", "stopped by SIGUSR1") == tmp_path / "4.restart-1"
     assert job.mark_finished() == tmp_path / "4.finished"
+    assert job.note_run_dir(tmp_path / "run") == tmp_path / "4.run-dir" and (tmp_path / "4.run-dir").read_text() == f"{tmp_path / 'run'}\n"
+    assert job.mark_error("rank 1: ValueError") == tmp_path / "4.error-1"
+    requeued: list[str] = []
+    monkeypatch.setattr(slurmctl, "available", lambda tool="scontrol": False)
+    plan = job.plan_after_stop(datetime.now(), 30)
+    assert (plan.requeue_id, plan.exit_code, job.can_requeue()) == (None, lifecycle.EXIT_RESUMABLE, False) and plan.what.startswith("scontrol not found: job 4")
+    monkeypatch.setattr(slurmctl, "available", lambda tool="scontrol": True)
+    monkeypatch.setattr(slurmctl, "requeue", lambda job_id: requeued.append(job_id) or "refused")
+    assert job.can_requeue() and job.requeue("4") == "refused" and requeued == ["4"]
+
+
+def test_a_jobs_launcher_is_the_one_its_job_json_names(tmp_path):
+    from hpc.submit.api import Job
+    from hpc.submit.launchers import queued_launcher
+
+    with pytest.raises(ValueError, match="launcher local runs jobs in the foreground; it queues none"):
+        queued_launcher("local")
+    assert queued_launcher("slurm") is LAUNCHERS["slurm"]
+    run = RunDir(tmp_path)
+    assert isinstance(Job(tmp_path, "5").launcher(), SlurmLauncher)  # a run dir from before job.json named one
+    run.write_json(run.job, {"job_id": "5", "launcher": "slurm"})
+    assert Job(tmp_path, "5").launcher() is LAUNCHERS["slurm"]
+
+
+def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
+    """The dry run's text comes from the launcher: mpirun's command line here, and the very
+    script submitit would give sbatch (an sbatch stub that accepts it runs nothing)."""
+    from hpc.config.compose import compose_job
+    from hpc.submit.launch import rank_environment
+
+    run_dir = RunDir(tmp_path / "run")
+    local = compose_job([])
+    shown = LAUNCHERS["local"].dry_run(local, rank_environment(local), run_dir)
+    assert shown.startswith("# command (cluster=local runs mpirun, no sbatch)\n") and "hpc.rank.main" in shown and str(run_dir.path) in shown
+    slurm = compose_job(["cluster=simulated", "resources.nodes=2"])
+    launcher = LAUNCHERS["slurm"]
+    assert isinstance(launcher, QueuedLauncher)
+    script = launcher.dry_run(slurm, rank_environment(slurm), run_dir)
+    assert script.startswith("# sbatch script\n#!/bin/bash") and "#SBATCH --nodes=2" in script
+    params = launcher.array_parameters(slurm, rank_environment(slurm), tmp_path / "code")
+    array = launcher.render_array(params, tmp_path / "slurm", [RunDir(tmp_path / str(n)) for n in range(3)], 2)
+    assert "#SBATCH --array=0-2%2" in array and "#SBATCH --nodes=2" in array
