@@ -190,13 +190,22 @@ def ranks_rows(rank_states: RankStates, key: str, shapes: dict[str, Any]) -> dic
     return full_model_state((state.get(key, {"pieces": []}) for state in rank_states()), shapes)
 
 
-def export(source: Path | str, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
-    """Write the chosen checkpoint's model as safetensors; what was written (for the summary line)."""
+def checkpoint_model(
+    source: Path | str, step: int | None = None, best: bool = False, state: str | None = None
+) -> tuple[Committed, dict[str, Any], str, dict[str, torch.Tensor]]:
+    """The chosen committed checkpoint of a run dir or store URL (`source`), its shared piece,
+    and its model's name and whole weights (export, and `python -m hpc.evaluate`)."""
     with tempfile.TemporaryDirectory(prefix="hpctk-export-") as staging:
         store = checkpoint_store(str(source), Path(staging))
         checkpoint = chosen_checkpoint(store, step, best)
         shared = load_piece(store, checkpoint, SHARED)
         name, weights = checkpoint_weights(lambda: (load_piece(store, checkpoint, rank_file(r)) for r in range(checkpoint.world_size)), shared, state)
+    return checkpoint, shared, name, weights
+
+
+def export(source: Path | str, out: Path, step: int | None = None, best: bool = False, state: str | None = None) -> dict[str, Any]:
+    """Write the chosen checkpoint's model as safetensors; what was written (for the summary line)."""
+    checkpoint, shared, name, weights = checkpoint_model(source, step, best, state)
     description = {key: value for key, value in shared.get("model_config", {}).items()}
     metadata = {
         "format": "pt",

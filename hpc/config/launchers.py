@@ -13,7 +13,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LauncherTraits:
     name: str
-    description: str  # for messages: "mpirun on this machine"
     scheduler: str  # who runs its jobs, for messages: "Slurm"
     # Jobs wait in a scheduler's queue and run later, elsewhere: they can wait for other jobs
     # (after=), get a time limit with a warning signal before it, spare nodes, a container, an
@@ -31,7 +30,6 @@ class LauncherTraits:
 LAUNCHER_TRAITS = {
     "local": LauncherTraits(
         "local",
-        "mpirun on this machine",
         "this machine",
         queued=False,
         one_machine=True,
@@ -41,7 +39,6 @@ LAUNCHER_TRAITS = {
     ),
     "slurm": LauncherTraits(
         "slurm",
-        "sbatch through submitit",
         "Slurm",
         queued=True,
         one_machine=False,

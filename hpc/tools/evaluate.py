@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,9 @@ def evaluate_run(run_dir: Path, step: int | None = None, best: bool = False, spl
     from collectives.base import SingleProcess
     from hpc.config.schema import to_job_config
     from hpc.rank.task import job_task
-    from trainers.checkpoint import CheckpointError, load_piece
+    from trainers.checkpoint import CheckpointError
     from trainers.evaluation import evaluate
-    from trainers.export import ExportError, checkpoint_store, checkpoint_weights, chosen_checkpoint
-    from trainers.layout import SHARED, rank_file
+    from trainers.export import ExportError, checkpoint_model
     from trainers.storage import StoreError
     from trainers.task import Place
 
@@ -50,11 +48,7 @@ def evaluate_run(run_dir: Path, step: int | None = None, best: bool = False, spl
     if job.script:
         raise UserError(f"{run_dir} ran a script ({job.script}): its model is the script's own; evaluate it there")
     try:
-        with tempfile.TemporaryDirectory(prefix="hpctk-evaluate-") as staging:
-            store = checkpoint_store(str(run_dir), Path(staging))
-            checkpoint = chosen_checkpoint(store, step, best)
-            shared = load_piece(store, checkpoint, SHARED)
-            _, weights = checkpoint_weights(lambda: (load_piece(store, checkpoint, rank_file(r)) for r in range(checkpoint.world_size)), shared)
+        checkpoint, _, _, weights = checkpoint_model(run_dir, step, best)
     except (ExportError, CheckpointError, StoreError) as err:
         raise UserError(str(err)) from None
     task = job_task(job)

@@ -51,7 +51,7 @@ def test_slurm_jobs_come_from_scontrol_then_accounting_then_gone(monkeypatch):
     assert asked == [["8", "9"]]  # accounting only for the jobs scontrol no longer shows
 
 
-FAKE = LauncherTraits("fakeq", "a made-up queue", "FakeQ", queued=True, one_machine=False, asks_for_gpus=True, tool="true", without_tool="no fakeq")
+FAKE = LauncherTraits("fakeq", "FakeQ", queued=True, one_machine=False, asks_for_gpus=True, tool="true", without_tool="no fakeq")
 
 
 class FakeQueue(QueuedLauncher):
