@@ -1,7 +1,6 @@
 """A rank's services for a job launch.py prepared, built one way for the built-in loop
 (hpc.rank.main) and for a script's run handle (hpc.run): the step reporter, the stall watchdog
-and the run's timeline milestones; and the job's task, as the loop and `python -m hpc.evaluate`
-build it. The entry point and the handle both import this; the handle
+and the run's timeline milestones. The entry point and the handle both import this; the handle
 never imports the entry point."""
 
 from __future__ import annotations
