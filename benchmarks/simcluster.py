@@ -32,11 +32,12 @@ def parse_job_id(launch_stdout: str) -> str:
     return found.group(1)
 
 
-def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+def poll(condition: Callable[[], bool], what: str, timeout_s: float = 120, details: Callable[[], str] | None = None) -> None:
+    """Wait until `condition` holds; `details` adds what was seen at the timeout to its message."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
+            raise TimeoutError(f"timed out waiting for {what}" + (f": {details()}" if details else ""))
         # Slurm and the step log give no event to wait on. Each look costs a process and an RPC
         # (scontrol, squeue, pgrep: 7-30 ms of CPU): every 0.25 s keeps that a few % of a core.
         time.sleep(0.25)
@@ -58,13 +59,22 @@ def nodes_settled(except_nodes: Iterable[str] = (), job_id: str | None = None) -
     return bool(states) and all(state in ("idle", "mixed", "allocated") for state in states) and not steps
 
 
-def release_when_requeued(job_id: str, restarts_before: int) -> None:
-    """Slurm holds a requeued job back (BeginTime about 2 minutes on): start it now."""
+def release_when_requeued(job_id: str, restarts_before: int, except_nodes: Iterable[str] = ()) -> None:
+    """Slurm holds a job requeued by scontrol back (BeginTime about 2 minutes on): start it now.
+    A job Slurm requeued itself after a node failure has no such hold and may start on its own
+    (its state goes COMPLETING, PENDING, RUNNING in moments): that is fine too. `except_nodes`:
+    lost nodes, which are not waited for."""
     poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued")
-    poll(lambda: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
+    poll(lambda: job_state(job_id) in ("PENDING", "RUNNING"), f"job {job_id} to pend again", details=lambda: job_summary(job_id))
     # Starting it before its nodes finished cleaning up the killed run makes slurmd refuse the
     # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
-    poll(lambda: nodes_settled(job_id=job_id), "nodes to finish the killed run")
+    poll(
+        lambda: job_state(job_id) != "PENDING" or nodes_settled(except_nodes, job_id=job_id),
+        f"job {job_id}'s nodes to finish the killed run",
+        details=lambda: job_summary(job_id),
+    )
+    if job_state(job_id) != "PENDING":
+        return  # Slurm started it
     # slurmd also revoked the job's credential when the run was killed, and refuses a credential
     # issued in the same second ("Job credential revoked": Slurm compares whole seconds): start
     # it once the clock is past that second.
@@ -137,8 +147,8 @@ def newest_committed_step(run_dir: Path) -> int:
 
 def lose_a_node(job_id: str, batch_host: bool) -> NodeLoss:
     """SIGKILL everything on one node of the running job (its batch host or another), wait until
-    Slurm has requeued the job and marked the node DOWN, start the job again at once (Slurm
-    would hold it about 2 minutes), check where it runs, and bring the node back."""
+    Slurm has requeued the job and marked the node DOWN, start the job again at once (unless
+    Slurm already has), check where it runs, and bring the node back."""
     (loss,) = lose_nodes([(job_id, batch_host)])
     return loss
 
@@ -161,13 +171,10 @@ def lose_nodes(jobs: list[tuple[str, bool]]) -> list[NodeLoss]:
             requeued_s.append(time.monotonic() - killed_at)
             poll(lambda lost=lost: node_state(lost).startswith("down"), f"{lost} to be DOWN", DETECTION_S)
             down_s.append(time.monotonic() - killed_at)
-        for job_id, _ in jobs:
-            poll(lambda job_id=job_id: job_state(job_id) == "PENDING", f"job {job_id} to pend again")
-        poll(lambda: nodes_settled(except_nodes=lost_nodes), "the other nodes to finish the ended runs")
         second_nodes = []
         for job_id, _ in jobs:  # each as soon as the nodes left have room
-            start_job_now(job_id)
-            poll(lambda job_id=job_id: job_state(job_id) != "PENDING", f"job {job_id} to run again", 300)
+            release_when_requeued(job_id, 0, except_nodes=lost_nodes)
+            poll(lambda job_id=job_id: job_state(job_id) != "PENDING", f"job {job_id} to run again", 300, details=lambda job_id=job_id: job_summary(job_id))
             second_nodes.append(job_hosts(job_fields(job_id)["NodeList"]))
     finally:
         for lost in lost_nodes:
