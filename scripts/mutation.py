@@ -49,6 +49,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_task_seam.py",
     ],
     "trainers.boundary": [
+        "tests/unit/test_boundary.py",
         "tests/unit/test_host_overhead.py",
         "tests/unit/test_fit_in_process.py",
         "tests/unit/test_stop_phases.py",
@@ -56,6 +57,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_training_features.py",
     ],
     "trainers.state": [
+        "tests/unit/test_state.py",
         "tests/unit/test_checkpoint.py",
         "tests/unit/test_fit_in_process.py",
         "tests/unit/test_run_handle.py",
