@@ -50,9 +50,7 @@ class PendingVote:
     done: InFlight
 
     @classmethod
-    def launch(
-        cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], values: list[Any], overlap: bool = True
-    ) -> PendingVote:
+    def launch(cls, comm: Collectives, step: int, names: tuple[str, ...], step_s: float, head: list[float], values: list[Any], overlap: bool) -> PendingVote:
         """Tensors stay on their device: the one host sync is the read. overlap=False: reduced
         here, on this thread (no hand-over to the engine's background thread). A world of one
         reduces nothing."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from collectives.base import SingleProcess
+from collectives.base import Deferred, SingleProcess
 from collectives.testing import ThreadWorld
 from trainers import metricnames
 from trainers.boundary import HEAD, PendingVote, StepBoundary, packed
@@ -195,3 +195,44 @@ def test_a_finished_step_reaches_the_watchdog_and_the_first_step_the_timeline():
     assert beats.steps == [11, 12]
     assert [(times["first_step_no"], times["resumed_from"]) for times in seen] == [(11, 10)]
     boundary(SingleProcess()).stepped(1, None)  # no watchdog: nothing to beat
+
+
+class Recorded(SingleProcess):
+    """A world of two seen from one rank, the other rank's buffer equal to this one's: every sum
+    doubles. The asynchronous reduction happens only when waited for, as on a real backend, and
+    every call is recorded."""
+
+    world_size = 2
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def allreduce_(self, buffer: torch.Tensor, op: str = "sum") -> None:  # type: ignore[override]
+        self.calls.append("allreduce_")
+        buffer.mul_(2)
+
+    def allreduce_async(self, buffer: torch.Tensor, op: str = "sum") -> Deferred:  # type: ignore[override]
+        self.calls.append("allreduce_async")
+        return Deferred(lambda: buffer.mul_(2))
+
+
+def test_the_run_handles_vote_overlaps_its_next_step_and_the_loops_is_reduced_at_once():
+    for overlap, call in ((True, "allreduce_async"), (False, "allreduce_")):
+        comm = Recorded()
+        vote = boundary(comm).launch(5, NAMES, [1.0, torch.tensor(3.0)], overlap=overlap).read()
+        assert comm.calls == [call] and vote.values == [2.0, 6.0]  # read waits for the sums
+    comm = Recorded()
+    pending = boundary(comm).launch(5, NAMES, [1.0])  # the run handle's call: overlapped by default
+    assert comm.calls == ["allreduce_async"] and pending.step_s == 0.0 and pending.read().values == [2.0]
+
+
+def test_without_checkpointing_every_rank_counts_as_written_and_votes_no_timed_save():
+    vote = boundary(Recorded()).launch(1, NAMES, [], overlap=False).read()
+    assert (vote.ranks_written, vote.time_votes, vote.stop_votes) == (2.0, 0.0, 0.0)
+
+
+def test_values_on_another_device_gather_there_with_the_cpu_ones_copied_over():
+    """The meta device stands in for a GPU: a step's figures stay where they were computed, and
+    a CPU tensor beside them is moved to them, not the other way."""
+    buffer = packed([1.0], [torch.tensor(2.0), torch.tensor(3.0, device="meta"), 4.0])
+    assert buffer.device.type == "meta" and buffer.dtype == torch.float64 and buffer.shape == (4,)

@@ -92,7 +92,9 @@ def test_a_new_epoch_starts_its_counts_over_and_keeps_the_runs():
         "rollbacks": 1,
         "skip": [[1, 0, 64]],
     }
-    assert Progress().skip == [] and Progress().skip is not Progress().skip  # no list shared between runs
+    fresh = asdict(Progress())
+    assert fresh == {**{key: 0 for key in fresh}, "epoch": 1, "skip": []}  # a new run counts from nothing, in its first epoch
+    assert Progress().skip is not Progress().skip  # no list shared between runs
 
 
 def trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -153,3 +155,45 @@ def test_the_loss_scale_is_restored_only_into_a_scaler_in_use():
     fresh = torch.amp.GradScaler("cpu", init_scale=512.0)
     restore(model, optimizer, schedule, 3, without, fresh)  # an fp32 checkpoint resumed in fp16: the scaler starts afresh
     assert fresh.get_scale() == 512.0
+
+
+def test_zero_optimizer_shards_resume_on_another_world_size_from_every_ranks_files(tmp_path):
+    """ZeRO-1 on two thread ranks saves each rank's half of the optimizer state in its own file;
+    resumed on one rank, the state is assembled from both files (no own file of the same world
+    size to take it from) and training continues from the checkpoint as one rank."""
+    import dataclasses
+
+    from collectives.config import CommConfig
+    from collectives.testing import ThreadWorld
+    from tests.support.fit_in_process import builtin_task, config, train
+
+    cfg = config(max_steps=4, every_steps=4)
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name="adamw", lr=1e-3), comm=CommConfig(backend="mpi", sharding="optimizer"))
+    ThreadWorld(2).run(lambda comm: train(tmp_path, builtin_task(cfg), cfg, comm))
+    assert sorted(path.name for path in (tmp_path / "checkpoints").glob("step-*4/rank-*.ckpt")) == ["rank-00000.ckpt", "rank-00001.ckpt"]
+    longer = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=6), comm=CommConfig(backend="mpi"))
+    result = train(tmp_path, builtin_task(longer), longer)
+    assert (result.resumed_from, result.steps) == (4, 6)
+
+
+def test_a_model_saved_in_fsdp2_rows_resumes_whole(tmp_path):
+    """FSDP2's checkpoint keeps the parameters' rows in the ranks' files (shared.ckpt has only
+    the buffers): a resume without sharding assembles them, and checks no whole model against
+    shared.ckpt's partial one."""
+    import dataclasses
+
+    import torch.distributed
+
+    from collectives.config import CommConfig
+    from collectives.torchdist import TorchDistCollectives
+    from tests.support.fit_in_process import builtin_task, config, train
+    from tests.support.ranks import gloo_world_of_one
+
+    cfg = dataclasses.replace(config(max_steps=4, every_steps=4), comm=CommConfig(backend="gloo", sharding="full"))
+    whole = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=6), comm=CommConfig(backend="gloo"))
+    with gloo_world_of_one(tmp_path / "store"):
+        one_rank = TorchDistCollectives("gloo", torch.device("cpu"))
+        train(tmp_path / "run", builtin_task(cfg), cfg, one_rank)
+        assert torch.distributed.is_initialized()
+        result = train(tmp_path / "run", builtin_task(whole), whole, one_rank)
+    assert (result.resumed_from, result.steps) == (4, 6)
