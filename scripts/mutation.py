@@ -104,7 +104,7 @@ EQUIVALENT: dict[str, str] = {
     "trainers.export:70:8:call left out": "durability across a power cut (fsync before the rename): not observable short of one",
     "trainers.export:184:56:True -> False": "the task's description in JSON: key order means nothing to a reader",
     "trainers.export:213:4:call left out": "the command's entry point (`python -m trainers.export`): the docs' command runs it, not a unit test",
-    "trainers.boundary:98:31:compare 0: Gt -> GtE": "torch.cat of one part is a copy of that part: the same values",
+    "trainers.boundary:96:31:compare 0: Gt -> GtE": "torch.cat of one part is a copy of that part: the same values",
     "trainers.state:55:7:compare 0: In -> NotIn": CUDA_ONLY,
     "trainers.state:55:7:and -> or": CUDA_ONLY,
     "trainers.state:56:8:call left out": CUDA_ONLY,
