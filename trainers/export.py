@@ -191,7 +191,7 @@ def ranks_rows(rank_states: RankStates, key: str, shapes: dict[str, Any]) -> dic
 
 
 def checkpoint_model(
-    source: Path | str, step: int | None = None, best: bool = False, state: str | None = None
+    source: Path | str, step: int | None, best: bool, state: str | None = None
 ) -> tuple[Committed, dict[str, Any], str, dict[str, torch.Tensor]]:
     """The chosen committed checkpoint of a run dir or store URL (`source`), its shared piece,
     and its model's name and whole weights (export, and `python -m hpc.evaluate`)."""

@@ -127,3 +127,50 @@ def test_a_corrupted_checkpoint_is_skipped_for_the_newest_good_one_or_refused_wh
     with pytest.raises(SystemExit) as refused:  # --out is required
         main([str(tmp_path / "run")])
     assert refused.value.code == 2 and "--out" in capsys.readouterr().err
+
+
+def test_a_script_s_one_registered_module_is_exported_without_naming_it(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    run = start_run(tmp_path / "run", model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    run.end_step(loss=1.0)
+    run.finish()
+    written = export(tmp_path / "run", tmp_path / "m.safetensors")
+    weights, metadata = load(tmp_path / "m.safetensors")
+    assert written["state"] == metadata["hpctk_state"] == "model" and set(weights) == {"weight", "bias"}
+    assert torch.equal(weights["weight"], model.weight.detach())
+
+
+def test_fsdp2_rows_are_exported_whole_from_a_script_and_from_the_builtin_loop(tmp_path):
+    """A script's fully_shard model leaves markers in shared.ckpt and its rows in the ranks'
+    files; the built-in loop's comm.sharding=full keeps only buffers in shared.ckpt. Either way the
+    export holds every parameter whole, equal to the model's own (a gloo world of one)."""
+    import dataclasses
+
+    from torch.distributed.fsdp import fully_shard
+
+    from collectives.config import CommConfig
+    from collectives.torchdist import TorchDistCollectives
+    from tests.support.fit_in_process import builtin_task
+    from tests.support.ranks import gloo_world_of_one
+
+    with gloo_world_of_one(tmp_path / "store"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+        whole = {name: value.detach().clone() for name, value in model.state_dict().items()}
+        fully_shard(model)
+        run = start_run(tmp_path / "script", model=model)
+        run.end_step(loss=1.0)
+        run.finish()
+        cfg = dataclasses.replace(task_config(max_steps=2, every_steps=2), comm=CommConfig(backend="gloo", sharding="full"))
+        task = builtin_task(cfg)
+        train(tmp_path / "loop", task, cfg, TorchDistCollectives("gloo", torch.device("cpu")))
+    shared = load_tensor_file(next((tmp_path / "script" / "checkpoints").glob("step-*")) / SHARED)
+    assert any(isinstance(value, dict) for value in shared["state"]["model"].values())  # markers where the rows were
+    export(tmp_path / "script", tmp_path / "script.safetensors")
+    weights, _ = load(tmp_path / "script.safetensors")
+    assert set(weights) == set(whole) and all(torch.equal(weights[name], value) for name, value in whole.items())
+    export(tmp_path / "loop", tmp_path / "loop.safetensors")
+    weights, _ = load(tmp_path / "loop.safetensors")
+    expected = task.build_model().state_dict()
+    assert {name: tuple(value.shape) for name, value in weights.items()} == {name: tuple(value.shape) for name, value in expected.items()}
