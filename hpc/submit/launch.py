@@ -117,7 +117,7 @@ def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str
         return 0
     state = launcher.wait(job_id, run_dir.rank_log(0))
     tell(f"job {job_id} ended: {state}")
-    return 0 if state == "COMPLETED" and run_dir.result.exists() else 1
+    return 0 if state in launcher.succeeded_states and run_dir.result.exists() else 1
 
 
 def run_failure(run_dir: RunDir) -> str:

@@ -60,6 +60,7 @@ class QueuedLauncher(ABC):
     terminal_states: frozenset[str]  # a job in one of these has ended for good (unless requeued)
     waiting_states: frozenset[str]  # queued, held or suspended: not started, or not running now
     running_states: frozenset[str]  # its ranks run, or are ending
+    succeeded_states: frozenset[str]  # ended having done its work (launch.py's wait=true exits 0 on these)
 
     @abstractmethod
     def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
@@ -124,6 +125,7 @@ class SlurmLauncher(QueuedLauncher):
     terminal_states = frozenset(slurmctl.TERMINAL_STATES)
     waiting_states = frozenset(slurmctl.WAITING_STATES)
     running_states = frozenset({"RUNNING", "COMPLETING"})
+    succeeded_states = frozenset({"COMPLETED"})
 
     def dry_run(self, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
         return f"# sbatch script\n{slurm.render_sbatch(job, env, run_dir)}"

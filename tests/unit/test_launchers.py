@@ -61,6 +61,7 @@ class FakeQueue(QueuedLauncher):
     terminal_states = frozenset({"DONE", "BROKEN"})
     waiting_states = frozenset({"QUEUED"})
     running_states = frozenset({"GOING"})
+    succeeded_states = frozenset({"DONE"})
 
     def __init__(self) -> None:
         self.arrays: list[tuple[dict[str, Any], list[str], int | None]] = []
@@ -70,6 +71,7 @@ class FakeQueue(QueuedLauncher):
         return "# fakeq script"
 
     def submit(self, job, env, run_dir, code):
+        self.submitted = run_dir.path
         return self.submit_array(self.array_parameters(job, env, code), [run_dir], code, None)[1][0]
 
     def array_parameters(self, job, env, code):
@@ -215,3 +217,21 @@ def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
     params = launcher.array_parameters(slurm, rank_environment(slurm), tmp_path / "code")
     array = launcher.render_array(params, tmp_path / "slurm", [RunDir(tmp_path / str(n)) for n in range(3)], 2)
     assert "#SBATCH --array=0-2%2" in array and "#SBATCH --nodes=2" in array
+
+
+@pytest.mark.parametrize(("state", "result", "code"), [("DONE", True, 0), ("BROKEN", True, 1), ("DONE", False, 1)])
+def test_wait_true_follows_a_job_to_its_end_in_its_schedulers_own_words(fake_queue, tmp_path, capsys, monkeypatch, state, result, code):
+    """launch.py's wait=true exits 0 only when the scheduler says the job succeeded and the ranks
+    wrote their result: no Slurm word in between."""
+    from hpc.submit import launch
+
+    monkeypatch.setattr(launch, "freeze_job_code", lambda code, job: code)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    if result:
+        run_dir.write_json(run_dir.result, {"status": "completed"})
+    fake_queue.states["q0.0"] = state
+    job = replace(on_fake_queue(0).job, wait=True)
+    assert launch.submit_and_tell(fake_queue, job, {}, run_dir) == code
+    assert json.loads(run_dir.job.read_text())["launcher"] == "fakeq" and fake_queue.submitted == run_dir.path
+    assert f"job q0.0 ended: {state}" in capsys.readouterr().out
