@@ -79,6 +79,10 @@ TARGETS: dict[str, list[str]] = {
     "trainers.storage": ["tests/unit/test_storage.py", "tests/unit/test_checkpoint_store.py", "tests/unit/test_checkpoint.py", "tests/unit/test_spec.py"],
     "hpc.config.search": ["tests/unit/test_search.py", "tests/unit/test_search_checks.py"],
     "hpc.config.validate": [
+        "tests/unit/test_validate_bounds.py",
+        "tests/unit/test_training_features.py",
+        "tests/unit/test_sbatch_options.py",
+        "tests/unit/test_backend_table.py",
         "tests/unit/test_first_hour.py",
         "tests/unit/test_backends_preflight.py",
         "tests/unit/test_spec.py",
