@@ -45,14 +45,14 @@ RESOURCES = [  # (settings accepted, the same one step past, the refusal)
 ]
 
 ON_SLURM = [
-    ({"resources.nodes": 2, "cluster.switches": 2}, {"resources.nodes": 2, "cluster.switches": 3}, "cluster.switches=3 must be between 1 and resources.nodes=2"),
+    ({"resources.nodes": 2, "cluster.switches": 2}, {"resources.nodes": 2, "cluster.switches": 3}, "switches=3 must be between 1 and resources.nodes=2"),
     ({"cluster.switches": 1}, {"cluster.switches": 0}, "cluster.switches=0 must be between 1"),
     (
         {"resources.nodes": 2, "resources.spare_nodes": 1, "cluster.max_nodes": 3},
         {"resources.nodes": 2, "resources.spare_nodes": 1, "cluster.max_nodes": 2},
         "resources.nodes=2 + resources.spare_nodes=1 is more than the 2 nodes of cluster sim",
     ),
-    ({"resources.time_min": 2, "cluster.signal_seconds": 119}, {"resources.time_min": 2, "cluster.signal_seconds": 120}, "resources.time_min=2 (120 s) leaves no time"),
+    ({"resources.time_min": 2, "cluster.signal_seconds": 119}, {"resources.time_min": 2, "cluster.signal_seconds": 120}, "time_min=2 (120 s) leaves no time"),
     ({"resources.spare_nodes": 1}, {"resources.spare_nodes": 1, "cluster": ClusterConfig()}, "spare nodes need a Slurm cluster"),
 ]
 
