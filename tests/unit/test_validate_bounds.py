@@ -219,3 +219,77 @@ def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
         validate.check_dependencies(job_with({"after_any": 9}, SLURM))
     monkeypatch.setattr(validate.shutil, "which", lambda tool: None)  # away from Slurm (a dry run): the ids' form only
     validate.check_dependencies(job_with({"after": 9}, SLURM))
+
+
+def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm_granted(monkeypatch, tmp_path):
+    """One violation per check, each refused by validate_job; inside an allocation (plain sbatch,
+    hpc.submit.prepare) the resources, the launcher's tools, after= and the container are Slurm's
+    to decide, and are not checked."""
+    assert validate.validate_job(JobConfig()).num_train > 0  # the built-in task: its data checked and described
+    refused = [
+        ({"name": "a/b"}, "must be non-empty and contain no '/'"),
+        ({"cluster": dataclasses.replace(ClusterConfig(), sbatch={"partition": "x"})}, "cluster.sbatch.partition: the toolkit sets --partition itself"),
+        ({"trainer.epochs": 0}, "trainer.epochs=0 must be >= 1"),
+        ({"optim.optimizer": {"lr": 0.1}}, "optim.optimizer has no _target_"),
+        ({"task": {"_target_": validate.CLASSIFY_TASK, "width": 3}}, "task.width: the built-in classify task takes no arguments"),
+        ({"task": {"_target_": "json.JSONDecoder"}, "data.crop": 8}, "data.crop augments the built-in classify task only"),
+        ({"script": "train.py", "task": {"_target_": "json.JSONDecoder"}}, "both say what runs on the ranks"),
+        ({"script": "train.py", "workdir": str(tmp_path / "none")}, "no such directory"),
+        ({"script": str(tmp_path / "missing.py"), "workdir": str(tmp_path)}, "no such file"),
+    ]
+    for settings, message in refused:
+        with pytest.raises(UserError, match=message):
+            validate.validate_job(job_with(settings))
+    assert validate.validate_job(job_with({"task": {"_target_": "json.JSONDecoder"}})) is None  # a user's data: known on the ranks only
+    granted = [
+        ({"cluster.failure_requeues": -1}, "cluster.failure_requeues=-1 must be >= 0"),
+        ({"after": 5}, "after= holds a job until others end"),
+        ({"cluster": dataclasses.replace(ClusterConfig(), container="/images/pt.sqsh")}, "use a Slurm cluster"),
+    ]
+    for settings, message in granted:
+        with pytest.raises(UserError, match=message):
+            validate.validate_job(job_with(settings))
+        validate.validate_job(job_with(settings), in_allocation=True)
+    monkeypatch.setattr(validate, "find_mpirun", lambda: None)
+    with pytest.raises(UserError, match="mpirun"):
+        validate.validate_job(JobConfig())
+    validate.validate_job(JobConfig(), in_allocation=True)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch) -> str:
+    """A user's package on the import path: `vbpkg.things.Thing(width, depth=2)`."""
+    package = tmp_path / "vbpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('the login node must not import a user package')\n")
+    (package / "things.py").write_text("class Thing:\n    def __init__(self, width, depth=2, optimizer=None):\n        pass\n")
+    (package / "broken.py").write_text("class Thing(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "vbpkg.things.Thing"
+
+
+def test_a_named_class_is_found_without_importing_it_and_its_arguments_checked(user_module):
+    validate.check_target("task", user_module, ["width", "depth"])
+    validate.check_target("task", "math.anything", ["whatever"])  # a compiled module: no source to read, nothing more to check
+    for target, message in [
+        ("Thing", "name the class as package.module.Class"),
+        ("vbpkg.things.two words", "name the class as package.module.Class"),
+        (12, "name the class as package.module.Class"),
+        ("no_such_package_here.Task", "no module 'no_such_package_here' on the import path"),
+        ("vbpkg.things.Other", "defines no Other"),
+        ("vbpkg.broken.Thing", "broken.py line 1"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            validate.check_target("task", target, [])
+    with pytest.raises(UserError, match=r"task.nope: vbpkg.things.Thing takes no argument 'nope'; it takes: width, depth$"):
+        validate.check_target("task", user_module, ["nope"], ("optimizer",))  # what the rank provides is not the user's to give
+
+
+def test_a_custom_scheduler_replaces_the_built_in_warm_up(user_module):
+    scheduler = {"optim.scheduler": {"_target_": user_module, "width": 3}}
+    validate.check_optim_targets(job_with({**scheduler, "optim.warmup_steps": 0}))
+    validate.check_optim_targets(job_with({"optim.warmup_steps": 100}))
+    with pytest.raises(UserError, match="optim.warmup_steps=100 is for the built-in schedules"):
+        validate.check_optim_targets(job_with({**scheduler, "optim.warmup_steps": 100}))
+    with pytest.raises(UserError, match=r"optim.scheduler.nope: vbpkg.things.Thing takes no argument 'nope'; it takes: width, depth$"):
+        validate.check_optim_targets(job_with({"optim.scheduler": {"_target_": user_module, "nope": 1}, "optim.warmup_steps": 0}))
