@@ -230,6 +230,7 @@ def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm
         ({"name": "a/b"}, "must be non-empty and contain no '/'"),
         ({"cluster": dataclasses.replace(ClusterConfig(), sbatch={"partition": "x"})}, "cluster.sbatch.partition: the toolkit sets --partition itself"),
         ({"trainer.epochs": 0}, "trainer.epochs=0 must be >= 1"),
+        ({"topology.transport": "carrier-pigeon"}, "topology.transport='carrier-pigeon' is not one of"),
         ({"optim.optimizer": {"lr": 0.1}}, "optim.optimizer has no _target_"),
         ({"task": {"_target_": validate.CLASSIFY_TASK, "width": 3}}, "task.width: the built-in classify task takes no arguments"),
         ({"task": {"_target_": "json.JSONDecoder"}, "data.crop": 8}, "data.crop augments the built-in classify task only"),
