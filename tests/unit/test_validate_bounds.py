@@ -235,6 +235,8 @@ def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm
         ({"task": {"_target_": validate.CLASSIFY_TASK, "width": 3}}, "task.width: the built-in classify task takes no arguments"),
         ({"task": {"_target_": "json.JSONDecoder"}, "data.crop": 8}, "data.crop augments the built-in classify task only"),
         ({"script": "train.py", "task": {"_target_": "json.JSONDecoder"}}, "both say what runs on the ranks"),
+        ({"script": "train.py", "task": {"_target_": validate.CLASSIFY_TASK, "width": 3}}, "both say what runs on the ranks"),
+        ({"task": {"_target_": "no_such_package_here.Task"}}, "task._target_=no_such_package_here.Task: no module"),
         ({"script": "train.py", "workdir": str(tmp_path / "none")}, "no such directory"),
         ({"script": str(tmp_path / "missing.py"), "workdir": str(tmp_path)}, "no such file"),
     ]
@@ -263,7 +265,10 @@ def user_module(tmp_path, monkeypatch) -> str:
     package = tmp_path / "vbpkg"
     package.mkdir()
     (package / "__init__.py").write_text("raise RuntimeError('the login node must not import a user package')\n")
-    (package / "things.py").write_text("class Thing:\n    def __init__(self, width, depth=2, optimizer=None):\n        pass\n")
+    (package / "things.py").write_text(
+        "class Thing:\n    def __init__(self, width, depth=2, optimizer=None):\n        pass\n\n\n"
+        "class Closure:\n    def __init__(self, params, lr=0.1):\n        pass\n\n    def step(self, closure):\n        pass\n"
+    )
     (package / "broken.py").write_text("class Thing(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return "vbpkg.things.Thing"
@@ -294,3 +299,8 @@ def test_a_custom_scheduler_replaces_the_built_in_warm_up(user_module):
         validate.check_optim_targets(job_with({**scheduler, "optim.warmup_steps": 100}))
     with pytest.raises(UserError, match=r"optim.scheduler.nope: vbpkg.things.Thing takes no argument 'nope'; it takes: width, depth$"):
         validate.check_optim_targets(job_with({"optim.scheduler": {"_target_": user_module, "nope": 1}, "optim.warmup_steps": 0}))
+
+
+def test_an_optimizer_whose_step_needs_a_closure_is_refused(user_module):
+    with pytest.raises(UserError, match="vbpkg.things.Closure"):
+        validate.check_optim_targets(job_with({"optim.optimizer": {"_target_": "vbpkg.things.Closure"}}))
