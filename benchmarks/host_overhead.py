@@ -4,7 +4,7 @@ every change (CI runs it through tests/unit/test_host_overhead.py).
     python -m benchmarks.host_overhead [--steps 300] [--warmup 30] [--rounds 3] [--write docs/benchmarks.md]
 
 Two loops train the same tiny model (the built-in MLP on the digits, batch 8) in this process,
-one after the other in each round: the built-in loop (trainers.fit on one rank: the task, the
+one after the other in each round: the built-in loop (trainers.loop.fit on one rank: the task, the
 data read ahead, the step's sums, the reports) and a raw loop (forward, loss, backward, the same
 optimizer and learning-rate schedule; its batches already decoded in memory). Printed, as one JSON line:
 
@@ -74,10 +74,10 @@ def counting() -> Iterator[HostReads]:
 
 
 def builtin_loop(steps: int, workdir: Path, reads: HostReads) -> list[tuple[float, int]]:
-    """trainers.fit for `steps` steps on one rank; (time, reads so far) at each step's report."""
+    """trainers.loop.fit for `steps` steps on one rank; (time, reads so far) at each step's report."""
     from collectives.base import SingleProcess
     from trainers.context import RunContext
-    from trainers.fit import fit
+    from trainers.loop.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
 

@@ -58,7 +58,7 @@ def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, to
     """(wall seconds from the end of step `warmup` to the end of the last step, the last step's
     loss), on rank 0: measured as the plain loop is, by the clock, not from the step records."""
     from trainers.context import RunContext
-    from trainers.fit import fit
+    from trainers.loop.fit import fit
     from trainers.metrics import MetricsWriter
     from trainers.reporting import StepReporter
     from trainers.tasks.lm import LanguageModelTask

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from collectives.config import DDP_BUCKET_MB, ENGINE_BUCKET_MB, CommConfig
+from collectives.config import ALGORITHMS, COMPRESSIONS, DDP_BUCKET_MB, ENGINE_BUCKET_MB, SHARDINGS, CommConfig
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,26 @@ def entry(name: str) -> Backend:
     except KeyError:
         hint = " (resolve comm=auto first: collectives.backends.resolve_backend)" if name == "auto" else ""
         raise UnknownBackend(f"comm.backend={name!r} is not one of {', '.join(BACKEND_TABLE)}{hint}") from None
+
+
+def check_comm(comm: CommConfig) -> None:
+    """The comm section's own settings, each alone (ValueError: the one line the user sees): the
+    names from the table and the lists, the bucket and top-k sizes. What a backend allows of the
+    rest of the job is the login node's check (hpc.config.validate.check_backend)."""
+    for key, value, allowed in (
+        ("comm.backend", comm.backend, BACKENDS),
+        ("comm.algorithm", comm.algorithm, ALGORITHMS),
+        ("comm.compression", comm.compression, COMPRESSIONS),
+        ("comm.sharding", comm.sharding, SHARDINGS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    if comm.bucket_mb < 0:
+        raise ValueError(f"comm.bucket_mb={comm.bucket_mb} must be >= 0 (0: one allreduce per tensor)")
+    if not 0 < comm.topk_ratio <= 1:
+        raise ValueError(f"comm.topk_ratio={comm.topk_ratio} must be in (0, 1]")
+    if comm.ranks_per_node is not None and comm.ranks_per_node < 1:
+        raise ValueError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1")
 
 
 def resolve_backend(comm: CommConfig, gpus_per_task: int) -> CommConfig:

@@ -6,16 +6,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --cluster
-scripts/slurm-sim.sh start
-scripts/s3-sim.sh start  # an S3-compatible server (moto) for the object-store checkpoint tests
-# Lint, format and types first: seconds, and a failure here names the line.
-python3 -m ruff check .
-python3 -m ruff format --check .
-python3 -m mypy
+# Side by side, each into its own log, shown as it ends: the simulated cluster and an
+# S3-compatible server (moto, for the object-store checkpoint tests) start, which mostly waits on
+# daemons; lint, format and types (a failure names the line); and pyproject.toml's version ranges
+# at both ends (Hydra, omegaconf, submitit: the login path's tests and one local job, a
+# virtualenv each). One after another they left a core idle for about a minute.
+setup_logs=$(mktemp -d "${TMPDIR:-/tmp}/hpc-setup.XXXXXX")
+names=() pids=()
+begin() {  # begin NAME COMMAND...
+    names+=("$1"); "${@:2}" >"$setup_logs/$1.log" 2>&1 & pids+=($!)
+}
+begin cluster scripts/slurm-sim.sh start
+begin s3 scripts/s3-sim.sh start
+begin lint bash -c 'python3 -m ruff check . && python3 -m ruff format --check . && python3 -m mypy'
+if ((!$#)); then begin ranges scripts/test-ranges.sh; fi
+failed=()
+for i in "${!names[@]}"; do
+    status=ok; wait "${pids[$i]}" || { status=FAILED; failed+=("${names[$i]}"); }
+    echo "=== setup: ${names[$i]} ($status)"; cat "$setup_logs/${names[$i]}.log"
+done
+rm -rf "$setup_logs"
+if ((${#failed[@]})); then echo "test.sh: set-up failed: ${failed[*]}" >&2; exit 1; fi
 # Under CI=true, tests that need Slurm or MPI fail instead of skipping (tests/conftest.py).
-# pyproject.toml's version ranges at both ends (Hydra, omegaconf, submitit): the login path's
-# tests and one local job, a virtualenv each (about 2 minutes).
-if ((!$#)); then scripts/test-ranges.sh; fi
 # --durations: the slowest tests end the log, to keep the suite well inside CI's limit.
 if (($#)); then  # the tests asked for, as asked
     exec python3 -m pytest -q -ra --durations=15 "$@"

@@ -1,4 +1,6 @@
-"""Typed configs owned by the trainer. Plain dataclasses: no hydra, no torch."""
+"""Typed configs owned by the trainer. Plain dataclasses: no hydra, no torch. Each section checks
+its own settings (`check()`, raising ConfigError with the one line the login node shows);
+checks that cross sections are hpc.config.validate's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,22 @@ LM_TASK = "trainers.tasks.lm.LanguageModelTask"  # task=lm
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """A setting its own section refuses: the message is the one line the user sees."""
+
+
+def at_least(settings: dict[str, float], low: float, why: str = "") -> None:
+    """Each `key: value` at `low` or above, else the first one below, refused."""
+    for key, value in settings.items():
+        if value < low:
+            raise ConfigError(f"{key}={value} must be >= {low}{why}")
+
+
+def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
 
 
 @dataclass
@@ -50,6 +68,19 @@ class DataConfig:
     test_x: str = "test/x"
     test_y: str = "test/y"
 
+    def check(self) -> None:
+        at_least({"data.batch_size": self.batch_size, "data.eval_batch_size": self.eval_batch_size}, 1)
+        self.check_loading()
+
+    def check_loading(self) -> None:
+        """The readers and the crop (the step supervisor's preparation checks these alone)."""
+        if self.workers < 0 or self.prefetch < 1:
+            raise ConfigError(f"data.workers={self.workers} must be >= 0 (0: a thread in the rank) and data.prefetch={self.prefetch} >= 1")
+        if (self.crop is not None and self.crop < 1) or self.crop_padding < 0:
+            raise ConfigError(f"data.crop={self.crop} must be >= 1 (or null for none) and data.crop_padding={self.crop_padding} >= 0")
+        if self.crop_padding and self.crop is None:
+            raise ConfigError(f"data.crop_padding={self.crop_padding} pads for a random crop: set data.crop too (e.g. the image size)")
+
 
 @dataclass
 class OptimConfig:
@@ -74,6 +105,19 @@ class OptimConfig:
     # the optimizer (and total_steps, when it takes it), stepped once per optimizer step. Set, it
     # replaces schedule and warmup_steps.
     scheduler: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """The optimizer and schedule named, the learning rate and its floor, AdamW's betas, the warm-up."""
+        one_of("optim.name", self.name, OPTIMIZERS)
+        one_of("optim.schedule", self.schedule, SCHEDULES)
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr={self.lr} must be > 0")
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"optim.min_lr={self.min_lr} must be between 0 and optim.lr={self.lr} (the cosine schedule's floor)")
+        if self.betas is not None and (len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas)):
+            raise ConfigError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1): AdamW's beta1 and beta2, e.g. [0.9,0.95]")
+        if self.warmup_steps < 0 or self.reference_batch < 1:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0 and optim.reference_batch={self.reference_batch} >= 1")
 
 
 @dataclass
@@ -118,6 +162,27 @@ class TrainerConfig:
     compile: bool = False
     compile_backend: str = "inductor"  # torch.compile's backend (inductor; aot_eager and eager compile faster, for checks)
 
+    def check(self) -> None:
+        """Counts, precision, clipping, evaluation, and the reporting and watching settings."""
+        at_least({"trainer.epochs": self.epochs, **({"trainer.threads_per_rank": self.threads_per_rank} if self.threads_per_rank is not None else {})}, 1)
+        at_least({"trainer.accumulation_steps": self.accumulation_steps}, 1)
+        self.check_reporting()
+        one_of("trainer.precision", self.precision, PRECISIONS)
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError(f"trainer.clip_grad_norm={self.clip_grad_norm} must be > 0, or null for off")
+        at_least({"trainer.eval_every": self.eval_every}, 0, " (0: evaluate at epoch ends only)")
+
+    def check_reporting(self) -> None:
+        at_least({"trainer.log_every": self.log_every}, 1)
+        at_least({"trainer.straggler_every": self.straggler_every}, 0, " (0: no straggler check)")
+        if self.straggler_ratio <= 1:
+            raise ConfigError(f"trainer.straggler_ratio={self.straggler_ratio} must be > 1 (the slowest rank vs the median)")
+        if self.watchdog_s is not None and self.watchdog_s <= 0:
+            raise ConfigError(f"trainer.watchdog_s={self.watchdog_s} must be > 0 seconds, or null for no watchdog")
+        if self.watchdog_startup_s <= 0:
+            raise ConfigError(f"trainer.watchdog_startup_s={self.watchdog_startup_s} must be > 0 seconds")
+        at_least({"trainer.max_bad_steps": self.max_bad_steps}, 0, " (0: skip bad steps, never roll back)")
+
 
 @dataclass
 class CheckpointConfig:
@@ -138,6 +203,28 @@ class CheckpointConfig:
     # With `best`: the held-out test split is evaluated once, at the end, on the best checkpoint's
     # weights (model selection by validation, then one test); false: on the final weights.
     test_best: bool = True
+
+    def check(self) -> None:
+        """How often checkpoints are taken, that a fallback is kept, where they go, and which is kept as the best."""
+        at_least({"checkpoint.every_steps": self.every_steps}, 0, " (0: off)")
+        if self.every_minutes is not None and self.every_minutes <= 0:
+            raise ConfigError(f"checkpoint.every_minutes={self.every_minutes} must be > 0, or null for off")
+        if self.keep < 2:
+            raise ConfigError(f"checkpoint.keep={self.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
+        if self.uri:
+            from trainers.storage import is_object_url, unusable
+
+            problem = unusable(self.uri) if is_object_url(self.uri) else None
+            if problem:
+                raise ConfigError(f"checkpoint.uri={problem}")
+        if self.best_mode not in ("min", "max"):
+            raise ConfigError(f"checkpoint.best_mode={self.best_mode!r} must be min or max")
+        if self.best is None:
+            return
+        if not str(self.best).startswith("val_") or len(str(self.best)) == 4:
+            raise ConfigError(f"checkpoint.best={self.best!r} must name a validation figure: val_loss, val_accuracy, or another val_ figure the task reports")
+        if not self.enabled:
+            raise ConfigError(f"checkpoint.best={self.best} keeps a checkpoint, but checkpoint.enabled=false; enable checkpoints or drop checkpoint.best")
 
 
 def accumulation_steps(trainer: TrainerConfig, batch_size: int, world_size: int) -> int:

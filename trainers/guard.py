@@ -21,6 +21,16 @@ def skip_past(progress: Progress) -> bool:
     return moved
 
 
+def in_skipped_range(progress: Progress) -> bool:
+    """The data position stands inside a range recorded to skip."""
+    return any(e == progress.epoch and start <= progress.position < end for e, start, end in progress.skip)
+
+
+def skip_starts_here(progress: Progress) -> bool:
+    """A range to skip starts at the data position: the pass ends here, the next starts past it."""
+    return any(e == progress.epoch and start == progress.position for e, start, _ in progress.skip)
+
+
 class DivergedError(RuntimeError):
     """Rolling back cannot help: the checkpoint itself leads straight to non-finite steps."""
 

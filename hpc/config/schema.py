@@ -12,12 +12,14 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from collectives.backends import resolve_backend
 from collectives.config import CommConfig
+from hpc.config.launchers import LAUNCHER_TRAITS
 from hpc.errors import UserError
-from hpc.fabric.topology import TopologyConfig
+from hpc.fabric.topology import TopologyConfig, parse_topology_conf
 from trainers.config import (
     CLASSIFY_TASK,
     CheckpointConfig,
@@ -30,6 +32,7 @@ from trainers.config import (
 CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.submit.slurm.container_launch)
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")
+STOP_SIGNALS = ("USR1", "USR2", "TERM", "INT")  # cluster.signal: the ones the ranks handle
 
 
 @dataclass
@@ -77,6 +80,26 @@ class ClusterConfig:
     # neighbours share a leaf switch). None: rings follow the allocation's node order.
     topology_conf: str | None = None
 
+    def check(self) -> None:
+        """The cluster section's own settings, each alone; against the job's resources: hpc.config.validate."""
+        if self.launcher not in LAUNCHER_TRAITS:
+            raise UserError(f"cluster.launcher={self.launcher!r} is not one of {', '.join(LAUNCHER_TRAITS)}")
+        if self.failure_requeues < 0:
+            raise UserError(f"cluster.failure_requeues={self.failure_requeues} must be >= 0 (0: a failed job is not requeued)")
+        if self.allocation_restarts < 0:
+            raise UserError(f"cluster.allocation_restarts={self.allocation_restarts} must be >= 0 (0: a failed step requeues the job at once)")
+        if self.signal not in STOP_SIGNALS:
+            raise UserError(f"cluster.signal={self.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
+        if self.signal_seconds < 1:
+            raise UserError(f"cluster.signal_seconds={self.signal_seconds} must be >= 1")
+        if self.switches_wait_min < 0:
+            raise UserError(f"cluster.switches_wait_min={self.switches_wait_min} must be >= 0")
+        if self.topology_conf is not None:
+            try:
+                parse_topology_conf(Path(self.topology_conf).read_text())
+            except OSError as err:
+                raise UserError(f"cluster.topology_conf={self.topology_conf}: {err.strerror}") from None
+
 
 @dataclass
 class ResourcesConfig:
@@ -89,6 +112,15 @@ class ResourcesConfig:
     # by a spare inside the allocation, in seconds, instead of a requeue and a queue wait.
     spare_nodes: int = 0
 
+    def check(self) -> None:
+        """The resources asked, each alone; against the cluster's nodes: hpc.config.validate."""
+        for key in ("nodes", "tasks_per_node", "cpus_per_task"):
+            if getattr(self, key) < 1:
+                raise UserError(f"resources.{key}={getattr(self, key)} must be >= 1")
+        for key in ("spare_nodes", "gpus_per_task"):
+            if getattr(self, key) < 0:
+                raise UserError(f"resources.{key}={getattr(self, key)} must be >= 0")
+
 
 @dataclass
 class SweepConfig:
@@ -98,6 +130,10 @@ class SweepConfig:
     # What each trial of a search (hydra/sweeper=optuna ...) returns: loss, samples_per_s, val_accuracy,
     # val_<metric> (hpc/objective.py). The basic sweeper's grid needs none.
     objective: str | None = None
+
+    def check(self) -> None:
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise UserError(f"sweep.max_parallel={self.max_parallel} must be >= 1 (or null: no limit)")
 
 
 @dataclass

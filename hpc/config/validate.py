@@ -9,50 +9,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collectives.backends import BACKEND_TABLE, BACKENDS, backend_of, offering, sharding_refused
-from collectives.config import ALGORITHMS, COMPRESSIONS, SHARDINGS
+from collectives.backends import BACKEND_TABLE, backend_of, check_comm, offering, sharding_refused
 from collectives.mpirun import find_mpirun
-from hpc.config.launchers import LAUNCHER_TRAITS, traits
+from hpc.config.launchers import traits
 from hpc.config.sbatch import has_control_character, job_ids, sbatch_lines
 from hpc.config.schema import CONTAINER_RUNTIMES, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
-from hpc.fabric.topology import check_topology, parse_topology_conf
-from trainers.config import (
-    CLASSIFY_TASK,
-    MODELS,
-    OPTIMIZERS,
-    PRECISIONS,
-    SCHEDULES,
-    DataConfig,
-    accumulation_steps,
-    closure_refusal,
-)
+from hpc.fabric.topology import check_topology
+from trainers.config import CLASSIFY_TASK, MODELS, DataConfig, accumulation_steps, closure_refusal
 from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
 
 
 def check_resources(job: JobConfig) -> None:
+    """The cluster, resources and sweep sections (each checks its own settings), then what the
+    job asks of the cluster: spare nodes, one machine, the nodes it has, a node's share, placement, time."""
     res, cluster = job.resources, job.cluster
-    if cluster.launcher not in LAUNCHER_TRAITS:
-        raise UserError(f"cluster.launcher={cluster.launcher!r} is not one of {', '.join(LAUNCHER_TRAITS)}")
-    for key in ("nodes", "tasks_per_node", "cpus_per_task"):
-        if getattr(res, key) < 1:
-            raise UserError(f"resources.{key}={getattr(res, key)} must be >= 1")
-    if cluster.failure_requeues < 0:
-        raise UserError(f"cluster.failure_requeues={cluster.failure_requeues} must be >= 0 (0: a failed job is not requeued)")
-    if cluster.allocation_restarts < 0:
-        raise UserError(f"cluster.allocation_restarts={cluster.allocation_restarts} must be >= 0 (0: a failed step requeues the job at once)")
-    if res.spare_nodes < 0:
-        raise UserError(f"resources.spare_nodes={res.spare_nodes} must be >= 0")
-    if res.spare_nodes and not traits(cluster.launcher).queued:
-        raise UserError(f"resources.spare_nodes={res.spare_nodes}: spare nodes need a Slurm cluster (cluster.launcher=slurm)")
+    cluster.check()
+    res.check()
+    job.sweep.check()
     if job.run_access not in RUN_ACCESS:
         raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
-    if job.sweep.max_parallel is not None and job.sweep.max_parallel < 1:
-        raise UserError(f"sweep.max_parallel={job.sweep.max_parallel} must be >= 1 (or null: no limit)")
-    if res.gpus_per_task < 0:
-        raise UserError(f"resources.gpus_per_task={res.gpus_per_task} must be >= 0")
+    if res.spare_nodes and not traits(cluster.launcher).queued:
+        raise UserError(f"resources.spare_nodes={res.spare_nodes}: spare nodes need a Slurm cluster (cluster.launcher=slurm)")
     if traits(cluster.launcher).one_machine and res.nodes > 1:
         raise UserError(f"resources.nodes={res.nodes}: cluster=local runs on this one machine; choose a Slurm cluster for more nodes")
     if cluster.max_nodes is not None and res.nodes + res.spare_nodes > cluster.max_nodes:
@@ -82,26 +62,15 @@ def check_node_fit(job: JobConfig) -> None:
 
 
 def check_placement(job: JobConfig) -> None:
-    """The switch count asked of Slurm and the topology file the rings follow."""
+    """The switch count asked of Slurm: at most one per node."""
     res, cluster = job.resources, job.cluster
     if cluster.switches is not None and not 1 <= cluster.switches <= res.nodes:
         raise UserError(f"cluster.switches={cluster.switches} must be between 1 and resources.nodes={res.nodes}")
-    if cluster.topology_conf is not None:
-        try:
-            parse_topology_conf(Path(cluster.topology_conf).read_text())
-        except OSError as err:
-            raise UserError(f"cluster.topology_conf={cluster.topology_conf}: {err.strerror}") from None
-    if cluster.switches_wait_min < 0:
-        raise UserError(f"cluster.switches_wait_min={cluster.switches_wait_min} must be >= 0")
 
 
 def check_time_limit(job: JobConfig) -> None:
     """The stop signal the ranks handle, and a time limit that leaves room before it."""
     res, cluster = job.resources, job.cluster
-    if cluster.signal not in ("USR1", "USR2", "TERM", "INT"):
-        raise UserError(f"cluster.signal={cluster.signal!r}: use USR1, USR2, TERM or INT (the ranks handle those)")
-    if cluster.signal_seconds < 1:
-        raise UserError(f"cluster.signal_seconds={cluster.signal_seconds} must be >= 1")
     time_min = res.time_min if res.time_min is not None else cluster.time_min
     if time_min < 1:
         raise UserError(f"time limit of {time_min} minutes must be >= 1 (resources.time_min)")
@@ -119,23 +88,6 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def check_reporting(job: JobConfig) -> None:
-    trainer = job.trainer
-    if trainer.log_every < 1:
-        raise UserError(f"trainer.log_every={trainer.log_every} must be >= 1")
-    if trainer.straggler_every < 0:
-        raise UserError(f"trainer.straggler_every={trainer.straggler_every} must be >= 0 (0: no straggler check)")
-    if trainer.straggler_ratio <= 1:
-        raise UserError(f"trainer.straggler_ratio={trainer.straggler_ratio} must be > 1 (the slowest rank vs the median)")
-    if trainer.watchdog_s is not None and trainer.watchdog_s <= 0:
-        raise UserError(f"trainer.watchdog_s={trainer.watchdog_s} must be > 0 seconds, or null for no watchdog")
-    if trainer.watchdog_startup_s <= 0:
-        raise UserError(f"trainer.watchdog_startup_s={trainer.watchdog_startup_s} must be > 0 seconds")
-    if trainer.max_bad_steps < 0:
-        raise UserError(f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 0 (0: skip bad steps, never roll back)")
-    check_trackers(job)
-
-
 def check_trackers(job: JobConfig) -> None:
     from trainers.trackers import PACKAGES, chosen
 
@@ -148,110 +100,38 @@ def check_trackers(job: JobConfig) -> None:
             raise UserError(f"trackers: {name} needs the {package} package: pip install {package} (or pip install 'hpc-toolkit[trackers]')")
 
 
+def check_sections(job: JobConfig) -> None:
+    """Each training section checked by its owner (collectives.backends.check_comm, the trainer's
+    configs' check()): a setting alone, refused in one line."""
+    try:
+        check_comm(job.comm)
+        job.optim.check()
+        job.trainer.check()
+        job.data.check()
+        job.checkpoint.check()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def check_training(job: JobConfig) -> None:
+    """The training sections, then what crosses them: the model the built-in task builds, the
+    backend against the job, ranks per node and the global batch against the rank count, trackers."""
     builtin = job.task.get("_target_") == CLASSIFY_TASK  # the model group configures the built-in task only
-    choices = {
-        "comm.backend": (job.comm.backend, BACKENDS),
-        **({"model.name": (job.model.name, MODELS)} if builtin else {}),
-        "optim.name": (job.optim.name, OPTIMIZERS),
-        "optim.schedule": (job.optim.schedule, SCHEDULES),
-    }
-    for key, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    positive: dict[str, int] = {
-        "trainer.epochs": job.trainer.epochs,
-        "data.batch_size": job.data.batch_size,
-        "data.eval_batch_size": job.data.eval_batch_size,
-        **({"trainer.threads_per_rank": job.trainer.threads_per_rank} if job.trainer.threads_per_rank is not None else {}),
-    }
-    for name, number in positive.items():
-        if number < 1:
-            raise UserError(f"{name}={number} must be >= 1")
-    check_loading(job.data)
-    comm = job.comm
-    for key, value, allowed in (("comm.algorithm", comm.algorithm, ALGORITHMS), ("comm.compression", comm.compression, COMPRESSIONS)):
-        if value not in allowed:
-            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    if builtin and job.model.name not in MODELS:
+        raise UserError(f"model.name={job.model.name!r} is not one of {', '.join(MODELS)}")
+    check_sections(job)
     check_backend(job)
-    if comm.bucket_mb < 0:
-        raise UserError(f"comm.bucket_mb={comm.bucket_mb} must be >= 0 (0: one allreduce per tensor)")
-    if not 0 < comm.topk_ratio <= 1:
-        raise UserError(f"comm.topk_ratio={comm.topk_ratio} must be in (0, 1]")
     world = job.resources.nodes * job.resources.tasks_per_node
-    if comm.ranks_per_node is not None and (comm.ranks_per_node < 1 or world % comm.ranks_per_node):
-        raise UserError(f"comm.ranks_per_node={comm.ranks_per_node} must be >= 1 and divide the {world} ranks")
-    if job.trainer.accumulation_steps < 1:
-        raise UserError(f"trainer.accumulation_steps={job.trainer.accumulation_steps} must be >= 1")
-    check_reporting(job)
+    ranks_per_node = job.comm.ranks_per_node
+    if ranks_per_node is not None and world % ranks_per_node:
+        raise UserError(f"comm.ranks_per_node={ranks_per_node} must be >= 1 and divide the {world} ranks")
+    check_trackers(job)
     if builtin and job.model.name == "resnet50" and not installed("torchvision"):
         raise UserError("model=resnet50 needs torchvision, which is not installed here (install the build matching your torch)")
-    if job.trainer.precision not in PRECISIONS:
-        raise UserError(f"trainer.precision={job.trainer.precision!r} is not one of {', '.join(PRECISIONS)}")
     try:
         accumulation_steps(job.trainer, job.data.batch_size, world)
     except ValueError as err:
         raise UserError(str(err)) from None
-    check_optimizer(job)
-    check_checkpointing(job)
-    check_evaluation(job)
-
-
-def check_optimizer(job: JobConfig) -> None:
-    """Clipping, the learning rate and its schedule, AdamW's betas."""
-    if job.trainer.clip_grad_norm is not None and job.trainer.clip_grad_norm <= 0:
-        raise UserError(f"trainer.clip_grad_norm={job.trainer.clip_grad_norm} must be > 0, or null for off")
-    optim = job.optim
-    if optim.lr <= 0:
-        raise UserError(f"optim.lr={optim.lr} must be > 0")
-    if not 0.0 <= optim.min_lr <= optim.lr:
-        raise UserError(f"optim.min_lr={optim.min_lr} must be between 0 and optim.lr={optim.lr} (the cosine schedule's floor)")
-    if optim.betas is not None and (len(optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in optim.betas)):
-        raise UserError(f"optim.betas={list(optim.betas)} must be two numbers in [0, 1): AdamW's beta1 and beta2, e.g. [0.9,0.95]")
-    if job.optim.warmup_steps < 0 or job.optim.reference_batch < 1:
-        raise UserError(f"optim.warmup_steps={job.optim.warmup_steps} must be >= 0 and optim.reference_batch={job.optim.reference_batch} >= 1")
-
-
-def check_checkpointing(job: JobConfig) -> None:
-    """How often checkpoints are taken, and that a fallback is kept."""
-    if job.checkpoint.every_steps < 0:
-        raise UserError(f"checkpoint.every_steps={job.checkpoint.every_steps} must be >= 0 (0: off)")
-    if job.checkpoint.every_minutes is not None and job.checkpoint.every_minutes <= 0:
-        raise UserError(f"checkpoint.every_minutes={job.checkpoint.every_minutes} must be > 0, or null for off")
-    if job.checkpoint.keep < 2:
-        raise UserError(f"checkpoint.keep={job.checkpoint.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
-    from trainers.storage import is_object_url, unusable
-
-    uri = job.checkpoint.uri
-    if uri and is_object_url(uri):
-        problem = unusable(uri)
-        if problem:
-            raise UserError(f"checkpoint.uri={problem}")
-
-
-def check_evaluation(job: JobConfig) -> None:
-    """trainer.eval_every and checkpoint.best: evaluation in the middle of an epoch, and which
-    checkpoint is kept for its validation figure."""
-    if job.trainer.eval_every < 0:
-        raise UserError(f"trainer.eval_every={job.trainer.eval_every} must be >= 0 (0: evaluate at epoch ends only)")
-    checkpoint = job.checkpoint
-    if checkpoint.best_mode not in ("min", "max"):
-        raise UserError(f"checkpoint.best_mode={checkpoint.best_mode!r} must be min or max")
-    if checkpoint.best is None:
-        return
-    if not str(checkpoint.best).startswith("val_") or len(str(checkpoint.best)) == 4:
-        raise UserError(f"checkpoint.best={checkpoint.best!r} must name a validation figure: val_loss, val_accuracy, or another val_ figure the task reports")
-    if not checkpoint.enabled:
-        raise UserError(f"checkpoint.best={checkpoint.best} keeps a checkpoint, but checkpoint.enabled=false; enable checkpoints or drop checkpoint.best")
-
-
-def check_loading(data: DataConfig) -> None:
-    if data.workers < 0 or data.prefetch < 1:
-        raise UserError(f"data.workers={data.workers} must be >= 0 (0: a thread in the rank) and data.prefetch={data.prefetch} >= 1")
-    if (data.crop is not None and data.crop < 1) or data.crop_padding < 0:
-        raise UserError(f"data.crop={data.crop} must be >= 1 (or null for none) and data.crop_padding={data.crop_padding} >= 0")
-    if data.crop_padding and data.crop is None:
-        raise UserError(f"data.crop_padding={data.crop_padding} pads for a random crop: set data.crop too (e.g. the image size)")
 
 
 def check_backend(job: JobConfig) -> None:
@@ -298,8 +178,6 @@ def check_sharding(job: JobConfig) -> None:
     """comm.sharding: which backend shards what (collectives.backends), and what sharding cannot
     go with (one line each)."""
     comm, sharding = job.comm, job.comm.sharding
-    if sharding not in SHARDINGS:
-        raise UserError(f"comm.sharding={sharding!r} is not one of {', '.join(SHARDINGS)}")
     if sharding == "none":
         return
     backend = backend_of(comm, job.resources.gpus_per_task).name

@@ -1,5 +1,5 @@
 """Run under `mpirun -np N gradsync_worker.py BACKEND`: the gradient sync of one backend, the
-way trainers/fit.py drives it, against what every rank can compute alone.
+way trainers/loop/fit.py drives it, against what every rank can compute alone.
 
 - accumulation micro-steps do not communicate: the backend's gradient exchanges are counted
   (our engine's allreduces, DDP's comm hook calls, Horovod's per-parameter allreduces);

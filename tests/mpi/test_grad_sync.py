@@ -1,4 +1,4 @@
-"""Gradient sync per backend under real Open MPI, driven the way trainers/fit.py drives it:
+"""Gradient sync per backend under real Open MPI, driven the way trainers/loop/fit.py drives it:
 accumulation micro-steps do not communicate, and clipping and the grad scaler act on
 gradients already averaged over ranks (tests/mpi/gradsync_worker.py)."""
 

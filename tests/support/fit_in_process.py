@@ -16,7 +16,7 @@ from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.context import FitConfig, RunContext
 from trainers.datasets import resolve_data_path
-from trainers.fit import fit
+from trainers.loop.fit import fit
 from trainers.metrics import MetricsWriter
 from trainers.preemption import StopFlag
 from trainers.reporting import StepReporter

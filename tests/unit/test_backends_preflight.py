@@ -12,7 +12,7 @@ from collectives import init_collectives
 from collectives.base import CollectivesError
 from collectives.config import CommConfig
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
-from hpc.config.validate import check_backend
+from hpc.config.validate import check_backend, check_training
 from hpc.env import PORT_BASE, PORT_SPAN, RankInfo, rendezvous
 from hpc.errors import UserError
 from trainers.config import TrainerConfig
@@ -47,7 +47,7 @@ def job(backend: str, compression: str = "none", cluster: ClusterConfig = SLURM,
 )
 def test_backend_misconfigurations_are_refused_naming_the_fix(config, message):
     with pytest.raises(UserError, match=message):
-        check_backend(config)
+        check_training(config)  # the comm section's own check (a name off the list), then the backend against the job
 
 
 NO_GPU = "comm=nccl needs GPUs and torch sees none on this machine; use comm=gloo or comm=mpi"

@@ -127,7 +127,7 @@ def cycle_in(nodes: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_function_level_imports_and_skips_type_checking_ones():
     rank_main = {i.target for i in GRAPH["hpc.rank.main"]}
-    assert "trainers.fit" in rank_main  # imported inside run_fit only
+    assert "trainers.loop.fit" in rank_main  # imported inside run_fit only
     assert "collectives.base" not in rank_main  # under `if TYPE_CHECKING:` only
 
 
@@ -238,10 +238,28 @@ def test_the_backend_table_and_a_runs_context_stay_below_what_reads_them():
     # handle that read it: none of them is imported back.
     reached = closure("collectives.backends", module_level_only=True)
     assert not reached & {"torch", "mpi4py", "numpy"}, sorted(reached & {"torch", "mpi4py", "numpy"})
-    bad = violations(("trainers.context",), ("trainers.loop", "trainers.fit", "trainers.handle", "trainers.boundary"))
+    bad = violations(("trainers.context",), ("trainers.loop", "trainers.loop.fit", "trainers.handle", "trainers.boundary"))
     assert not bad, bad
     readers = {module for module, found in GRAPH.items() if any(i.target == "hpc.rank.services" for i in found) and not module.startswith("tests.")}
     assert readers <= {"hpc.rank.main", "hpc.run"}, readers
+
+
+LOOP_PARTS = ("trainers.loop.engine", "trainers.loop.dataplan", "trainers.loop.policies")
+LOOP_ABOVE = ("trainers.loop.passes", "trainers.loop.build", "trainers.loop.fit")
+
+
+def test_the_loops_parts_know_neither_each_other_nor_the_loop():
+    # The loop split by job: records below everything; the engine, the data plan and the step
+    # policies side by side, each ignorant of the others; the passes above them, the builder
+    # above the passes, fit above all. Outside the package only fit is imported (tests aside).
+    for part in LOOP_PARTS:
+        bad = violations((part,), tuple(p for p in (*LOOP_PARTS, *LOOP_ABOVE) if p != part))
+        assert not bad, bad
+    assert not violations(("trainers.loop.records",), (*LOOP_PARTS, *LOOP_ABOVE))
+    assert not violations(("trainers.loop.passes",), LOOP_ABOVE[1:])
+    assert not violations(("trainers.loop.build",), LOOP_ABOVE[2:])
+    outside = [v for v in violations(tuple(p for p in PACKAGES if p != "tests"), ("trainers.loop",)) if not v.startswith("trainers.loop.")]
+    assert all(v.endswith(" imports trainers.loop.fit") for v in outside), outside
 
 
 def test_nothing_imports_the_user_tools_but_their_command_names():

@@ -14,8 +14,8 @@ from collectives.testing import ThreadWorld
 from tests.support.fit_in_process import HeldOut, Regression, config, steps_of, stopped_step, train
 from trainers.config import OptimConfig
 from trainers.context import RunContext
-from trainers.fit import fit
 from trainers.guard import DivergedError
+from trainers.loop.fit import fit
 from trainers.metrics import MetricsWriter, read_metrics
 from trainers.preemption import StopFlag
 from trainers.reporting import StepReporter

@@ -1,5 +1,5 @@
 """The data-parallel training loop, on one screen: pass after pass until the epochs (or max_steps)
-are done or a stop is agreed; the parts are trainers.loop's."""
+are done or a stop is agreed; the parts are trainers.loop's (build, passes, engine, data plan, policies)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 from collectives.base import Collectives
 from trainers.context import FitConfig, FitResult, RunContext
-from trainers.loop import EpochEnd, build_loop
+from trainers.loop.build import build_loop
+from trainers.loop.records import EpochEnd
 from trainers.metrics import MetricsWriter
 from trainers.task import adapt
 

@@ -1,0 +1,80 @@
+"""Each config section checks its own settings (issue 47: one place for each rule): the trainer's
+sections and the comm section refuse without the login node's code (no hpc import, the message is
+the one line validate shows), and the cluster's sections refuse alone, before any cross check."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.backends import check_comm
+from collectives.config import CommConfig
+from hpc.config.schema import ClusterConfig, ResourcesConfig, SweepConfig
+from hpc.errors import UserError
+from trainers.config import CheckpointConfig, ConfigError, DataConfig, OptimConfig, TrainerConfig
+
+SECTIONS = [TrainerConfig(), DataConfig(), OptimConfig(), CheckpointConfig(), ClusterConfig(), ResourcesConfig(), SweepConfig()]
+
+
+def test_every_section_s_defaults_pass_its_own_check():
+    refused = []
+    for check in [*(section.check for section in SECTIONS), lambda: check_comm(CommConfig())]:
+        try:
+            check()
+        except (ValueError, UserError) as err:
+            refused.append(str(err))
+    assert refused == []
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (TrainerConfig(epochs=0), "trainer.epochs=0 must be >= 1"),
+        (TrainerConfig(threads_per_rank=0), "trainer.threads_per_rank=0 must be >= 1"),
+        (TrainerConfig(accumulation_steps=0), "trainer.accumulation_steps=0 must be >= 1"),
+        (TrainerConfig(straggler_ratio=1.0), r"trainer.straggler_ratio=1.0 must be > 1"),
+        (TrainerConfig(precision="fp8"), "trainer.precision='fp8' is not one of fp32, bf16, fp16"),
+        (TrainerConfig(eval_every=-1), r"trainer.eval_every=-1 must be >= 0 \(0: evaluate at epoch ends only\)"),
+        (DataConfig(eval_batch_size=0), "data.eval_batch_size=0 must be >= 1"),
+        (DataConfig(crop_padding=4), "data.crop_padding=4 pads for a random crop: set data.crop too"),
+        (OptimConfig(schedule="step"), "optim.schedule='step' is not one of cosine, constant"),
+        (OptimConfig(min_lr=1.0), r"optim.min_lr=1.0 must be between 0 and optim.lr=0.05"),
+        (CheckpointConfig(keep=1), "checkpoint.keep=1: keep at least 2"),
+        (CheckpointConfig(best="loss"), "checkpoint.best='loss' must name a validation figure"),
+        (CheckpointConfig(best="val_loss", enabled=False), "checkpoint.best=val_loss keeps a checkpoint, but checkpoint.enabled=false"),
+    ],
+)
+def test_the_trainer_s_sections_refuse_their_own_settings_in_one_line(section, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        section.check()
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("comm", "message"),
+    [
+        (CommConfig(backend="ucx"), "comm.backend='ucx' is not one of auto, mpi, gloo, nccl, horovod"),
+        (CommConfig(algorithm="tree"), "comm.algorithm='tree' is not one of auto, ring, rhd, hierarchical, mpi"),
+        (CommConfig(sharding="zero3"), "comm.sharding='zero3' is not one of none, optimizer, gradients, full"),
+        (CommConfig(topk_ratio=0.0), r"comm.topk_ratio=0.0 must be in \(0, 1\]"),
+        (CommConfig(ranks_per_node=0), "comm.ranks_per_node=0 must be >= 1"),
+    ],
+)
+def test_the_comm_section_refuses_its_own_settings(comm, message):
+    with pytest.raises(ValueError, match=message):
+        check_comm(comm)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (ClusterConfig(launcher="pbs"), "cluster.launcher='pbs' is not one of"),
+        (ClusterConfig(signal="HUP"), "cluster.signal='HUP': use USR1, USR2, TERM or INT"),
+        (ClusterConfig(topology_conf="/nonexistent/topology.conf"), "cluster.topology_conf=/nonexistent/topology.conf: No such file"),
+        (ResourcesConfig(cpus_per_task=0), "resources.cpus_per_task=0 must be >= 1"),
+        (ResourcesConfig(gpus_per_task=-1), "resources.gpus_per_task=-1 must be >= 0"),
+        (SweepConfig(max_parallel=0), r"sweep.max_parallel=0 must be >= 1 \(or null: no limit\)"),
+    ],
+)
+def test_the_cluster_s_sections_refuse_their_own_settings(section, message):
+    with pytest.raises(UserError, match=message):
+        section.check()
