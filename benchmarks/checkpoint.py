@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from trainers.checkpoint import Checkpointer
-from trainers.tensorfile import write_tensor_file
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.tensorfile import write_tensor_file
 
 
 def make_state(megabytes: int) -> dict[str, torch.Tensor]:

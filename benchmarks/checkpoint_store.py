@@ -2,8 +2,8 @@
 
     python benchmarks/checkpoint_store.py [--mb 256] [--repeats 3] [--url s3://hpctk-tests/bench]
 
-Each save is a training run's, through trainers.checkpoint.Checkpointer over trainers/storage.py:
-the state written to the staging directory by trainers.tensorfile (fsynced, with its checksum
+Each save is a training run's, through trainers.checkpoint.checkpointer.Checkpointer over trainers/checkpoint/storage.py:
+the state written to the staging directory by trainers.checkpoint.tensorfile (fsynced, with its checksum
 file), put into the store, the marker committed last, the previous step pruned. Two figures per
 store: a synchronous save (the final or on-signal save: the training thread waits for all of
 it), and what an asynchronous (periodic) save costs the training thread (the host copy; the
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainers.checkpoint import Checkpointer
-    from trainers.storage import CheckpointStore
+    from trainers.checkpoint.checkpointer import Checkpointer
+    from trainers.checkpoint.storage import CheckpointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,8 +56,8 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    from trainers.checkpoint import Checkpointer
-    from trainers.storage import LocalStore, ObjectStore
+    from trainers.checkpoint.checkpointer import Checkpointer
+    from trainers.checkpoint.storage import LocalStore, ObjectStore
 
     state = {f"t{i}": torch.randn(4 << 20) for i in range(max(1, args.mb // 16))}
     mib = sum(t.numel() * 4 for t in state.values()) / 2**20

@@ -78,8 +78,8 @@ def builtin_loop(steps: int, workdir: Path, reads: HostReads) -> list[tuple[floa
     from collectives.base import SingleProcess
     from trainers.context import RunContext
     from trainers.loop.fit import fit
-    from trainers.metrics import MetricsWriter
-    from trainers.reporting import StepReporter
+    from trainers.reporting.metrics import MetricsWriter
+    from trainers.reporting.reporter import StepReporter
 
     marks: list[tuple[float, int]] = []
 
@@ -112,7 +112,7 @@ def proxy_config(steps: int) -> Any:
 
 def proxy_task(cfg: Any) -> Any:
     """The built-in classification task on the built-in digits (converted once to HDF5)."""
-    from trainers.datasets import resolve_data_path
+    from trainers.data.datasets import resolve_data_path
     from trainers.tasks import build_task
 
     return build_task({}, {"model": cfg.model, "data": cfg.data, "trainer": cfg.trainer, "data_path": resolve_data_path(cfg.data)})

@@ -59,8 +59,8 @@ def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, to
     loss), on rank 0: measured as the plain loop is, by the clock, not from the step records."""
     from trainers.context import RunContext
     from trainers.loop.fit import fit
-    from trainers.metrics import MetricsWriter
-    from trainers.reporting import StepReporter
+    from trainers.reporting.metrics import MetricsWriter
+    from trainers.reporting.reporter import StepReporter
     from trainers.tasks.lm import LanguageModelTask
 
     class Clocked(StepReporter):
@@ -90,9 +90,9 @@ def plain_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, toke
     from collectives.base import broadcast_module
     from collectives.config import CommConfig
     from collectives.optimizer import apply_distributed_optimizer
+    from trainers.data.sampler import ShardSampler
+    from trainers.data.tokens import VOCAB_SIZE, TokenWindows
     from trainers.gpt import GPT, GPTShape, next_token_loss
-    from trainers.sampler import ShardSampler
-    from trainers.tokens import VOCAB_SIZE, TokenWindows
 
     torch.manual_seed(0)
     model = GPT(GPTShape(vocab_size=VOCAB_SIZE, **TASK))
@@ -128,7 +128,7 @@ def worker(args: argparse.Namespace) -> None:
     from collectives.base import SingleProcess
     from collectives.config import CommConfig
     from hpc.env import RankInfo
-    from trainers.tokens import embedded_token_path
+    from trainers.data.tokens import embedded_token_path
 
     torch.set_num_threads(1)
     place = RankInfo.from_env(os.environ)

@@ -4,7 +4,7 @@ written by the converter (`python -m trainers.convert numpy`) as ~1 GiB shards.
     python benchmarks/loader.py [--images 12000] [--batch 256] [--workers 1] [--rounds 3]
 
 Loaders, each reading the same batches (the sampler's order for one rank), in interleaved rounds:
-- ours: `data.workers=W` (trainers.loader: rows pread into shared slots, in order)
+- ours: `data.workers=W` (trainers.data.loader: rows pread into shared slots, in order)
 - ours, thread: `data.workers=0` (one prefetch thread in the rank)
 - DataLoader, same reader: torch's DataLoader, W workers, over the same data set (H5Split,
   `__getitems__` per batch): the same reads, torch's worker and transfer machinery
@@ -43,9 +43,9 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from trainers import data as data_module  # noqa: E402
-from trainers.data import H5Split, Prefetcher  # noqa: E402
-from trainers.loader import WorkerLoader  # noqa: E402
-from trainers.sampler import ShardSampler  # noqa: E402
+from trainers.data.loader import WorkerLoader  # noqa: E402
+from trainers.data.reading import H5Split, Prefetcher  # noqa: E402
+from trainers.data.sampler import ShardSampler  # noqa: E402
 from trainers.task import read_items  # noqa: E402
 
 SHAPE = (3, 224, 224)

@@ -106,8 +106,8 @@ def weights_digest(run_dir: Path) -> str:
     """sha256 of the newest checkpoint's model tensors (torch imported only here)."""
     import hashlib
 
-    from trainers.layout import SHARED, committed_steps, step_dir_name
-    from trainers.tensorfile import read_tensor_file
+    from trainers.checkpoint.layout import SHARED, committed_steps, step_dir_name
+    from trainers.checkpoint.tensorfile import read_tensor_file
 
     newest = run_dir / "checkpoints" / step_dir_name(committed_steps(run_dir / "checkpoints")[-1])
     state = read_tensor_file(newest / SHARED)

@@ -113,7 +113,7 @@ def poisoned_data(path: Path, rng: random.Random) -> Path:
     import numpy as np
 
     from trainers.config import DataConfig
-    from trainers.datasets import default_dataset_path, resolve_data_path
+    from trainers.data.datasets import default_dataset_path, resolve_data_path
 
     resolve_data_path(DataConfig())
     with h5py.File(default_dataset_path(), "r") as src, h5py.File(path, "w") as dst:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from collectives.mpirun import local_ranks_environment
-from trainers.checkpoint import Committed, load_piece, verify
-from trainers.layout import SHARED, rank_file
-from trainers.storage import CheckpointStore, stored_checkpoints
+from trainers.checkpoint.checkpointer import Committed, load_piece, verify
+from trainers.checkpoint.layout import SHARED, rank_file
+from trainers.checkpoint.storage import CheckpointStore, stored_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def newest_shared_state(run_dir: Path) -> dict[str, Any]:
 
 def state_hash(run_dir: Path) -> str:
     """A digest of the newest checkpoint's model weights (consolidated where the ranks saved rows)."""
-    from trainers.export import checkpoint_weights
+    from trainers.checkpoint.export import checkpoint_weights
 
     store, newest = newest_checkpoint(run_dir)
     state = load_piece(store, newest, SHARED)

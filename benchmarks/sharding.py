@@ -83,7 +83,7 @@ def train_one(args: argparse.Namespace, comm: Any) -> None:
     from collectives.optimizer import apply_distributed_optimizer
     from collectives.zero import STAGES, shard_optimizer
     from trainers.gpt import GPT, GPTShape
-    from trainers.memory import peak_memory_mib
+    from trainers.reporting.memory import peak_memory_mib
 
     torch.set_num_threads(1)
     if args.mode == "full":  # FSDP2 on torch.distributed gloo, beside the engine that reports the figures

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.slurmctl import hostnames, job_fields, job_state, node_states, start_now
-from trainers.layout import committed_steps
+from trainers.checkpoint.layout import committed_steps
 
 SIM = str(Path(__file__).resolve().parents[1] / "scripts" / "slurm-sim.sh")
 # slurmctld declares a silent node DOWN once it has not answered for SlurmdTimeout (30 s on the

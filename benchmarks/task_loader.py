@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, default_collate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainers.loader import WorkerLoader  # noqa: E402
-from trainers.sampler import ShardSampler  # noqa: E402
+from trainers.data.loader import WorkerLoader  # noqa: E402
+from trainers.data.sampler import ShardSampler  # noqa: E402
 from trainers.task import read_items  # noqa: E402
 
 LOADERS = ("ours", "ours, items sent", "ours, workers=0", "DataLoader")

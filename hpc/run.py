@@ -38,7 +38,7 @@ from hpc.rank import hosting
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rank.scheduler import scheduler_of
 from hpc.rundir import RunDir
-from trainers.positions import RandomWindows, ShuffledBatches, StreamCursor  # data positions a run keeps
+from trainers.data.positions import RandomWindows, ShuffledBatches, StreamCursor  # data positions a run keeps
 
 if TYPE_CHECKING:
     from collectives.base import Collectives
@@ -241,10 +241,10 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
 
 def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hosting.Host | None, state: dict[str, Any]) -> Handle:
     from trainers.boundary import StepBoundary
+    from trainers.checkpoint.saving import SaveCoordinator
     from trainers.handle import Handle, Registry
-    from trainers.metrics import MetricsWriter
-    from trainers.reporting import StepReporter
-    from trainers.saving import SaveCoordinator
+    from trainers.reporting.metrics import MetricsWriter
+    from trainers.reporting.reporter import StepReporter
 
     registry = Registry(state)
     comm, owned = _collectives(rank)

@@ -6,7 +6,7 @@
 <run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
 <run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
 <run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
-<run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint); with
+<run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint.checkpointer); with
                            checkpoint.uri: STORE (their URL) and the staging of saves in progress
 <run_dir>/result.json      final metrics, written by rank 0 when training ends
 <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr

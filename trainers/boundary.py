@@ -3,7 +3,7 @@
 After every optimizer step the ranks add up one small buffer: the stop vote (a signal on any rank
 stops all of them at the same step), the save handshake (an asynchronous checkpoint commits once
 every rank has written its part), the timed-save vote, the fingerprint of the metric names
-(trainers.metricnames) and the step's own figures. Every rank then reads the same sums and decides
+(trainers.reporting.metricnames) and the step's own figures. Every rank then reads the same sums and decides
 alike: stop, save, or go on. The launch and the read are separate calls, so a loop may let the
 allreduce run beside its next step (the run handle does) or read it at once (the built-in Loop).
 """
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from collectives.base import Collectives, Deferred, InFlight
-from trainers import metricnames
+from trainers.checkpoint.saving import SaveCoordinator
 from trainers.context import Milestones
 from trainers.preemption import StopFlag
-from trainers.saving import SaveCoordinator
+from trainers.reporting import metricnames
 from trainers.task import TaskError
 from trainers.watchdog import Watchdog
 

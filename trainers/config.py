@@ -189,7 +189,7 @@ class CheckpointConfig:
     enabled: bool = True
     # Where checkpoints go instead of <run_dir>/checkpoints/: an fsspec URL (s3://bucket/prefix;
     # endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) or a directory. Each
-    # run gets its own place under it (trainers.storage.run_location); null: the run dir.
+    # run gets its own place under it (trainers.checkpoint.storage.run_location); null: the run dir.
     uri: str | None = None
     keep: int = 2  # committed checkpoints kept; fewer than 2 is refused
     every_steps: int = 0  # 0: not by step count
@@ -212,7 +212,7 @@ class CheckpointConfig:
         if self.keep < 2:
             raise ConfigError(f"checkpoint.keep={self.keep}: keep at least 2 so a bad newest checkpoint has a fallback")
         if self.uri:
-            from trainers.storage import is_object_url, unusable
+            from trainers.checkpoint.storage import is_object_url, unusable
 
             problem = unusable(self.uri) if is_object_url(self.uri) else None
             if problem:

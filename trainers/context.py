@@ -13,7 +13,7 @@ from typing import Any
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.preemption import StopFlag
-from trainers.reporting import StepReporter
+from trainers.reporting.reporter import StepReporter
 from trainers.watchdog import Watchdog
 
 

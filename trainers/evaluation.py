@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives, allreduce_sums
-from trainers import metricnames
-from trainers.sampler import eval_shard
+from trainers.data.sampler import eval_shard
+from trainers.reporting import metricnames
 from trainers.task import MapDataset, Task, read_items
 
 

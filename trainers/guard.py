@@ -9,7 +9,7 @@ the model goes back to the last committed checkpoint and the data of those steps
 
 from __future__ import annotations
 
-from trainers.state import Progress
+from trainers.checkpoint.state import Progress
 
 
 def skip_past(progress: Progress) -> bool:

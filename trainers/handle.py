@@ -4,7 +4,7 @@ What a script registers (models, optimizers, schedulers, the grad scaler, a data
 object with state_dict/load_state_dict, plain values) is restored from the newest committed
 checkpoint at start; at every step boundary one small allreduce carries the stop vote, the save
 handshake, the timed-save vote and the step's metrics, so every rank decides alike whether to
-save and whether to stop; saves use the checkpoint protocol of trainers.checkpoint. Shared state
+save and whether to stop; saves use the checkpoint protocol of trainers.checkpoint.checkpointer. Shared state
 (replicated by data parallelism) is written once, by rank 0; state marked `per_rank` and the RNG
 streams by every rank. hpc.run builds this from the launcher's environment.
 """
@@ -25,17 +25,17 @@ from torch import nn
 from collectives.base import Collectives
 from collectives.fsdp import join_sharded, sharded_keys, split_sharded, templates_of
 from collectives.zero import ShardingError, is_sharded
-from trainers import metricnames
 from trainers.boundary import PendingVote, StepBoundary, StepVote
-from trainers.checkpoint import CheckpointError
-from trainers.memory import peaks_over_ranks
-from trainers.metrics import MetricsWriter
+from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.recovery import newest_agreed
+from trainers.checkpoint.saving import SaveCoordinator
+from trainers.checkpoint.shards import restore_optimizer
+from trainers.checkpoint.state import check_compatible, restore_rng, rng_state
 from trainers.preemption import StopFlag
-from trainers.recovery import newest_agreed
-from trainers.reporting import StepReporter
-from trainers.saving import SaveCoordinator
-from trainers.shards import restore_optimizer
-from trainers.state import check_compatible, restore_rng, rng_state
+from trainers.reporting import metricnames
+from trainers.reporting.memory import peaks_over_ranks
+from trainers.reporting.metrics import MetricsWriter
+from trainers.reporting.reporter import StepReporter
 from trainers.task import TaskError
 
 log = logging.getLogger("trainers")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from collectives.base import Collectives
-from trainers.reporting import Straggler, find_straggler
+from trainers.reporting.reporter import Straggler, find_straggler
 
 
 class StragglerWatch:

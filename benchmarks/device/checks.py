@@ -198,7 +198,7 @@ def memory(mode: str, scratch: Path, report: Report) -> None:
         if gpu:
             torch.cuda.synchronize()
             return float(torch.cuda.memory_allocated(device))
-        from trainers.memory import peak_memory_mib
+        from trainers.reporting.memory import peak_memory_mib
 
         return peak_memory_mib(device) * 2**20
 

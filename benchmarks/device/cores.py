@@ -89,8 +89,8 @@ def loader(mode: str, scratch: Path, report: Report) -> None:
     import torch
 
     from benchmarks import loader as bench
-    from trainers import data as data_module
-    from trainers.sampler import ShardSampler
+    from trainers.data import reading as data_module
+    from trainers.data.sampler import ShardSampler
 
     data_module.IN_MEMORY_LIMIT_BYTES = 0  # as benchmarks/loader.py: read from the files, as for a real data set
     torch.set_num_threads(1)

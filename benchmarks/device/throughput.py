@@ -115,7 +115,7 @@ def image_pair(mode: str, setup: Images, data: Path, scratch: Path, report: Repo
     reference_does = (
         f"raw loop in the check's process: the same model{compiled_by_hand(backend)}, "
         f"batch, {setup.precision}, channels_last, SGD (fused where torch has it); {HELD_BATCHES} uint8 batches held in pinned host memory, used in turn, "
-        f"copied non_blocking on the default stream (as a DataLoader(pin_memory=True) loop), cropped + flipped (trainers.augment's kernels) "
+        f"copied non_blocking on the default stream (as a DataLoader(pin_memory=True) loop), cropped + flipped (trainers.data.augment's kernels) "
         f"and made float on the {where} every step: the toolkit's device work, without reading files; {setup.steps} timed steps after {setup.warmup}. "
         f"Beside it: the same loop on one float batch already on the {where} (issue 43's first bar)"
     )
@@ -202,7 +202,7 @@ class RawImages:
         return Measured(rates["same"], others={"raw loop, batch already on the device": rates["bar"]})
 
     def rates(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, index: int) -> dict[str, float]:
-        from trainers.augment import random_crop, random_flip
+        from trainers.data.augment import random_crop, random_flip
 
         setup, device = self.setup, self.device
         pinned = device.type == "cuda"
@@ -259,7 +259,7 @@ def lm(mode: str, scratch: Path, report: Report, rounds: int = 1) -> None:
 
 
 def lm_tokens(mode: str, scratch: Path) -> Path:
-    from trainers.tokens import write_token_file
+    from trainers.data.tokens import write_token_file
 
     scratch.mkdir(parents=True, exist_ok=True)
     tokens = scratch / "tokens.h5"
@@ -360,8 +360,8 @@ class PlainLM:
         self.kept: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None
 
     def build(self, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        from trainers.data.tokens import VOCAB_SIZE
         from trainers.gpt import GPT, GPTShape
-        from trainers.tokens import VOCAB_SIZE
 
         torch.manual_seed(0)
         model = GPT(GPTShape(vocab_size=VOCAB_SIZE, **LM_SHAPE[self.mode])).to(device)
@@ -372,9 +372,9 @@ class PlainLM:
 
     def run(self) -> tuple[float, list[float]]:
         """Seconds per step after the warm-up (the device synchronised at both ends), and the losses."""
+        from trainers.data.sampler import ShardSampler
+        from trainers.data.tokens import TokenWindows
         from trainers.gpt import next_token_loss
-        from trainers.sampler import ShardSampler
-        from trainers.tokens import TokenWindows
 
         mode, device = self.mode, device_of(self.mode)
         shape, batch, (steps, warmup) = LM_SHAPE[mode], LM_BATCH[mode], LM_STEPS[mode]

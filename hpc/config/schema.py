@@ -159,7 +159,7 @@ class JobConfig:
     script_args: list[str] = field(default_factory=list)
     workdir: str | None = None
     name: str = "train"
-    # Where rank 0's figures go beyond steps.jsonl and the terminal (trainers/trackers.py):
+    # Where rank 0's figures go beyond steps.jsonl and the terminal (trainers/reporting/trackers.py):
     # tensorboard, prometheus, mlflow, wandb; each configured by its library's own variables.
     trackers: list[str] = field(default_factory=list)
     run_root: str = "runs"  # run directories go under here (relative: to the launch dir)

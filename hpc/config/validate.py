@@ -19,7 +19,7 @@ from hpc.config.sources import class_source, constructor_arguments, defines, fin
 from hpc.errors import UserError
 from hpc.fabric.topology import check_topology
 from trainers.config import CLASSIFY_TASK, MODELS, DataConfig, accumulation_steps, closure_refusal
-from trainers.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
+from trainers.data.datasets import DataError, DatasetInfo, augmented_shape, check_model_input, inspect_known, resolve_data_files
 
 
 def check_resources(job: JobConfig) -> None:
@@ -89,7 +89,7 @@ def installed(module: str) -> bool:
 
 
 def check_trackers(job: JobConfig) -> None:
-    from trainers.trackers import PACKAGES, chosen
+    from trainers.reporting.trackers import PACKAGES, chosen
 
     for name in job.trackers:
         if name not in PACKAGES:
@@ -419,5 +419,5 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     builtin = check_task(job)
     augmenting = [key for key, value in (("data.crop", job.data.crop), ("data.flip", job.data.flip)) if value]
     if augmenting and not builtin:
-        raise UserError(f"{augmenting[0]} augments the built-in classify task only; in your own task call trainers.augment.random_crop or random_flip")
+        raise UserError(f"{augmenting[0]} augments the built-in classify task only; in your own task call trainers.data.augment.random_crop or random_flip")
     return check_data(job) if builtin else None  # a user's data sets are known on the ranks only

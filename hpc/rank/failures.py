@@ -35,8 +35,8 @@ def repeats(err: BaseException) -> bool:
     """Whether `err` would happen again on every restart (see the module's docstring)."""
     from collectives.base import CollectivesError
     from hpc.errors import UserError
-    from trainers.checkpoint import CheckpointError, StoreUnavailable
-    from trainers.datasets import DataError
+    from trainers.checkpoint.checkpointer import CheckpointError, StoreUnavailable
+    from trainers.data.datasets import DataError
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 
@@ -54,7 +54,7 @@ def repeats(err: BaseException) -> bool:
 def one_line(err: BaseException) -> bool:
     """The user-fixable errors whose message is the whole story (no traceback in the log)."""
     from hpc.errors import UserError
-    from trainers.checkpoint import CheckpointError
+    from trainers.checkpoint.checkpointer import CheckpointError
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 

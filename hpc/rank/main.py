@@ -219,7 +219,7 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
     from trainers.context import FitConfig, RunContext
     from trainers.loop.fit import fit
-    from trainers.metrics import MetricsWriter
+    from trainers.reporting.metrics import MetricsWriter
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
     context = RunContext(

@@ -20,7 +20,7 @@ from hpc.rundir import RunDir
 if TYPE_CHECKING:
     from hpc.config.schema import JobConfig
     from trainers.context import Milestones
-    from trainers.reporting import StepReporter
+    from trainers.reporting.reporter import StepReporter
     from trainers.watchdog import Watchdog
 
 log = logging.getLogger("hpc.rank")
@@ -42,8 +42,8 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
     """Where a job's steps are reported: steps.jsonl, the progress line and the chosen sinks
     (`trackers`: Prometheus, TensorBoard, MLflow, W&B), on rank 0; the other ranks' reporter
     only closes. The trackers are given the composed job once per start."""
-    from trainers.reporting import StepReporter
-    from trainers.trackers import DEFAULT_PROMETHEUS_FILE, TRACKERS, TrackedRun, chosen, opened
+    from trainers.reporting.reporter import StepReporter
+    from trainers.reporting.trackers import DEFAULT_PROMETHEUS_FILE, TRACKERS, TrackedRun, chosen, opened
 
     if not is_main:
         return StepReporter(None)

@@ -20,7 +20,7 @@ from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
 from hpc.submit.launchers import QueuedLauncher, launcher_for
 from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
-from trainers.datasets import DatasetInfo
+from trainers.data.datasets import DatasetInfo
 
 
 def resolved_yaml(job: JobConfig) -> str:
@@ -56,7 +56,7 @@ def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
         script = parse_script(job.script, workdir)
         job = replace(job, script=str(script.path) if script.path else job.script, workdir=str(workdir))
     if task_target(job) == LM_TASK:
-        from trainers.tokens import TokenDataError, resolve_token_path
+        from trainers.data.tokens import TokenDataError, resolve_token_path
 
         try:
             job = replace(job, task={**job.task, "tokens": str(resolve_token_path(job.task.get("tokens")))})

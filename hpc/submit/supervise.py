@@ -304,7 +304,7 @@ class Supervisor:
 
     def newest_checkpoint(self) -> int:
         """The newest committed step of the run (rank 0 names its run dir in `<id>.run-dir`)."""
-        from trainers.storage import newest_committed
+        from trainers.checkpoint.storage import newest_committed
 
         run_dir = self.run_dir()
         if run_dir is None:

@@ -35,10 +35,10 @@ def evaluate_run(run_dir: Path, step: int | None = None, best: bool = False, spl
     from collectives.base import SingleProcess
     from hpc.config.schema import to_job_config
     from hpc.rank.task import job_task
-    from trainers.checkpoint import CheckpointError
+    from trainers.checkpoint.checkpointer import CheckpointError
+    from trainers.checkpoint.export import ExportError, checkpoint_model
+    from trainers.checkpoint.storage import StoreError
     from trainers.evaluation import evaluate
-    from trainers.export import ExportError, checkpoint_model
-    from trainers.storage import StoreError
     from trainers.task import Place
 
     run = RunDir(run_dir)

@@ -39,7 +39,7 @@ from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.shown import shown_value
 from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 from hpc.tools.sweep_plots import draw_validation, validation_curves, write_parameter_plot
-from trainers.reporting import four_places
+from trainers.reporting.reporter import four_places
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
 from hpc.shown import shown_value
-from trainers.reporting import task_metrics
-from trainers.storage import newest_committed
+from trainers.checkpoint.storage import newest_committed
+from trainers.reporting.reporter import task_metrics
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, rel
 from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, rank_pids, run_dirs, run_launch, submit_job
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint.checkpointer import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 
@@ -230,7 +230,7 @@ def test_a_scancelled_job_is_not_requeued(tmp_path):
 def test_a_python_error_is_not_requeued(tmp_path):
     data = tmp_path / "digits.h5"
     from trainers.config import DataConfig
-    from trainers.datasets import resolve_data_path
+    from trainers.data.datasets import resolve_data_path
 
     data.write_bytes(resolve_data_path(DataConfig()).read_bytes())
     submitted = run_launch("cluster=simulated", "resources.tasks_per_node=2", f"data.path={data}", "hold=true", cwd=tmp_path)

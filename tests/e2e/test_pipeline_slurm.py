@@ -1,6 +1,6 @@
 """A pipeline on the simulated Slurm, as docs/running-jobs.md shows it: a training job, an
 evaluation of its checkpoint (`script=hpc.evaluate`) that `after=` holds until the training
-completed (sbatch --dependency=afterok), and an export (`script=trainers.export`) held until the
+completed (sbatch --dependency=afterok), and an export (`script=trainers.checkpoint.export`) held until the
 evaluation completed. Each waits (Reason=Dependency) while the one before has not ended, starts
 only after it, and works on the training's final checkpoint."""
 
@@ -17,7 +17,7 @@ from benchmarks.simcluster import parse_job_id
 from hpc.slurmctl import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT, run_launch
-from trainers.export import load
+from trainers.checkpoint.export import load
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

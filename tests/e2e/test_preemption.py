@@ -18,7 +18,7 @@ from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, state_hash, step_losses, submit_job
 from tests.support.trackers import one_tracker_run_each
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint.checkpointer import Checkpointer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

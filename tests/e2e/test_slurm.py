@@ -13,7 +13,7 @@ from benchmarks.simcluster import parse_job_id
 from hpc.slurmctl import TERMINAL_STATES, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import run_dirs, run_launch
-from trainers.metrics import read_metrics
+from trainers.reporting.metrics import read_metrics
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.simcluster import poll, restarts
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, submit_job
-from trainers.layout import committed_steps
+from trainers.checkpoint.layout import committed_steps
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]

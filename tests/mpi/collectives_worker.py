@@ -32,8 +32,8 @@ from collectives.config import ALGORITHMS, CommConfig
 from collectives.mpi import MPI_MAX_BYTES, RHD_MAX_BYTES, choose_algorithm
 from hpc.env import RankInfo
 from tests.support.worker import run_worker
-from trainers import metricnames
-from trainers.sampler import ShardSampler
+from trainers.data.sampler import ShardSampler
+from trainers.reporting import metricnames
 
 
 def rank_values(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -92,7 +92,7 @@ def check_other_collectives(comm) -> None:
 
 
 def check_metric_names(comm) -> None:
-    """Every rank's metric names through the backend's own collectives (trainers.metricnames):
+    """Every rank's metric names through the backend's own collectives (trainers.reporting.metricnames):
     names of different lengths, non-ASCII, and a rank with none."""
     last = comm.world_size - 1
     mine = None if comm.rank == last else tuple(f"recall_{c}" for c in range(comm.rank + 1)) + ("perplexité",)

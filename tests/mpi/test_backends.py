@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import IN_CI, require
 from tests.support.runs import fixtures_env, run_dirs, run_launch
-from trainers.checkpoint import load_tensor_file
+from trainers.checkpoint.checkpointer import load_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 STEPS = ["trainer.max_steps=20", "trainer.epochs=2", "optim.lr=0.2", "optim.schedule=constant", "checkpoint.every_steps=19"]

@@ -13,8 +13,8 @@ import pytest
 
 from tests.support.runs import fixtures_env, run_dirs, run_launch
 from trainers.config import DataConfig
-from trainers.datasets import default_dataset_path, resolve_data_path
-from trainers.sampler import ShardSampler
+from trainers.data.datasets import default_dataset_path, resolve_data_path
+from trainers.data.sampler import ShardSampler
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

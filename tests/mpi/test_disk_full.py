@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import require
 from tests.support.runs import ROOT, resume_command, run_dirs
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint.checkpointer import Checkpointer
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

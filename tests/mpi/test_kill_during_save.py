@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import rank_pids, resume_command, run_dirs, run_launch
-from trainers.checkpoint import Checkpointer
-from trainers.layout import SHARED, step_dir_name
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.layout import SHARED, step_dir_name
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

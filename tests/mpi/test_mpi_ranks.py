@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.support.runs import ROOT, mpirun, run_dirs, run_launch
-from trainers.metrics import read_metrics
+from trainers.reporting.metrics import read_metrics
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

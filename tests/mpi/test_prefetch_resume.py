@@ -19,8 +19,8 @@ from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.tools.status import run_status
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs, step_losses
-from trainers.export import export
-from trainers.export import load as load_safetensors
+from trainers.checkpoint.export import export
+from trainers.checkpoint.export import load as load_safetensors
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -17,9 +17,9 @@ import pytest
 
 from benchmarks.simcluster import end_process
 from tests.support.runs import logged_steps, rank_pids, resume_command, run_dirs, run_launch
-from trainers.checkpoint import sha256_of
-from trainers.layout import MARKER, rank_file, step_dir_name
-from trainers.tensorfile import write_tensor_file
+from trainers.checkpoint.checkpointer import sha256_of
+from trainers.checkpoint.layout import MARKER, rank_file, step_dir_name
+from trainers.checkpoint.tensorfile import write_tensor_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

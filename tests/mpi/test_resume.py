@@ -27,9 +27,9 @@ from tests.support.runs import (
     step_losses,
     wait_for_run,
 )
-from trainers.convert import main as convert
-from trainers.datasets import build_digits_hdf5
-from trainers.storage import ObjectStore, stored_checkpoints
+from trainers.checkpoint.storage import ObjectStore, stored_checkpoints
+from trainers.data.convert import main as convert
+from trainers.data.datasets import build_digits_hdf5
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -18,8 +18,8 @@ from collectives.mpirun import mpirun_command
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.conftest import IN_CI
 from tests.support.runs import ROOT, ranks_environment, resume_command, run_dirs
-from trainers.export import export
-from trainers.export import load as load_safetensors
+from trainers.checkpoint.export import export
+from trainers.checkpoint.export import load as load_safetensors
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -18,7 +18,7 @@ from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.docs import marked_blocks
 from tests.support.runs import logged_steps, rank_pids, resume_command, start_launch, stopped_pattern, wait_for_run
 from tests.support.trackers import one_tracker_run_each
-from trainers.layout import committed_steps, rank_files, step_dir_name
+from trainers.checkpoint.layout import committed_steps, rank_files, step_dir_name
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

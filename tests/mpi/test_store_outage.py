@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.runs import resume_command, start_launch, wait_for_run
 from tests.support.tcp_fault import CuttableProxy
-from trainers.checkpoint import Checkpointer
-from trainers.storage import ObjectStore, stored_checkpoints
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.storage import ObjectStore, stored_checkpoints
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.runs import ROOT, run_dirs, stopped_pattern
-from trainers.checkpoint import Checkpointer
-from trainers.layout import committed_steps
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.layout import committed_steps
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -16,8 +16,8 @@ import pytest
 from benchmarks.simcluster import end_process
 from hpc.rank.lifecycle import EXIT_STALLED
 from tests.support.runs import fixtures_env, logged_steps, resume_command, start_launch, wait_for_run
-from trainers.checkpoint import Checkpointer
-from trainers.layout import committed_steps
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.layout import committed_steps
 from trainers.watchdog import heartbeat_file
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

@@ -18,14 +18,14 @@ from torch import nn
 
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from tests.support.runs import logged_steps, rank_pids, resume_command, run_until_signalled, start_launch, wait_for_run
-from trainers.checkpoint import load_tensor_file
+from trainers.checkpoint.checkpointer import load_tensor_file
+from trainers.checkpoint.export import checkpoint_weights
+from trainers.checkpoint.layout import SHARED, step_dir_name
 from trainers.config import DataConfig, ModelConfig
-from trainers.data import H5Split
-from trainers.datasets import inspect_hdf5, resolve_data_path
-from trainers.export import checkpoint_weights
-from trainers.layout import SHARED, step_dir_name
+from trainers.data.datasets import inspect_hdf5, resolve_data_path
+from trainers.data.reading import H5Split
+from trainers.data.sampler import ShardSampler
 from trainers.models import build_model
-from trainers.sampler import ShardSampler
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 

@@ -15,11 +15,11 @@ from collectives.base import SingleProcess
 from collectives.config import CommConfig
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.context import FitConfig, RunContext
-from trainers.datasets import resolve_data_path
+from trainers.data.datasets import resolve_data_path
 from trainers.loop.fit import fit
-from trainers.metrics import MetricsWriter
 from trainers.preemption import StopFlag
-from trainers.reporting import StepReporter
+from trainers.reporting.metrics import MetricsWriter
+from trainers.reporting.reporter import StepReporter
 from trainers.task import StepOutput, Task
 from trainers.tasks import build_task
 

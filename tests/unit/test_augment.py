@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from trainers.augment import centre_crop, random_crop, random_flip
+from trainers.data.augment import centre_crop, random_crop, random_flip
 
 
 def images(n: int = 64) -> torch.Tensor:

@@ -12,10 +12,10 @@ import torch
 
 from collectives.base import Deferred, SingleProcess
 from collectives.testing import ThreadWorld
-from trainers import metricnames
 from trainers.boundary import HEAD, PendingVote, StepBoundary, packed
 from trainers.context import Milestones
 from trainers.preemption import StopFlag
+from trainers.reporting import metricnames
 from trainers.task import TaskError
 
 NAMES = ("loss_sum", "correct")

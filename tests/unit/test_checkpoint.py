@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from trainers import checkpoint as checkpoint_module
-from trainers import tensorfile
-from trainers.checkpoint import Checkpointer, CheckpointError, HostCopies, load_tensor_file, sha256_of
-from trainers.layout import BEST, MARKER, read_best, step_dir_name
-from trainers.storage import fsync_path
+from trainers.checkpoint import checkpointer as checkpoint_module
+from trainers.checkpoint import tensorfile
+from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError, HostCopies, load_tensor_file, sha256_of
+from trainers.checkpoint.layout import BEST, MARKER, read_best, step_dir_name
+from trainers.checkpoint.storage import fsync_path
 
 
 def save(ckpt: Checkpointer, step: int, value: float, asynchronous: bool = False) -> None:
@@ -231,7 +231,7 @@ def test_commit_refuses_when_a_rank_did_not_write(tmp_path):
 def test_resuming_a_different_model_is_refused_naming_the_layer():
     from torch import nn
 
-    from trainers.state import check_compatible
+    from trainers.checkpoint.state import check_compatible
 
     saved = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).state_dict()
     with pytest.raises(CheckpointError, match=r"checkpoint step 7 does not fit this model: 0.bias is \(16,\) there and \(32,\) here"):
@@ -246,14 +246,14 @@ def test_the_file_viewer_shows_structure_and_refuses_other_files(tmp_path):
 
     path = tmp_path / "state.ckpt"
     tensorfile.write_tensor_file(path, {"model": {"w": torch.zeros(2, 3)}, "progress": {"step": 7}})
-    shown = subprocess.run([sys.executable, "-m", "trainers.tensorfile", str(path)], capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run([sys.executable, "-m", "trainers.checkpoint.tensorfile", str(path)], capture_output=True, text=True, check=True).stdout
     assert "w: tensor float32[2, 3]" in shown and "step: 7" in shown
     path.write_bytes(b"junk")
-    failed = subprocess.run([sys.executable, "-m", "trainers.tensorfile", str(path)], capture_output=True, text=True)
+    failed = subprocess.run([sys.executable, "-m", "trainers.checkpoint.tensorfile", str(path)], capture_output=True, text=True)
     assert failed.returncode == 1 and failed.stderr.strip() == f"{path}: not a checkpoint tensor file (bad magic)"
 
 
-# --- what mutation testing found unguarded (issue 46: scripts/mutation.py --module trainers.checkpoint)
+# --- what mutation testing found unguarded (issue 46: scripts/mutation.py --module trainers.checkpoint.checkpointer)
 
 
 def test_host_copies_follow_a_tensor_whose_shape_or_dtype_changed(tmp_path):

@@ -10,10 +10,10 @@ import logging
 import pytest
 
 from tests.support.fit_in_process import Regression, config, steps_of, train
-from trainers.checkpoint import CheckpointError
-from trainers.layout import MARKER
+from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.layout import MARKER
+from trainers.data.tokens import embedded_corpus, write_token_file
 from trainers.tasks.lm import LanguageModelTask
-from trainers.tokens import embedded_corpus, write_token_file
 
 
 def with_checkpoint(max_steps: int, **changes):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""The Checkpointer's guarantees in both stores (trainers.storage): the run dir's checkpoints/ and
+"""The Checkpointer's guarantees in both stores (trainers.checkpoint.storage): the run dir's checkpoints/ and
 an object store, a real S3-compatible server (scripts/s3-sim.sh). Keep-K pruning, a damaged
 newest checkpoint skipped for the previous one, every rank's piece, best.json, and a server cut
 mid-save: a failed save, the previous checkpoint still the newest, never a corrupt resume."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.support.tcp_fault import CuttableProxy
-from trainers.checkpoint import Checkpointer, CheckpointError
-from trainers.layout import MARKER, SHARED, step_dir_name
-from trainers.storage import POINTER, LocalStore, ObjectStore, open_store, run_location, run_store, stored_checkpoints
+from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
+from trainers.checkpoint.layout import MARKER, SHARED, step_dir_name
+from trainers.checkpoint.storage import POINTER, LocalStore, ObjectStore, open_store, run_location, run_store, stored_checkpoints
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -78,7 +78,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous(store, damage, 
         store.fs.rm_file(store.key(2, SHARED))
     else:
         (store.root / step_dir_name(2) / SHARED).unlink()
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.checkpointer"):
         restarted = Checkpointer(store, rank=0, world_size=1, keep=3)
         step, shared, _ = restarted.load_latest()
     if isinstance(store, LocalStore) or damage != "flip":  # a local listing hashes; an object store's checks sizes (its pieces are hashed as fetched)
@@ -196,7 +196,7 @@ def test_a_run_whose_checkpoints_are_in_s3_exports_by_its_run_dir_and_by_its_url
         assert f"model of checkpoint step {result.steps} " in done.stdout
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
-    from trainers.export import main
+    from trainers.checkpoint.export import main
 
     assert main([f"{s3}/no-such-run", "--out", str(tmp_path / "x.safetensors")]) == 1  # in this process: the store opened from a URL
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {s3}/no-such-run holds no committed checkpoint"]
@@ -211,7 +211,7 @@ def test_hpc_status_shows_no_step_for_a_store_it_cannot_reach_and_says_why_in_on
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     proxy.sever()
     try:
-        with caplog.at_level(logging.WARNING, logger="trainers.storage"):
+        with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.storage"):
             assert newest_checkpoint(RunDir(tmp_path / "run")) is None
     finally:
         proxy.close()
@@ -221,8 +221,8 @@ def test_hpc_status_shows_no_step_for_a_store_it_cannot_reach_and_says_why_in_on
 def test_a_listing_that_fails_after_a_commit_skips_pruning_and_one_at_a_resume_is_restartable(tmp_path, caplog):
     """The store goes away between a commit and its pruning (seen in CI): the commit stands and
     training goes on; at a resume the same failure is StoreUnavailable (hpc.rank.failures restarts)."""
-    from trainers.checkpoint import StoreUnavailable
-    from trainers.storage import StoreError
+    from trainers.checkpoint.checkpointer import StoreUnavailable
+    from trainers.checkpoint.storage import StoreError
 
     class Flaky(LocalStore):
         down = False
@@ -236,7 +236,7 @@ def test_a_listing_that_fails_after_a_commit_skips_pruning_and_one_at_a_resume_i
     ckpt = Checkpointer(store, rank=0, world_size=1, keep=2)
     ckpt.begin_save(1, {"w": torch.zeros(1)}, {"rng": torch.tensor([1])}, asynchronous=False)
     store.down = True
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.checkpointer"):
         assert ckpt.commit().endswith(step_dir_name(1))
     assert "pruning old checkpoints skipped: listing the checkpoints failed: listing checkpoints (here) failed after 5 attempts" in caplog.text
     with pytest.raises(StoreUnavailable, match=r"^listing the checkpoints failed: .*; the previous committed checkpoint is intact$"):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from trainers import data as data_module
 from trainers.config import DataConfig
-from trainers.convert import main
-from trainers.data import H5Split
-from trainers.datasets import inspect_hdf5, resolve_data_files
+from trainers.data import reading as data_module
+from trainers.data.convert import main
+from trainers.data.datasets import inspect_hdf5, resolve_data_files
+from trainers.data.reading import H5Split
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_bad_numpy_input_is_one_line_and_leaves_nothing(arrays, capsys):
 
 def test_an_interrupted_conversion_leaves_nothing(arrays, monkeypatch):
     d, *_ = arrays
-    from trainers import convert
+    from trainers.data import convert
 
     def fail(*args, **kwargs):
         raise KeyboardInterrupt("Ctrl-C mid-shard")

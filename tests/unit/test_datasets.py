@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from trainers.config import DataConfig
-from trainers.data import H5Split
-from trainers.datasets import DataError, build_digits_hdf5, inspect_hdf5
+from trainers.data.datasets import DataError, build_digits_hdf5, inspect_hdf5
+from trainers.data.reading import H5Split
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def shard(path, **datasets):
 
 
 def test_shards_read_as_one_split_in_order_through_h5py_when_chunked(tmp_path, monkeypatch):
-    from trainers import data as data_module
+    from trainers.data import reading as data_module
 
     monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", 0)
     rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def test_a_split_no_shard_holds_is_named(tmp_path):
 
 
 def test_data_path_takes_a_directory_a_glob_or_a_list(tmp_path, monkeypatch):
-    from trainers.datasets import resolve_data_files
+    from trainers.data.datasets import resolve_data_files
 
     for name in ("b-1.h5", "a-2.hdf5", "b-0.h5"):
         shard(tmp_path / "d" / name, train__x=np.zeros((2, 3)), train__y=np.zeros(2, int))
@@ -147,7 +147,7 @@ def test_data_path_takes_a_directory_a_glob_or_a_list(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("limit", [0, 1 << 30], ids=["direct", "in-memory"])
 def test_inputs_stored_big_endian_are_read_as_their_values(tmp_path, monkeypatch, limit):
-    from trainers import data as data_module
+    from trainers.data import reading as data_module
 
     monkeypatch.setattr(data_module, "IN_MEMORY_LIMIT_BYTES", limit)
     values = np.arange(24, dtype=">f4").reshape(6, 4)
@@ -159,7 +159,7 @@ def test_inputs_stored_big_endian_are_read_as_their_values(tmp_path, monkeypatch
 
 
 def test_names_holding_glob_characters_and_symlinked_shards(tmp_path):
-    from trainers.datasets import resolve_data_files
+    from trainers.data.datasets import resolve_data_files
 
     literal = shard(tmp_path / "run[1]" / "data.h5", train__x=np.zeros((2, 3)), train__y=np.zeros(2, int))
     assert resolve_data_files(DataConfig(path=str(literal))) == [literal]

@@ -17,9 +17,9 @@ from tests.support.docs import marked_blocks
 from tests.support.fit_in_process import Regression, train
 from tests.support.fit_in_process import config as task_config
 from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
-from trainers.checkpoint import load_tensor_file
-from trainers.export import export, load, main, write_safetensors
-from trainers.layout import SHARED, step_dir_name
+from trainers.checkpoint.checkpointer import load_tensor_file
+from trainers.checkpoint.export import export, load, main, write_safetensors
+from trainers.checkpoint.layout import SHARED, step_dir_name
 
 
 def readme_reader() -> str:

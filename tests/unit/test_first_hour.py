@@ -155,7 +155,7 @@ def test_images_in_the_right_layout_pass_for_every_model(tmp_path):
 
 def test_labels_are_checked_chunk_by_chunk(tmp_path):
     """Large label arrays are read a slice at a time; the range covers every slice."""
-    from trainers.datasets import DataError, inspect_hdf5, label_range
+    from trainers.data.datasets import DataError, inspect_hdf5, label_range
 
     labels = np.zeros(1000, np.int64)
     labels[100], labels[500] = 7, -2  # neither in the last slice

@@ -19,10 +19,10 @@ from tests.support.fit_in_process import config as task_config
 from tests.support.runs import step_losses
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.context import FitConfig, RunContext
+from trainers.data.sampler import eval_shard
 from trainers.loop.fit import fit
-from trainers.metrics import MetricsWriter, read_metrics
-from trainers.reporting import StepReporter
-from trainers.sampler import eval_shard
+from trainers.reporting.metrics import MetricsWriter, read_metrics
+from trainers.reporting.reporter import StepReporter
 from trainers.task import TaskError
 
 

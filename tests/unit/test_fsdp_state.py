@@ -1,4 +1,4 @@
-"""FSDP2's state as the checkpoints keep it (collectives/fsdp.py, trainers/shards.py), in-process on
+"""FSDP2's state as the checkpoints keep it (collectives/fsdp.py, trainers/checkpoint/shards.py), in-process on
 a gloo group of one rank: the rows saved as pieces load back bit for bit, into an FSDP model or
 assembled into a plain one, and the run handle refuses DTensors it cannot save yet."""
 

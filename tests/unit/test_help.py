@@ -29,7 +29,7 @@ EXPECTED = {
     "-m hpc.resubmit",
     "-m hpc.costmodel",
     "-m collectives.bench",
-    "-m trainers.tensorfile",
+    "-m trainers.checkpoint.tensorfile",
     "-m trainers.tokens",
     "-m hpc.topology detect",
     "-m hpc.topology show",
@@ -46,7 +46,7 @@ EXPECTED = {
 COMMAND = re.compile(r"python3? (-m [a-z_]+(?:\.[a-z_]+)+|(?:benchmarks/)?[a-z_]+\.py)(?: ([a-z][a-z_]*)(?=[ \t\n]))?")
 # These take a path or a file where the docs write a word; their positional is not a subcommand
 OWN_PROCESS = {"launch.py", "-m hpc.rank.main"}
-NO_SUBCOMMANDS = {"-m hpc.status", "-m hpc.report", "-m hpc.resubmit", "-m trainers.tensorfile", "launch.py"}
+NO_SUBCOMMANDS = {"-m hpc.status", "-m hpc.report", "-m hpc.resubmit", "-m trainers.checkpoint.tensorfile", "launch.py"}
 
 
 def documented_commands() -> list[str]:

@@ -20,6 +20,8 @@ PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "tests")
 LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions"}
 # `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
 COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel", "stop", "resubmit", "evaluate")}
+# `python -m trainers.export` and friends: public command names (README, docs) forwarding to the topic packages.
+TRAINER_COMMANDS = {"trainers.export": "trainers.checkpoint.export", "trainers.convert": "trainers.data.convert", "trainers.tokens": "trainers.data.tokens"}
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,30 @@ def test_the_loops_parts_know_neither_each_other_nor_the_loop():
     assert all(v.endswith(" imports trainers.loop.fit") for v in outside), outside
 
 
+# trainers/ by topic: what a room may not import (the rooms below the loop know nothing of it,
+# and none of the others' business: checkpoints are not reported, data is not checkpointed but
+# through the store, reporting knows no data or checkpoint, a task no loop or checkpoint).
+ROOMS_MAY_NOT_IMPORT = {
+    "trainers.checkpoint": ("trainers.data", "trainers.reporting", "trainers.loop", "trainers.tasks"),
+    "trainers.data": ("trainers.checkpoint.checkpointer", "trainers.checkpoint.state", "trainers.reporting", "trainers.loop", "trainers.tasks"),
+    "trainers.reporting": ("trainers.checkpoint", "trainers.data", "trainers.loop", "trainers.tasks"),
+    "trainers.tasks": ("trainers.checkpoint", "trainers.reporting", "trainers.loop"),
+}
+
+
+def test_the_trainers_topic_rooms_import_only_downward():
+    for room, forbidden in ROOMS_MAY_NOT_IMPORT.items():
+        bad = violations((room,), forbidden)
+        assert not bad, bad
+
+
+def test_trainer_command_names_forward_to_their_room_and_nothing_imports_them():
+    for name, target in TRAINER_COMMANDS.items():
+        assert {i.target for i in GRAPH[name] if under(i.target, "trainers")} == {target}, f"{name} is a command name and forwards to {target} only"
+        readers = sorted(module for module, found in GRAPH.items() if any(i.target == name for i in found))
+        assert readers == [], f"{name} is a command name; import {target} instead ({readers})"
+
+
 def test_nothing_imports_the_user_tools_but_their_command_names():
     bad = [v for v in violations(tuple(p for p in PACKAGES if p != "tests"), ("hpc.tools",)) if not v.startswith("hpc.tools.")]
     bad = [v for v in bad if not any(v.startswith(f"{name}:") and v.endswith(f" imports {target}") for name, target in COMMANDS.items())]
@@ -347,13 +373,13 @@ def test_one_reader_of_the_launcher_environment():
 
 def test_the_checkpoint_layout_is_named_in_one_place():
     names = {"COMMITTED", "shared.ckpt"}
-    for module in (m for m in MODULES if under(m, *PRODUCT) and m != "trainers.layout"):
+    for module in (m for m in MODULES if under(m, *PRODUCT) and m != "trainers.checkpoint.layout"):
         used = [
             n.value
             for n in constants(MODULES[module])
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and (n.value in names or n.value.startswith(("step-", "rank-")) and ".ckpt" in n.value)
         ]
-        assert not used, f"{module} spells the checkpoint layout ({used}); use trainers.layout"
+        assert not used, f"{module} spells the checkpoint layout ({used}); use trainers.checkpoint.layout"
 
 
 @pytest.mark.parametrize("package", ["benchmarks", "hpc", "collectives", "trainers"])

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.support.runs import ROOT
+from trainers.data.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, decode, embedded_corpus, write_token_file
 from trainers.gpt import GPT, GPTShape, next_token_loss
-from trainers.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, decode, embedded_corpus, write_token_file
 
 
 def test_text_round_trips_through_the_token_file(tmp_path):
@@ -110,7 +110,7 @@ def test_a_token_task_reports_tokens_per_second_beside_samples(tmp_path, caplog)
     import logging
 
     from tests.support.fit_in_process import Regression, config, train
-    from trainers.metrics import read_metrics
+    from trainers.reporting.metrics import read_metrics
     from trainers.tasks.lm import LanguageModelTask
 
     tokens = tmp_path / "tokens.h5"

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainers import data as data_module
-from trainers.data import H5Split
-from trainers.loader import DataWorkerError, WorkerLoader
-from trainers.sampler import ShardSampler
+from trainers.data import reading as data_module
+from trainers.data.loader import DataWorkerError, WorkerLoader
+from trainers.data.reading import H5Split
+from trainers.data.sampler import ShardSampler
 
 ROWS = 300
 
@@ -202,7 +202,7 @@ def test_workers_end_with_their_rank(tmp_path):
             """
             import sys, time
             from tests.unit.test_loader import Pairs
-            from trainers.loader import WorkerLoader
+            from trainers.data.loader import WorkerLoader
             loader = WorkerLoader(Pairs(8), 2, batch_size=2)
             print(" ".join(str(p.pid) for p in loader._processes), flush=True)
             time.sleep(600)

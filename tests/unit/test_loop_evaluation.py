@@ -12,10 +12,10 @@ import torch
 
 from tests.support.fit_in_process import HeldOut, Regression, steps_of, stopped_step, train
 from tests.support.fit_in_process import config as task_config
-from trainers.checkpoint import load_tensor_file
+from trainers.checkpoint.checkpointer import load_tensor_file
+from trainers.checkpoint.layout import SHARED, committed_steps, step_dir_name
 from trainers.context import FitConfig
-from trainers.layout import SHARED, committed_steps, step_dir_name
-from trainers.metrics import read_metrics
+from trainers.reporting.metrics import read_metrics
 from trainers.task import Place
 
 
@@ -110,7 +110,7 @@ def test_a_best_figure_the_validation_does_not_report_ends_the_run_naming_what_i
 
 
 def test_best_json_that_cannot_be_read_is_ignored(tmp_path: Path) -> None:
-    from trainers.layout import read_best
+    from trainers.checkpoint.layout import read_best
 
     (tmp_path / "best.json").write_text("{not json")
     assert read_best(tmp_path) is None

@@ -1,4 +1,4 @@
-"""trainers.metricnames in isolation: the fingerprint every step carries (exact in float64 over
+"""trainers.reporting.metricnames in isolation: the fingerprint every step carries (exact in float64 over
 up to 2^13 ranks, spread over its bits), and `agree` where no rank has names to report. The run
 handle's and the loop's mismatches end to end: tests/unit/test_run_handle.py, test_task_seam.py."""
 
@@ -10,7 +10,7 @@ import string
 import pytest
 
 from collectives.testing import ThreadWorld
-from trainers.metricnames import agree, changed_line, fingerprint, fingerprints_agree
+from trainers.reporting.metricnames import agree, changed_line, fingerprint, fingerprints_agree
 from trainers.task import TaskError
 
 RANKS_BOUND = 2**13  # the docstring's promise

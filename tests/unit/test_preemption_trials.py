@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.preemption_trials import STRETCHES, goodput, losses, markdown_row, weights_digest
-from trainers.layout import MARKER, SHARED, step_dir_name
-from trainers.tensorfile import write_tensor_file
+from trainers.checkpoint.layout import MARKER, SHARED, step_dir_name
+from trainers.checkpoint.tensorfile import write_tensor_file
 
 
 def checkpoint(run_dir: Path, step: int, weight: float, committed: bool = True) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.data import H5Split, Prefetcher
+from trainers.data.reading import H5Split, Prefetcher
 
 
 @pytest.fixture

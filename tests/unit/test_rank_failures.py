@@ -22,11 +22,11 @@ from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
 from hpc.rundir import RunDir
 from tests.support.runs import ROOT
-from trainers.checkpoint import CheckpointError, store_failure
-from trainers.datasets import DataError
+from trainers.checkpoint.checkpointer import CheckpointError, store_failure
+from trainers.checkpoint.storage import StoreError
+from trainers.data.datasets import DataError
+from trainers.data.loader import DataWorkerError
 from trainers.guard import DivergedError
-from trainers.loader import DataWorkerError
-from trainers.storage import StoreError
 from trainers.task import TaskError
 
 LASTING = [

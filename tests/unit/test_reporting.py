@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainers.reporting import StepReporter, find_straggler
+from trainers.reporting.reporter import StepReporter, find_straggler
 
 
 def test_straggler_is_the_slowest_rank_above_the_ratio_of_the_median():
@@ -119,7 +119,7 @@ def test_the_progress_line_shows_the_steps_lr_and_gradient_norm_where_logged():
 
 def test_a_small_loss_is_never_shown_as_zero():
     """Late in training a loss of 1.6e-05 printed as 0.0000 (issue 45); ordinary figures keep four places."""
-    from trainers.reporting import four_places
+    from trainers.reporting.reporter import four_places
 
     assert [four_places(v) for v in (1.6e-05, -2.5e-4, 0.0, 0.5, 0.0012345, 12.3)] == ["1.6e-05", "-0.00025", "0.0000", "0.5000", "0.0012", "12.3000"]
     reporter = StepReporter(None)

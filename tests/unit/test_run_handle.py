@@ -15,7 +15,7 @@ from torch import nn
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.run import per_rank, start_run
 from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
-from trainers.checkpoint import CheckpointError
+from trainers.checkpoint.checkpointer import CheckpointError
 from trainers.handle import not_plain
 from trainers.task import TaskError
 

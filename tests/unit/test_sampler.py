@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.sampler import ShardSampler, eval_shard
+from trainers.data.sampler import ShardSampler, eval_shard
 
 
 def all_ranks(num_samples, batch, world, epoch, start=0, seed=0):

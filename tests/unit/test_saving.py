@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from collectives.base import SingleProcess
-from trainers.checkpoint import Checkpointer
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.saving import SaveCoordinator
 from trainers.config import CheckpointConfig
-from trainers.saving import SaveCoordinator
 
 
 def coordinator(tmp_path, every_steps: int, every_minutes: float | None) -> SaveCoordinator:  # type: ignore[no-untyped-def]

@@ -26,8 +26,8 @@ STEPS = 8
 
 
 def small_lm(tokens: Path) -> Any:
+    from trainers.data.tokens import embedded_corpus, write_token_file
     from trainers.tasks.lm import LanguageModelTask
-    from trainers.tokens import embedded_corpus, write_token_file
 
     if not tokens.exists():
         write_token_file(embedded_corpus()[:30000], tokens)

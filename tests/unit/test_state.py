@@ -1,4 +1,4 @@
-"""What a bit-exact continuation keeps (trainers.state): the random streams the run handle
+"""What a bit-exact continuation keeps (trainers.checkpoint.state): the random streams the run handle
 promises (Python, NumPy, torch; CUDA where there is one), where training stands (Progress),
 and the shared state a checkpoint holds and gives back: model, optimizer, schedule, loss scale,
 config. Each piece is saved, disturbed, restored and compared."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainers.checkpoint import CheckpointError
-from trainers.state import Progress, check_compatible, restore, restore_rng, rng_state, shared_state
+from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.state import Progress, check_compatible, restore, restore_rng, rng_state, shared_state
 
 
 def draws() -> tuple[float, float, float]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from collectives.testing import ThreadWorld
 from tests.support.fit_in_process import Regression, config, steps_of, stopped_step, train
-from trainers.layout import committed_steps
+from trainers.checkpoint.layout import committed_steps
 from trainers.preemption import StopFlag
 from trainers.task import StepOutput
 

@@ -1,4 +1,4 @@
-"""Checkpoint stores (trainers/storage.py): the local directory and an object store, the latter
+"""Checkpoint stores (trainers/checkpoint/storage.py): the local directory and an object store, the latter
 against a real S3-compatible server (scripts/s3-sim.sh: moto's), reached directly or through a
 proxy that can be cut mid-save. The marker comes last, only marked steps are listed, a store
 that errors fails the save after its retries and leaves the committed steps as they were."""
@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from tests.support.tcp_fault import CuttableProxy
-from trainers.layout import MARKER, STEP_PREFIX, step_dir_name
-from trainers.storage import LocalStore, ObjectStore, StoreError, open_store, retried
+from trainers.checkpoint.layout import MARKER, STEP_PREFIX, step_dir_name
+from trainers.checkpoint.storage import LocalStore, ObjectStore, StoreError, open_store, retried
 
 
 def stage(store, step: int, pieces: dict[str, bytes], staging) -> None:
@@ -82,7 +82,7 @@ def test_a_missing_bucket_fails_at_once_naming_it(s3, tmp_path):
 
 
 def test_retries_wait_twice_as_long_each_time_then_give_up(monkeypatch):
-    import trainers.storage as storage
+    import trainers.checkpoint.storage as storage
 
     waits: list[float] = []
     monkeypatch.setattr(storage.time, "sleep", waits.append)
@@ -132,7 +132,7 @@ def test_a_local_store_removes_a_step_whole(tmp_path):
 def test_an_error_no_retry_mends_is_raised_at_once(monkeypatch):
     import botocore.exceptions  # noqa: F401 - imported, as s3fs's client imports it: its errors are told apart
 
-    import trainers.storage as storage
+    import trainers.checkpoint.storage as storage
 
     waits: list[float] = []
     monkeypatch.setattr(storage.time, "sleep", waits.append)

@@ -137,8 +137,8 @@ class Unsaveable(torch.optim.lr_scheduler.LRScheduler):
 
 
 def small_lm(tmp_path: Path, dropout: float) -> Any:
+    from trainers.data.tokens import embedded_corpus, write_token_file
     from trainers.tasks.lm import LanguageModelTask
-    from trainers.tokens import embedded_corpus, write_token_file
 
     path = tmp_path / "tokens.h5"
     if not path.exists():

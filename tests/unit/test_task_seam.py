@@ -16,9 +16,9 @@ from trainers.config import OptimConfig
 from trainers.context import RunContext
 from trainers.guard import DivergedError
 from trainers.loop.fit import fit
-from trainers.metrics import MetricsWriter, read_metrics
 from trainers.preemption import StopFlag
-from trainers.reporting import StepReporter
+from trainers.reporting.metrics import MetricsWriter, read_metrics
+from trainers.reporting.reporter import StepReporter
 from trainers.task import TaskError
 
 
@@ -82,8 +82,8 @@ def test_data_sets_of_different_lengths_on_the_ranks_are_refused(tmp_path):
 
 
 def test_the_language_model_task_learns_and_reports_perplexity(tmp_path):
+    from trainers.data.tokens import embedded_corpus, write_token_file
     from trainers.tasks.lm import LanguageModelTask
-    from trainers.tokens import embedded_corpus, write_token_file
 
     write_token_file(embedded_corpus()[:60000], tmp_path / "tokens.h5")
     task = LanguageModelTask(tokens=str(tmp_path / "tokens.h5"), context=16, layers=1, heads=2, width=32)

@@ -1,4 +1,4 @@
-"""Experiment trackers as metrics sinks (trainers/trackers.py), against the real libraries: an
+"""Experiment trackers as metrics sinks (trainers/reporting/trackers.py), against the real libraries: an
 MLflow tracking store (SQLite) and W&B in offline mode, its files read back. A toolkit run is one
 tracker run over all its starts, and a step the tracker holds is never logged again."""
 
@@ -16,8 +16,8 @@ from hpc.config.schema import JobConfig
 from hpc.config.validate import check_trackers
 from hpc.errors import UserError
 from tests.support.wandb_files import history, records, run_records
-from trainers.reporting import StepReporter
-from trainers.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
+from trainers.reporting.reporter import StepReporter
+from trainers.reporting.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
 
 # A config as the ranks read it: nested, with a value longer than MLflow takes and more keys
 # than one of its requests carries.
@@ -137,7 +137,7 @@ def test_a_tracker_that_cannot_open_is_left_out_and_training_goes_on(tmp_path, m
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    caplog.set_level(logging.ERROR, "trainers.trackers")
+    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
     start(tmp_path, ["mlflow"], range(1, 3), 0.0, "FINISHED")
     assert last_step(tmp_path / "steps.jsonl") == 2  # steps.jsonl has every step
     assert any(r.message.startswith("tracker mlflow left out of this start") for r in caplog.records)
@@ -145,7 +145,7 @@ def test_a_tracker_that_cannot_open_is_left_out_and_training_goes_on(tmp_path, m
 
 
 def test_a_tracker_failing_midway_stops_alone(tmp_path, caplog):
-    from trainers.trackers import Guarded
+    from trainers.reporting.trackers import Guarded
 
     class Flaky:
         def __init__(self):
@@ -161,7 +161,7 @@ def test_a_tracker_failing_midway_stops_alone(tmp_path, caplog):
         def close(self, status): ...
 
     flaky = Flaky()
-    caplog.set_level(logging.ERROR, "trainers.trackers")
+    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
     reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[Guarded("flaky", flaky)])
     for step in (1, 2, 3):
         reporter.report({"step": step, "loss": 1.0})
@@ -205,7 +205,7 @@ def test_a_wandb_start_killed_in_init_reopens_the_same_id(tmp_path, monkeypatch,
         raise RuntimeError("killed while starting")
 
     monkeypatch.setattr(wandb, "init", killed)
-    caplog.set_level(logging.ERROR, "trainers.trackers")
+    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
     start(tmp_path, ["wandb"], range(1, 2), 0.0, "FAILED")
     assert "tracker wandb left out of this start: RuntimeError: killed while starting" in caplog.text
     kept = json.loads((tmp_path / TRACKERS_FILE).read_text())["wandb"]
@@ -235,6 +235,6 @@ def test_mlflow_without_an_experiment_named_uses_the_default_or_the_id_given(tmp
     ],
 )
 def test_the_older_settings_choose_the_same_sinks(trackers, tensorboard, prometheus_file, expected):
-    from trainers.trackers import chosen
+    from trainers.reporting.trackers import chosen
 
     assert chosen(trackers, tensorboard, prometheus_file) == expected

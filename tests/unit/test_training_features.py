@@ -14,9 +14,9 @@ from hpc.config.compose import compose_job
 from hpc.config.validate import check_training
 from hpc.errors import UserError
 from tests.support.fit_in_process import Regression, config, train
+from trainers.checkpoint.state import Progress, restore, shared_state
 from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
 from trainers.optim import lr_factor
-from trainers.state import Progress, restore, shared_state
 
 
 def test_the_global_batch_stays_constant_when_the_rank_count_changes():

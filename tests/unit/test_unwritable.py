@@ -23,7 +23,7 @@ from tests.support.runs import ROOT
 PROBE = """
 import json, sys
 from pathlib import Path
-from trainers.checkpoint import Checkpointer, CheckpointError
+from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
 locked = Path(sys.argv[1])
 result = {}
 try:

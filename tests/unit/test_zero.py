@@ -18,9 +18,9 @@ from collectives.zero import ShardingError, full_state, is_sharded, shard_optimi
 from tests.support.fit_in_process import builtin_task
 from tests.support.fit_in_process import train as fit_in_process
 from tests.support.runs import step_losses
+from trainers.checkpoint.tensorfile import read_tensor_file
 from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 from trainers.context import FitConfig
-from trainers.tensorfile import read_tensor_file
 
 STEPS = 6
 

@@ -9,6 +9,7 @@ import time
 from collectives.base import Collectives
 from trainers import rngstreams
 from trainers.boundary import StepBoundary
+from trainers.checkpoint.recovery import resume_or_start
 from trainers.config import accumulation_steps
 from trainers.context import FitConfig, RunContext
 from trainers.guard import BadStepGuard
@@ -16,8 +17,7 @@ from trainers.loop.dataplan import DataPlan, build_data_plan
 from trainers.loop.engine import Engine, build_engine, placed_model
 from trainers.loop.passes import Loop
 from trainers.loop.policies import StepPolicies
-from trainers.metrics import MetricsWriter
-from trainers.recovery import resume_or_start
+from trainers.reporting.metrics import MetricsWriter
 from trainers.stragglers import StragglerWatch
 from trainers.task import Task
 

@@ -14,11 +14,11 @@ import torch
 
 from collectives.base import Collectives
 from trainers import rngstreams
+from trainers.checkpoint.state import Progress
 from trainers.config import DataConfig
-from trainers.data import Prefetcher
-from trainers.loader import Pass, WorkerLoader
-from trainers.sampler import ShardSampler
-from trainers.state import Progress
+from trainers.data.loader import Pass, WorkerLoader
+from trainers.data.reading import Prefetcher
+from trainers.data.sampler import ShardSampler
 from trainers.task import MapDataset, Task, TaskError, pin, read_items
 
 log = logging.getLogger("trainers")

@@ -17,12 +17,12 @@ from torch import nn
 from collectives.base import Collectives, broadcast_module
 from collectives.fsdp import shard_model
 from collectives.gradsync import GradientSync, build_gradient_sync
+from trainers.checkpoint.saving import SaveCoordinator
 from trainers.config import scaled_lr
 from trainers.context import FitConfig
 from trainers.loop.records import Update
 from trainers.optim import build_optimizer, build_schedule, step_unless
 from trainers.recompute import recompute_in_backward
-from trainers.saving import SaveCoordinator
 from trainers.task import Place, StepOutput, Task, TaskError
 
 

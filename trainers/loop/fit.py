@@ -9,7 +9,7 @@ from collectives.base import Collectives
 from trainers.context import FitConfig, FitResult, RunContext
 from trainers.loop.build import build_loop
 from trainers.loop.records import EpochEnd
-from trainers.metrics import MetricsWriter
+from trainers.reporting.metrics import MetricsWriter
 from trainers.task import adapt
 
 

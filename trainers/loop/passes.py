@@ -21,23 +21,23 @@ from typing import Any
 import torch
 
 from collectives.base import Collectives
-from trainers import metricnames
+from trainers.checkpoint.recovery import agree_on_newest, roll_back
+from trainers.checkpoint.saving import SaveCoordinator
+from trainers.checkpoint.shards import own_state
+from trainers.checkpoint.state import Progress, restore, rng_state, shared_state
 from trainers.context import FitConfig, RunContext
-from trainers.data import Prefetcher
+from trainers.data.loader import Pass
+from trainers.data.reading import Prefetcher
 from trainers.evaluation import average_buffers, evaluate
 from trainers.guard import in_skipped_range, skip_past
-from trainers.loader import Pass
 from trainers.loop.dataplan import DataPlan
 from trainers.loop.engine import Engine
 from trainers.loop.policies import StepPolicies
 from trainers.loop.records import EpochEnd, InFlight, LocalStep, PassEnd, StepSums
-from trainers.memory import peaks_over_ranks
-from trainers.metrics import MetricsWriter
-from trainers.recovery import agree_on_newest, roll_back
-from trainers.reporting import PHASES, four_places
-from trainers.saving import SaveCoordinator
-from trainers.shards import own_state
-from trainers.state import Progress, restore, rng_state, shared_state
+from trainers.reporting import metricnames
+from trainers.reporting.memory import peaks_over_ranks
+from trainers.reporting.metrics import MetricsWriter
+from trainers.reporting.reporter import PHASES, four_places
 from trainers.task import MapDataset, Task, TaskError
 
 log = logging.getLogger("trainers")

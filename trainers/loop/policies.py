@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.boundary import StepBoundary, StepVote
+from trainers.checkpoint.state import Progress
 from trainers.guard import BadStepGuard, skip_starts_here
 from trainers.loop.records import PassEnd, StepSums
-from trainers.state import Progress
 from trainers.stragglers import StragglerWatch
 
 

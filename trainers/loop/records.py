@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainers.boundary import PendingVote, StepVote
-from trainers.reporting import PHASES
+from trainers.reporting.reporter import PHASES
 from trainers.task import StepOutput
 
 

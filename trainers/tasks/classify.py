@@ -1,4 +1,4 @@
-"""Classification on an HDF5 data set, one file or shards (trainers.datasets): a built-in model
+"""Classification on an HDF5 data set, one file or shards (trainers.data.datasets): a built-in model
 (mlp, cnn, resnet50), cross-entropy loss, accuracy as the metric, and the data config's crop and
 flip applied on the training device."""
 
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainers.augment import centre_crop, random_crop, random_flip
 from trainers.config import DataConfig, ModelConfig, TrainerConfig
-from trainers.data import H5Split, RawBatch
-from trainers.datasets import DatasetInfo, augmented_shape, inspect_hdf5
+from trainers.data.augment import centre_crop, random_crop, random_flip
+from trainers.data.datasets import DatasetInfo, augmented_shape, inspect_hdf5
+from trainers.data.reading import H5Split, RawBatch
 from trainers.models import build_model
 from trainers.task import StepOutput
 

@@ -1,4 +1,4 @@
-"""A GPT-style language model (trainers.gpt) trained on a token file (trainers.tokens): next-token
+"""A GPT-style language model (trainers.gpt) trained on a token file (trainers.data.tokens): next-token
 cross-entropy, with perplexity reported from the evaluation loss. `task.tokens` null trains on the
 embedded corpus (CPython's English reference text), made once into the cache dir."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainers.data.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, has_split, resolve_token_path
 from trainers.gpt import GPT, GPTShape, next_token_loss
 from trainers.task import StepOutput, TaskError
-from trainers.tokens import VOCAB_SIZE, TokenDataError, TokenWindows, has_split, resolve_token_path
 
 
 class LanguageModelTask:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from collectives.base import Collectives
-from trainers.checkpoint import Checkpointer, CheckpointError
+from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
+from trainers.checkpoint.storage import StoreError, run_store
 from trainers.config import CheckpointConfig
-from trainers.storage import StoreError, run_store
 
-log = logging.getLogger("trainers.checkpoint")
+log = logging.getLogger("trainers.checkpoint.checkpointer")
 
 
 class SaveCoordinator:
@@ -28,7 +28,7 @@ class SaveCoordinator:
     @classmethod
     def in_dir(cls, checkpoint_dir: Path, comm: Collectives, cfg: CheckpointConfig) -> SaveCoordinator:
         """This rank's coordinator of the run's checkpoints (in `checkpoint_dir`, or under
-        `checkpoint.uri`): the built-in loop's (trainers.recovery) and the run handle's (hpc.run) alike."""
+        `checkpoint.uri`): the built-in loop's (trainers.checkpoint.recovery) and the run handle's (hpc.run) alike."""
         try:
             store = run_store(checkpoint_dir, cfg.uri)
         except StoreError as err:

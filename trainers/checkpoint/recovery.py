@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from collectives.base import Collectives
-from trainers.checkpoint import CheckpointError
+from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.saving import SaveCoordinator
+from trainers.checkpoint.state import Progress, restore, restore_rng
 from trainers.config import CLASSIFY_TASK, CheckpointConfig
-from trainers.saving import SaveCoordinator
-from trainers.state import Progress, restore, restore_rng
 
 log = logging.getLogger("trainers")
 

@@ -1,8 +1,8 @@
 """Reading batches from HDF5 data sets (one file or many shards): raw (uint8 stays uint8), read
-ahead on a thread or on worker processes (trainers.loader), decoded to float on the training
+ahead on a thread or on worker processes (trainers.data.loader), decoded to float on the training
 device, so a GPU gets a quarter of the bytes and never waits for the file.
 
-Rows of a contiguous, uncompressed dataset (what trainers.convert writes) are read with
+Rows of a contiguous, uncompressed dataset (what trainers.data.convert writes) are read with
 `os.preadv` straight into the batch's buffer: no HDF5 call, no global lock, one copy. Chunked or
 compressed datasets are read through h5py."""
 

@@ -45,7 +45,7 @@ def step_of(directory: Path) -> int | None:
 
 def committed_steps(checkpoints: Path) -> list[int]:
     """Steps whose directory carries the COMMITTED marker, oldest first (the marker is checked
-    against the files only when a checkpoint is loaded, trainers.checkpoint)."""
+    against the files only when a checkpoint is loaded, trainers.checkpoint.checkpointer)."""
     steps = [step_of(d) for d in checkpoints.glob(f"{STEP_PREFIX}*") if (d / MARKER).is_file()]
     return sorted(step for step in steps if step is not None)
 

@@ -1,4 +1,4 @@
-"""Experiment trackers as metrics sinks (trainers/sinks.py): MLflow and Weights & Biases, one
+"""Experiment trackers as metrics sinks (trainers/reporting/sinks.py): MLflow and Weights & Biases, one
 tracker run per toolkit run from its first start to its last requeue.
 
 The tracker's run id is kept in the run dir (trackers.json) at the first start; every later
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.sinks import FIGURES_FILE, MetricsSink, scalars
+from trainers.reporting.sinks import FIGURES_FILE, MetricsSink, scalars
 
 TRACKERS_FILE = "trackers.json"  # in the run dir: {"mlflow": {"run_id": ...}, "wandb": {"id": ...}}
 TAIL_BYTES = 1 << 16  # enough of steps.jsonl's end to hold its last record
-log = logging.getLogger("trainers.trackers")
+log = logging.getLogger("trainers.reporting.trackers")
 
 
 @dataclass(frozen=True)

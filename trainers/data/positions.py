@@ -8,7 +8,7 @@ again from whatever the position then says. Positions that are pure functions of
 (`RandomWindows.batch(i)`, `ShuffledBatches.at(step)`) give the same batch whenever they are
 asked, ahead of time or not, and draw nothing from torch's global generator (dropout's).
 
-- `ShuffledBatches`: map-style data through the toolkit's sampler (trainers.sampler): one global
+- `ShuffledBatches`: map-style data through the toolkit's sampler (trainers.data.sampler): one global
   permutation per epoch, rank r reads slice r of each global batch. `at(step)` is the batch of a
   global step; `epoch()` hands out the rest of the current epoch, its position a global sample
   index, the same on every rank: register it as shared state (a resume on another world size
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.sampler import ShardSampler
+from trainers.data.sampler import ShardSampler
 
 
 class ShuffledBatches:

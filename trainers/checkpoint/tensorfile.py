@@ -176,11 +176,11 @@ def _summary(value: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m trainers.tensorfile FILE`: what a checkpoint file holds, one line per entry."""
+    """`python -m trainers.checkpoint.tensorfile FILE`: what a checkpoint file holds, one line per entry."""
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m trainers.tensorfile", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainers.checkpoint.tensorfile", description=main.__doc__)
     parser.add_argument(
         "path",
         type=Path,

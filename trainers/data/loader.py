@@ -5,7 +5,7 @@ pass goes to worker k % workers and the rank receives batch k before batch k+1 w
 the workers finish in, so a resumed run reads exactly what the interrupted one would have.
 
 - A data set that can fill a caller's buffer (`sample_layout()` and `read_into(indices, out)`,
-  as trainers.data.H5Split does) is read straight into shared-memory slots made once and
+  as trainers.data.reading.H5Split does) is read straight into shared-memory slots made once and
   reused: no pickling, no new shared memory per batch, no copy on the way to the rank. A batch
   handed out stays valid while the next `HELD - 1` batches are used, then its slot is reused.
 - The indices of a batch travel in shared memory too, so what goes down a pipe is a few bytes
@@ -44,7 +44,7 @@ import torch
 import torch.multiprocessing
 
 from trainers import rngstreams
-from trainers.data import Prefetcher, RawBatch
+from trainers.data.reading import Prefetcher, RawBatch
 from trainers.task import Collated, MapDataset, read_items
 
 HELD = 2  # batches the rank may still hold (the one in use and the one before)

@@ -1,6 +1,6 @@
 """Per-step reporting on rank 0: the progress line (tqdm's bar on a terminal, timestamped lines
-in a log), and every chosen metrics sink (trainers/sinks.py: steps.jsonl, TensorBoard, Prometheus;
-trainers/trackers.py: MLflow, W&B). Every figure it gets is already reduced over ranks.
+in a log), and every chosen metrics sink (trainers/reporting/sinks.py: steps.jsonl, TensorBoard, Prometheus;
+trainers/reporting/trackers.py: MLflow, W&B). Every figure it gets is already reduced over ranks.
 
 Also the straggler rule: from every rank's mean busy time per step, the slowest vs the median.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainers.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, TensorBoardSink, task_metrics
+from trainers.reporting.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, TensorBoardSink, task_metrics
 
 __all__ = ["PHASES", "StepReporter", "Straggler", "find_straggler", "four_places", "task_metrics"]
 progress_log = logging.getLogger("trainers.progress")  # a terminal shows these as the bar instead

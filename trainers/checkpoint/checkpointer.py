@@ -1,13 +1,13 @@
 """Atomic, verifiable checkpoints shared by all ranks of a job, in a checkpoint store
-(trainers.storage: the run dir's checkpoints/, or an object store under checkpoint.uri).
+(trainers.checkpoint.storage: the run dir's checkpoints/, or an object store under checkpoint.uri).
 
-The layout is trainers.layout's (step-NNNNNNNNN/ with shared.ckpt, one rank-NNNNN.ckpt per rank,
+The layout is trainers.checkpoint.layout's (step-NNNNNNNNN/ with shared.ckpt, one rank-NNNNN.ckpt per rank,
 and the COMMITTED marker). Every rank writes and fsyncs its pieces into the store's staging
 directory and puts them (an object store uploads them); rank 0 commits: the marker, naming the
 size and sha256 of every piece, written last. Only steps whose marker matches their pieces are
 ever loaded (an object store's pieces are hashed as they are fetched); anything else is reported
 and skipped in favour of the previous one. Files are in the pickle-free format of
-`trainers.tensorfile` (tensor bytes written straight from memory, the small header read with
+`trainers.checkpoint.tensorfile` (tensor bytes written straight from memory, the small header read with
 `torch.load(weights_only=True)`): nothing in them can run code. Writing happens on a
 background thread (async, from reused host copies of the state) or inline (sync);
 the commit waits until every rank has written, which the ranks agree on at a step boundary.
@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from trainers.layout import BEST, MARKER, SHARED, parse_best, rank_file, step_dir_name
-from trainers.storage import CheckpointStore, LocalStore, StoreError
-from trainers.tensorfile import read_tensor_file, write_tensor_file
+from trainers.checkpoint.layout import BEST, MARKER, SHARED, parse_best, rank_file, step_dir_name
+from trainers.checkpoint.storage import CheckpointStore, LocalStore, StoreError
+from trainers.checkpoint.tensorfile import read_tensor_file, write_tensor_file
 
-log = logging.getLogger("trainers.checkpoint")
+log = logging.getLogger("trainers.checkpoint.checkpointer")
 
 
 class CheckpointError(RuntimeError):

@@ -1,7 +1,7 @@
 """Where rank 0's figures go: one protocol (`MetricsSink`) that the built-in loop and the run
-handle both feed through trainers.reporting.StepReporter, and the sinks that need no account:
+handle both feed through trainers.reporting.reporter.StepReporter, and the sinks that need no account:
 steps.jsonl, TensorBoard's event files and a Prometheus text file. The experiment trackers
-(MLflow, Weights & Biases) are trainers/trackers.py; the terminal's line is the reporter's own.
+(MLflow, Weights & Biases) are trainers/reporting/trackers.py; the terminal's line is the reporter's own.
 
 A sink is handed every figure already reduced over ranks, on rank 0 only; its library is
 imported when the sink is built, i.e. only when the job chose it.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainers.metrics import MetricsWriter
+from trainers.reporting.metrics import MetricsWriter
 
 PHASES = ("data", "compute", "comm", "optimizer")  # the step time split, in fit()'s order
 
@@ -59,7 +59,7 @@ FIGURES_FILE = "figures.jsonl"  # beside steps.jsonl
 class StepsFile:
     """steps.jsonl: every step's record, appended (a requeued job keeps appending); and
     figures.jsonl beside it: every figure of a moment as the trackers get it ({"step", "figures"}),
-    from which a tracker that lost what it was given is given it again (trainers/trackers.py)."""
+    from which a tracker that lost what it was given is given it again (trainers/reporting/trackers.py)."""
 
     def __init__(self, path: Path) -> None:
         self._writer = MetricsWriter(path)

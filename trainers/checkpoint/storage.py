@@ -3,7 +3,7 @@ implementations, the local or shared file system (`LocalStore`: rename and fsync
 URL, S3 first (`ObjectStore`: `s3://bucket/prefix`, the endpoint and credentials from the
 standard AWS variables, never from the run's config or logs).
 
-Every piece of a save is written into a local staging directory first (trainers.tensorfile
+Every piece of a save is written into a local staging directory first (trainers.checkpoint.tensorfile
 writes files); `put` makes it durable in the store, `commit` publishes the step by writing its
 marker last, after every piece, so a reader that finds the marker finds every piece the marker
 names. An object store has no rename: a step's objects are written under their final names and
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from trainers.layout import MARKER, STEP_PREFIX, step_dir_name, step_number
+from trainers.checkpoint.layout import MARKER, STEP_PREFIX, step_dir_name, step_number
 
-log = logging.getLogger("trainers.storage")
+log = logging.getLogger("trainers.checkpoint.storage")
 T = TypeVar("T")
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainers.checkpoint import CheckpointError
-from trainers.shards import RankFiles, fsdp_sharded, model_entry, optimizer_is_sharded, restore_model, restore_optimizer
+from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.shards import RankFiles, fsdp_sharded, model_entry, optimizer_is_sharded, restore_model, restore_optimizer
 
 
 @dataclass

@@ -23,7 +23,7 @@ from torch import nn
 
 from collectives import fsdp
 from collectives.zero import ShardingError, full_state, is_sharded, pieces_of_replicated
-from trainers.checkpoint import CheckpointError
+from trainers.checkpoint.checkpointer import CheckpointError
 
 RankFiles = Callable[[], Iterable[dict[str, Any]]]  # every rank's own file of a checkpoint, read one at a time
 ShardSources = Callable[[], Iterable[dict[str, Any]]]
