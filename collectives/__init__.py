@@ -3,7 +3,7 @@
 `init_collectives(cfg, place)` is the one place a process group starts; backends are
 imported lazily so that importing this package has no side effects and needs no MPI.
 This package imports neither hpc/ nor trainers/ and reads no launcher environment (but for the
-allreduce benchmark's --np): the rank tells it where it sits (`Place`, which hpc.env.RankInfo
+allreduce benchmark's --np): the rank tells it where it sits (`RankPlace`, which hpc.env.RankInfo
 satisfies) and where to meet.
 """
 
@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # importing this package must not import torch (login nodes r
     from collectives.base import Collectives
     from collectives.config import CommConfig
 
-__all__ = ["Place", "init_collectives"]
+__all__ = ["RankPlace", "init_collectives"]
 
 
-class Place(Protocol):
+class RankPlace(Protocol):
     """Where this process sits in the job, as its launcher says."""
 
     @property
@@ -33,7 +33,7 @@ class Place(Protocol):
 
 
 def init_collectives(
-    cfg: CommConfig, place: Place, node_position: int | None = None, rendezvous: tuple[str, int] | None = None, pinned_table: Path | None = None
+    cfg: CommConfig, place: RankPlace, node_position: int | None = None, rendezvous: tuple[str, int] | None = None, pinned_table: Path | None = None
 ) -> Collectives:
     """`node_position`: this node's place in the switch-ordered ring (None: node order).
     `rendezvous`: (address, port) of torch.distributed's store, for comm=gloo and comm=nccl.
@@ -92,7 +92,7 @@ def describe(comm: Collectives) -> str:
     return kind
 
 
-def node_layout(cfg: CommConfig, place: Place) -> tuple[int, int]:
+def node_layout(cfg: CommConfig, place: RankPlace) -> tuple[int, int]:
     """(node_rank, local_rank) for the hierarchical communicators; by hand with ranks_per_node."""
     if cfg.ranks_per_node:
         return place.rank // cfg.ranks_per_node, place.rank % cfg.ranks_per_node

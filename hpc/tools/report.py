@@ -37,7 +37,7 @@ from hpc.interruptions import TIMELINE, costs
 from hpc.objective import objective_direction, objective_value, validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.shown import shown_value
-from hpc.tools.status import RunStatus, Search, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
+from hpc.tools.status import RunStatus, SearchRecord, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 from hpc.tools.sweep_plots import draw_validation, validation_curves, write_parameter_plot
 from trainers.reporting.reporter import four_places
 
@@ -192,7 +192,7 @@ class TrialFigures:
         return swept_label(self.swept) or self.run
 
 
-def search_trials(runs: list[RunDir]) -> list[tuple[Search, list[TrialFigures]]]:
+def search_trials(runs: list[RunDir]) -> list[tuple[SearchRecord, list[TrialFigures]]]:
     """Each search among the sweeps of `runs` with its trials, best first; [] for plain sweeps,
     which ask Slurm nothing (a trial's state tells a failed one from one still to report)."""
     if not searches(runs):
@@ -206,7 +206,7 @@ def search_trials(runs: list[RunDir]) -> list[tuple[Search, list[TrialFigures]]]
     return tables
 
 
-def trial_row(status: RunStatus, search: Search, swept: dict[str, str]) -> TrialFigures:
+def trial_row(status: RunStatus, search: SearchRecord, swept: dict[str, str]) -> TrialFigures:
     result = _read_json(RunDir(status.run_dir).result)
     numbers = {str(key): _number(value) for key, value in validation_metrics(result).items()}
     return TrialFigures(
@@ -234,7 +234,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def render_trials(search: Search, rows: list[TrialFigures]) -> str:
+def render_trials(search: SearchRecord, rows: list[TrialFigures]) -> str:
     """Markdown, one row per trial in the order given (best first): point, trial, one column per
     swept key, the objective (`failed`, or `-` while not reported), the validation metrics, samples/s."""
     keys = list(dict.fromkeys(key for row in rows for key in row.swept))
@@ -294,7 +294,7 @@ def _row(cells: list[str]) -> str:
 
 
 def write_plots(
-    figures: list[RunFigures], runs: list[RunDir], out: Path, tables: Sequence[tuple[Search, list[TrialFigures]]] = (), ranking: GridRanking | None = None
+    figures: list[RunFigures], runs: list[RunDir], out: Path, tables: Sequence[tuple[SearchRecord, list[TrialFigures]]] = (), ranking: GridRanking | None = None
 ) -> list[Path]:
     """scaling.png (rank counts that vary), loss.png (training loss, and beside it the validation
     figure the points are ranked by), parameters.png (that figure against each swept value: a
@@ -338,7 +338,7 @@ def write_plots(
     return [*plots, loss, *objective, *(path for path in by_value if path is not None)]
 
 
-def write_objective_plot(search: Search, rows: list[TrialFigures], path: Path, plt: Any) -> Path | None:
+def write_objective_plot(search: SearchRecord, rows: list[TrialFigures], path: Path, plt: Any) -> Path | None:
     """Each reported trial's objective against its point number, and a step line of the best so
     far; failed trials and those still to report are left out. None when no trial has a value."""
     reported = sorted((row.point, row.value) for row in rows if row.value is not None)
@@ -388,7 +388,7 @@ def write_scaling_plot(figures: list[RunFigures], path: Path, plt: Any) -> Path:
     return path
 
 
-def search_json(search: Search, rows: list[TrialFigures]) -> dict[str, Any]:
+def search_json(search: SearchRecord, rows: list[TrialFigures]) -> dict[str, Any]:
     """A search's part of report.json: what it optimised and its trials, best first."""
     trials = [{**asdict(row), "label": row.label} for row in rows]
     return {"sweep_dir": str(search.sweep_dir), "objective": search.objective, "direction": search.direction, "trials": trials}

@@ -50,7 +50,7 @@ ENDED_STATES = frozenset({*slurmctl.TERMINAL_STATES, "DIED", "STOPPED"})
 
 
 @dataclass(frozen=True)
-class Search:
+class SearchRecord:
     """A hyperparameter search (sweep.json's "search"): the figure its trials are ranked by."""
 
     sweep_dir: Path
@@ -85,7 +85,7 @@ class RunStatus:
     metrics: str = ""  # the last step's loss and the task's metrics, by the task's names: "loss=0.31 accuracy=0.91"
     # What the interruptions cost in all (hpc.interruptions): "2 interruptions: 41s from cause to resumed step, 3 steps redone"
     interrupted: str = ""
-    search: Search | None = None  # the search this run is a trial of; None: no search's
+    search: SearchRecord | None = None  # the search this run is a trial of; None: no search's
     value: float | None = None  # the search's objective from result.json; None until reported
     peak_memory: str = ""  # "peak memory 812 MiB (rank 1)": the newest peaks the ranks reported
     tokens_per_s: float | None = None  # a token task's, or a script's that reports tokens= to end_step()
@@ -208,7 +208,7 @@ def swept_label(values: dict[str, str]) -> str:
     return " ".join(f"{key}={shown_value(value)}" for key, value in values.items())
 
 
-def read_search(sweep_dir: Path) -> Search | None:
+def read_search(sweep_dir: Path) -> SearchRecord | None:
     """The search a sweep dir's sweep.json describes; None for a plain sweep (or no sweep)."""
     record = _read_json(sweep_dir / "sweep.json")
     search = record.get("search")
@@ -223,10 +223,10 @@ def read_search(sweep_dir: Path) -> Search | None:
         if isinstance(point, dict) and isinstance(point.get("num"), int) and point.get("run_dir"):
             trial = point.get("trial")
             points[Path(str(point["run_dir"])).name] = (point["num"], trial if isinstance(trial, int) and not isinstance(trial, bool) else None)
-    return Search(sweep_dir, objective, direction, points)
+    return SearchRecord(sweep_dir, objective, direction, points)
 
 
-def searches(runs: Sequence[RunDir]) -> dict[Path, Search]:
+def searches(runs: Sequence[RunDir]) -> dict[Path, SearchRecord]:
     """The searches among the sweeps of `runs`, by sweep dir (a point's parent, as swept_values reads it)."""
     found = {parent: read_search(parent) for parent in dict.fromkeys(run.path.parent for run in runs)}
     return {parent: search for parent, search in found.items() if search is not None}
@@ -328,7 +328,7 @@ def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "", search: Search | None = None) -> RunStatus:
+def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "", search: SearchRecord | None = None) -> RunStatus:
     job = _read_json(run_dir.job)
     result = _read_json(run_dir.result)
     job_id = job.get("job_id")

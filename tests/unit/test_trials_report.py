@@ -15,7 +15,7 @@ import pytest
 
 from hpc.rundir import RunDir
 from hpc.tools.report import TrialFigures, best_so_far, write_objective_plot
-from hpc.tools.status import Search, header, main, read_search, search_summary, statuses
+from hpc.tools.status import SearchRecord, header, main, read_search, search_summary, statuses
 from hpc.tools.sweep_plots import best_point, parameter_axes, validation_curves
 from tests.support.runs import ROOT
 
@@ -79,7 +79,7 @@ def test_trials_are_listed_best_first_then_those_without_a_value_in_point_order(
 
 def test_the_direction_of_a_figure_of_no_known_side_is_minimize(tmp_path):
     _search_sweep(tmp_path / "sweep", "val_within_3_sigma", None)
-    assert read_search(tmp_path / "sweep") == Search(tmp_path / "sweep", "val_within_3_sigma", "minimize", {str(n): (n, 10 + n) for n in range(6)})
+    assert read_search(tmp_path / "sweep") == SearchRecord(tmp_path / "sweep", "val_within_3_sigma", "minimize", {str(n): (n, 10 + n) for n in range(6)})
 
 
 def test_the_summary_counts_the_trials_by_outcome_and_names_the_best(tmp_path):
@@ -245,7 +245,7 @@ def test_the_objective_plot_leaves_out_trials_without_a_value_and_steps_the_best
     rows = sorted(rows, key=lambda r: -(r.value or 0) if direction == "maximize" else (r.value is None, r.value or 0))
     plt, ax = MagicMock(), MagicMock()
     plt.subplots.return_value = (MagicMock(), ax)
-    search = Search(tmp_path, "val_accuracy", direction, {})
+    search = SearchRecord(tmp_path, "val_accuracy", direction, {})
     assert write_objective_plot(search, rows, tmp_path / "objective.png", plt) == tmp_path / "objective.png"
     assert ax.plot.call_args.args == ([0, 1, 2, 3], [0.5, 0.7, 0.2, 0.9], "o")
     assert ax.step.call_args.args == ([0, 1, 2, 3], best)
@@ -254,6 +254,6 @@ def test_the_objective_plot_leaves_out_trials_without_a_value_and_steps_the_best
 
 def test_no_objective_plot_without_a_reported_trial_and_an_old_one_is_removed(tmp_path):
     (tmp_path / "objective.png").write_text("from an earlier report")
-    search = Search(tmp_path, "loss", "minimize", {})
+    search = SearchRecord(tmp_path, "loss", "minimize", {})
     assert write_objective_plot(search, [_trial(0, None, "failed")], tmp_path / "objective.png", MagicMock()) is None
     assert not (tmp_path / "objective.png").exists()

@@ -33,7 +33,7 @@ from trainers.guard import in_skipped_range, skip_past
 from trainers.loop.dataplan import DataPlan
 from trainers.loop.engine import Engine
 from trainers.loop.policies import StepPolicies
-from trainers.loop.records import EpochEnd, InFlight, LocalStep, PassEnd, StepSums
+from trainers.loop.records import EpochEnd, LocalStep, PassEnd, StepInFlight, StepSums
 from trainers.reporting import metricnames
 from trainers.reporting.memory import peaks_over_ranks
 from trainers.reporting.metrics import MetricsWriter
@@ -59,7 +59,7 @@ class Loop:
     model_config: dict[str, Any]
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
     metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))  # metrics.jsonl (rank 0)
-    in_flight: InFlight | None = None  # the newest step, its sums not read yet
+    in_flight: StepInFlight | None = None  # the newest step, its sums not read yet
 
     @property
     def device(self) -> torch.device:
@@ -106,7 +106,7 @@ class Loop:
         streams = (cfg.trainer.seed, self.comm.rank)
         return self.data.batches(self.task, cfg.data, streams, self.device, cfg.trainer.epochs, self.progress)
 
-    def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> InFlight:
+    def finish_step(self, step: LocalStep, data_wait_s: float, ended: PassEnd) -> StepInFlight:
         """Average the gradients, update (skipped on the device where they are not finite), count
         the step and launch the sum of its figures over the ranks, read by the next step."""
         synced_at = time.perf_counter()
@@ -131,9 +131,9 @@ class Loop:
         vote = boundary.launch(progress.step, reported, step.values(phases, update, self.metric_names), overlap=False)
         boundary.stepped(progress.step, self.resumed_from)
         busy_s = phases[0] + phases[1] + phases[3]
-        return InFlight(progress.step, position_before, progress.position, time.perf_counter() - step.started, busy_s, vote, update.lr)
+        return StepInFlight(progress.step, position_before, progress.position, time.perf_counter() - step.started, busy_s, vote, update.lr)
 
-    def read(self, flight: InFlight) -> StepSums:
+    def read(self, flight: StepInFlight) -> StepSums:
         """A step's sums over the ranks (the step's one wait for the device), and its bookkeeping:
         a non-finite step counted, the epoch's sums, the step's record."""
         began = time.perf_counter()
@@ -147,7 +147,7 @@ class Loop:
         self.report_step(flight, sums, finite, step_s)
         return sums
 
-    def report_step(self, flight: InFlight, sums: StepSums, finite: bool, step_s: float) -> None:
+    def report_step(self, flight: StepInFlight, sums: StepSums, finite: bool, step_s: float) -> None:
         progress, seen, step = self.progress, max(sums.seen, 1), flight.step
         record: dict[str, Any] = {
             "step": step,
@@ -179,7 +179,7 @@ class Loop:
             record["straggler"] = {"rank": straggler.rank, "host": straggler.host, "step_ms": straggler.step_ms, "median_ms": straggler.median_ms}
         self.run.steps.report(record)
 
-    def after_step(self, flight: InFlight, ended: PassEnd) -> bool:
+    def after_step(self, flight: StepInFlight, ended: PassEnd) -> bool:
         """With step k queued, read step k-1's sums; where they or the host's own counts call
         for anything, step k's too, then decide as one (the same on every rank). True ends the pass."""
         earlier, self.in_flight = self.in_flight, flight

@@ -1,6 +1,6 @@
 """What a step and a pass leave behind: this rank's figures of the step in progress (`LocalStep`),
 the optimizer step's device values (`Update`), a finished step whose sums are on their way
-(`InFlight`), the sums once read (`StepSums`: the stop vote and the save handshake as named
+(`StepInFlight`), the sums once read (`StepSums`: the stop vote and the save handshake as named
 fields), and how a pass and an epoch ended (`PassEnd`, `EpochEnd`). Data only: the loop fills them."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class LocalStep:
 
 
 @dataclass(frozen=True)
-class InFlight:
+class StepInFlight:
     """A finished step whose sums are on their way (its vote launched, not yet read)."""
 
     step: int
