@@ -96,6 +96,12 @@ TARGETS: dict[str, list[str]] = {
     ],
     # Each section's own checks, moved out of hpc.config.validate (issue 47): the trainer's sections
     "trainers.config": ["tests/unit/test_section_checks.py", "tests/unit/test_validate_bounds.py", "tests/unit/test_training_features.py"],
+    "collectives.backends": [
+        "tests/unit/test_section_checks.py",
+        "tests/unit/test_backend_table.py",
+        "tests/unit/test_backends_preflight.py",
+        "tests/unit/test_validate_bounds.py",
+    ],
     "hpc.submit.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py", "tests/unit/test_api.py"],
     "hpc.rank.scheduler": ["tests/unit/test_launchers.py", "tests/unit/test_rank_failures.py"],
 }

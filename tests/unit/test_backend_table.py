@@ -89,3 +89,14 @@ def test_the_gradient_sync_and_the_start_refuse_what_the_table_does_not_hold():
     place = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1, hosts=("h",), launcher="single")
     with pytest.raises(UnknownBackend, match="comm.backend='ucx' is not one of mpi, gloo, nccl, horovod$"):
         init_collectives(CommConfig(backend="ucx"), place)
+
+
+def test_the_table_s_entries_agree_with_what_their_libraries_do_and_cannot_be_changed_in_place():
+    # torch.distributed's process groups meet at MASTER_ADDR:MASTER_PORT; MPI and Horovod start
+    # from the MPI world. torch's SyncBatchNorm runs on GPUs only. A rank reads the same entry the
+    # login node checked: an entry is frozen.
+    meets = {name for name, entry in BACKEND_TABLE.items() if entry.rendezvous}
+    assert meets == {name for name, entry in BACKEND_TABLE.items() if entry.family == "torch.distributed"} == {"gloo", "nccl"}
+    assert {name for name, entry in BACKEND_TABLE.items() if entry.sync_batchnorm} == {name for name, entry in BACKEND_TABLE.items() if entry.trains_on == "gpu"}
+    with pytest.raises(AttributeError, match="cannot assign to field 'trains_on'"):
+        BACKEND_TABLE["mpi"].trains_on = "gpu"  # type: ignore[misc]

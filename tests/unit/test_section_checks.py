@@ -4,13 +4,17 @@ the one line validate shows), and the cluster's sections refuse alone, before an
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
+import yaml
 
 from collectives.backends import check_comm
 from collectives.config import CommConfig
 from hpc.config.schema import ClusterConfig, ResourcesConfig, SweepConfig
 from hpc.errors import UserError
-from trainers.config import CheckpointConfig, ConfigError, DataConfig, OptimConfig, TrainerConfig
+from trainers.config import CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 
 SECTIONS = [TrainerConfig(), DataConfig(), OptimConfig(), CheckpointConfig(), ClusterConfig(), ResourcesConfig(), SweepConfig()]
 
@@ -78,3 +82,28 @@ def test_the_comm_section_refuses_its_own_settings(comm, message):
 def test_the_cluster_s_sections_refuse_their_own_settings(section, message):
     with pytest.raises(UserError, match=message):
         section.check()
+
+
+CONF = Path(__file__).resolve().parents[2] / "hpc" / "conf"
+# Each trainer section and the file of its default choice (hpc/conf/config.yaml's defaults list)
+DEFAULT_FILES = {
+    TrainerConfig: "trainer/default.yaml",
+    CheckpointConfig: "checkpoint/default.yaml",
+    DataConfig: "data/digits.yaml",
+    OptimConfig: "optim/sgd.yaml",
+    ModelConfig: "model/mlp.yaml",
+}
+
+
+@pytest.mark.parametrize("section", list(DEFAULT_FILES), ids=lambda section: section.__name__)
+def test_a_section_s_defaults_are_the_ones_its_default_file_shows_every_field_named(section):
+    # What --cfg job and --help show is the file; what a script or a test that builds the
+    # section gets is the dataclass: the same values, and no setting missing from the file.
+    shown = yaml.safe_load((CONF / DEFAULT_FILES[section]).read_text())
+    defaults = {field.name: getattr(section(), field.name) for field in dataclasses.fields(section)}
+    assert {name: shown.get(name, "missing from the file") for name in defaults} == defaults
+
+
+def test_an_optimizer_the_section_does_not_name_is_refused():
+    with pytest.raises(ConfigError, match="optim.name='lamb' is not one of sgd, adamw"):
+        OptimConfig(name="lamb").check()
