@@ -304,3 +304,23 @@ def test_a_custom_scheduler_replaces_the_built_in_warm_up(user_module):
 def test_an_optimizer_whose_step_needs_a_closure_is_refused(user_module):
     with pytest.raises(UserError, match="vbpkg.things.Closure"):
         validate.check_optim_targets(job_with({"optim.optimizer": {"_target_": "vbpkg.things.Closure"}}))
+
+
+def test_a_data_file_rewritten_in_the_same_process_is_inspected_again(tmp_path):
+    # The inspection is cached per file version (launch.py checks a job twice, a sweep's points
+    # share their data): a file rewritten between two checks, as a notebook does, is read anew.
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "data.h5"
+
+    def write(samples: int) -> None:
+        with h5py.File(path, "w") as f:
+            f["train/x"], f["train/y"] = np.zeros((samples, 4), np.float32), np.arange(samples) % 2
+            f["val/x"], f["val/y"] = np.zeros((4, 4), np.float32), np.arange(4) % 2
+
+    job = job_with({"data.path": str(path), "data.batch_size": 8, "resources.tasks_per_node": 1})
+    write(64)
+    assert validate.check_data(job).num_train == 64
+    write(96)
+    assert validate.check_data(job).num_train == 96
