@@ -113,6 +113,20 @@ def test_an_object_store_leaves_no_local_copies_and_removes_every_object_of_a_st
     assert store.fs.find(store.key(3)) == [] and not fetched.exists()
 
 
+def test_two_ranks_of_one_machine_fetch_the_same_piece_without_taking_each_other_s_copy(s3, tmp_path):
+    # Both ranks' stores stage under the one run dir: a copy one rank releases (deletes) must not
+    # be the file the other is still reading (seen: FileNotFoundError on resume from S3).
+    writer = ObjectStore(s3, tmp_path / "staging")
+    stage(writer, 5, {"shared.ckpt": b"z" * 32}, tmp_path / "staging")
+    writer.commit(5, b'{"step": 5}')
+    rank0, rank1 = ObjectStore(s3, tmp_path / "staging"), ObjectStore(s3, tmp_path / "staging")
+    first, second = rank0.fetch(5, "shared.ckpt"), rank1.fetch(5, "shared.ckpt")
+    rank0.release(first)
+    assert second.read_bytes() == b"z" * 32 and not first.exists()
+    rank1.remove(5)
+    assert not second.exists()
+
+
 def test_a_listing_sees_what_another_client_committed_since(s3, tmp_path):
     reader, writer = ObjectStore(s3, tmp_path / "r"), ObjectStore(s3, tmp_path / "w")
     assert reader.committed_steps() == []

@@ -250,6 +250,7 @@ class ObjectStore:
         import fsspec
 
         self.url = url.rstrip("/")
+        self.client = f"{os.getpid()}-{id(self):x}"  # its downloads' directory (fetch)
         self.fs: Any
         # A client of its own (the endpoint and credentials read now, from the environment), and
         # `retried` the one retry policy: s3fs's and botocore's own retries, stacked under it,
@@ -314,7 +315,9 @@ class ObjectStore:
         return self._retried(f"reading the size of {step_dir_name(step)}/{name}", sized)
 
     def fetch(self, step: int, name: str) -> Path:
-        local = self.staging_root / "fetched" / step_dir_name(step) / name
+        # A directory of this client's own: the ranks of one machine share the run dir, and one
+        # rank's release (its copy deleted) took the file another rank was still hashing.
+        local = self.staging_root / "fetched" / self.client / step_dir_name(step) / name
         local.parent.mkdir(parents=True, exist_ok=True)
         self._retried(f"downloading {step_dir_name(step)}/{name}", lambda: self.fs.get_file(self.key(step, name), str(local)))
         return local
@@ -327,7 +330,8 @@ class ObjectStore:
                 self.fs.rm_file(path)
 
         self._retried(f"removing {step_dir_name(step)}", removed)
-        shutil.rmtree(self.staging_root / "fetched" / step_dir_name(step), ignore_errors=True)
+        for fetched in (self.staging_root / "fetched").glob(f"*/{step_dir_name(step)}"):
+            shutil.rmtree(fetched, ignore_errors=True)
 
     def release(self, path: Path) -> None:
         path.unlink(missing_ok=True)  # a downloaded copy: a large model's second copy on local disk
