@@ -141,9 +141,24 @@ def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path)
             elif code_or_text not in (None, 0):
                 raise ScriptFailed(f"the script exited with {code_or_text!r}") from None
         result = with_handle_figures(result)
+    if not received:  # after a raw signal a collective may be left waiting on a peer: the exit ends it
+        release_process_group()
     if received and result.stopped_by is None:  # a signal during the script's last instructions
         result.stopped_by = received[0]
     return result
+
+
+def release_process_group() -> None:
+    """Destroy the process group a script left started (torchrun's scripts should, many public
+    ones don't), while the interpreter is whole: Gloo's worker threads let go of the script's
+    last collective tensors just after they complete, and one that does so during the
+    interpreter's exit aborts the process (`terminate called without an active exception`), a
+    completed run ending with SIGABRT. Destroying waits for those threads; nothing is sent."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        log.info("destroyed the process group the script left started (end a script with dist.destroy_process_group())")
 
 
 def call(script: Script, args: list[str], code: Path) -> None:
