@@ -125,6 +125,21 @@ def test_two_ranks_of_one_machine_fetch_the_same_piece_without_taking_each_other
     assert second.read_bytes() == b"z" * 32 and not first.exists()
     rank1.remove(5)
     assert not second.exists()
+    assert [path.name for path in (tmp_path / "staging" / "fetched").iterdir()] == [rank1.client]  # rank 0 left no empty directory
+
+
+def test_a_client_s_download_directory_goes_with_its_last_copy(s3, tmp_path):
+    store = ObjectStore(s3, tmp_path / "staging")
+    stage(store, 5, {"a.ckpt": b"a", "b.ckpt": b"b"}, tmp_path / "staging")
+    store.commit(5, b'{"step": 5}')
+    first, second = store.fetch(5, "a.ckpt"), store.fetch(5, "b.ckpt")
+    store.release(first)
+    assert second.read_bytes() == b"b"  # another copy still held: the directory stays
+    store.release(second)
+    assert not store.downloads.exists()
+    with pytest.raises(StoreError):
+        store.fetch(5, "missing.ckpt")
+    assert not store.downloads.exists()  # a failed download holds nothing either
 
 
 def test_a_listing_sees_what_another_client_committed_since(s3, tmp_path):

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -251,6 +252,8 @@ class ObjectStore:
 
         self.url = url.rstrip("/")
         self.client = f"{os.getpid()}-{id(self):x}"  # its downloads' directory (fetch)
+        self._held = 0  # copies fetched and not yet released: the directory goes with the last
+        self._held_lock = threading.Lock()
         self.fs: Any
         # A client of its own (the endpoint and credentials read now, from the environment), and
         # `retried` the one retry policy: s3fs's and botocore's own retries, stacked under it,
@@ -317,10 +320,20 @@ class ObjectStore:
     def fetch(self, step: int, name: str) -> Path:
         # A directory of this client's own: the ranks of one machine share the run dir, and one
         # rank's release (its copy deleted) took the file another rank was still hashing.
-        local = self.staging_root / "fetched" / self.client / step_dir_name(step) / name
-        local.parent.mkdir(parents=True, exist_ok=True)
-        self._retried(f"downloading {step_dir_name(step)}/{name}", lambda: self.fs.get_file(self.key(step, name), str(local)))
+        local = self.downloads / step_dir_name(step) / name
+        with self._held_lock:
+            self._held += 1
+            local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._retried(f"downloading {step_dir_name(step)}/{name}", lambda: self.fs.get_file(self.key(step, name), str(local)))
+        except BaseException:
+            self.release(local)
+            raise
         return local
+
+    @property
+    def downloads(self) -> Path:
+        return self.staging_root / "fetched" / self.client
 
     def remove(self, step: int) -> None:
         def removed() -> None:
@@ -335,6 +348,10 @@ class ObjectStore:
 
     def release(self, path: Path) -> None:
         path.unlink(missing_ok=True)  # a downloaded copy: a large model's second copy on local disk
+        with self._held_lock:
+            self._held -= 1
+            if self._held == 0:  # nothing of ours is downloading or read: no empty directories left behind
+                shutil.rmtree(self.downloads, ignore_errors=True)
 
     def retire(self, step: int) -> None:
         """Its marker deleted: one request; the pieces, unmarked now, go with the leftovers."""
