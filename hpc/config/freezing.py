@@ -15,7 +15,11 @@ the `.py` and `.yaml` files are copied, except below a directory that is
   `checkpoints`, `runs`, `wandb`, ...) that is not a Python package (holds no `__init__.py`).
   Deeper down those names stay: `conf/data/*.yaml` is a Hydra config group.
 
-left_out() is that rule, pure; frozen_files() walks a directory with it.
+Every other file of the walked folders, and each data or output folder at the top, appears in
+the copy as a link to the original (a script's and a user package's folders, not the
+toolkit's): what a script reads beside its code, it reads live, as under torchrun.
+
+left_out() is that rule, pure; walked() walks a directory with it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ SOURCE_SUFFIXES = {".py", ".yaml"}  # what is frozen of a job's code
 # Where data and the outputs of a run usually go, next to a script (Hydra's outputs/ and multirun/,
 # W&B's, MLflow's and Lightning's logs, the toolkit's default run_root): at the top only.
 HEAVY_DIRS = frozenset({"data", "datasets", "outputs", "multirun", "checkpoints", "runs", "wandb", "mlruns", "lightning_logs"})
+DATA_OR_OUTPUT = "data or output, not a package"
 ENVIRONMENT_MARKS = ("pyvenv.cfg", "conda-meta")  # a virtualenv's (venv, virtualenv, uv), a conda environment's
 
 
@@ -50,21 +55,36 @@ def left_out(directory: Path, root: Path, names: Collection[str], skip: Collecti
     if directory.name == "__pycache__":
         return "bytecode"
     if directory.parent == root and directory.name in HEAVY_DIRS and "__init__.py" not in names:
-        return "data or output, not a package"
+        return DATA_OR_OUTPUT
     return None
 
 
 def frozen_files(directory: Path, skip: Collection[Path] = ()) -> Iterator[Path]:
     """The files under `directory` frozen with a job, in name order (left_out's rule). `skip`:
     directories left out wherever they are (the run root, the copy being written)."""
+    sources, _ = walked(directory, skip)
+    yield from sources
+
+
+def walked(directory: Path, skip: Collection[Path] = ()) -> tuple[list[Path], list[Path]]:
+    """(the source files under `directory`, frozen; what else a script may read beside its code,
+    linked into the copy: the other files of the walked folders, and the data and output
+    folders at the top), each in name order and spelled below `directory`. Links keep
+    `Path(__file__).parent / "vocab.json"` and a `data/` beside the script reading the live
+    files, as under torchrun; run dirs, environments and hidden folders are neither."""
     root = directory.resolve()
     skipped = {path.resolve() for path in skip}
-    found = []
+    sources: list[Path] = []
+    others: list[Path] = []
     for top, dirs, files in os.walk(root):
         here = Path(top)
-        if left_out(here, root, [*dirs, *files], skipped) is not None:
+        why = left_out(here, root, [*dirs, *files], skipped)
+        if why is not None:
             dirs.clear()  # nothing below it is walked either
+            if why == DATA_OR_OUTPUT and here.name != "runs":  # the toolkit's default run root: run dirs, each with a copy
+                others.append(here)
             continue
-        found += [here / name for name in files if Path(name).suffix in SOURCE_SUFFIXES and (here / name).is_file()]
-    for path in sorted(found):
-        yield directory / path.relative_to(root)
+        for name in files:
+            if (here / name).is_file():
+                (sources if Path(name).suffix in SOURCE_SUFFIXES else others).append(here / name)
+    return [directory / path.relative_to(root) for path in sorted(sources)], [directory / path.relative_to(root) for path in sorted(others)]

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib
+import io
 import logging
 import os
 import shlex
@@ -34,7 +35,7 @@ from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.rank.outcomes import record_end, record_failure, wait_for_peers
+from hpc.rank.outcomes import failed_peer, record_end, record_failure, wait_for_peers
 from hpc.rank.scheduler import scheduler_of
 from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
@@ -293,6 +294,10 @@ def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: Ra
     if result.stopped_by and stop.signal_name is None:
         stop.note(result.stopped_by, time.time(), "training")
     if rank.world_size > 1:
+        failed = failed_peer(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main and result.stopped_by else None
+        if failed is not None:  # the launcher ended this rank after a peer's failure: result.json is that rank's
+            log.error("rank %d failed (%s): the run did not complete", *failed)
+            return {"status": "failed", "exit_code": 1, "failed_rank": failed[0], "error": failed[1]}
         record_end(run_dir, rank.rank, PROCESS_STARTED, "stopped" if result.stopped_by else "completed")
         other = wait_for_peers(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main and not result.stopped_by else None
         if other is not None and other[1] == "failed":  # result.json is the failed rank's
@@ -350,8 +355,21 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     return summary
 
 
+def whole_lines() -> None:
+    """One write per printed line on this rank's stdout and stderr. Under PYTHONUNBUFFERED
+    (launch.py's: progress shows at once) print() writes its text, separators and newline
+    apart, and mpirun forwards each write on its own, so two ranks' lines were spliced on the
+    console (a user's script printing on every rank). A program's own flush() still writes at
+    once (tqdm's bar)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str]) -> int:
     import argparse
+
+    whole_lines()
 
     parser = argparse.ArgumentParser(prog="python -m hpc.rank.main", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory launch.py (or sbatch/train.sbatch) prepared: its config.yaml")

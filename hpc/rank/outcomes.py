@@ -63,14 +63,7 @@ def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Call
     first that did not, a failure before a stop. A rank that dies without a word ends the job
     through mpirun or srun, and this wait with it."""
     while True:
-        said: dict[int, dict[str, Any]] = {}
-        for rank in range(world_size):
-            try:
-                found = json.loads(marker(run_dir, rank).read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(found, dict) and isinstance(found.get("started"), int | float) and found["started"] >= started - START_SKEW_S:
-                said[rank] = found
+        said = peers_said(run_dir, world_size, started)
         if len(said) == world_size or any(found.get("status") == "failed" for found in said.values()):
             others = sorted(
                 (found.get("status") != "failed", rank, str(found.get("status")), str(found.get("error", "")))
@@ -79,3 +72,24 @@ def wait_for_peers(run_dir: RunDir, world_size: int, started: float, sleep: Call
             )
             return (others[0][1], others[0][2], others[0][3]) if others else None
         sleep(POLL_S)
+
+
+def peers_said(run_dir: RunDir, world_size: int, started: float) -> dict[int, dict[str, Any]]:
+    """The markers the ranks of this start (begun with `started`) have left so far, by rank."""
+    said: dict[int, dict[str, Any]] = {}
+    for rank in range(world_size):
+        try:
+            found = json.loads(marker(run_dir, rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and isinstance(found.get("started"), int | float) and found["started"] >= started - START_SKEW_S:
+            said[rank] = found
+    return said
+
+
+def failed_peer(run_dir: RunDir, world_size: int, started: float) -> tuple[int, str] | None:
+    """(rank, error) of a rank of this start that has failed, now, without waiting; None: none
+    has. Rank 0 stopped by a signal asks: the launcher ending the job after a peer's failure
+    (mpirun's SIGTERM) is no stop to resume from."""
+    failed = sorted((rank, str(found.get("error", ""))) for rank, found in peers_said(run_dir, world_size, started).items() if found.get("status") == "failed")
+    return failed[0] if failed else None

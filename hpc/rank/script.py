@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
-from hpc.env import RUN_DIR_VARIABLE, RankInfo, rendezvous
+from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
 from hpc.rank.hosting import Host, hosted, started_handle
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 
@@ -36,6 +36,11 @@ log = logging.getLogger("hpc.rank")
 class ScriptStopped(BaseException):
     """A stop signal, raised in the script's main thread (a BaseException: a script's `except
     Exception` does not swallow it)."""
+
+
+class ScriptInterrupted(ScriptStopped, KeyboardInterrupt):
+    """Ctrl-C's stop: a script's own `except KeyboardInterrupt:` (a save, a tidy exit) runs as
+    it does under torchrun; the run stops all the same."""
 
 
 class ScriptFailed(Exception):
@@ -74,19 +79,45 @@ def with_handle_figures(result: ScriptResult) -> ScriptResult:
     return result
 
 
-def torchrun_environment(rank: RankInfo, meet: tuple[str, int] | None) -> dict[str, str]:
-    """The variables torchrun gives each process (those a DDP script reads)."""
+def torchrun_environment(rank: RankInfo, meet: tuple[str, int] | None, run_id: str, restarts: int) -> dict[str, str]:
+    """The variables torchrun's agent gives each process (torch.distributed.elastic's
+    local_elastic_agent), so a script that reads any of them finds it. `run_id`: the job's (or the
+    run dir's) name; `restarts`: how often this job was started again (requeues and restarts in
+    the allocation). No agent store: rank 0's process group starts its own, as under MPI."""
     env = {
         "RANK": str(rank.rank),
         "WORLD_SIZE": str(rank.world_size),
         "LOCAL_RANK": str(rank.local_rank),
         "LOCAL_WORLD_SIZE": str(rank.local_world_size),
         "GROUP_RANK": str(rank.node_rank),
+        "GROUP_WORLD_SIZE": str(rank.num_nodes),
+        "ROLE_NAME": "default",
         "ROLE_RANK": str(rank.rank),
         "ROLE_WORLD_SIZE": str(rank.world_size),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": "0",  # torchrun's default; the toolkit's restarts are requeues
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     if meet is not None:
         env["MASTER_ADDR"], env["MASTER_PORT"] = meet[0], str(meet[1])
+    return env
+
+
+def script_environment(host: Host, threads: int) -> dict[str, str]:
+    """What the script's process and its children see besides torchrun's variables: the error
+    file torch.distributed.elastic's `@record` writes, the thread count the rank chose (torchrun
+    passes OMP_NUM_THREADS on), NCCL's error handling as torchrun sets it; a value already set is
+    kept."""
+    env = torchrun_environment(
+        host.rank,
+        rendezvous(os.environ),
+        slurm_job_id(os.environ) or host.run_dir.path.name,
+        restart_count(os.environ) + int(os.environ.get(STEP_ATTEMPT_VARIABLE, "0") or 0),
+    )
+    env["TORCHELASTIC_ERROR_FILE"] = str(host.run_dir.path / "logs" / f"error-rank-{host.rank.rank:05d}.json")
+    for name, value in (("OMP_NUM_THREADS", str(threads)), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")):
+        env[name] = os.environ.get(name, value)
     return env
 
 
@@ -107,7 +138,7 @@ def raising_stops(signals: tuple[signal.Signals, ...]) -> Iterator[list[str]]:
     def stop(signum: int, frame: object) -> None:
         received.append(signal.Signals(signum).name)
         if len(received) == 1:
-            raise ScriptStopped(received[0])
+            raise (ScriptInterrupted if signum == signal.SIGINT else ScriptStopped)(received[0])
 
     previous = {sig: signal.signal(sig, stop) for sig in signals}
     try:
@@ -120,9 +151,14 @@ def raising_stops(signals: tuple[signal.Signals, ...]) -> Iterator[list[str]]:
 def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path) -> ScriptResult:
     """Run the script to its end. Returns how it ended (completed, or stopped by a signal or by
     its own exit code 75); raises ScriptFailed for a non-zero exit and what the script raised."""
+    import torch
+
     script = parse_script(spec, Path(workdir))
-    os.environ.update(torchrun_environment(host.rank, rendezvous(os.environ)))
+    os.environ.update(script_environment(host, torch.get_num_threads()))
     os.environ[RUN_DIR_VARIABLE] = str(host.run_dir.path)
+    # The rank's interpreter started with PYTHONSAFEPATH (its code is the frozen copy, never the
+    # working directory's); a `python helper.py` the script starts imports its siblings as usual.
+    os.environ.pop("PYTHONSAFEPATH", None)
     os.chdir(workdir)
     result = ScriptResult(spec)
     with raising_stops(host.signals) as received, hosted(host):

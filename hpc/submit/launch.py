@@ -98,8 +98,25 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
         tell(f"the run failed on {failure}", console=False)
     if code == EXIT_RESUMABLE:
-        tell(f"stopped with a committed checkpoint; to resume: bash {shlex.quote(str(run_dir.path / 'command.txt'))}")
+        tell(stopped_line(run_dir))
     return code
+
+
+def stopped_line(run_dir: RunDir) -> str:
+    """What a stopped local run leaves and how it goes on, as its result.json tells: a script
+    without the run handle saved what it saved itself (nothing the toolkit knows of)."""
+    command = f"bash {shlex.quote(str(run_dir.path / 'command.txt'))}"
+    try:
+        result = run_dir.read_json(run_dir.result)
+    except (OSError, ValueError):
+        result = {}
+    if not isinstance(result, dict):
+        result = {}
+    if result.get("script") and not result.get("handle"):
+        return f"stopped; to start the script again (it resumes from what it saved itself): {command}"
+    if not result.get("steps"):
+        return f"stopped before its first checkpoint; to start it again: {command}"
+    return f"stopped with a committed checkpoint at step {result['steps']}; to resume: {command}"
 
 
 def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:

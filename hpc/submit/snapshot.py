@@ -21,13 +21,14 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from hpc.config.freezing import SOURCE_SUFFIXES, frozen_files
+from hpc.config.freezing import SOURCE_SUFFIXES, walked
 from hpc.config.schema import JobConfig, code_targets
 from hpc.config.scripts import SCRIPT_DIR, parse_script
 from hpc.errors import UserError
 from hpc.rundir import PROJECT_ROOT
 
 PACKAGES = ("hpc", "trainers", "collectives")
+MAX_LINKS = 10_000
 
 
 def _git(args: list[str], root: Path) -> str | None:
@@ -72,17 +73,24 @@ def user_sources(targets: Iterable[str]) -> list[Path]:
     return list(found.values())
 
 
-def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = ()) -> int:
+def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = (), link_rest: bool = False) -> int:
     """The sources under `source_root` (a directory or one file) copied to `dest`, but for those
-    below `skip` (hpc.config.freezing); returns the count."""
+    below `skip` (hpc.config.freezing); with `link_rest`, the rest linked (at most MAX_LINKS:
+    a folder of a million images beside a script is read through its own path, or not at all).
+    Returns the count copied."""
     if source_root.is_file():
-        files = [source_root] if source_root.suffix in SOURCE_SUFFIXES else []
+        files, others = ([source_root] if source_root.suffix in SOURCE_SUFFIXES else []), list[Path]()
     else:
-        files = list(frozen_files(source_root, skip))
+        files, others = walked(source_root, skip)
     for source in files:
         target = dest if source_root.is_file() else dest / source.relative_to(source_root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
+    if link_rest and len(others) <= MAX_LINKS:
+        for other in others:
+            target = dest / other.relative_to(source_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(other.resolve())
     return len(files)
 
 
@@ -115,9 +123,9 @@ def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = ()
     skip = [*skip, dest]
     copied = sum(_copy_sources(root / package, dest / package, skip) for package in PACKAGES)  # hpc/conf with hpc
     for source in user:
-        copied += _copy_sources(source, dest / source.name, skip)
+        copied += _copy_sources(source, dest / source.name, skip, link_rest=True)
     if script_dir is not None:
-        copied += _copy_sources(script_dir, dest / SCRIPT_DIR, skip)
+        copied += _copy_sources(script_dir, dest / SCRIPT_DIR, skip, link_rest=True)
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES], root) if commit else None
     if diff:

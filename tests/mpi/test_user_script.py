@@ -44,6 +44,8 @@ def test_a_torchrun_script_runs_unchanged_on_two_ranks_as_torchrun_runs_it(tmp_p
         assert seen["rank"] == rank and seen["world"] == 2
         assert seen["env"]["LOCAL_RANK"] == str(rank) and seen["env"]["LOCAL_WORLD_SIZE"] == "2" and seen["env"]["WORLD_SIZE"] == "2"
         assert seen["cwd"] == str(work)  # where launch.py ran, as torchrun's processes start
+        # one write per line: under mpirun each write is forwarded alone, and two ranks' lines were spliced
+        assert seen["stdout"] == {"line_buffering": True, "write_through": False}
         assert Path(seen["file"]) == run_dir / "code" / "script" / "train.py"  # the frozen copy
     assert (run_dir / "code" / "script" / "model.py").is_file()
     result = json.loads((run_dir / "result.json").read_text())
@@ -60,6 +62,8 @@ def test_a_torchrun_script_runs_unchanged_on_two_ranks_as_torchrun_runs_it(tmp_p
     assert reference.returncode == 0, reference.stderr[-2000:]
     theirs = ranks_report(tmp_path / "theirs", 2)
     assert [r["weights"] for r in ours] == [r["weights"] for r in theirs]
+    set_by = {name for name, value in theirs[0]["env"].items() if value is not None}
+    assert {name for name, value in ours[0]["env"].items() if value is not None} == set_by  # every variable torchrun sets, and no PYTHONSAFEPATH
     assert ours[0]["weights"] == ours[1]["weights"]  # DDP kept the ranks in step
 
 
@@ -86,7 +90,9 @@ def test_a_stop_ends_the_script_resumable_and_its_own_exit_codes_count(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "stopped" and result["stopped_by"] == "SIGINT" and result["finished"] is False
     assert "stopped by SIGINT, the script keeps what it saved; not a Slurm job" in stdout
+    assert "stopped; to start the script again (it resumes from what it saved itself): bash" in stdout and "committed checkpoint" not in stdout
     assert not (out / "rank-0.json").exists()  # it never reached its end
+    assert all((out / f"interrupted-{rank}.txt").is_file() for rank in range(2))  # its own `except KeyboardInterrupt` ran, as under torchrun
 
     # Its own exit code 75 is a stop too (requeued on Slurm); any other non-zero one a failure
     def one_rank(exit_code: int) -> subprocess.CompletedProcess[str]:
@@ -128,3 +134,16 @@ def test_a_script_that_fails_on_any_rank_is_a_failed_run_that_says_where_and_why
     assert (
         shown[1].strip().startswith("File") and '/script/train.py", line' in shown[1] and not any("/hpc/rank/" in line or "runpy" in line for line in shown)
     ), log[-2000:]
+
+
+def test_a_rank_ended_by_the_launcher_after_a_peers_own_exit_code_is_no_stop(tmp_path):
+    """Rank 1 exits with its own code 3 while rank 0 still runs: mpirun ends rank 0 (SIGTERM),
+    which must not turn the run into a stop to resume (result.json said "stopped", exit 75)."""
+    script = ROOT / "tests" / "fixtures" / "scripts" / "fails" / "train.py"
+    command = [sys.executable, str(ROOT / "launch.py"), f"script={script}", f"run_root={tmp_path / 'runs'}", "resources.tasks_per_node=2", "--"]
+    done = subprocess.run([*command, "--exit-code", "3", "--others-wait", "120"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode not in (0, 75), done.stdout[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["failed_rank"], result["error"]) == ("failed", 1, "ScriptFailed: the script exited with 3"), result
+    assert "error: the run failed on rank 1: ScriptFailed: the script exited with 3" in done.stderr, done.stderr[-2000:]

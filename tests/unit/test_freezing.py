@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.config.freezing import frozen_files, left_out
+from hpc.config.freezing import frozen_files, left_out, walked
 from hpc.config.schema import to_job_config
 from hpc.config.scripts import check_script
 from hpc.config.validate import validate_job
@@ -77,6 +77,24 @@ def test_a_scripts_folder_freezes_its_code_and_none_of_its_runs_data_or_environm
     assert [str(p.relative_to(tmp_path)) for p in frozen_files(tmp_path, skip=[tmp_path / "runs"])] == code
     # Without the run root named, its run dirs go by their marker, or by its name at the top
     assert [str(p.relative_to(tmp_path)) for p in frozen_files(tmp_path)] == code
+    # What else a script may read beside its code is linked: never a run root, a run dir, an
+    # environment, a hidden folder or bytecode
+    for skip in ([tmp_path / "runs"], []):
+        assert [str(p.relative_to(tmp_path)) for p in walked(tmp_path, skip)[1]] == ["data", "notes.txt", "outputs"]
+
+
+def test_a_script_reads_the_live_files_beside_it_through_links_in_its_frozen_copy(tmp_path):
+    script_folder(tmp_path / "work")
+    write(tmp_path / "work" / "vocab" / "words.json", "[1]")
+    frozen = freeze_code(tmp_path / "run" / "code", tmp_path / "project", script_dir=tmp_path / "work", skip=[tmp_path / "work" / "runs"])
+    copy = frozen / "script"
+    assert (copy / "model.py").is_file() and not (copy / "model.py").is_symlink()  # code: frozen
+    linked = sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_symlink())
+    assert linked == ["data", "notes.txt", "outputs", "vocab/words.json"]
+    (tmp_path / "work" / "vocab" / "words.json").write_text("[2]")
+    assert (copy / "vocab" / "words.json").read_text() == "[2]"  # data: read live, as torchrun's script reads it
+    assert (copy / "data" / "shakespeare" / "prepare.py").is_file()
+    assert not (copy / "runs").exists() and not (copy / ".venv").exists() and not (copy / "env").exists()
 
 
 def test_the_limit_counts_only_what_is_frozen(tmp_path, monkeypatch):

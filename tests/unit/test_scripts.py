@@ -116,17 +116,23 @@ def test_arguments_after_the_double_dash_go_to_the_script_only():
 
 def test_torchrun_variables_come_from_the_ranks_place():
     rank = RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, num_nodes=2, hosts=("n1", "n2"), launcher="slurm")
-    env = torchrun_environment(rank, ("n1", 21234))
+    env = torchrun_environment(rank, ("n1", 21234), "4242", restarts=2)
     assert env == {
         "RANK": "3",
         "WORLD_SIZE": "4",
         "LOCAL_RANK": "1",
         "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_NAME": "default",
         "ROLE_RANK": "3",
         "ROLE_WORLD_SIZE": "4",
         "MASTER_ADDR": "n1",
         "MASTER_PORT": "21234",
+        "TORCHELASTIC_RUN_ID": "4242",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",  # "True" would make rank 0 a client of a store nobody serves
     }
     assert RankInfo.from_env({**env, "LOCAL_WORLD_SIZE": "2"}).rank == 3  # what the toolkit itself reads back
 
@@ -148,7 +154,8 @@ def test_a_stop_signal_is_raised_once_in_the_scripts_main_thread():
 def test_a_script_files_directory_is_frozen_with_the_job(tmp_path):
     job = replace(to_job_config({}), script=str(SCRIPT), workdir=str(tmp_path))
     code = freeze_job_code(tmp_path / "code", job)
-    assert sorted(p.name for p in (code / "script").iterdir()) == ["model.py", "train.py"]
+    assert sorted(p.name for p in (code / "script").iterdir()) == ["model.py", "scale.txt", "train.py"]
+    assert (code / "script" / "scale.txt").resolve() == SCRIPT.parent / "scale.txt"  # data: a link to the live file
     assert (code / "script" / "train.py").read_text() == SCRIPT.read_text()
 
 
@@ -168,3 +175,21 @@ def test_launch_refuses_a_scripts_options_before_the_double_dash_and_arguments_w
     assert not (tmp_path / "runs").exists()
     shown = launch(f"script={SCRIPT}", "dry_run=true", "--", "--out", "${HOME}")
     assert shown.returncode == 0 and "script_args:\n- --out\n- \\${HOME}" in shown.stdout, shown.stdout[-1500:] + shown.stderr
+
+
+def test_a_stopped_run_says_what_it_saved_as_its_result_tells(tmp_path):
+    from hpc.rundir import RunDir
+    from hpc.submit.launch import stopped_line
+
+    run_dir = RunDir(tmp_path)
+    command = f"bash {tmp_path / 'command.txt'}"
+    for result, line in (
+        ({"script": "t.py", "handle": False, "steps": 0}, f"stopped; to start the script again (it resumes from what it saved itself): {command}"),
+        ({"script": "t.py", "handle": True, "steps": 7}, f"stopped with a committed checkpoint at step 7; to resume: {command}"),
+        ({"steps": 0}, f"stopped before its first checkpoint; to start it again: {command}"),
+        ({"steps": 40}, f"stopped with a committed checkpoint at step 40; to resume: {command}"),
+    ):
+        run_dir.write_json(run_dir.result, result)
+        assert stopped_line(run_dir) == line
+    run_dir.result.write_text("[")  # unreadable: nothing claimed
+    assert stopped_line(run_dir) == f"stopped before its first checkpoint; to start it again: {command}"

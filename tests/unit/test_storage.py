@@ -137,7 +137,7 @@ def test_a_client_s_download_directory_goes_with_its_last_copy(s3, tmp_path):
     assert second.read_bytes() == b"b"  # another copy still held: the directory stays
     store.release(second)
     assert not store.downloads.exists()
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="downloading step-000000005/missing.ckpt"):
         store.fetch(5, "missing.ckpt")
     assert not store.downloads.exists()  # a failed download holds nothing either
 
