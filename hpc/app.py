@@ -294,7 +294,10 @@ def start_run(cfg: DictConfig) -> RunDir:
         cfg.hydra.mode = RunMode.RUN
         cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
     HydraConfig.instance().set_config(cfg)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file on the way, a read-only place: one line, as for any bad input
+        raise UserError(f"the run directory {path} cannot be created: {err.strerror} (choose another run_root=)") from None
     if cfg.hydra.output_subdir is not None:
         record = path / str(cfg.hydra.output_subdir)
         record.mkdir(exist_ok=True)

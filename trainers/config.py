@@ -4,6 +4,7 @@ checks that cross sections are hpc.config.validate's."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,14 @@ class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
     channels: list[int] = field(default_factory=list)  # conv channels (cnn only)
     dropout: float = 0.0
+
+    def check(self) -> None:
+        """Layer widths and the dropout probability (the built-in task's models)."""
+        for key, sizes in (("model.hidden_sizes", self.hidden_sizes), ("model.channels", self.channels)):
+            if any(size < 1 for size in sizes):
+                raise ConfigError(f"{key}={list(sizes)}: every width must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1): the probability of dropping a unit")
 
 
 @dataclass
@@ -110,8 +119,12 @@ class OptimConfig:
         """The optimizer and schedule named, the learning rate and its floor, AdamW's betas, the warm-up."""
         one_of("optim.name", self.name, OPTIMIZERS)
         one_of("optim.schedule", self.schedule, SCHEDULES)
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr={self.lr} must be > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"optim.lr={self.lr} must be a finite number > 0")
+        if not (math.isfinite(self.momentum) and self.momentum >= 0):
+            raise ConfigError(f"optim.momentum={self.momentum} must be a finite number >= 0")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay={self.weight_decay} must be a finite number >= 0")
         if not 0.0 <= self.min_lr <= self.lr:
             raise ConfigError(f"optim.min_lr={self.min_lr} must be between 0 and optim.lr={self.lr} (the cosine schedule's floor)")
         if self.betas is not None and (len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas)):
@@ -166,6 +179,9 @@ class TrainerConfig:
         """Counts, precision, clipping, evaluation, and the reporting and watching settings."""
         at_least({"trainer.epochs": self.epochs, **({"trainer.threads_per_rank": self.threads_per_rank} if self.threads_per_rank is not None else {})}, 1)
         at_least({"trainer.accumulation_steps": self.accumulation_steps}, 1)
+        at_least({"trainer.seed": self.seed}, 0, " (torch's and numpy's generators take no negative seed)")
+        if self.max_steps is not None:
+            at_least({"trainer.max_steps": self.max_steps}, 1, ", or null for no limit")
         self.check_reporting()
         one_of("trainer.precision", self.precision, PRECISIONS)
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:

@@ -47,6 +47,7 @@ class BadStepGuard:
         self._rolled_back_to: int | None = None  # the checkpoint step of the last rollback
         self._rollbacks_to_it = 0
         self._finite_since_rollback = False
+        self._skipped_unsaved = False  # a bad range was skipped with no checkpoint to go back to
 
     def record(self, finite: bool, progress: Progress, position_before: int, position_after: int) -> None:
         """A step's verdict, read after the step (the loop reads it a step late: the range to skip
@@ -85,6 +86,19 @@ class BadStepGuard:
                 "lower optim.lr, set trainer.clip_grad_norm, or check the data (a new run dir starts afresh)"
             )
         self._rolled_back_to, self._finite_since_rollback = to_step, False
+        self.reset()
+
+    def skipped_without_checkpoint(self) -> None:
+        """No checkpoint to go back to: the bad range is skipped and training goes on from the
+        weights it has (no update was applied from a bad step). But when not one step was finite
+        since the last such skip, the weights or the learning rate are the problem, not the data:
+        skipping on would run the epochs empty and call it completed. DivergedError instead."""
+        if self._skipped_unsaved and not self._finite_since_rollback:
+            raise DivergedError(
+                f"training diverged: {2 * self.max_bad} steps in a row went non-finite before any checkpoint, on different data; "
+                "lower optim.lr, set trainer.clip_grad_norm, or check the model and the data"
+            )
+        self._skipped_unsaved, self._finite_since_rollback = True, False
         self.reset()
 
     def reset(self) -> None:

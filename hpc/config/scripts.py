@@ -64,6 +64,8 @@ def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Scrip
     left out of it). Nothing is imported. UserError, one line, naming what is wrong."""
     script = parse_script(spec, workdir)
     if script.path is not None:
+        if script.path.is_dir():
+            raise UserError(f"script={spec}: {script.path} is a folder; name the .py file to run in it")
         if not script.path.is_file():
             raise UserError(f"script={spec}: no such file ({script.path})")
         source_file: Path | None = script.path
@@ -86,6 +88,9 @@ def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Scrip
             source_file = source_file.parent / "__main__.py"  # `python -m pkg` runs pkg/__main__.py
             if not source_file.is_file():
                 raise UserError(f"script={spec}: {script.module} is a package without __main__.py; name its module (pkg.train) or a function")
+    if source_file is None and script.module is not None and script.function is None and not any_main(script.module, search):
+        folder = script.module.replace(".", "/")
+        raise UserError(f"script={spec}: {script.module} is a folder without __init__.py or __main__.py; name a file ({folder}/train.py) or a module in it")
     if source_file is None or source_file.suffix != ".py":
         return script  # compiled or namespace: the rank's own import says more
     try:
@@ -97,6 +102,13 @@ def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Scrip
     if script.function is not None and not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == script.function for node in tree.body):
         raise UserError(f"script={spec}: {source_file} defines no function {script.function} at its top level")
     return script
+
+
+def any_main(module: str, search: list[str]) -> bool:
+    """A namespace package `module` (folders without __init__.py) has a __main__.py in one of
+    its folders on the search path: what `python -m` would run."""
+    relative = Path(*module.split("."))
+    return any((Path(root) / relative / "__main__.py").is_file() for root in search)
 
 
 def literal(value: str) -> str:

@@ -78,13 +78,33 @@ def show_cfg(cfg: Any, part: str, package: str | None, resolve: bool) -> str:
     node: Any = task_node(cfg) if part == "job" else OmegaConf.create({"hydra": cfg.hydra}) if part == "hydra" else cfg
     header = ""
     if package and package != "_global_":
-        node = OmegaConf.select(node, package)
-        if node is None:
-            raise UserError(f"--package {package}: no such key in the {part} config")
+        node = package_node(node, package, part)
         header = f"# @package {package}\n"
     if not isinstance(node, Container):
-        return f"{header}{node}"
+        return f"{header}{scalar_text(node)}"
     return header + OmegaConf.to_yaml(node).rstrip()
+
+
+_NO_SUCH_KEY = object()
+
+
+def package_node(node: Any, package: str, part: str) -> Any:
+    """The node at key `package`; UserError when there is no such key. A key set to null is
+    there: select's own default (None) would read it as missing, hence the sentinel."""
+    from omegaconf import MissingMandatoryValue, OmegaConf
+
+    try:
+        found = OmegaConf.select(node, package, default=_NO_SUCH_KEY, throw_on_missing=True)
+    except MissingMandatoryValue:  # `???`: there, but not set (without the flag select reads it as missing too)
+        return "???"
+    if found is _NO_SUCH_KEY:
+        raise UserError(f"--package {package}: no such key in the {part} config")
+    return found
+
+
+def scalar_text(value: Any) -> str:
+    """A selected scalar as --cfg prints it: null as YAML writes it (not Python's None)."""
+    return "null" if value is None else str(value)
 
 
 def resolved(cfg: Any) -> Any:

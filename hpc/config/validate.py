@@ -94,6 +94,9 @@ def check_trackers(job: JobConfig) -> None:
     for name in job.trackers:
         if name not in PACKAGES:
             raise UserError(f"trackers: unknown tracker {name!r} (known: {', '.join(sorted(PACKAGES))})")
+    twice = sorted({name for name in job.trackers if job.trackers.count(name) > 1})
+    if twice:
+        raise UserError(f"trackers: {', '.join(twice)} named twice (one run of each tracker per run)")
     for name in chosen(job.trackers, job.trainer.tensorboard, job.trainer.prometheus_file):
         if not installed(PACKAGES[name]):
             package = PACKAGES[name].replace("_", "-")
@@ -105,6 +108,7 @@ def check_sections(job: JobConfig) -> None:
     configs' check()): a setting alone, refused in one line."""
     try:
         check_comm(job.comm)
+        job.model.check()
         job.optim.check()
         job.trainer.check()
         job.data.check()
@@ -312,6 +316,7 @@ def check_script_values(job: JobConfig) -> None:
         if value is not None and has_control_character(value):
             raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")
     sbatch_lines(cluster.sbatch)  # any sbatch option: known to sbatch, not one the toolkit sets, one printable value
+    check_run_root(job.run_root)
     if not job.name.strip() or "/" in job.name:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")
 
@@ -421,3 +426,14 @@ def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | N
     if augmenting and not builtin:
         raise UserError(f"{augmenting[0]} augments the built-in classify task only; in your own task call trainers.data.augment.random_crop or random_flip")
     return check_data(job) if builtin else None  # a user's data sets are known on the ranks only
+
+
+def check_run_root(run_root: str) -> None:
+    """The run root is a directory or can become one: nothing on its way is a file (a dry run
+    for the cluster tells as the launch would)."""
+    path = Path(run_root).expanduser().absolute()
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise UserError(f"run_root={run_root}: {place} is a file, not a directory")
+            return

@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count
+from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import EXIT_RESUMABLE
@@ -42,6 +42,7 @@ from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
+from hpc.runlock import hold_rank, release_all
 
 if TYPE_CHECKING:  # the module level stays light: srun starts it after catching the stop signals
     from collectives.base import Collectives
@@ -99,6 +100,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
 
     run_dir = RunDir(Path(run_dir_path))
     rank = RankInfo.from_env(os.environ)
+    if slurm_job_id(os.environ) is None:  # Slurm runs one instance of a job; a local run's ranks say they run
+        hold_rank(run_dir.path)
     try:
         job = to_job_config(OmegaConf.load(run_dir.config))
         apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
@@ -108,6 +111,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         report_failure(err, rank, run_dir, "ending")
         logging.shutdown()
         raise SystemExit(1) from None  # told above, in one line or from the user's frame down: not again on stderr
+    finally:
+        release_all()  # this rank's part is over, however: it no longer counts as running (hpc.runlock)
 
 
 def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hpc.env import RESULT_EXIT_VARIABLE
 from hpc.rundir import RunDir
+from hpc.runlock import RunDirBusy, hold_launch
 
 
 def run_in_session(command: list[str], env: dict[str, str], on_signal: Callable[[subprocess.Popen[bytes], int], None]) -> int:
@@ -93,6 +94,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.command:
         parser.error("give the mpirun command after the run directory")
+    try:
+        hold_launch(Path(args.run_dir))  # one start at a time: not a second set of ranks beside the first
+    except RunDirBusy as busy:
+        print(f"error: {busy}", file=sys.stderr)
+        return 2
     return run_exit_code(run_ranks(args.command, {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
 
 

@@ -64,13 +64,15 @@ def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[
     write_point_dirs(prepared, sweep_dir)
     record: dict[str, Any] = {"sweep_dir": str(sweep_dir), "points": [], "arrays": []}
     submit_arrays(prepared, sweep_dir, record, emit)
-    write_record(sweep_dir, record)  # before local points run: status sees the whole sweep
-    worst = 0
     on_local = run_here(prepared)
+    # Every local point listed, with its overrides, before the first runs (as an array's are once
+    # submitted): a Ctrl-C leaves the unrun ones in sweep.json, where hpc.status, hpc.report and
+    # hpc.resubmit find them; listed only as each started, they were lost.
+    record["points"] += [point.entry(sweep_dir / str(point.num), None) for point, _ in on_local]
+    write_record(sweep_dir, record)
+    worst = 0
     for index, (point, launcher) in enumerate(on_local):
         run_dir = RunDir(sweep_dir / str(point.num))
-        record["points"].append(point.entry(run_dir.path, None))
-        write_record(sweep_dir, record)
         emit(f"point #{point.num} ({' '.join(point.overrides)}): running locally")
         stops: list[int] = []
         worst = max(worst, launcher.run(point.job, rank_environment(point.job), run_dir, {"overrides": list(point.overrides)}, stops=stops))

@@ -398,9 +398,12 @@ def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
     parser = Parser("python -m hpc.report", __doc__ or "")
-    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help="the sweep (or run) dir to report on; the files are written into it")
-    out: Path = parser.parse_args(argv).sweep_dir
+    parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the sweep (or run) dir to report on; the files are written into it")
+    named: str = parser.parse_args(argv).sweep_dir
+    out = Path(named)
     try:
+        if not named:  # Path("") is the current dir: the report would be written there
+            raise UserError("SWEEP_DIR is empty (an unset shell variable?): name the sweep or run dir to report on")
         runs = find_runs(out)
         figures = scaling_figures(runs)
         if not figures:

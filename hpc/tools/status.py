@@ -15,12 +15,14 @@ value is reported), and its trials listed best first. Login-node code: no torch.
 
     python -m hpc.status --watch [SECONDS] DIR   list again every SECONDS (10) in place, until
                                                  no run is running or waiting; Ctrl-C stops
+                                                 (`--watch DIR`: a value that is no number is the dir)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -37,6 +39,7 @@ from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
+from hpc.runlock import ranks_running
 from hpc.shown import shown_value
 from trainers.checkpoint.storage import newest_committed
 from trainers.reporting.reporter import task_metrics
@@ -47,6 +50,7 @@ T = TypeVar("T")
 # failed. STOPPED here is result.json's "stopped" (a local run, or a job Slurm forgot), which nothing
 # restarts; a Slurm job that is to be requeued reads PENDING or REQUEUED meanwhile.
 ENDED_STATES = frozenset({*slurmctl.TERMINAL_STATES, "DIED", "STOPPED"})
+WATCH_S = 10.0  # --watch's interval when it names no SECONDS
 
 
 @dataclass(frozen=True)
@@ -334,7 +338,9 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     job_id = job.get("job_id")
     fields = slurmctl.record_of(slurm, job_id) if job_id else {}
     if job_id is None:
-        state = _local_state(job, result)
+        # Ranks of a start hold the run dir's lock while they live: running, though its launcher
+        # was killed, or its result.json is an earlier start's (a resume from command.txt)
+        state = "RUNNING" if ranks_running(run_dir.path) else _local_state(job, result)
     elif fields:
         state = fields.get("JobState", "UNKNOWN")
     elif job_id in accounting:
@@ -406,38 +412,70 @@ def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
     parser = Parser("python -m hpc.status", __doc__ or "")
-    parser.add_argument("path", nargs="?", default="runs", metavar="RUN_OR_SWEEP_DIR", help="a run dir, a sweep dir or any dir holding them (default: runs)")
+    parser.add_argument("path", nargs="?", metavar="RUN_OR_SWEEP_DIR", help="a run dir, a sweep dir or any dir holding them (default: runs)")
     parser.add_argument(
-        "--watch", nargs="?", const=10.0, type=float, metavar="SECONDS", help="list again every SECONDS (10) until no run is running or waiting; Ctrl-C stops"
+        "--watch",
+        nargs="?",
+        const=str(WATCH_S),
+        metavar="SECONDS",
+        help=f"list again every SECONDS ({WATCH_S:g}) until no run is running or waiting; Ctrl-C stops",
     )
     parser.add_argument("--json", action="store_true", help="one JSON list of the runs (run_dir, job_id, state, last_step, checkpoint_step, ...) for scripts")
     args = parser.parse_args(argv)
-    if args.json and args.watch is not None:
+    try:
+        watch, path = watch_and_path(args.watch, args.path)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    if args.json and watch is not None:
         print("error: --json lists once: drop --watch (or call it again)", file=sys.stderr)
         return 2
-    if args.watch is not None and not args.watch > 0:
-        print(f"error: --watch {args.watch:g}: give a number of seconds above 0", file=sys.stderr)
-        return 2
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
-    in_place = args.watch is not None and sys.stdout.isatty()
+    in_place = watch is not None and sys.stdout.isatty()
     try:
         while True:
-            found = statuses(Path(args.path))
+            found = statuses(Path(path))
             if args.json:
                 print(json.dumps([as_record(status) for status in found], indent=1))
                 return 0
             listing = render(found)
             if in_place:
-                listing = ["\033[H\033[2J" + f"every {args.watch:g} s: python -m hpc.status {args.path}  ({time.strftime('%H:%M:%S')})", *listing]
+                listing = ["\033[H\033[2J" + f"every {watch:g} s: python -m hpc.status {path}  ({time.strftime('%H:%M:%S')})", *listing]
             print("\n".join(listing), flush=True)
-            if args.watch is None or not any(still_going(status) for status in found):
+            if watch is None or not any(still_going(status) for status in found):
                 return 0
-            time.sleep(args.watch)
+            time.sleep(watch)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:  # the way out of --watch
         return 0
+
+
+def watch_and_path(watch: str | None, path: str | None) -> tuple[float | None, str]:
+    """--watch's interval (None: list once) and the dir to list (runs/ when none is named). An
+    empty dir (an unset shell variable) is refused: as a Path it is the current dir, which would
+    be listed instead."""
+    seconds = None
+    if watch is not None:
+        seconds, path = watch_interval(watch, path)
+    if path == "":
+        raise UserError("RUN_OR_SWEEP_DIR is empty (an unset shell variable?): name a run or sweep dir, or none for runs/")
+    return seconds, "runs" if path is None else path
+
+
+def watch_interval(watch: str, path: str | None) -> tuple[float, str | None]:
+    """--watch's seconds, and the dir. --watch takes an optional SECONDS, so argparse hands it the
+    dir in `--watch DIR` (the README's form): a value that is no number is that dir."""
+    try:
+        seconds = float(watch)
+    except ValueError:
+        if path is not None:
+            raise UserError(f"--watch {watch}: give a number of seconds (or none: every {WATCH_S:g} s)") from None
+        return WATCH_S, watch
+    if not (seconds > 0 and math.isfinite(seconds)):  # nan compares false; inf would end in time.sleep
+        raise UserError(f"--watch {watch}: give a number of seconds above 0")
+    return seconds, path
 
 
 def as_record(status: RunStatus) -> dict[str, Any]:

@@ -56,6 +56,11 @@ def test_hpc_stop_stops_both_ranks_at_one_step_with_a_committed_checkpoint_and_t
     launched = start_launch(*JOB, *overrides, cwd=tmp_path)
     run_dir = wait_for_run(launched, tmp_path, lambda run: logged_steps(run) >= 3 and len(list((run / "heartbeats").glob("rank-*.json"))) == 2, "3 steps")
     ranks = sorted(rank_pids(run_dir))
+    # command.txt typed while the run trains: refused, not a second set of ranks in its run dir
+    command, env = resume_command(run_dir)
+    twice = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    refusal = f"error: {run_dir} is running already; stop it first (python -m hpc.stop {run_dir}) or wait for its end\n"
+    assert twice.returncode == 2 and twice.stderr == refusal, twice.stderr
     stop = subprocess.run(documented_stop(run_dir), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert stop.returncode == 0, stop.stderr
     sent = rf"sent SIGUSR1 to 2 ranks of {re.escape(str(run_dir))} \(pids (\d+), (\d+)\)"

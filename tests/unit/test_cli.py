@@ -185,3 +185,21 @@ def test_hydras_flags_print_from_the_composition_the_job_would_run(tmp_path):
     assert_one_line_error(run_launch("--info", "defaults-tree", cwd=tmp_path), "invalid choice: 'defaults-tree'")
     assert_one_line_error(run_launch("--experimental-rerun", "x.pickle", cwd=tmp_path), "not supported (it unpickles a file)")
     assert run_dirs(tmp_path) == []
+
+
+def test_cfg_package_of_a_key_set_to_null_prints_null_and_only_a_missing_key_is_refused():
+    """`--cfg job -p cluster.partition`: the key is there with value null (a user walking the
+    README was told it did not exist); only a key that is not there is refused."""
+    from omegaconf import OmegaConf
+
+    from hpc.config.show import show_cfg
+    from hpc.errors import UserError
+
+    cfg = OmegaConf.create({"cluster": {"partition": None}, "optim": {"betas": None, "lr": 0.1, "todo": "???"}, "hydra": {"run": {"dir": "x"}}})
+    assert show_cfg(cfg, "job", "cluster.partition", False) == "# @package cluster.partition\nnull"
+    assert show_cfg(cfg, "job", "optim.betas", True) == "# @package optim.betas\nnull"
+    assert show_cfg(cfg, "job", "optim.lr", False) == "# @package optim.lr\n0.1"
+    assert show_cfg(cfg, "job", "optim.todo", False) == "# @package optim.todo\n???"
+    for missing in ("optim.nope", "cluster.partition.name"):
+        with pytest.raises(UserError, match=f"--package {missing}: no such key in the job config"):
+            show_cfg(cfg, "job", missing, False)

@@ -167,9 +167,7 @@ def test_labels_are_checked_chunk_by_chunk(tmp_path):
 
 
 def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
-    """run_root is a file here: Hydra could not make a run dir, so the refusal must come first."""
     path = write_h5(tmp_path / "nhw.h5", **BAD_DATA["nhw"][0])
-    (tmp_path / "runs").write_text("not a folder")
     for args, message in (
         (["model=cnn"], "model=cnn needs images N x C x H x W"),
         (["-m", "optim.lr=0.1,0.2", "model=cnn"], "sweep point #0 (optim.lr=0.1 model=cnn"),
@@ -177,6 +175,7 @@ def test_launch_refuses_unfit_data_before_making_a_run_dir(tmp_path):
         done = launch(*args, f"data.path={path}", cwd=tmp_path)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+        assert [entry.name for entry in tmp_path.iterdir()] == ["nhw.h5"]  # refused before any run or sweep dir
 
 
 def test_the_data_checks_stay_torch_free(tmp_path):

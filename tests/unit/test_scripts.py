@@ -193,3 +193,24 @@ def test_a_stopped_run_says_what_it_saved_as_its_result_tells(tmp_path):
         assert stopped_line(run_dir) == line
     run_dir.result.write_text("[")  # unreadable: nothing claimed
     assert stopped_line(run_dir) == f"stopped before its first checkpoint; to start it again: {command}"
+
+
+def test_a_folder_named_as_the_script_is_refused_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "tools").mkdir()  # a folder, no __init__.py, no __main__.py: `python -m tools` fails too
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"^script=tools: tools is a folder without __init__.py or __main__.py; name a file \(tools/train.py\)"):
+        check_script("tools", tmp_path)
+    with pytest.raises(UserError, match=r"^script=tools/: .*/tools is a folder; name the .py file to run in it$"):
+        check_script("tools/", tmp_path)
+    (tmp_path / "tools" / "__main__.py").write_text("print('hi')\n")
+    assert check_script("tools", tmp_path).module == "tools"  # as `python -m tools` runs it
+
+
+def test_a_run_root_with_a_file_on_its_way_is_refused(tmp_path):
+    from hpc.config.validate import check_run_root
+
+    (tmp_path / "notes").write_text("")
+    for run_root in (tmp_path / "notes", tmp_path / "notes" / "runs"):
+        with pytest.raises(UserError, match=rf"^run_root={run_root}: {tmp_path / 'notes'} is a file, not a directory$"):
+            check_run_root(str(run_root))
+    check_run_root(str(tmp_path / "new" / "runs"))  # made when the run starts

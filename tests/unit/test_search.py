@@ -93,7 +93,7 @@ def test_a_search_the_launcher_cannot_run_is_refused_in_one_line(arguments, mess
 def test_a_search_space_edge_that_no_trial_could_run_with_leaves_nothing(tmp_path):
     command = [sys.executable, str(ROOT / "launch.py"), "-m", *OPTUNA, "optim.lr=interval(-0.1,0.3)", "sweep.objective=loss", f"run_root={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.strip() == "error: the search space at optim.lr=-0.1: optim.lr=-0.1 must be > 0", done.stderr
+    assert done.returncode == 2 and done.stderr.strip() == "error: the search space at optim.lr=-0.1: optim.lr=-0.1 must be a finite number > 0", done.stderr
     assert list(tmp_path.iterdir()) == []
 
 

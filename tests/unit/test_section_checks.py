@@ -16,7 +16,7 @@ from hpc.config.schema import ClusterConfig, ResourcesConfig, SweepConfig
 from hpc.errors import UserError
 from trainers.config import CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, TrainerConfig
 
-SECTIONS = [TrainerConfig(), DataConfig(), OptimConfig(), CheckpointConfig(), ClusterConfig(), ResourcesConfig(), SweepConfig()]
+SECTIONS = [ModelConfig(), TrainerConfig(), DataConfig(), OptimConfig(), CheckpointConfig(), ClusterConfig(), ResourcesConfig(), SweepConfig()]
 
 
 def test_every_section_s_defaults_pass_its_own_check():
@@ -42,6 +42,16 @@ def test_every_section_s_defaults_pass_its_own_check():
         (DataConfig(crop_padding=4), "data.crop_padding=4 pads for a random crop: set data.crop too"),
         (OptimConfig(schedule="step"), "optim.schedule='step' is not one of cosine, constant"),
         (OptimConfig(min_lr=1.0), r"optim.min_lr=1.0 must be between 0 and optim.lr=0.05"),
+        (TrainerConfig(seed=-1), r"trainer.seed=-1 must be >= 0"),
+        (TrainerConfig(max_steps=0), r"trainer.max_steps=0 must be >= 1, or null for no limit"),
+        (OptimConfig(lr=float("inf")), r"optim.lr=inf must be a finite number > 0"),
+        (OptimConfig(lr=float("nan")), r"optim.lr=nan must be a finite number > 0"),  # not the floor's message
+        (OptimConfig(momentum=-1.0), r"optim.momentum=-1.0 must be a finite number >= 0"),
+        (OptimConfig(weight_decay=float("nan")), r"optim.weight_decay=nan must be a finite number >= 0"),
+        (ModelConfig(dropout=1.0), r"model.dropout=1.0 must be in \[0, 1\)"),
+        (ModelConfig(dropout=-0.1), r"model.dropout=-0.1 must be in \[0, 1\)"),
+        (ModelConfig(hidden_sizes=[64, 0]), r"model.hidden_sizes=\[64, 0\]: every width must be >= 1"),
+        (ModelConfig(channels=[-5]), r"model.channels=\[-5\]: every width must be >= 1"),
         (CheckpointConfig(keep=1), "checkpoint.keep=1: keep at least 2"),
         (CheckpointConfig(best="loss"), "checkpoint.best='loss' must name a validation figure"),
         (CheckpointConfig(best="val_loss", enabled=False), "checkpoint.best=val_loss keeps a checkpoint, but checkpoint.enabled=false"),

@@ -51,7 +51,7 @@ def test_local_cluster_is_one_node_but_may_oversubscribe_cores():
         (lambda j: replace(j, checkpoint=replace(j.checkpoint, keep=1)), "keep at least 2"),
         (lambda j: replace(j, checkpoint=replace(j.checkpoint, uri="s4://bucket/x")), r"checkpoint.uri=s4://bucket/x: fsspec knows no storage s4://"),
         (lambda j: replace(j, checkpoint=replace(j.checkpoint, uri="s3://")), r"checkpoint.uri=s3://: name a bucket \(and a prefix\)"),
-        (lambda j: replace(j, optim=replace(j.optim, lr=0.0)), "optim.lr=0.0 must be > 0"),
+        (lambda j: replace(j, optim=replace(j.optim, lr=0.0)), "optim.lr=0.0 must be a finite number > 0"),
         (lambda j: replace(j, trainer=replace(j.trainer, epochs=0)), "trainer.epochs=0"),
         (lambda j: replace(j, trainer=replace(j.trainer, watchdog_s=0)), "trainer.watchdog_s=0 must be > 0 seconds, or null"),
         (lambda j: replace(j, trainer=replace(j.trainer, watchdog_startup_s=-1)), "trainer.watchdog_startup_s=-1 must be > 0"),

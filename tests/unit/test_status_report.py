@@ -139,6 +139,11 @@ def test_status_json_gives_scripts_every_runs_fields(tmp_path, capsys, monkeypat
     assert "error: --json lists once: drop --watch" in capsys.readouterr().err
 
 
+RANK_HOLDS_LOCK = (
+    "import sys, time; from pathlib import Path; from hpc.runlock import hold_rank; hold_rank(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"  # noqa: E501
+)
+
+
 def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     run = _run(tmp_path, "r", 2, [100])
     for step, committed in ((10, True), (20, True), (30, False)):  # step 30: a save that never committed
@@ -149,6 +154,17 @@ def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     status = run_status(run, {}, {})
     assert (status.state, status.last_step, status.checkpoint_step, status.samples_per_s) == ("RUNNING", 10, 20, 100.0)
     run.write_json(run.result, {"status": "stopped", "restarts": 2})
+    assert run_status(run, {}, {}).state == "STOPPED"
+    # Ranks of a start from command.txt (the old result.json still there), or outliving a killed
+    # launcher (its pid gone): they hold the run dir's lock, and the run is running
+    run.write_json(run.job, {"launcher": "local", "pid": 2**22 + 1, "host": socket.gethostname()})
+    rank = subprocess.Popen([sys.executable, "-c", RANK_HOLDS_LOCK, str(run.path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "held\n"
+        assert run_status(run, {}, {}).state == "RUNNING"
+    finally:
+        rank.kill()
+        rank.wait()
     assert run_status(run, {}, {}).state == "STOPPED"
     run.write_json(run.job, {"job_id": "77_3"})
     slurm = {"77_3": {"JobState": "RUNNING", "Restarts": "1"}}
@@ -281,3 +297,50 @@ def test_watch_lists_again_until_no_run_is_running(tmp_path):
     assert watcher.returncode == 0 and rest.rstrip().splitlines()[-1].split()[:3] == ["local", "r", "COMPLETED"]
     bad = subprocess.run([sys.executable, "-m", "hpc.status", "--watch", "0", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (bad.returncode, bad.stderr.strip()) == (2, "error: --watch 0: give a number of seconds above 0")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--watch", "{dir}"], ["--watch", "30", "{dir}"], ["{dir}", "--watch"], ["{dir}", "--watch", "0.5"]],
+    ids=["watch-DIR", "watch-SECONDS-DIR", "DIR-watch", "DIR-watch-SECONDS"],
+)
+def test_watch_takes_the_readmes_and_the_docs_forms(tmp_path, capsys, argv):
+    """`--watch RUN_DIR` (README: a plain flag) was refused as an invalid float; `--watch 30 DIR`
+    (docs/sweeps.md) still sets the interval. The run has ended: one listing, then exit 0."""
+    from hpc.tools import status as status_module
+
+    run = _run(tmp_path, "r", 2, [100])
+    run.write_json(run.result, {"status": "completed"})
+    assert status_module.main([arg.format(dir=run.path) for arg in argv]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[-1].split()[:3] == ["local", "r", "COMPLETED"]
+
+
+def test_watch_seconds_and_dir_are_told_apart():
+    from hpc.errors import UserError
+    from hpc.tools.status import watch_and_path
+
+    assert watch_and_path("runs/x", None) == (10.0, "runs/x")
+    assert watch_and_path("30", "runs/x") == (30.0, "runs/x")
+    assert watch_and_path("10", None) == (10.0, "runs")
+    assert watch_and_path(None, None) == (None, "runs")
+    for watch, path, message in (("x", "y", "--watch x: give a number of seconds"), ("inf", None, "--watch inf: give a number of seconds above 0")):
+        with pytest.raises(UserError, match=message):
+            watch_and_path(watch, path)
+
+
+@pytest.mark.parametrize("module", ["hpc.status", "hpc.report"])
+def test_an_empty_dir_argument_is_refused_not_taken_as_the_current_dir(tmp_path, capsys, monkeypatch, module):
+    """`hpc.report "$SWEEP"` with SWEEP unset reported on the current dir and wrote its files there."""
+    from hpc.tools import report, status
+
+    run = _run(tmp_path, "r", 2, [100])
+    run.write_json(run.result, {"status": "completed"})
+    monkeypatch.chdir(run.path)  # a run here: an empty path read as "." would find it
+    before = sorted(p.name for p in run.path.iterdir())
+    main = status.main if module == "hpc.status" else report.main
+    for argv in ([""], ["--watch", ""]) if module == "hpc.status" else ([""],):
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith("error: ") and "is empty (an unset shell variable?)" in captured.err
+        assert len(captured.err.strip().splitlines()) == 1
+    assert sorted(p.name for p in run.path.iterdir()) == before

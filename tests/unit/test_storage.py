@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.tcp_fault import CuttableProxy
 from trainers.checkpoint.layout import MARKER, STEP_PREFIX, step_dir_name
-from trainers.checkpoint.storage import LocalStore, ObjectStore, StoreError, open_store, retried
+from trainers.checkpoint.storage import LocalStore, ObjectStore, StoreError, open_store, retried, run_store
 
 
 def stage(store, step: int, pieces: dict[str, bytes], staging) -> None:
@@ -134,7 +134,7 @@ def test_a_client_s_download_directory_goes_with_its_last_copy(s3, tmp_path):
     store.commit(5, b'{"step": 5}')
     first, second = store.fetch(5, "a.ckpt"), store.fetch(5, "b.ckpt")
     store.release(first)
-    assert second.read_bytes() == b"b"  # another copy still held: the directory stays
+    assert not first.exists() and second.read_bytes() == b"b"  # another copy still held: the directory stays
     store.release(second)
     assert not store.downloads.exists()
     with pytest.raises(StoreError, match="downloading step-000000005/missing.ckpt"):
@@ -189,3 +189,17 @@ def test_leftovers_of_earlier_saves_go_and_a_newer_save_under_way_stays(kind, tm
     store.remove_leftovers(5)
     assert not store.staging(3).exists() and (store.staging(9) / "rank-00001.ckpt").is_file()
     assert store.committed_steps() == [5]
+
+
+def test_a_local_store_retires_a_step_over_the_trash_a_killed_deletion_left(tmp_path):
+    store = LocalStore(tmp_path)
+    stage(store, 4, {"shared.ckpt": b"x"}, tmp_path)
+    store.commit(4, b'{"step": 4}')
+    (tmp_path / ".old-step-000000004" / "half-deleted").mkdir(parents=True)  # a process killed while deleting it
+    store.retire(4)
+    assert store.committed_steps() == [] and not (tmp_path / ".old-step-000000004" / "half-deleted").exists()
+
+
+def test_a_run_without_a_uri_keeps_its_checkpoints_in_its_run_dir(tmp_path):
+    store = run_store(tmp_path / "checkpoints", None)
+    assert isinstance(store, LocalStore) and store.root == tmp_path / "checkpoints"

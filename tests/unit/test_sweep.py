@@ -155,3 +155,42 @@ def test_a_ctrl_c_during_a_local_sweep_stops_it_after_the_point_it_came_in(tmp_p
     assert sweep.launch_sweep(points, tmp_path, lines.append) == 128 + signal.SIGINT
     assert ran == ["0"]
     assert "interrupted: points #1, #2 not run" in lines, lines
+
+
+def test_an_interrupted_local_sweep_keeps_its_unrun_points_in_sweep_json(tmp_path, monkeypatch):
+    """`launch.py -m optim.lr=0.05,0.1`, Ctrl-C during point 0: sweep.json listed point 0 only,
+    so hpc.status showed one row and hpc.resubmit named point #1 `(no overrides)`. Every local
+    point is listed with its overrides before the first runs."""
+    import json
+    import signal
+
+    from hpc.config.compose import compose_job
+    from hpc.submit import local, sweep
+    from hpc.tools.resubmit import resubmit
+    from hpc.tools.status import statuses
+
+    listed_while_running: list[list[dict]] = []
+
+    def interrupted_run(job, env, run_dir, info=None, code=None, stops=None):
+        listed_while_running.append(json.loads((tmp_path / "sweep.json").read_text())["points"])
+        run_dir.write_json(run_dir.result, {"status": "stopped"})  # as a rank stopped by the Ctrl-C leaves it
+        stops.append(signal.SIGINT)
+        return 130
+
+    monkeypatch.setattr(local, "run_local", interrupted_run)
+    monkeypatch.setattr(sweep, "prepare_points", lambda points: list(points))
+    job = compose_job([])
+    points = [SweepPoint(num, (f"optim.lr=0.{num + 1}",), job) for num in range(3)]
+    assert sweep.launch_sweep(points, tmp_path, lambda line: None) == 128 + signal.SIGINT
+    expected = [{"num": n, "overrides": [f"optim.lr=0.{n + 1}"], "run_dir": str(tmp_path / str(n)), "job_id": None, "trial": None} for n in range(3)]
+    assert listed_while_running == [expected]  # all of them before point 0 ran
+    assert json.loads((tmp_path / "sweep.json").read_text())["points"] == expected
+    assert [(s.run, s.swept) for s in statuses(tmp_path)] == [("0", "optim.lr=0.1"), ("1", "optim.lr=0.2"), ("2", "optim.lr=0.3")]
+    lines: list[str] = []
+    assert resubmit(tmp_path, dry_run=True, emit=lines.append) == 0
+    assert lines == [
+        "point #0 (optim.lr=0.1): STOPPED",
+        "point #1 (optim.lr=0.2): UNKNOWN",
+        "point #2 (optim.lr=0.3): UNKNOWN",
+        "dry run: 3 points would be submitted again",
+    ]

@@ -97,12 +97,23 @@ def test_the_language_model_task_learns_and_reports_perplexity(tmp_path):
 
 def test_a_checkpoint_that_diverges_again_ends_the_run_instead_of_rolling_back_forever(tmp_path):
     # lr 1e30: the first update makes the weights huge; every later step overflows, and so does
-    # every step after rolling back to a checkpoint saved after that first update
-    cfg = dataclasses.replace(config(every_steps=5), optim=OptimConfig(lr=1e30, momentum=0.0))
+    # every step after rolling back to a checkpoint saved after that first update (step 2: with
+    # none yet, the run ends sooner, the test above)
+    cfg = dataclasses.replace(config(every_steps=2), optim=OptimConfig(lr=1e30, momentum=0.0))
     with pytest.raises(DivergedError, match=r"training diverged: the steps after checkpoint step \d+ keep going non-finite, also after 1 rollback to it;"):
         train(tmp_path, Regression(), cfg)
     steps = steps_of(tmp_path)
     assert len(steps) < 64 and sum(1 for s in steps if s.get("skipped")) >= 6  # it stopped early, after two rollbacks
+
+
+def test_a_run_that_diverges_before_any_checkpoint_fails_instead_of_completing_untrained(tmp_path):
+    # lr 1e30 and no checkpoint yet: the bad ranges were skipped until the epochs ran empty and
+    # the run said "completed" with not one finite step after the first
+    cfg = dataclasses.replace(config(), optim=OptimConfig(lr=1e30, momentum=0.0))
+    with pytest.raises(DivergedError, match=r"training diverged: 6 steps in a row went non-finite before any checkpoint, on different data;"):
+        train(tmp_path, Regression(), cfg)
+    steps = steps_of(tmp_path)
+    assert len(steps) < 12 and sum(1 for s in steps if s.get("skipped")) >= 6
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

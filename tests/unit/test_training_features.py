@@ -97,6 +97,18 @@ def test_rolling_back_to_one_checkpoint_again_and_again_ends_the_run():
         fresh.record(True, Progress(), 0, 0)
 
 
+def test_bad_ranges_skipped_without_a_checkpoint_end_the_run_only_with_no_finite_step_between():
+    from trainers.guard import BadStepGuard, DivergedError
+
+    guard = BadStepGuard(max_bad=3)
+    for _ in range(5):  # bad data here and there: a finite step between the ranges, training goes on
+        guard.skipped_without_checkpoint()
+        guard.record(True, Progress(), 0, 0)
+    guard.skipped_without_checkpoint()
+    with pytest.raises(DivergedError, match="training diverged: 6 steps in a row went non-finite before any checkpoint"):
+        guard.skipped_without_checkpoint()
+
+
 def test_deterministic_kernels_are_switched_on_before_the_first_step(tmp_path, monkeypatch):
     """trainer.deterministic turns torch's deterministic algorithms on (and cuBLAS's fixed
     workspace) before the model's first kernel; without it, the process's setting is left alone."""

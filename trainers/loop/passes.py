@@ -243,7 +243,7 @@ class Loop:
         engine, guard = self.engine, self.policies.guard
         self.progress = roll_back(self.comm, self.coordinator, engine.model, engine.optimizer, engine.schedule, engine.scaler, before, bad_range)
         if self.progress is before:  # no checkpoint to go back to: the range is skipped, training goes on
-            guard.reset()
+            guard.skipped_without_checkpoint()
         else:
             guard.rolled_back(self.progress.step)
 
