@@ -15,6 +15,7 @@ from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
+from hpc.rank.lifecycle import ENDED_AT_ONCE
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
 from hpc.submit.launchers import QueuedLauncher, launcher_for
@@ -99,6 +100,9 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         tell(f"the run failed on {failure}", console=False)
     if code == EXIT_RESUMABLE:
         tell(stopped_line(run_dir))
+    elif code == ENDED_AT_ONCE:
+        command = shlex.quote(str(run_dir.path / "command.txt"))
+        tell(f"ended at once (a second Ctrl-C): the newest committed checkpoint stays the newest; to resume: bash {command}")
     return code
 
 

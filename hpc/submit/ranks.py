@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpc.env import RESULT_EXIT_VARIABLE
+from hpc.rank.lifecycle import ENDED_AT_ONCE
 from hpc.rundir import RunDir
 from hpc.runlock import RunDirBusy, hold_launch
 
@@ -62,7 +63,8 @@ def run_ranks(command: list[str], env: dict[str, str]) -> int:
         if not ranks:  # none seen (yet): mpirun passes the stop on as SIGTERM
             proc.send_signal(signal.SIGTERM)
 
-    return run_in_session(command, env, forward)
+    code = run_in_session(command, env, forward)
+    return ENDED_AT_ONCE if interrupts >= 2 else code
 
 
 def child_pids(pid: int) -> list[int]:

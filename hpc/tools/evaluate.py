@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         found = evaluate_run(args.run_dir, args.step, args.best, args.split)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     out = args.out or args.run_dir / "eval" / f"step-{found['step']}-{found['split']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(found, indent=1) + "\n")

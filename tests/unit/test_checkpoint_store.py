@@ -198,7 +198,7 @@ def test_a_run_whose_checkpoints_are_in_s3_exports_by_its_run_dir_and_by_its_url
     assert outputs[0] == outputs[1]
     from trainers.checkpoint.export import main
 
-    assert main([f"{s3}/no-such-run", "--out", str(tmp_path / "x.safetensors")]) == 1  # in this process: the store opened from a URL
+    assert main([f"{s3}/no-such-run", "--out", str(tmp_path / "x.safetensors")]) == 2  # in this process: the store opened from a URL
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {s3}/no-such-run holds no committed checkpoint"]
 
 

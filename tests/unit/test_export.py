@@ -78,11 +78,11 @@ def test_a_script_s_checkpoint_names_its_modules_and_exports_the_one_asked_for(t
     run = start_run(tmp_path / "run", generator=generator, critic=critic, optimizer=optimizer)
     run.end_step(loss=1.0)
     run.finish()
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors")]) == 1
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors")]) == 2
     assert "error: the checkpoint registers 2 modules ('critic', 'generator'): choose one with --state NAME" in capsys.readouterr().err
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--state", "optimizer"]) == 1
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--state", "optimizer"]) == 2
     assert "that state holds no module weights" in capsys.readouterr().err
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--step", "7"]) == 1
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--step", "7"]) == 2
     err = capsys.readouterr().err
     assert "no checkpoint step 7 in" in err and "(it keeps steps 1)" in err
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "g.safetensors"), "--state", "generator"]) == 0
@@ -94,7 +94,7 @@ def test_a_script_s_checkpoint_names_its_modules_and_exports_the_one_asked_for(t
 @pytest.mark.parametrize(("args", "message"), [(["--best"], "keeps no best checkpoint"), ([], "holds no committed checkpoint")])
 def test_what_cannot_be_exported_is_said_in_one_line(tmp_path, capsys, args, message):
     (tmp_path / "checkpoints").mkdir()
-    assert main([str(tmp_path), "--out", str(tmp_path / "m.safetensors"), *args]) == 1
+    assert main([str(tmp_path), "--out", str(tmp_path / "m.safetensors"), *args]) == 2  # bad input: exit 2, as every command of the toolkit
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 

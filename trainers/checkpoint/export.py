@@ -116,7 +116,7 @@ def chosen_checkpoint(store: CheckpointStore, step: int | None, best: bool) -> C
             step = int(record["step"])
         kept = store.committed_steps()
     except StoreError as err:
-        raise ExportError(str(err)) from None
+        raise CheckpointError(str(err)) from None  # the store's trouble, not the input's: exit 1
     if step is not None:
         if step not in kept:
             raise ExportError(f"no checkpoint step {step} in {store.url} (it keeps steps {', '.join(map(str, kept)) or 'none'})")
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         written = export(args.run_dir, args.out, args.step, args.best, args.state)
     except (ExportError, CheckpointError, StoreError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, ExportError) else 1  # what was asked for is not there (bad input), or what is there is damaged
     task = written["task"].get("task", "a script")
     print(f"{args.out}: {written['state']} of checkpoint step {written['step']} ({written['tensors']} tensors, {written['parameters']:,} values; task {task})")
     return 0
