@@ -15,6 +15,7 @@ script that exits with code 75 itself (EXIT_RESUMABLE) is requeued the same way.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import runpy
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
-from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
 from hpc.rank.hosting import Host, hosted, started_handle
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 
@@ -159,6 +160,7 @@ def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path)
     # The rank's interpreter started with PYTHONSAFEPATH (its code is the frozen copy, never the
     # working directory's); a `python helper.py` the script starts imports its siblings as usual.
     os.environ.pop("PYTHONSAFEPATH", None)
+    as_launched(os.environ.get(TTY_VARIABLE))
     os.chdir(workdir)
     result = ScriptResult(spec)
     with raising_stops(host.signals) as received, hosted(host):
@@ -182,6 +184,31 @@ def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path)
     if received and result.stopped_by is None:  # a signal during the script's last instructions
         result.stopped_by = received[0]
     return result
+
+
+class NotATerminal(io.FileIO):
+    """A file descriptor that says it is no terminal, whatever it is."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def as_launched(terminal_columns: str | None) -> None:
+    """The script's stdout and stderr as the launching command's were, not as mpirun's: Open MPI
+    gives every local rank a pseudo-terminal, so a script's `sys.stdout.isatty()` said yes with
+    launch.py's output going to a file (tqdm's and rich's bars and colours in the log), and
+    `shutil.get_terminal_size()` said 0 columns in a terminal (Open MPI issues 7868, 7900).
+    `terminal_columns`: launch.py's terminal width, "0" for none, None: not launched locally."""
+    if terminal_columns is None or not terminal_columns.isdigit():
+        return
+    if int(terminal_columns) > 0:
+        os.environ.setdefault("COLUMNS", terminal_columns)  # shutil.get_terminal_size reads it first
+        return
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, io.TextIOWrapper) and stream.isatty():
+            raw = NotATerminal(stream.fileno(), "w", closefd=False)
+            setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding, errors=stream.errors, line_buffering=True))
 
 
 def release_process_group() -> None:

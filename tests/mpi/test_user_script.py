@@ -62,6 +62,8 @@ def test_a_torchrun_script_runs_unchanged_on_two_ranks_as_torchrun_runs_it(tmp_p
     assert reference.returncode == 0, reference.stderr[-2000:]
     theirs = ranks_report(tmp_path / "theirs", 2)
     assert [r["weights"] for r in ours] == [r["weights"] for r in theirs]
+    # launch.py's output went to a pipe: the script's stdout says it is no terminal, as under torchrun (mpirun gives ranks a pty)
+    assert [r["terminal"] for r in ours] == [r["terminal"] for r in theirs] == [{"isatty": False, "columns": None}] * 2
     set_by = {name for name, value in theirs[0]["env"].items() if value is not None}
     assert {name for name, value in ours[0]["env"].items() if value is not None} == set_by  # every variable torchrun sets, and no PYTHONSAFEPATH
     assert ours[0]["weights"] == ours[1]["weights"]  # DDP kept the ranks in step

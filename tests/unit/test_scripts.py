@@ -214,3 +214,27 @@ def test_a_run_root_with_a_file_on_its_way_is_refused(tmp_path):
         with pytest.raises(UserError, match=rf"^run_root={run_root}: {tmp_path / 'notes'} is a file, not a directory$"):
             check_run_root(str(run_root))
     check_run_root(str(tmp_path / "new" / "runs"))  # made when the run starts
+
+
+def test_a_scripts_terminal_is_the_launching_commands_not_mpiruns(monkeypatch):
+    import io
+
+    from hpc.rank.script import as_launched
+
+    primary, secondary = os.openpty()  # what Open MPI gives a local rank, wherever launch.py's output goes
+    try:
+        for name in ("stdout", "stderr"):
+            monkeypatch.setattr(sys, name, io.TextIOWrapper(io.FileIO(secondary, "w", closefd=False), encoding="utf-8"))
+        as_launched("0")  # launch.py's output went to a file or a pipe
+        assert not sys.stdout.isatty() and not sys.stderr.isatty() and sys.stdout.line_buffering
+        print("whole", file=sys.stdout)
+        assert os.read(primary, 100).replace(b"\r", b"") == b"whole\n"
+        monkeypatch.setattr(os, "environ", {name: value for name, value in os.environ.items() if name != "COLUMNS"})  # this test's own
+        as_launched("132")  # a terminal 132 columns wide
+        assert os.environ["COLUMNS"] == "132" and os.get_terminal_size(secondary).columns == 0  # mpirun's pty has none
+        os.environ["COLUMNS"] = "80"
+        as_launched("132")
+        assert os.environ["COLUMNS"] == "80"  # the user's own kept
+    finally:
+        os.close(primary)
+        os.close(secondary)
