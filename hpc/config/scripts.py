@@ -77,13 +77,16 @@ def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Scrip
             )
     else:
         assert script.module is not None
-        search = [p for p in sys.path if p]  # the ranks run with PYTHONSAFEPATH: the working directory is not searched
+        # The ranks run with PYTHONSAFEPATH; a module in the working directory is found as
+        # `python -m` finds it, and frozen with the job like any package of the user's
+        search = [*(p for p in sys.path if p), str(workdir)]
         try:
             source_file, missing = find_module_file(script.module, search)
         except (ImportError, ValueError) as err:
             raise UserError(f"script={spec}: {err}") from None
         if missing:
-            raise UserError(f"script={spec}: no module {missing!r} on the import path; put your package's parent directory on PYTHONPATH or pip install it")
+            where = f"on the import path or in {workdir}"
+            raise UserError(f"script={spec}: no module {missing!r} {where}; put your package's parent directory on PYTHONPATH or pip install it")
         if source_file is not None and source_file.name == "__init__.py" and script.function is None:
             source_file = source_file.parent / "__main__.py"  # `python -m pkg` runs pkg/__main__.py
             if not source_file.is_file():

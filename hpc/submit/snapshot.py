@@ -47,11 +47,11 @@ def installed_roots() -> list[Path]:
     return [Path(path).resolve() for path in paths if path]
 
 
-def user_sources(targets: Iterable[str]) -> list[Path]:
+def user_sources(targets: Iterable[str], also_in: Sequence[str] = ()) -> list[Path]:
     """The top-level package directory (or module file) of every class the config names that is
     the user's own: outside the toolkit and outside the installed environment. Found where the
-    ranks import from, without importing it."""
-    search = [p for p in sys.path if p]
+    ranks import from (and in `also_in`: a script module's working directory), without importing it."""
+    search = [*(p for p in sys.path if p), *also_in]
     installed = installed_roots()
     found: dict[str, Path] = {}
     for target in targets:
@@ -110,7 +110,8 @@ def freeze_job_code(dest: Path, *jobs: JobConfig) -> Path:
         listed = ", ".join(sorted(map(str, script_dirs)))
         raise UserError(f"the points of a sweep run scripts from {len(script_dirs)} directories ({listed}); sweep scripts of one directory")
     run_roots = sorted({Path(job.run_root) for job in jobs})  # relative: to where launch.py runs, as Hydra's run dir
-    return freeze_code(dest, user=user_sources(targets), script_dir=next(iter(script_dirs), None), skip=run_roots)
+    workdirs = sorted({str(Path(job.workdir or ".").absolute()) for job in jobs if job.script})  # `script=pkg.train`: found as `python -m` finds it
+    return freeze_code(dest, user=user_sources(targets, workdirs), script_dir=next(iter(script_dirs), None), skip=run_roots)
 
 
 def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None, skip: Sequence[Path] = ()) -> Path:

@@ -238,3 +238,14 @@ def test_a_scripts_terminal_is_the_launching_commands_not_mpiruns(monkeypatch):
     finally:
         os.close(primary)
         os.close(secondary)
+
+
+def test_a_script_module_in_the_working_directory_is_found_and_frozen_as_python_m_finds_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the run root, relative, is left out of the copy
+    (tmp_path / "probe_train.py").write_text("print('trained')\n")
+    assert check_script("probe_train", tmp_path).module == "probe_train"  # `torchrun -m probe_train` from here runs it
+    job = replace(to_job_config({}), script="probe_train", workdir=str(tmp_path))
+    code = freeze_job_code(tmp_path / "code", job)
+    assert (code / "probe_train.py").read_text() == "print('trained')\n"  # on the ranks' PYTHONPATH, frozen
+    with pytest.raises(UserError, match=rf"^script=nothere: no module 'nothere' on the import path or in {tmp_path};"):
+        check_script("nothere", tmp_path)
