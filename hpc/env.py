@@ -29,7 +29,10 @@ ALLOCATION_RESTARTS_VARIABLE = "HPCTK_ALLOCATION_RESTARTS"
 STEP_NODES_VARIABLE = "HPCTK_STEP_NODES"
 STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
-PORT_BASE, PORT_SPAN = 20000, 20000  # torch.distributed store ports derived from a Slurm job id
+# torch.distributed store ports derived from a Slurm job id (and a local run's, drawn): below Linux's
+# ephemeral range (32768 up), which a listener bound to 0 (mpirun's own, Open MPI's) or any outgoing
+# connection may hold
+PORT_BASE, PORT_SPAN = 20000, 12000
 
 
 class RankEnvError(ValueError):

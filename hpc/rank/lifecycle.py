@@ -27,7 +27,6 @@ from hpc import slurmctl
 from hpc.env import REQUEST_DIR_VARIABLE, restart_count, slurm_job_id
 
 EXIT_RESUMABLE = 75  # "stopped with a committed checkpoint; start the same run dir again"
-ENDED_AT_ONCE = 130  # a local run's second Ctrl-C: the shell's code for an end by SIGINT (mpirun, killed, read 247)
 EXIT_STALLED = 70  # the watchdog ended the job (EX_SOFTWARE)
 
 

@@ -15,10 +15,10 @@ from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
-from hpc.rank.lifecycle import ENDED_AT_ONCE
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
 from hpc.submit.launchers import QueuedLauncher, launcher_for
+from hpc.submit.ranks import ENDED_AT_ONCE
 from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
 from trainers.data.datasets import DatasetInfo

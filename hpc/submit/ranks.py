@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,11 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from hpc.env import RESULT_EXIT_VARIABLE
-from hpc.rank.lifecycle import ENDED_AT_ONCE
+from hpc.env import PORT_BASE, RESULT_EXIT_VARIABLE
 from hpc.rundir import RunDir
 from hpc.runlock import RunDirBusy, hold_launch
+
+ENDED_AT_ONCE = 130  # a second Ctrl-C: the shell's code for an end by SIGINT (mpirun, killed, read 247)
 
 
 def run_in_session(command: list[str], env: dict[str, str], on_signal: Callable[[subprocess.Popen[bytes], int], None]) -> int:
@@ -104,13 +106,42 @@ def main(argv: list[str]) -> int:
     return run_exit_code(run_ranks(args.command, {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
 
 
-def with_local_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with the torch.distributed rendezvous of comm=gloo/nccl (rank 0's store) on a port
-    free now: chosen here, at every start, so that command.txt resumes a run as launch.py started
-    it; never one inherited from the shell (a torchrun's), which another run may hold."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(s.getsockname()[1])}
+def with_local_rendezvous(env: Mapping[str, str], draw: Callable[[range], int] = random.choice) -> dict[str, str]:
+    """`env` with the torch.distributed rendezvous of comm=gloo/nccl and of a user's script
+    (rank 0's store) on a port free now: chosen here, at every start, so that command.txt
+    resumes a run as launch.py started it; never one inherited from the shell (a torchrun's),
+    which another run may hold. Outside the kernel's ephemeral range: a port bound to 0 and let
+    go is the kernel's to hand out again, and mpirun's own listener (Open MPI's out-of-band
+    channel) once took it. Rank 0 could not listen, and rank 1's store client connected to
+    mpirun, which then waited on it for good (seen in a CI-like run: the job hung)."""
+    return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port(draw))}
+
+
+def free_port(draw: Callable[[range], int] = random.choice, tries: int = 64) -> int:
+    """A port no socket holds now, from PORT_BASE up to the ephemeral range, where only explicit
+    binds land; the kernel's choice (bind to 0) only if none of `tries` is free."""
+    low, _ = ephemeral_ports()
+    ports = range(PORT_BASE, max(low, PORT_BASE + 1))
+    for _ in range(tries):
+        port = draw(ports)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))  # where TCPStore listens: every address
+            except OSError:
+                continue
+        return port
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range for ports bound to 0 and for outgoing connections (Linux's default where unreadable)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ for command.txt (hpc.submit.ranks.rendezvous)."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -12,7 +13,8 @@ from benchmarks.device.__main__ import BUDGET_S, CPU_BUDGET_S, CPU_ROUND_S, ROUN
 from benchmarks.device.report import BUDGET_VARIABLE, Report
 from benchmarks.device.rounds import Measured, Pair, interleave
 from benchmarks.device.summary import render_markdown
-from hpc.submit.ranks import with_local_rendezvous
+from hpc.env import PORT_BASE
+from hpc.submit.ranks import ephemeral_ports, free_port, with_local_rendezvous
 
 
 def test_the_summary_shows_every_check_its_targets_figures_tables_and_errors():
@@ -55,6 +57,21 @@ def test_command_txt_gets_a_free_rendezvous_port_at_every_start():
     assert chosen["MASTER_ADDR"] == "127.0.0.1" and 0 < int(chosen["MASTER_PORT"]) < 65536 and chosen["PATH"] == "/bin"
     inherited = with_local_rendezvous({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})  # a torchrun's, maybe held by another run
     assert inherited["MASTER_ADDR"] == "127.0.0.1" and inherited["MASTER_PORT"] != "29500"
+
+
+def test_the_rendezvous_port_is_drawn_below_the_ephemeral_range_and_free_now(tmp_path):
+    """mpirun's own listener binds an ephemeral port: it once took the one chosen here."""
+    low, _ = ephemeral_ports()
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert ephemeral_ports(tmp_path / "range") == (40000, 50000) and ephemeral_ports(tmp_path / "none") == (32768, 60999)
+    for _ in range(20):
+        assert PORT_BASE <= int(with_local_rendezvous({})["MASTER_PORT"]) < low
+    with socket.socket() as held:
+        held.bind(("", 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        drawn = iter([taken, taken, PORT_BASE + 7])
+        assert free_port(lambda ports: next(drawn)) == PORT_BASE + 7  # a port in use is drawn again
 
 
 def fake_pair(name: str, toolkit: list[float], reference: list[float], calls: list[str], waits: list[float | None] | None = None) -> Pair:
