@@ -4,7 +4,7 @@ nanoGPT does. Gloo's worker threads let go of a collective's tensors just after 
 one that let go of the handle's last tensors during interpreter exit aborted the process
 (`terminate called without an active exception`, 1 run in 8 to 10 on 2 busy cores). The handle
 now waits for them (collectives/torchdist.quiesce; its wait, deterministically:
-tests/unit/test_torchdist.py). Four runs here, the whole path end to end, each must exit 0 with
+tests/unit/test_torchdist.py). Runs here, the whole path end to end, each must exit 0 with
 its checkpoint committed (twenty cost 4 minutes of the suite on 2 cores, six 90 s of CPU; the
 unit test catches a quiesce that stops waiting every time, where six runs caught it about half
 the time). Two runs, side by side, since 2026-11-29: the suite's time is at its 20-minute
