@@ -64,7 +64,7 @@ def release_when_requeued(job_id: str, restarts_before: int, except_nodes: Itera
     A job Slurm requeued itself after a node failure has no such hold and may start on its own
     (its state goes COMPLETING, PENDING, RUNNING in moments): that is fine too. `except_nodes`:
     lost nodes, which are not waited for."""
-    poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued")
+    poll(lambda: restarts(job_id) > restarts_before, f"job {job_id} to be requeued", details=lambda: job_story(job_id))
     poll(lambda: job_state(job_id) in ("PENDING", "RUNNING"), f"job {job_id} to pend again", details=lambda: job_summary(job_id))
     # Starting it before its nodes finished cleaning up the killed run makes slurmd refuse the
     # launch ("already killed") and the job fails; Slurm's own hold exists to avoid exactly that.
@@ -87,6 +87,21 @@ def job_summary(job_id: str) -> str:
     """The fields that say why a job is not running: for a timeout's message."""
     fields = job_fields(job_id)
     return " ".join(f"{key}={fields.get(key, '?')}" for key in ("JobState", "Reason", "Restarts", "BeginTime", "ExitCode", "NodeList"))
+
+
+def job_story(job_id: str, lines: int = 25) -> str:
+    """job_summary and the last `lines` lines of the job's own output and error files (the batch
+    script's, the step supervisor's and srun's words, rank 0's console): what a timeout shows
+    of a run that went wrong where the test cannot look any more (CI keeps no run dir)."""
+    fields = job_fields(job_id)
+    told = [job_summary(job_id)]
+    for key in ("StdErr", "StdOut"):
+        try:
+            tail = Path(fields[key]).read_text(errors="replace").splitlines()[-lines:]
+        except (KeyError, OSError):
+            continue
+        told.append(f"{key} {fields[key]}:\n" + "\n".join(tail))
+    return "\n".join(told)
 
 
 def wait_for_resume(job_id: str, resumed: Callable[[], bool], released_at: int, timeout_s: float = 120) -> None:

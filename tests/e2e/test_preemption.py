@@ -3,6 +3,7 @@ in different ways, and compare it with an uninterrupted run: same per-step losse
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from hpc.rundir import read_jsonl
 from hpc.slurmctl import job_state
 from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
-from tests.support.runs import catches, fixtures_env, logged_steps, rank_pids, state_hash, step_losses, submit_job
+from tests.support.runs import catches, fixtures_env, logged_steps, pending, rank_pids, state_hash, step_losses, submit_job
 from tests.support.trackers import one_tracker_run_each
 from trainers.checkpoint.checkpointer import Checkpointer
 
@@ -184,8 +185,24 @@ def test_a_preemption_during_start_up_stops_before_the_first_step_requeues_and_c
         return len(pids) == 2 and all(catches(pid, signal.SIGUSR1) for pid in pids)
 
     poll(ranks_ready, "every rank to catch the stop signals")
-    assert logged_steps(run_dir) == 0  # still starting up: no step yet
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True)
+    ranks = rank_pids(run_dir)
+    # Held still while Slurm's signal travels (slurmctld, slurmd, slurmstepd: seconds on a loaded
+    # machine), so that it lands in the imports however slow the way: a stopped rank keeps it
+    # pending until SIGCONT. Sent again if it has not reached every rank in 10 s: scancel's exit
+    # status says only that slurmctld took the request, not that the ranks got it.
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        assert logged_steps(run_dir) == 0  # still starting up: no step yet
+        for _ in range(6):
+            subprocess.run(["scancel", "--signal=USR1", job_id], check=True, capture_output=True)
+            with contextlib.suppress(TimeoutError):
+                poll(lambda: all(pending(pid, signal.SIGUSR1) for pid in ranks), "USR1 to reach every rank", timeout_s=10)
+                break
+        assert all(pending(pid, signal.SIGUSR1) for pid in ranks), "Slurm delivered no USR1 to the ranks in 60 s"
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())

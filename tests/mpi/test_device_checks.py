@@ -34,7 +34,9 @@ def summary(out: Path) -> dict:
 # `allreduce` (25-30 s): its launches are `python -m collectives.bench --np N`, which
 # tests/mpi/test_mpi_ranks.py runs the same way.
 # And but `compile` (35 s: torch.compile of two models on 2 cores), which only the device runs.
-CPU_CHECKS = "environment,memory,resnet50,lm,nanogpt,handle,scaling,loader,unit"
+# And but `scaling` (35-60 s: four launches of benchmarks/plain_loop.py, a benchmark's own loop
+# that no issue's figure waits on): its table is tests/unit/test_device_summary.py's.
+CPU_CHECKS = "environment,memory,resnet50,lm,nanogpt,handle,loader,unit"
 # Issue 43's pairs (check: its rounds here, pair -> the ratio's target), the toolkit against its
 # reference. Each round costs a toolkit launch (8-15 s on 2 cores): one each, which runs every
 # pair's own code; tests/unit/test_device_summary.py checks the rounds' order, median,
@@ -96,7 +98,7 @@ def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
         text=True,
         cwd=ROOT,
         timeout=1000,
-    )  # about 175 s alone on 2 cores (120 s before nanogpt, compile and the 2nd resnet50 round), more beside another test (scripts/test.sh)
+    )  # 100-140 s in the suite beside the other worker (CI, 2 cores)
     tmp_path = tmp_path / "out"
     checks = summary(tmp_path)["checks"]
     failed = {name: c.get("error") for name, c in checks.items() if c["status"] not in ("ok", "missed a target", "skipped")}
@@ -122,7 +124,6 @@ def test_cpu_mode_runs_every_check_and_the_resume_is_bit_exact(tmp_path):
     assert "| resnet50 | 1 of 1 | " in recap and "\nhandle: ok, " in recap, recap
     memory = checks["memory"]["figures"]  # replicated and FSDP2 (world size one) train alike
     assert memory["replicated: losses of 3 steps"] == memory["fsdp2: losses of 3 steps"] and memory["fsdp2: parameters"] > 0
-    assert "| 2 |" in checks["scaling"]["tables"][0]
     raw_rate = checks["resnet50"]["pairs"]["resnet50"]["reference_median"]  # the loader's rate is set against the GPU step's
     assert checks["loader"]["figures"]["GPU step's consumption (resnet50 raw loop), img/s"] == raw_rate
     assert all(f"## {name}: " in markdown for name in checks)

@@ -77,12 +77,27 @@ def submit_job(*overrides: str, cwd: Path, env: dict[str, str] | None = None) ->
 
 def catches(pid: int, sig: signal.Signals) -> bool:
     """Whether process `pid` has a handler installed for `sig` (SigCgt in /proc/PID/status)."""
+    return sig in signal_sets(pid, "SigCgt")
+
+
+def pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether `sig` waits to be handled by process `pid` (sent to it or to one of its threads):
+    a stopped process keeps what it was sent until SIGCONT."""
+    return sig in signal_sets(pid, "ShdPnd", "SigPnd")
+
+
+def signal_sets(pid: int, *fields: str) -> set[int]:
+    """The signals in the masks `fields` of /proc/PID/status (SigCgt, ShdPnd, ...); none once it ended."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return False
-    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught >> (sig - 1) & 1)
+        return set()
+    mask = 0
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in fields:
+            mask |= int(value.strip(), 16)
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
 
 
 def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, after_steps: int, sig: signal.Signals) -> int:

@@ -155,3 +155,25 @@ def test_rounds_are_set_for_every_throughput_check_or_one_and_their_budgets_grow
     from benchmarks.device.checks import ROUND_CHECKS as CHECKED  # the checks' own list, which the driver cannot import (torch)
 
     assert set(CHECKED) == set(ROUND_CHECKS) == set(ROUND_S) == set(CPU_ROUND_S) and set(ROUND_CHECKS) <= set(BUDGET_S)
+
+
+def test_the_scaling_check_reports_each_variants_rate_and_efficiency_against_n_times_one_rank(tmp_path, monkeypatch):
+    """The scaling check's table from plain_loop's launches (their rates given here: the launches
+    are the benchmark's own, and a CPU run of them cost the suite a minute for no figure)."""
+    from benchmarks import plain_loop
+    from benchmarks.device import cores
+
+    rates = {("single", 1): 100.0, ("nocomm", 2): 180.0, ("ours", 2): 160.0, ("ddp", 2): 120.0}
+    asked: list[tuple[str, int, int]] = []
+
+    def launch(name, args, scratch, round_):  # type: ignore[no-untyped-def]
+        asked.append((name, plain_loop.variant_ranks(name, args.ranks), args.steps))
+        return {"samples_s": rates[(name, plain_loop.variant_ranks(name, args.ranks))]}
+
+    monkeypatch.setattr(plain_loop, "launch", launch)
+    report = Report(tmp_path / "scaling.json")
+    cores.scaling("cpu", tmp_path / "scratch", report)
+    assert asked == [("single", 1, 3), ("nocomm", 2, 3), ("ours", 2, 3), ("ddp", 2, 3)]
+    assert report.data["figures"]["1 rank, samples/s"] == 100.0
+    (table,) = report.data["tables"]
+    assert "| 2 | 180 (0.90) | 160 (0.80) | 120 (0.60) | 1.33x | 0.89 |" in table
