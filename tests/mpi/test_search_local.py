@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.runs import ROOT, logged_steps, rank_pids
+from hpc.rank.signals import STOP_SIGNALS
+from tests.support.runs import ROOT, logged_steps, pending, rank_pids
 from tests.support.search import check_study, launch_command, run_search, sweep_points
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -41,7 +41,7 @@ def test_an_interrupted_local_study_continues_to_its_number_of_trials(tmp_path):
     total = sum(1 for _ in (sweep_dir / "0" / "steps.jsonl").open())  # every trial trains as many steps
     assert ranks and logged_steps(sweep_dir / "1") < total, f"trial 1 ended before its rank was frozen: {ranks}"
     first.send_signal(signal.SIGINT)
-    while not all(map(signal_pending, ranks)):  # the launchers pass it on; the frozen rank keeps it pending
+    while not all(any(pending(pid, sig) for sig in STOP_SIGNALS) for pid in ranks):  # passed on by the launchers; the frozen rank keeps it pending
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.01)  # polling /proc: there is no event to wait on
     for pid in ranks:
@@ -61,12 +61,6 @@ def test_an_interrupted_local_study_continues_to_its_number_of_trials(tmp_path):
     assert "4 trials (4 completed, 0 failed" in status.stdout, status.stdout
     report = subprocess.run([sys.executable, "-m", "hpc.report", str(sweep_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert report.returncode == 0 and (sweep_dir / "objective.png").stat().st_size > 0, report.stderr
-
-
-def signal_pending(pid: int) -> bool:
-    """A signal waits for process `pid` (one stopped by SIGSTOP keeps it until SIGCONT)."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return any(int(status[key].strip(), 16) for key in ("SigPnd", "ShdPnd"))
 
 
 def test_a_ctrl_c_stops_a_local_grid_sweep_at_the_point_it_came_in(tmp_path):
