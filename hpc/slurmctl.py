@@ -11,9 +11,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+# `scontrol requeue` is tried again while it fails and the job still runs (or Slurm cannot say:
+# a busy or restarting slurmctld times out RPCs): REQUEUE_TRIES tries, the wait before try N+1
+# N x REQUEUE_BACKOFF_S (5 tries over 20 s). The batch script's EXIT trap does the same in bash
+# (hpc.submit.slurm.requeue_function_lines).
+REQUEUE_TRIES = 5
+REQUEUE_BACKOFF_S = 2
 WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"}
 
 
@@ -104,10 +111,21 @@ def accounting_states(job_ids: Sequence[str]) -> dict[str, str]:
     return states
 
 
-def requeue(job_id: str) -> str | None:
-    """`scontrol requeue`; returns the error text, or None on success."""
-    code, _, err = _run(["scontrol", "requeue", job_id])
-    return None if code == 0 else err.strip() or f"exit code {code}"
+def requeue(job_id: str, sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """`scontrol requeue`, tried again while it fails and the job still runs (REQUEUE_TRIES);
+    the last error text, or None once it went through."""
+    error = ""
+    for attempt in range(1, REQUEUE_TRIES + 1):
+        code, _, err = _run(["scontrol", "requeue", job_id])
+        if code == 0:
+            return None
+        error = err.strip() or f"exit code {code}"
+        state = job_fields(job_id).get("JobState")
+        if state is not None and state != "RUNNING":
+            break  # Slurm answers and no longer runs the job: nothing to requeue
+        if attempt < REQUEUE_TRIES:
+            sleep(attempt * REQUEUE_BACKOFF_S)
+    return error
 
 
 def forbid_requeue(job_id: str) -> bool:

@@ -23,6 +23,7 @@ from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
 from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE
 from hpc.errors import UserError
+from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
 
 SUBMITTED_SCRIPT_GLOB = "*_submission.sh"  # where submitit (1.5.0 and later) keeps the script it gave sbatch: <job id>_submission.sh
@@ -58,6 +59,31 @@ def job_setup_lines(env: dict[str, str], code_root: Path, step_nodes: int = 1, a
     ]
 
 
+def requeue_function_lines() -> list[str]:
+    """`hpctk_requeue ID`: `scontrol requeue`, tried again while it fails and the job still runs
+    (or Slurm cannot say), as hpc.slurmctl.requeue does: a busy or restarting slurmctld times out
+    RPCs ("Socket timed out on send/recv operation"), and a requeue lost to one left a stopped
+    run ended for good, as COMPLETED. One that never goes through ends the job with exit code 75
+    (resumable, as a local run's stop): FAILED, with the line that says how to resume it."""
+    tries, backoff_s = slurmctl.REQUEUE_TRIES, slurmctl.REQUEUE_BACKOFF_S
+    return [
+        "hpctk_requeue() {  # scontrol requeue ID, tried again while it fails and the job still runs",
+        "    local id=$1 try out",
+        f"    for (( try = 1; try <= {tries}; try++ )); do",
+        '        out=$(scontrol requeue "$id" 2>&1) && return 0',
+        f"        echo \"hpc-toolkit: scontrol requeue $id failed (try $try of {tries}): $(printf %s \"$out\" | tr '\\n' ' ')\" >&2",
+        '        if out=$(scontrol show job -o "$id" 2>&1) && [[ $out != *"JobState=RUNNING "* ]]; then',
+        "            break  # Slurm answers and no longer runs the job (cancelled, ending): nothing to requeue",
+        "        fi",
+        f"        (( try < {tries} )) && sleep $(( try * {backoff_s} ))",
+        "    done",
+        f'    echo "hpc-toolkit: job $id was not requeued: the run stays stopped at its last committed checkpoint;'
+        f' to resume it: scontrol requeue $id (exit code {EXIT_RESUMABLE})" >&2',
+        f"    exit {EXIT_RESUMABLE}",
+        "}",
+    ]
+
+
 def exit_trap_lines(max_failure_requeues: int) -> list[str]:
     """The batch script's EXIT trap, run once srun has returned. Files in $HPCTK_REQUEUE_DIR, named
     after the job (array task) id, carry what the ranks know across the job's starts:
@@ -79,8 +105,11 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
       exports no such directory falls back to SLURM_RESTART_COUNT). Not after a
       cancel or time limit (the job is no longer RUNNING), not when the ranks requeued it
       themselves (watchdog), and not after a Python error: the failing rank sets Requeue=0
-      first, since it would fail the same way again."""
+      first, since it would fail the same way again.
+
+    Both requeues go through requeue_function_lines."""
     return [
+        *requeue_function_lines(),
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "    id=${id:-$SLURM_JOB_ID}",
@@ -99,14 +128,14 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
         '        rm -f "$request"',
         '        date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
-        '        scontrol requeue "$id"',
+        '        hpctk_requeue "$id"',
         f"    elif (( rc != 0 && failures < {int(max_failure_requeues)} )) &&",
         '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
         '        [[ -n $dir ]] && mkdir -p "$dir" && echo $(( failures + 1 )) > "$dir/$id.failures"',
         f'        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint'
         f' (failure requeue $(( failures + 1 )) of {int(max_failure_requeues)})" >&2',
         '        [[ -n $dir ]] && date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
-        '        scontrol requeue "$id"',
+        '        hpctk_requeue "$id"',
         "    fi",
         "}",
         "trap hpctk_on_exit EXIT",

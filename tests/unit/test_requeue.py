@@ -55,9 +55,11 @@ def test_outside_slurm_or_without_scontrol_exits_resumable(monkeypatch):
     assert (job_id, code) == (None, EXIT_RESUMABLE) and "scontrol not found" in what
 
 
-def run_exit_trap(tmp_path, finished: bool, rc: int):  # type: ignore[no-untyped-def]
+def run_exit_trap(tmp_path, finished: bool, rc: int, failed_requeues: int = 0, state: str = "RUNNING", requested: bool = False):  # type: ignore[no-untyped-def]
     """The batch script's EXIT trap in a real bash, after a step that exited `rc`, with a fake
-    scontrol that says the job runs and records what it is asked."""
+    scontrol that says the job is in `state`, fails its first `failed_requeues` requeues as a busy
+    slurmctld does, and records what it is asked (and a fake sleep, what it waits);
+    `requested`: the ranks stopped and asked for a requeue."""
     import subprocess
 
     from hpc.submit.slurm import exit_trap_lines
@@ -67,10 +69,18 @@ def run_exit_trap(tmp_path, finished: bool, rc: int):  # type: ignore[no-untyped
     requests.mkdir()
     calls = tmp_path / "scontrol.calls"
     fake = bin_dir / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState=RUNNING Requeue=1 Restarts=0"\nexit 0\n')
-    fake.chmod(0o755)
+    fake.write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Requeue=1 Restarts=0" && exit 0\n'
+        f'if [ "$1" = requeue ] && (( $(grep -c ^requeue {calls}) <= {failed_requeues} )); then\n'
+        '    echo "scontrol: error: Socket timed out on send/recv operation" >&2; exit 1\nfi\nexit 0\n'
+    )
+    (bin_dir / "sleep").write_text(f'#!/bin/sh\necho "sleep $*" >> {calls}\n')
+    for tool in ("scontrol", "sleep"):
+        (bin_dir / tool).chmod(0o755)
     if finished:
         (requests / "7.finished").touch()
+    if requested:
+        (requests / "7.restart-0").write_text("stopped by SIGUSR1 at step 4")
     script = "\n".join([*exit_trap_lines(3), f"(exit {rc})"])
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "HPCTK_REQUEUE_DIR": str(requests)}
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
@@ -83,3 +93,45 @@ def test_a_finished_training_ends_its_job_completed_even_when_a_late_kill_ends_t
     # The control: the same exit without the finished mark is a failure, requeued within the budget.
     done, calls = run_exit_trap(tmp_path / "died", finished=False, rc=137)
     assert done.returncode == 137 and "requeue 7" in calls and "a rank died (srun exit 137)" in done.stderr
+
+
+def test_a_requeue_slurmctld_times_out_on_is_tried_again_until_it_goes_through(tmp_path):
+    done, calls = run_exit_trap(tmp_path / "busy", finished=False, rc=0, failed_requeues=2, requested=True)
+    assert done.returncode == 0 and calls.count("requeue 7") == 3 and "sleep 2\n" in calls and "sleep 4\n" in calls, calls
+    assert "failed (try 2 of 5): scontrol: error: Socket timed out" in done.stderr and "not requeued" not in done.stderr
+    # Never through: the job ends resumable (75, FAILED) saying how to resume, not COMPLETED.
+    done, calls = run_exit_trap(tmp_path / "down", finished=False, rc=0, failed_requeues=99, requested=True)
+    assert done.returncode == 75 and calls.count("requeue 7") == 5 and "to resume it: scontrol requeue 7" in done.stderr, calls
+    # A job Slurm no longer runs (cancelled while its ranks stopped) is not tried again.
+    done, calls = run_exit_trap(tmp_path / "cancelled", finished=False, rc=0, failed_requeues=99, state="CANCELLED", requested=True)
+    assert done.returncode == 75 and calls.count("requeue 7") == 1 and "sleep" not in calls, calls
+
+
+def fake_scontrol(tmp_path, failed_requeues: int, state: str):  # type: ignore[no-untyped-def]
+    """A scontrol on PATH that fails its first `failed_requeues` requeues (a busy slurmctld) and
+    says the job is in `state`; the calls it got are in the file returned."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    fake = bin_dir / "scontrol"
+    fake.write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Restarts=0" && exit 0\n'
+        f'if [ "$1" = requeue ] && (( $(grep -c ^requeue {calls}) <= {failed_requeues} )); then echo "Socket timed out" >&2; exit 1; fi\n'
+    )
+    fake.chmod(0o755)
+    return bin_dir, calls
+
+
+@pytest.mark.parametrize(
+    "failed, state, tries, waits, error",
+    [(2, "RUNNING", 3, [2, 4], None), (99, "RUNNING", 5, [2, 4, 6, 8], "Socket timed out"), (99, "CANCELLED", 1, [], "Socket timed out")],
+)
+def test_rank_zeros_own_requeue_is_tried_again_while_the_job_runs(tmp_path, monkeypatch, failed, state, tries, waits, error):
+    """What a hand-written batch script's rank 0 does after a stop (hpc.rank.scheduler), as the trap does."""
+    from hpc import slurmctl
+
+    bin_dir, calls = fake_scontrol(tmp_path, failed, state)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    slept: list[float] = []
+    assert slurmctl.requeue("7", sleep=slept.append) == error
+    assert calls.read_text().count("requeue 7") == tries and slept == waits
