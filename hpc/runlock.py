@@ -60,7 +60,10 @@ def hold_launch(run_path: Path) -> None:
 
 def hold_rank(run_path: Path) -> None:
     """This rank counts as running until its process ends (a shared lock: all ranks hold it)."""
-    handle = open(run_path / RANKS_LOCK, "ab")  # noqa: SIM115  # held open for the process's life
+    try:
+        handle = open(run_path / RANKS_LOCK, "ab")  # noqa: SIM115  # held open for the process's life
+    except OSError:  # a run dir the rank cannot write to fails where the rank writes its log, in one line
+        return
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # waits only while a launcher checks (microseconds)
     except OSError:

@@ -112,3 +112,14 @@ def run_until_signalled(command: list[str], env: dict[str, str], run_dir: Path, 
     for pid in rank_pids(run_dir):
         os.kill(pid, sig)  # Slurm signals every task, not mpirun
     return proc.wait(timeout=120)
+
+
+HOLD = "import sys, time; from pathlib import Path; from hpc.runlock import {what}; {what}(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+
+
+def holding(what: str, run_path: Path) -> subprocess.Popen[str]:
+    """Another process that holds the run dir's lock `what` (hpc.runlock's hold_launch or
+    hold_rank: a launcher, a rank) until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(what=what), str(run_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc

@@ -3,21 +3,10 @@ ranks of an earlier start still run, is refused; a process's end lets go, howeve
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from hpc.runlock import RunDirBusy, hold_launch, hold_rank, ranks_running, release_all
-
-HOLD = "import sys, time; from pathlib import Path; from hpc.runlock import {what}; {what}(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
-
-
-def holding(what: str, run_path) -> subprocess.Popen[str]:
-    """Another process that holds the run dir's lock `what` until it is killed."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(what=what), str(run_path)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
-    return proc
+from tests.support.runs import holding
 
 
 def test_a_second_launcher_is_refused_while_the_first_runs_and_welcome_after(tmp_path):
@@ -48,3 +37,10 @@ def test_ranks_that_outlive_their_launcher_still_count_as_running(tmp_path):
     assert not ranks_running(tmp_path)
     hold_launch(tmp_path)
     release_all()
+
+
+def test_a_rank_that_cannot_make_the_lock_file_runs_unlocked_rather_than_raising(tmp_path):
+    """hold_rank comes before the rank's error reporting: a run dir it cannot write to must fail
+    later, where the rank reports in one line, not here with a traceback."""
+    hold_rank(tmp_path / "gone")  # no such directory: open() fails
+    assert not ranks_running(tmp_path / "gone")

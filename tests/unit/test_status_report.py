@@ -13,7 +13,7 @@ import pytest
 from hpc.rundir import RunDir, find_runs, last_record
 from hpc.tools.report import scaling_figures
 from hpc.tools.status import run_status, statuses
-from tests.support.runs import ROOT
+from tests.support.runs import ROOT, holding
 
 
 def _jsonl(path, records):
@@ -139,11 +139,6 @@ def test_status_json_gives_scripts_every_runs_fields(tmp_path, capsys, monkeypat
     assert "error: --json lists once: drop --watch" in capsys.readouterr().err
 
 
-RANK_HOLDS_LOCK = (
-    "import sys, time; from pathlib import Path; from hpc.runlock import hold_rank; hold_rank(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"  # noqa: E501
-)
-
-
 def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     run = _run(tmp_path, "r", 2, [100])
     for step, committed in ((10, True), (20, True), (30, False)):  # step 30: a save that never committed
@@ -158,9 +153,8 @@ def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     # Ranks of a start from command.txt (the old result.json still there), or outliving a killed
     # launcher (its pid gone): they hold the run dir's lock, and the run is running
     run.write_json(run.job, {"launcher": "local", "pid": 2**22 + 1, "host": socket.gethostname()})
-    rank = subprocess.Popen([sys.executable, "-c", RANK_HOLDS_LOCK, str(run.path)], stdout=subprocess.PIPE, text=True)
+    rank = holding("hold_rank", run.path)
     try:
-        assert rank.stdout is not None and rank.stdout.readline() == "held\n"
         assert run_status(run, {}, {}).state == "RUNNING"
     finally:
         rank.kill()
