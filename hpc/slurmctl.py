@@ -8,19 +8,24 @@ a rank exits with EXIT_RESUMABLE instead of requeueing).
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+log = logging.getLogger(__name__)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 # `scontrol requeue` is tried again while it fails and the job still runs (or Slurm cannot say:
 # a busy or restarting slurmctld times out RPCs): REQUEUE_TRIES tries, the wait before try N+1
-# N x REQUEUE_BACKOFF_S (5 tries over 20 s). The batch script's EXIT trap does the same in bash
-# (hpc.submit.slurm.requeue_function_lines).
+# N x REQUEUE_BACKOFF_S, no try begun after REQUEUE_DEADLINE_S, each scontrol call given
+# SCONTROL_TIMEOUT_S (its own MessageTimeout is 10 s by default). The batch script's EXIT trap
+# does the same in bash (hpc.submit.slurm.requeue_function_lines).
 REQUEUE_TRIES = 5
 REQUEUE_BACKOFF_S = 2
+REQUEUE_DEADLINE_S = 45
+SCONTROL_TIMEOUT_S = 20
 WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"}
 
 
@@ -111,20 +116,28 @@ def accounting_states(job_ids: Sequence[str]) -> dict[str, str]:
     return states
 
 
-def requeue(job_id: str, sleep: Callable[[float], None] = time.sleep) -> str | None:
-    """`scontrol requeue`, tried again while it fails and the job still runs (REQUEUE_TRIES);
-    the last error text, or None once it went through."""
-    error = ""
+def requeue(job_id: str, restarts_before: int = 0, sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """`scontrol requeue`, tried again while it fails and the job still runs and allows a requeue
+    (REQUEUE_TRIES); the last error text, or None once it went through. A try that timed out may
+    still go through once slurmctld reads it: a restart count above `restarts_before` (this
+    start's) says so."""
+    began, error = time.monotonic(), ""
     for attempt in range(1, REQUEUE_TRIES + 1):
-        code, _, err = _run(["scontrol", "requeue", job_id])
+        code, _, err = _run(["scontrol", "requeue", job_id], SCONTROL_TIMEOUT_S)
         if code == 0:
             return None
         error = err.strip() or f"exit code {code}"
-        state = job_fields(job_id).get("JobState")
-        if state is not None and state != "RUNNING":
-            break  # Slurm answers and no longer runs the job: nothing to requeue
-        if attempt < REQUEUE_TRIES:
-            sleep(attempt * REQUEUE_BACKOFF_S)
+        log.warning("scontrol requeue %s failed (try %d of %d): %s", job_id, attempt, REQUEUE_TRIES, error)
+        shown, text, _ = _run(["scontrol", "show", "job", "-o", job_id], SCONTROL_TIMEOUT_S)
+        fields = parse_job_fields(text) if shown == 0 else {}
+        if fields:  # Slurm answers again
+            if fields.get("Restarts", "").isdigit() and int(fields["Restarts"]) > restarts_before:
+                return None
+            if fields.get("JobState") != "RUNNING" or fields.get("Requeue") == "0" or fields.get("BatchFlag") == "0":
+                break  # cancelled, ending, or a job Slurm never requeues
+        if attempt == REQUEUE_TRIES or time.monotonic() - began >= REQUEUE_DEADLINE_S:
+            break
+        sleep(attempt * REQUEUE_BACKOFF_S)
     return error
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpc import slurmctl
-from hpc.env import slurm_job_id
+from hpc.env import restart_count, slurm_job_id
 from hpc.rank import lifecycle
 
 
@@ -81,7 +81,7 @@ class SlurmJob:
         return slurmctl.available("scontrol")
 
     def requeue(self, job_id: str) -> str | None:
-        return slurmctl.requeue(job_id)
+        return slurmctl.requeue(job_id, restart_count(self.env))
 
     def request_requeue(self, job_id: str, detail: str) -> Path | None:
         return lifecycle.request_requeue(self.env, job_id, detail)

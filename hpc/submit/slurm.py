@@ -60,26 +60,31 @@ def job_setup_lines(env: dict[str, str], code_root: Path, step_nodes: int = 1, a
 
 
 def requeue_function_lines() -> list[str]:
-    """`hpctk_requeue ID`: `scontrol requeue`, tried again while it fails and the job still runs
-    (or Slurm cannot say), as hpc.slurmctl.requeue does: a busy or restarting slurmctld times out
-    RPCs ("Socket timed out on send/recv operation"), and a requeue lost to one left a stopped
-    run ended for good, as COMPLETED. One that never goes through ends the job with exit code 75
-    (resumable, as a local run's stop): FAILED, with the line that says how to resume it."""
-    tries, backoff_s = slurmctl.REQUEUE_TRIES, slurmctl.REQUEUE_BACKOFF_S
+    """`hpctk_requeue ID CODE`: `scontrol requeue`, tried again while it fails and the job still
+    runs and allows a requeue, as hpc.slurmctl.requeue does: a busy or restarting slurmctld
+    times out RPCs ("Socket timed out on send/recv operation"), and a requeue lost to one left
+    a stopped run ended for good, as COMPLETED. A try that timed out may still go through once
+    slurmctld reads it: a restart count above this start's is success. One that never goes
+    through ends the job with exit code CODE (75, resumable, after a stop): FAILED, with the
+    line that says so."""
+    tries, backoff_s, deadline_s, call_s = slurmctl.REQUEUE_TRIES, slurmctl.REQUEUE_BACKOFF_S, slurmctl.REQUEUE_DEADLINE_S, slurmctl.SCONTROL_TIMEOUT_S
     return [
-        "hpctk_requeue() {  # scontrol requeue ID, tried again while it fails and the job still runs",
-        "    local id=$1 try out",
+        "hpctk_requeue() {  # ID, exit code if it never goes through",
+        "    local id=$1 try out began=$SECONDS",
         f"    for (( try = 1; try <= {tries}; try++ )); do",
-        '        out=$(scontrol requeue "$id" 2>&1) && return 0',
+        f'        out=$(timeout {call_s} scontrol requeue "$id" 2>&1) && return 0',
         f"        echo \"hpc-toolkit: scontrol requeue $id failed (try $try of {tries}): $(printf %s \"$out\" | tr '\\n' ' ')\" >&2",
-        '        if out=$(scontrol show job -o "$id" 2>&1) && [[ $out != *"JobState=RUNNING "* ]]; then',
-        "            break  # Slurm answers and no longer runs the job (cancelled, ending): nothing to requeue",
+        f'        if out=$(timeout {call_s} scontrol show job -o "$id" 2>&1); then  # Slurm answers again',
+        "            # A try that timed out was still queued at slurmctld, and went through once it answered",
+        "            [[ $out =~ Restarts=([0-9]+) ]] && (( 10#${BASH_REMATCH[1]} > ${SLURM_RESTART_COUNT:-0} )) && return 0",
+        "            [[ $out =~ JobState=RUNNING( |$) && ! $out =~ Requeue=0( |$) ]] || break  # cancelled, ending, or not requeueable",
         "        fi",
-        f"        (( try < {tries} )) && sleep $(( try * {backoff_s} ))",
+        f"        (( try < {tries} && SECONDS - began < {deadline_s} )) || break",
+        f"        sleep $(( try * {backoff_s} ))",
         "    done",
-        f'    echo "hpc-toolkit: job $id was not requeued: the run stays stopped at its last committed checkpoint;'
-        f' to resume it: scontrol requeue $id (exit code {EXIT_RESUMABLE})" >&2',
-        f"    exit {EXIT_RESUMABLE}",
+        '    echo "hpc-toolkit: job $id was not requeued: the run stays stopped at its last committed checkpoint;'
+        ' requeue the job (scontrol requeue $id) or start the run again to resume it" >&2',
+        '    exit "$2"',
         "}",
     ]
 
@@ -128,14 +133,14 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         '        echo "hpc-toolkit: the ranks $(cat "$request") and have exited: requeueing job $id" >&2',
         '        rm -f "$request"',
         '        date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
-        '        hpctk_requeue "$id"',
+        f'        hpctk_requeue "$id" {EXIT_RESUMABLE}',
         f"    elif (( rc != 0 && failures < {int(max_failure_requeues)} )) &&",
         '        scontrol show job -o "$id" | grep -q "JobState=RUNNING .*Requeue=1 "; then',
         '        [[ -n $dir ]] && mkdir -p "$dir" && echo $(( failures + 1 )) > "$dir/$id.failures"',
         f'        echo "hpc-toolkit: a rank died (srun exit $rc): requeueing job $id to resume from its last committed checkpoint'
         f' (failure requeue $(( failures + 1 )) of {int(max_failure_requeues)})" >&2',
         '        [[ -n $dir ]] && date +%s.%N > "$dir/$id.requeued-${SLURM_RESTART_COUNT:-0}"',
-        '        hpctk_requeue "$id"',
+        '        hpctk_requeue "$id" "$rc"',
         "    fi",
         "}",
         "trap hpctk_on_exit EXIT",

@@ -182,8 +182,8 @@ def test_ranks_ask_the_scheduler_of_their_environment(tmp_path, monkeypatch):
     plan = job.plan_after_stop(datetime.now(), 30)
     assert (plan.requeue_id, plan.exit_code, job.can_requeue()) == (None, lifecycle.EXIT_RESUMABLE, False) and plan.what.startswith("scontrol not found: job 4")
     monkeypatch.setattr(slurmctl, "available", lambda tool="scontrol": True)
-    monkeypatch.setattr(slurmctl, "requeue", lambda job_id: requeued.append(job_id) or "refused")
-    assert job.can_requeue() and job.requeue("4") == "refused" and requeued == ["4"]
+    monkeypatch.setattr(slurmctl, "requeue", lambda job_id, restarts_before: requeued.append(f"{job_id} after {restarts_before}") or "refused")
+    assert job.can_requeue() and job.requeue("4") == "refused" and requeued == ["4 after 1"]  # this start's count: a late success is told apart
 
 
 def test_a_jobs_launcher_is_the_one_its_job_json_names(tmp_path):

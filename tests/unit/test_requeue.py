@@ -55,10 +55,13 @@ def test_outside_slurm_or_without_scontrol_exits_resumable(monkeypatch):
     assert (job_id, code) == (None, EXIT_RESUMABLE) and "scontrol not found" in what
 
 
-def run_exit_trap(tmp_path, finished: bool, rc: int, failed_requeues: int = 0, state: str = "RUNNING", requested: bool = False):  # type: ignore[no-untyped-def]
+def run_exit_trap(
+    tmp_path, finished: bool, rc: int, failed_requeues: int = 0, state: str = "RUNNING", requested: bool = False, restarts: int = 0, requeue_flag: int = 1
+):  # type: ignore[no-untyped-def]  # noqa: E501
     """The batch script's EXIT trap in a real bash, after a step that exited `rc`, with a fake
-    scontrol that says the job is in `state`, fails its first `failed_requeues` requeues as a busy
-    slurmctld does, and records what it is asked (and a fake sleep, what it waits);
+    scontrol that says the job is in `state` after `restarts` restarts, fails its first
+    `failed_requeues` requeues as a busy slurmctld does, and records what it is asked (and a fake
+    sleep, what it waits);
     `requested`: the ranks stopped and asked for a requeue."""
     import subprocess
 
@@ -70,7 +73,7 @@ def run_exit_trap(tmp_path, finished: bool, rc: int, failed_requeues: int = 0, s
     calls = tmp_path / "scontrol.calls"
     fake = bin_dir / "scontrol"
     fake.write_text(
-        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Requeue=1 Restarts=0" && exit 0\n'
+        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Requeue={requeue_flag} Restarts={restarts} X=y" && exit 0\n'
         f'if [ "$1" = requeue ] && (( $(grep -c ^requeue {calls}) <= {failed_requeues} )); then\n'
         '    echo "scontrol: error: Socket timed out on send/recv operation" >&2; exit 1\nfi\nexit 0\n'
     )
@@ -101,13 +104,22 @@ def test_a_requeue_slurmctld_times_out_on_is_tried_again_until_it_goes_through(t
     assert "failed (try 2 of 5): scontrol: error: Socket timed out" in done.stderr and "not requeued" not in done.stderr
     # Never through: the job ends resumable (75, FAILED) saying how to resume, not COMPLETED.
     done, calls = run_exit_trap(tmp_path / "down", finished=False, rc=0, failed_requeues=99, requested=True)
-    assert done.returncode == 75 and calls.count("requeue 7") == 5 and "to resume it: scontrol requeue 7" in done.stderr, calls
+    assert done.returncode == 75 and calls.count("requeue 7") == 5 and "requeue the job (scontrol requeue 7) or start the run again" in done.stderr, calls
+    # A job Slurm will not requeue (sbatch --no-requeue) is not tried again either; a rank's death keeps srun's code.
+    done, calls = run_exit_trap(tmp_path / "norequeue", finished=False, rc=0, failed_requeues=99, requested=True, requeue_flag=0)
+    assert done.returncode == 75 and calls.count("requeue 7") == 1, calls
+    done, calls = run_exit_trap(tmp_path / "died", finished=False, rc=137, failed_requeues=99)
+    assert done.returncode == 137 and calls.count("requeue 7") == 5 and "a rank died (srun exit 137)" in done.stderr, calls
     # A job Slurm no longer runs (cancelled while its ranks stopped) is not tried again.
     done, calls = run_exit_trap(tmp_path / "cancelled", finished=False, rc=0, failed_requeues=99, state="CANCELLED", requested=True)
     assert done.returncode == 75 and calls.count("requeue 7") == 1 and "sleep" not in calls, calls
+    # A try that timed out but went through once slurmctld read it (seen on the simulated
+    # cluster: slurmctld stopped for 14 s, scontrol gave up after MessageTimeout, the job requeued at once after)
+    done, calls = run_exit_trap(tmp_path / "late", finished=False, rc=0, failed_requeues=99, state="PENDING", requested=True, restarts=1)
+    assert done.returncode == 0 and calls.count("requeue 7") == 1 and "not requeued" not in done.stderr, calls
 
 
-def fake_scontrol(tmp_path, failed_requeues: int, state: str):  # type: ignore[no-untyped-def]
+def fake_scontrol(tmp_path, failed_requeues: int, state: str, restarts: int = 0, flags: str = "Requeue=1 BatchFlag=1"):  # type: ignore[no-untyped-def]
     """A scontrol on PATH that fails its first `failed_requeues` requeues (a busy slurmctld) and
     says the job is in `state`; the calls it got are in the file returned."""
     bin_dir = tmp_path / "bin"
@@ -115,7 +127,7 @@ def fake_scontrol(tmp_path, failed_requeues: int, state: str):  # type: ignore[n
     calls = tmp_path / "calls"
     fake = bin_dir / "scontrol"
     fake.write_text(
-        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Restarts=0" && exit 0\n'
+        f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" = show ] && echo "JobId=7 JobState={state} Restarts={restarts} {flags}" && exit 0\n'
         f'if [ "$1" = requeue ] && (( $(grep -c ^requeue {calls}) <= {failed_requeues} )); then echo "Socket timed out" >&2; exit 1; fi\n'
     )
     fake.chmod(0o755)
@@ -123,15 +135,23 @@ def fake_scontrol(tmp_path, failed_requeues: int, state: str):  # type: ignore[n
 
 
 @pytest.mark.parametrize(
-    "failed, state, tries, waits, error",
-    [(2, "RUNNING", 3, [2, 4], None), (99, "RUNNING", 5, [2, 4, 6, 8], "Socket timed out"), (99, "CANCELLED", 1, [], "Socket timed out")],
+    "failed, state, restarts, tries, waits, error",
+    [
+        (2, "RUNNING", 0, 3, [2, 4], None),
+        (99, "RUNNING", 0, 5, [2, 4, 6, 8], "Socket timed out"),
+        (99, "CANCELLED", 0, 1, [], "Socket timed out"),
+        (99, "PENDING", 1, 1, [], None),  # timed out, but went through once slurmctld read it
+        (99, "RUNNING BatchFlag=0", 0, 1, [], "Socket timed out"),  # srun under salloc: Slurm requeues batch jobs only
+        (99, "RUNNING Requeue=0", 0, 1, [], "Socket timed out"),  # sbatch --no-requeue
+    ],
 )
-def test_rank_zeros_own_requeue_is_tried_again_while_the_job_runs(tmp_path, monkeypatch, failed, state, tries, waits, error):
+def test_rank_zeros_own_requeue_is_tried_again_while_the_job_runs(tmp_path, monkeypatch, failed, state, restarts, tries, waits, error):
     """What a hand-written batch script's rank 0 does after a stop (hpc.rank.scheduler), as the trap does."""
     from hpc import slurmctl
 
-    bin_dir, calls = fake_scontrol(tmp_path, failed, state)
+    state, _, flag = state.partition(" ")
+    bin_dir, calls = fake_scontrol(tmp_path, failed, state, restarts, flag or "Requeue=1 BatchFlag=1")
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     slept: list[float] = []
-    assert slurmctl.requeue("7", sleep=slept.append) == error
+    assert slurmctl.requeue("7", 0, sleep=slept.append) == error
     assert calls.read_text().count("requeue 7") == tries and slept == waits
