@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.simcluster import nodes_settled, poll, release_when_requeued, restarts
+from benchmarks.simcluster import job_story, nodes_settled, poll, release_when_requeued, restarts
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
 from hpc.slurmctl import job_state
@@ -55,10 +55,11 @@ USER_JOB = (
 )
 
 
-def steps_in_this_start(run_dir, steps: int) -> None:
-    """Wait until the ranks started last (the ones running now) have logged `steps` steps."""
+def steps_in_this_start(run_dir, steps: int, job_id: str) -> None:
+    """Wait until the ranks started last (the ones running now) have logged `steps` steps; a
+    timeout tells the job's story (a rank that died in Open MPI's start-up: docs/reliability.md)."""
     before = logged_steps(run_dir)
-    poll(lambda: logged_steps(run_dir) >= before + steps, f"{steps} more steps")
+    poll(lambda: logged_steps(run_dir) >= before + steps, f"{steps} more steps", details=lambda: job_story(job_id))
 
 
 # A user's task only: the built-in one takes the same stop, save, requeue and resume path (its
@@ -82,10 +83,10 @@ def test_three_preemptions_and_a_rank_death_end_bit_identical_to_an_uninterrupte
         (12, ["scancel", "--signal=USR1", job_id]),
     ]
     for count, (steps_in, command) in enumerate(interruptions):
-        steps_in_this_start(run_dir, steps_in)
+        steps_in_this_start(run_dir, steps_in, job_id)
         subprocess.run(command, check=True, capture_output=True)
         release_when_requeued(job_id, count)
-    steps_in_this_start(run_dir, 7)
+    steps_in_this_start(run_dir, 7, job_id)
     os.kill(rank_pids(run_dir)[-1], signal.SIGKILL)  # after 3 preemptions, with failure_requeues=2
     release_when_requeued(job_id, 3)
 
