@@ -53,9 +53,10 @@ def parse_job_fields(text: str) -> dict[str, str]:
     return fields
 
 
-def job_fields(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o JOB` as {Key: Value}; empty when Slurm does not know the job."""
-    code, out, _ = _run(["scontrol", "show", "job", "-o", job_id])
+def job_fields(job_id: str, timeout_s: float = 60) -> dict[str, str]:
+    """`scontrol show job -o JOB` as {Key: Value}; empty when Slurm does not know the job (or
+    did not answer within `timeout_s`)."""
+    code, out, _ = _run(["scontrol", "show", "job", "-o", job_id], timeout_s)
     return parse_job_fields(out) if code == 0 else {}
 
 
@@ -128,8 +129,7 @@ def requeue(job_id: str, restarts_before: int = 0, sleep: Callable[[float], None
             return None
         error = err.strip() or f"exit code {code}"
         log.warning("scontrol requeue %s failed (try %d of %d): %s", job_id, attempt, REQUEUE_TRIES, error)
-        shown, text, _ = _run(["scontrol", "show", "job", "-o", job_id], SCONTROL_TIMEOUT_S)
-        fields = parse_job_fields(text) if shown == 0 else {}
+        fields = job_fields(job_id, SCONTROL_TIMEOUT_S)
         if fields:  # Slurm answers again
             if fields.get("Restarts", "").isdigit() and int(fields["Restarts"]) > restarts_before:
                 return None

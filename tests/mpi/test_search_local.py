@@ -41,7 +41,7 @@ def test_an_interrupted_local_study_continues_to_its_number_of_trials(tmp_path):
     total = sum(1 for _ in (sweep_dir / "0" / "steps.jsonl").open())  # every trial trains as many steps
     assert ranks and logged_steps(sweep_dir / "1") < total, f"trial 1 ended before its rank was frozen: {ranks}"
     first.send_signal(signal.SIGINT)
-    while not all(any(pending(pid, sig) for sig in STOP_SIGNALS) for pid in ranks):  # passed on by the launchers; the frozen rank keeps it pending
+    while not all(pending(pid, *STOP_SIGNALS) for pid in ranks):  # passed on by the launchers; the frozen rank keeps it pending
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.01)  # polling /proc: there is no event to wait on
     for pid in ranks:

@@ -80,10 +80,10 @@ def catches(pid: int, sig: signal.Signals) -> bool:
     return sig in signal_sets(pid, "SigCgt")
 
 
-def pending(pid: int, sig: signal.Signals) -> bool:
-    """Whether `sig` waits to be handled by process `pid` (sent to it or to one of its threads):
-    a stopped process keeps what it was sent until SIGCONT."""
-    return sig in signal_sets(pid, "ShdPnd", "SigPnd")
+def pending(pid: int, *sigs: signal.Signals) -> bool:
+    """Whether one of `sigs` waits to be handled by process `pid` (sent to it or to one of its
+    threads): a stopped process keeps what it was sent until SIGCONT."""
+    return not signal_sets(pid, "ShdPnd", "SigPnd").isdisjoint(sigs)
 
 
 def signal_sets(pid: int, *fields: str) -> set[int]:
