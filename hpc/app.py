@@ -273,8 +273,28 @@ def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
         job, note = validated(cfg)
         job = with_script_args(job, script_args)
         restrict_access([job])
+    if job.verify.mode is not None:
+        sys.exit(run_verifier(job, args.overrides, script_args))
     execute(job, start_run(cfg), note)
     return True
+
+
+def run_verifier(job: JobConfig, overrides: list[str], script_args: list[str] | None) -> int:
+    """verify=resume: the job run by the resume verifier (hpc/verify/resume.py) in runs of its own."""
+    import random
+
+    from hpc.verify.resume import VerifyPlan, child_overrides, verify_paths, verify_resume
+
+    if traits(job.cluster.launcher).queued:
+        raise UserError(f"verify=resume runs the job's ranks on this machine (cluster=local); cluster={job.cluster.name} is not supported by the verifier yet")
+    if job.dry_run or not job.checkpoint.enabled:
+        raise UserError("verify=resume runs the job and compares its checkpoints: leave out dry_run=true and checkpoint.enabled=false")
+    verify, builtin = job.verify, job.script is None
+    every = verify.every_steps or job.checkpoint.every_steps or (max(2, (verify.steps or 60) // 6) if builtin else 10)
+    seed = verify.seed if verify.seed is not None else random.SystemRandom().randrange(1 << 31)
+    print(f"verify: seed {seed} (verify.seed={seed} repeats where the stops land), a save every {every} steps", flush=True)
+    plan = VerifyPlan(child_overrides(overrides, verify.steps, every, builtin), script_args, verify.stops, verify.kill, seed, verify_paths(job.run_root))
+    return verify_resume(plan, not builtin)
 
 
 def start_run(cfg: DictConfig) -> RunDir:

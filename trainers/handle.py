@@ -30,7 +30,7 @@ from trainers.checkpoint.checkpointer import CheckpointError
 from trainers.checkpoint.recovery import newest_agreed
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.checkpoint.shards import restore_optimizer
-from trainers.checkpoint.state import check_compatible, restore_rng, rng_state
+from trainers.checkpoint.state import check_compatible, rank_buffers, restore_rank_buffers, restore_rng, rng_state
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
 from trainers.reporting.memory import peaks_over_ranks
@@ -134,6 +134,11 @@ class Registry:
     def own_state(self) -> dict[str, Any]:
         return checked_states(self.own)
 
+    def rank_buffers(self) -> dict[str, Any]:
+        """Every registered model's buffers as this rank holds them (BatchNorm statistics differ
+        between ranks unless DDP broadcasts them or SyncBatchNorm shares them)."""
+        return {name: rank_buffers(obj) for name, obj in self.shared.items() if isinstance(obj, nn.Module)}
+
     def optimizer_shards(self) -> dict[str, Any]:
         """The optimizer state each sharded optimizer keeps on this rank (comm.sharding)."""
         return {name: obj.shard_state() for name, obj in self.shared.items() if is_sharded(obj)}
@@ -168,9 +173,13 @@ class Registry:
                 saved = joined_dtensors(obj, name, saved, keys, own, ranks, step)
             load_into(obj, saved, name, step)
         self.values.update(shared["values"])
+        if own is None:  # the world size changed: every rank starts from rank 0's buffers
+            return
+        for name, obj in self.shared.items():
+            if isinstance(obj, nn.Module):
+                restore_rank_buffers(obj, own.get("buffers", {}).get(name), step)
         for name, obj in self.own.items():
-            if own is not None:
-                load_into(obj, own["state"][name], name, step)
+            load_into(obj, own["state"][name], name, step)
 
 
 def shards_of(name: str, ranks: Callable[[], Iterable[dict[str, Any]]]) -> Callable[[], Iterable[dict[str, Any]]]:
@@ -366,6 +375,7 @@ class Handle:
             lambda: {
                 "rng": rng_state(),
                 "state": self.registry.own_state(),
+                "buffers": self.registry.rank_buffers(),
                 "optimizer_shards": self.registry.optimizer_shards(),
                 "dtensor_pieces": self.registry.dtensor_pieces(),
             },

@@ -136,6 +136,33 @@ class SweepConfig:
             raise UserError(f"sweep.max_parallel={self.max_parallel} must be >= 1 (or null: no limit)")
 
 
+VERIFY_MODES = ("resume",)
+
+
+@dataclass
+class VerifyConfig:
+    """`verify=resume`: instead of one run, the resume verifier (hpc/verify): the job run
+    uninterrupted, then stopped at `stops` random steps and killed after a periodic save, each
+    time resumed, and compared bit for bit."""
+
+    mode: str | None = None  # resume (set by verify=resume); null: run the job
+    steps: int | None = 120  # the built-in loop's length (trainer.max_steps); null: the job's own. A script's arguments decide its own
+    stops: int = 2  # stops by a real signal, at random steps
+    kill: bool = True  # and once SIGKILL after a periodic save
+    every_steps: int | None = None  # the periodic save (checkpoint.every_steps); null: the job's, else about steps / 6 (10 for a script)
+    seed: int | None = None  # where the stops land; null: drawn, and printed
+
+    def check(self) -> None:
+        if self.mode is not None and self.mode not in VERIFY_MODES:
+            raise UserError(f"verify.mode={self.mode!r} is not one of {', '.join(VERIFY_MODES)} (verify=resume)")
+        if self.steps is not None and self.steps < 4:
+            raise UserError(f"verify.steps={self.steps} must be >= 4 (or null: the job's own length)")
+        if self.stops < 0:
+            raise UserError(f"verify.stops={self.stops} must be >= 0")
+        if self.every_steps is not None and self.every_steps < 1:
+            raise UserError(f"verify.every_steps={self.every_steps} must be >= 1 (or null)")
+
+
 @dataclass
 class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -174,6 +201,7 @@ class JobConfig:
     # (leave the caller's umask alone).
     run_access: str = "private"
     sweep: SweepConfig = field(default_factory=lambda: SweepConfig())
+    verify: VerifyConfig = field(default_factory=lambda: VerifyConfig())
 
 
 def task_target(job: JobConfig) -> str:

@@ -29,6 +29,7 @@ def check_resources(job: JobConfig) -> None:
     cluster.check()
     res.check()
     job.sweep.check()
+    job.verify.check()
     if job.run_access not in RUN_ACCESS:
         raise UserError(f"run_access={job.run_access!r} is not one of {', '.join(RUN_ACCESS)}")
     if res.spare_nodes and not traits(cluster.launcher).queued:

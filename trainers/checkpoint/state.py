@@ -56,6 +56,33 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def rank_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every buffer of `model` as this rank holds it, persistent or not (BatchNorm's running
+    statistics differ between ranks without SyncBatchNorm; rank 0's copy in shared.ckpt is not
+    this rank's). Saved in each rank's own file: a resume at the same world size gives every rank
+    its own back."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def restore_rank_buffers(model: nn.Module, saved: dict[str, torch.Tensor] | None, step: int) -> None:
+    """This rank's buffers from its own file (None: none saved, or the world size changed, when
+    every rank starts from rank 0's, as the docs say)."""
+    if not saved:
+        return
+    mine = dict(model.named_buffers())
+    if set(saved) != set(mine):
+        name = sorted(set(saved) ^ set(mine))[0]
+        where = "this model" if name in saved else "the checkpoint"
+        raise CheckpointError(f"checkpoint step {step} does not fit this model: buffer {name!r} is missing from {where}; use a new run dir or the old model config")
+    with torch.no_grad():
+        for name, buffer in mine.items():
+            if tuple(saved[name].shape) != tuple(buffer.shape):
+                raise CheckpointError(
+                    f"checkpoint step {step} does not fit this model: buffer {name} is {tuple(saved[name].shape)} there and {tuple(buffer.shape)} here"
+                )
+            buffer.copy_(saved[name])
+
+
 def shared_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -110,6 +137,7 @@ def restore(
     if not fsdp_sharded(model) and not shared.get("model_sharded"):
         check_compatible(model, shared["model"], step)
     restore_model(model, shared, own, ranks, step)
+    restore_rank_buffers(model, (own or {}).get("buffers"), step)
     own_shards = (lambda: (rank.get("optimizer_shard", {}) for rank in ranks())) if ranks is not None else None
     restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), (own or {}).get("optimizer_shard"), own_shards, step)
     schedule.load_state_dict(shared["schedule"])

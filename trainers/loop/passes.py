@@ -24,7 +24,7 @@ from collectives.base import Collectives
 from trainers.checkpoint.recovery import agree_on_newest, roll_back
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.checkpoint.shards import own_state
-from trainers.checkpoint.state import Progress, restore, rng_state, shared_state
+from trainers.checkpoint.state import Progress, rank_buffers, restore, rng_state, shared_state
 from trainers.context import FitConfig, RunContext
 from trainers.data.loader import Pass
 from trainers.data.reading import Prefetcher
@@ -344,7 +344,7 @@ class Loop:
         self.policies.boundary.save(
             self.progress.step,
             lambda: shared_state(model, optimizer, engine.schedule, self.progress, self.model_config, self.run.config_text, engine.scaler),
-            lambda: {"rng": rng_state(), **own_state(model, optimizer)},
+            lambda: {"rng": rng_state(), "buffers": rank_buffers(model), **own_state(model, optimizer)},
             synchronous,
             later=engine.stepped_tensors(),
         )

@@ -1,0 +1,341 @@
+"""`hpc-launch verify=resume OVERRIDES...`: the user's own job, run uninterrupted and then
+interrupted as a cluster interrupts it (stopped by a real signal at random steps, killed with
+SIGKILL once a periodic save committed), resumed each time as a requeue would (`bash
+RUN_DIR/command.txt`), and compared with the uninterrupted run: the loss of every step and every
+leaf of the final checkpoint, bit for bit (hpc.verify.compare).
+
+Its runs are its own, under RUN_ROOT/verify/DATE/TIME/ (`reference/`, `interrupted/` and, where
+the two differ, `again/`: a second uninterrupted run tells a job that is not deterministic from
+one that does not resume exactly); it never writes into another run dir. The last line says
+`verify: PASS ...` (exit 0) or `verify: FAIL at step N: ...` (exit 1)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc.errors import UserError
+from hpc.rundir import RunDir, last_record, read_jsonl
+
+if TYPE_CHECKING:
+    from hpc.verify.compare import Losses
+
+EXIT_RESUMABLE = 75  # the ranks' code after an agreed stop (hpc.rank.lifecycle)
+POLL_S = 0.01
+RUN_TIMEOUT_S = 3600.0
+# The launch command in a child process, as `hpc-launch` (the verifier's own option left out)
+LAUNCH = "import sys; sys.argv[0] = 'hpc-launch'; from hpc.app import cli; cli()"
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What the verifier runs: the job's overrides (the verifier's own left out, its step count
+    and periodic save put in), the script's arguments, and how to interrupt it."""
+
+    overrides: list[str]
+    script_args: list[str] | None
+    stops: int
+    kill: bool
+    seed: int
+    root: Path
+
+
+@dataclass
+class Interrupted:
+    """What happened to the interrupted run: each start's end, and the steps it resumed from."""
+
+    events: list[str] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_override(overrides: list[str], key: str, value: object) -> list[str]:
+    """`overrides` with `key=value` in place of any value of `key` given already."""
+    return [o for o in overrides if override_key(o) != key] + [f"{key}={value}"]
+
+
+def child_overrides(overrides: list[str], steps: int | None, every_steps: int, builtin_loop: bool) -> list[str]:
+    """The job's overrides for the verifier's runs: none of verify's own, the built-in loop's
+    length set to `steps` (a script's own arguments decide its length), a periodic save every
+    `every_steps` (a SIGKILL needs one to come back to)."""
+    kept = [o for o in overrides if override_key(o) != "verify" and not override_key(o).startswith("verify.")]
+    if builtin_loop and steps is not None:
+        kept = with_override(kept, "trainer.max_steps", steps)
+    if every_steps:
+        kept = with_override(kept, "checkpoint.every_steps", every_steps)
+    return kept
+
+
+def stop_steps(total: int, stops: int, rng: random.Random) -> list[int]:
+    """`stops` distinct steps in the first two thirds of a run of `total` steps, drawn at random,
+    ascending: signals sent there land before the run ends, even some steps late."""
+    last = max(1, (2 * total) // 3)
+    candidates = list(range(1, last + 1))
+    return sorted(rng.sample(candidates, min(stops, len(candidates))))
+
+
+class Launch:
+    """One start of a run: the launch command or a resume, its output kept in a log file."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise UserError(f"verify: a run took over {RUN_TIMEOUT_S:.0f} s; its output: {self.log}") from None
+
+    def tail(self) -> str:
+        return self.tail_of(self.log)
+
+    @staticmethod
+    def tail_of(log: Path, lines: int = 3) -> str:
+        """The last lines of a run's output, on one line."""
+        text = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+        return " | ".join(line.strip() for line in text[-lines:]) or f"(no output; see {log})"
+
+
+def launch_command(plan: VerifyPlan, run_dir: Path) -> list[str]:
+    args = [*plan.overrides, f"hydra.run.dir={run_dir}"]
+    if plan.script_args is not None:
+        args += ["--", *plan.script_args]
+    return [sys.executable, "-c", LAUNCH, *args]
+
+
+def resume_command(run_dir: Path) -> list[str]:
+    return ["bash", str(run_dir / "command.txt")]
+
+
+def wait_until(ready: Callable[[], bool], launch: Launch) -> bool:
+    """Poll until `ready()`; False once the run ended first."""
+    while not ready():
+        if launch.ended():
+            return ready()
+        time.sleep(POLL_S)
+    return True
+
+
+def logged_step(run_dir: Path) -> int:
+    record = last_record(RunDir(run_dir).steps)
+    return int(record["step"]) if record else 0
+
+
+def committed(run_dir: Path) -> list[int]:
+    from trainers.checkpoint.storage import stored_checkpoints
+
+    try:
+        return stored_checkpoints(run_dir / "checkpoints").committed_steps()
+    except OSError:
+        return []
+
+
+def signal_ranks(run_dir: Path, name: str) -> bool:
+    """`name` (USR1: the run's stop signal, as hpc.stop sends it; KILL) to every live rank of a
+    local run; False when none runs (yet, or any more)."""
+    from hpc.tools.stop import live_ranks, stop_signal
+
+    run = RunDir(run_dir)
+    try:
+        ranks = live_ranks(run, socket.gethostname())
+    except UserError:
+        return False
+    sig = signal.Signals[f"SIG{stop_signal(run) if name == 'stop' else name}"]
+    for beat in ranks:
+        try:
+            os.kill(beat.pid, sig)
+        except ProcessLookupError:
+            continue
+    return True
+
+
+def run_once(plan: VerifyPlan, run_dir: Path) -> int:
+    """An uninterrupted run of the job into `run_dir`; its exit code."""
+    return Launch(launch_command(plan, run_dir), run_dir.with_suffix(".log")).wait()
+
+
+def stop_at(run_dir: Path, launch: Launch, step: int) -> bool:
+    """A real stop signal to every rank once the run logged `step`; False: it ended first."""
+    if not wait_until(lambda: logged_step(run_dir) >= step, launch):
+        return False
+    return wait_until(lambda: signal_ranks(run_dir, "stop"), launch)
+
+
+def kill_after_save(run_dir: Path, launch: Launch, after: int) -> int | None:
+    """SIGKILL to every rank once a periodic save newer than step `after` committed; the step of
+    that save (None: the run ended first)."""
+    if not wait_until(lambda: any(s > after for s in committed(run_dir)), launch):
+        return None
+    saved = max(committed(run_dir))
+    return saved if wait_until(lambda: signal_ranks(run_dir, "KILL"), launch) else None
+
+
+def interrupted_run(plan: VerifyPlan, run_dir: Path, total: int) -> Interrupted:
+    """The job stopped at random steps and killed after a periodic save, resumed after each as a
+    requeue would, until it completes."""
+    rng = random.Random(plan.seed)
+    record, log = Interrupted(), run_dir.with_suffix(".log")
+    launch = Launch(launch_command(plan, run_dir), log)
+    for target in stop_steps(total, plan.stops, rng):
+        if target <= (record.resumes[-1] if record.resumes else 0):
+            continue  # an earlier stop landed past it
+        if not stop_at(run_dir, launch, target):
+            record.events.append(f"the run ended before the stop at step {target}")
+            break
+        code = launch.wait()
+        if code != EXIT_RESUMABLE:
+            raise VerifyFailure(f"the run stopped at step {target} ended with code {code}, not {EXIT_RESUMABLE} (resumable): {launch.tail()}")
+        resumed = max(committed(run_dir), default=0)
+        record.events.append(f"stopped at step {resumed} (signal after step {target})")
+        record.resumes.append(resumed)
+        launch = Launch(resume_command(run_dir), log)
+    if plan.kill and not launch.ended():
+        killed = kill_after_save(run_dir, launch, record.resumes[-1] if record.resumes else 0)
+        if killed is not None:
+            launch.wait()
+            record.events.append(f"killed (SIGKILL) after the save at step {killed}")
+            record.resumes.append(max(committed(run_dir), default=0))
+            launch = Launch(resume_command(run_dir), log)
+        else:
+            record.events.append("the run ended before a periodic save to kill it after")
+    code = launch.wait()
+    if code != 0:
+        raise VerifyFailure(f"the interrupted run's last start ended with code {code}: {launch.tail()}")
+    return record
+
+
+class VerifyFailure(Exception):
+    """A run of the verifier did not end as it must; the message says how."""
+
+
+def step_losses(run_dir: Path) -> Losses:
+    """steps.jsonl's last losses of each step (every figure named *loss*: a GAN logs two; steps
+    re-run after a kill log again)."""
+    losses = {}
+    for row in read_jsonl(RunDir(run_dir).steps):
+        if "step" in row:
+            losses[int(row["step"])] = tuple(sorted((k, v) for k, v in row.items() if "loss" in k and isinstance(v, int | float)))
+    return losses
+
+
+def loss_text(losses: Losses, step: int) -> str:
+    found = losses.get(step)
+    return "not logged" if found is None else ", ".join(f"{k} {v!r}" for k, v in found) or "no loss"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The comparison of one run with the reference: the first step whose losses differ and the
+    final state's differing leaves (both None/empty: exact)."""
+
+    first_step: int | None
+    differing: list[str]
+    compared: int
+    tensors: int
+    buffers: list[str]
+
+    @property
+    def exact(self) -> bool:
+        return self.first_step is None and not self.differing
+
+
+def compare_runs(reference: Path, other: Path) -> Outcome:
+    from hpc.verify.compare import compare_states, final_state, first_divergence
+
+    _, ref_state, buffers = final_state(reference)
+    _, state, _ = final_state(other)
+    diff = compare_states(ref_state, state)
+    return Outcome(first_divergence(step_losses(reference), step_losses(other)), diff.differing, diff.compared, diff.tensors, buffers)
+
+
+def failure_line(outcome: Outcome, reference: Path, other: Path, resumes: list[int]) -> str:
+    """What follows `verify: FAIL`: ` at step N: losses ... against ...; which leaves differ, by
+kind; the likely cause` (`: every step's loss is equal ...` where only the final state differs)."""
+    from hpc.verify.compare import hint, kind_of
+
+    parts = []
+    step = outcome.first_step
+    if step is not None:
+        ref, got = step_losses(reference), step_losses(other)
+        parts.append(f"{loss_text(got, step)} against {loss_text(ref, step)} uninterrupted")
+    else:
+        parts.append("every step's loss is equal, but the final state differs")
+    kinds = [kind_of(name, outcome.buffers) for name in outcome.differing]
+    if outcome.differing:
+        shown = ", ".join(f"{name} ({kind})" for name, kind in list(zip(outcome.differing, kinds, strict=True))[:6])
+        more = f" and {len(outcome.differing) - 6} more" if len(outcome.differing) > 6 else ""
+        parts.append(f"{len(outcome.differing)} of {outcome.compared} leaves of the final checkpoint differ: {shown}{more}")
+    parts.append(hint(step, resumes, kinds))
+    return (f" at step {step}: " if step is not None else ": ") + "; ".join(parts)
+
+
+def verify_paths(run_root: str) -> Path:
+    """RUN_ROOT/verify/DATE/TIME: a folder of the verifier's own, never an existing run dir."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d/%H-%M-%S", time.localtime(now)) + f"-{int(now * 1e6) % 1_000_000:06d}"
+    root = Path(run_root).absolute() / "verify" / stamp
+    root.mkdir(parents=True, exist_ok=False)
+    return root
+
+
+def verify_resume(plan: VerifyPlan, is_script: bool) -> int:
+    """Run, interrupt, resume and compare; print what happened and the verdict; the exit code."""
+    reference, interrupted = plan.root / "reference", plan.root / "interrupted"
+    print(f"verify: runs under {plan.root}", flush=True)
+    began = time.perf_counter()
+    code = run_once(plan, reference)
+    if code != 0:
+        return verdict(f"verify: FAIL: the uninterrupted run ended with code {code}: {Launch.tail_of(reference.with_suffix('.log'))}", 1)
+    if not committed(reference):
+        what = "the script keeps no state through the run handle (hpc.run.start_run)" if is_script else "the run left no committed checkpoint"
+        return verify_cannot(f"{what}: only the run handle's state can be compared (checkpoint.enabled must be true)")
+    total = max(step_losses(reference), default=0) or max(committed(reference))
+    print(f"verify: uninterrupted: {total} steps in {time.perf_counter() - began:.1f} s", flush=True)
+    try:
+        record = interrupted_run(plan, interrupted, total)
+    except VerifyFailure as err:
+        return verdict(f"verify: FAIL: {err}", 1)
+    print(f"verify: interrupted: {'; '.join(record.events) or 'no interruption landed'}", flush=True)
+    outcome = compare_runs(reference, interrupted)
+    if outcome.exact:
+        if not record.resumes:
+            return verdict(f"verify: INCONCLUSIVE: no stop or kill landed before the run ended ({total} steps); give more steps (verify.steps=)", 1)
+        landed = ", ".join(record.events)
+        return verdict(f"verify: PASS: {landed}; every step's loss and all {outcome.compared} leaves of the final checkpoint ({outcome.tensors} tensors) equal the uninterrupted run's bit for bit", 0)
+    again = plan.root / "again"  # not exact: is the job itself deterministic?
+    if run_once(plan, again) == 0 and not compare_runs(reference, again).exact:
+        twice = compare_runs(reference, again)
+        where = f"at step {twice.first_step}" if twice.first_step is not None else "in the final state"
+        return verdict(
+            f"verify: NOT DETERMINISTIC: two uninterrupted runs differ {where} ({len(twice.differing)} leaves): bit-exactness cannot hold for this "
+            "job (a non-deterministic kernel or data order; on GPUs trainer.deterministic=true); the resume was not judged",
+            1,
+        )
+    return verdict(f"verify: FAIL{failure_line(outcome, reference, interrupted, record.resumes)}", 1)
+
+
+def verify_cannot(why: str) -> int:
+    return verdict(f"verify: cannot compare: {why}", 2)
+
+
+def verdict(line: str, code: int) -> int:
+    print(line, flush=True)
+    return code
