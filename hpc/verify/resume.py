@@ -21,13 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpc.errors import UserError
 from hpc.rundir import RunDir, last_record, read_jsonl
-
-if TYPE_CHECKING:
-    from hpc.verify.compare import Losses
+from hpc.verify.compare import Losses, compare_states, final_state, first_divergence, hint, kind_of
 
 EXIT_RESUMABLE = 75  # the ranks' code after an agreed stop (hpc.rank.lifecycle)
 POLL_S = 0.01
@@ -114,11 +111,18 @@ class Launch:
         return " | ".join(line.strip() for line in text[-lines:]) or f"(no output; see {log})"
 
 
+def launcher() -> list[str]:
+    """This command, started again: `python launch.py` from a checkout (its folder first on the
+    import path, as for the verifier itself), else the installed `hpc-launch`'s code."""
+    started = sys.argv[0]
+    return [sys.executable, os.path.abspath(started)] if started.endswith(".py") else [sys.executable, "-c", LAUNCH]
+
+
 def launch_command(plan: VerifyPlan, run_dir: Path) -> list[str]:
     args = [*plan.overrides, f"hydra.run.dir={run_dir}"]
     if plan.script_args is not None:
         args += ["--", *plan.script_args]
-    return [sys.executable, "-c", LAUNCH, *args]
+    return [*launcher(), *args]
 
 
 def resume_command(run_dir: Path) -> list[str]:
@@ -236,6 +240,16 @@ def step_losses(run_dir: Path) -> Losses:
     return losses
 
 
+def validation_figures(run_dir: Path) -> Losses:
+    """metrics.jsonl's validation figures (val_*) by the step they were taken at, the last of each."""
+    figures = {}
+    for row in read_jsonl(RunDir(run_dir).metrics):
+        found = tuple(sorted((k, v) for k, v in row.items() if k.startswith("val_") and isinstance(v, int | float)))
+        if found and "step" in row:
+            figures[int(row["step"])] = found
+    return figures
+
+
 def loss_text(losses: Losses, step: int) -> str:
     found = losses.get(step)
     return "not logged" if found is None else ", ".join(f"{k} {v!r}" for k, v in found) or "no loss"
@@ -251,31 +265,33 @@ class Outcome:
     compared: int
     tensors: int
     buffers: list[str]
+    first_validation: int | None = None  # the first step whose validation figures differ
 
     @property
     def exact(self) -> bool:
-        return self.first_step is None and not self.differing
+        return self.first_step is None and not self.differing and self.first_validation is None
 
 
 def compare_runs(reference: Path, other: Path) -> Outcome:
-    from hpc.verify.compare import compare_states, final_state, first_divergence
-
     _, ref_state, buffers = final_state(reference)
     _, state, _ = final_state(other)
     diff = compare_states(ref_state, state)
-    return Outcome(first_divergence(step_losses(reference), step_losses(other)), diff.differing, diff.compared, diff.tensors, buffers)
+    losses = first_divergence(step_losses(reference), step_losses(other))
+    validation = first_divergence(validation_figures(reference), validation_figures(other))
+    return Outcome(losses, diff.differing, diff.compared, diff.tensors, buffers, validation)
 
 
 def failure_line(outcome: Outcome, reference: Path, other: Path, resumes: list[int]) -> str:
     """What follows `verify: FAIL`: ` at step N: losses ... against ...; which leaves differ, by
-kind; the likely cause` (`: every step's loss is equal ...` where only the final state differs)."""
-    from hpc.verify.compare import hint, kind_of
-
+    kind; the likely cause` (`: every step's loss is equal ...` where only the final state differs)."""
     parts = []
     step = outcome.first_step
     if step is not None:
         ref, got = step_losses(reference), step_losses(other)
         parts.append(f"{loss_text(got, step)} against {loss_text(ref, step)} uninterrupted")
+    elif outcome.first_validation is not None:
+        at, ref, got = outcome.first_validation, validation_figures(reference), validation_figures(other)
+        parts.append(f"every step's loss is equal, but the validation at step {at} differs: {loss_text(got, at)} against {loss_text(ref, at)} uninterrupted")
     else:
         parts.append("every step's loss is equal, but the final state differs")
     kinds = [kind_of(name, outcome.buffers) for name in outcome.differing]
@@ -318,18 +334,53 @@ def verify_resume(plan: VerifyPlan, is_script: bool) -> int:
     if outcome.exact:
         if not record.resumes:
             return verdict(f"verify: INCONCLUSIVE: no stop or kill landed before the run ended ({total} steps); give more steps (verify.steps=)", 1)
-        landed = ", ".join(record.events)
-        return verdict(f"verify: PASS: {landed}; every step's loss and all {outcome.compared} leaves of the final checkpoint ({outcome.tensors} tensors) equal the uninterrupted run's bit for bit", 0)
-    again = plan.root / "again"  # not exact: is the job itself deterministic?
-    if run_once(plan, again) == 0 and not compare_runs(reference, again).exact:
-        twice = compare_runs(reference, again)
-        where = f"at step {twice.first_step}" if twice.first_step is not None else "in the final state"
+        return verdict(f"verify: PASS: {passed(record, outcome)}", 0)
+    return judged_again(plan, outcome, record)
+
+
+def judged_again(plan: VerifyPlan, outcome: Outcome, record: Interrupted) -> int:
+    """Not exact: a second uninterrupted run tells what the job itself does not reproduce. Its
+    losses or weights: not deterministic, nothing judged. RNG streams the job never seeds (a
+    script that leaves Python's or numpy's alone): left out, and the rest judged."""
+    reference, again = plan.root / "reference", plan.root / "again"
+    code = run_once(plan, again)
+    if code != 0:
+        return verdict(f"verify: FAIL: a second uninterrupted run ended with code {code}: {Launch.tail_of(again.with_suffix('.log'))}", 1)
+    twice = compare_runs(reference, again)
+    unseeded = [name for name in twice.differing if kind_of(name, twice.buffers) == "an RNG stream"]
+    if twice.first_step is not None or len(unseeded) < len(twice.differing):
+        where = f"at step {twice.first_step}" if twice.first_step is not None else f"in {len(twice.differing)} leaves of the final state"
         return verdict(
-            f"verify: NOT DETERMINISTIC: two uninterrupted runs differ {where} ({len(twice.differing)} leaves): bit-exactness cannot hold for this "
-            "job (a non-deterministic kernel or data order; on GPUs trainer.deterministic=true); the resume was not judged",
+            f"verify: NOT DETERMINISTIC: two uninterrupted runs differ {where}: bit-exactness cannot hold for this job (a non-deterministic "
+            "kernel, data order or unseeded draw; on GPUs trainer.deterministic=true); the resume was not judged",
             1,
         )
-    return verdict(f"verify: FAIL{failure_line(outcome, reference, interrupted, record.resumes)}", 1)
+    left = [name for name in outcome.differing if name not in set(unseeded)]
+    judged = Outcome(outcome.first_step, left, outcome.compared - len(unseeded), outcome.tensors, outcome.buffers, outcome.first_validation)
+    if judged.exact and record.resumes:
+        return verdict(
+            f"verify: PASS: {passed(record, judged)} (RNG streams the job never seeds differ between any two runs: {streams(unseeded)}, not compared)", 0
+        )
+    return verdict(f"verify: FAIL{failure_line(judged, reference, plan.root / 'interrupted', record.resumes)}", 1)
+
+
+def passed(record: Interrupted, outcome: Outcome) -> str:
+    return (
+        f"{', '.join(record.events)}; every step's loss, every validation figure and all {outcome.compared} leaves of the final checkpoint "
+        f"({outcome.tensors} tensors) equal the uninterrupted run's bit for bit"
+    )
+
+
+def streams(names: list[str]) -> str:
+    """`rank 0's python, numpy`: the unseeded streams by rank, for the PASS line."""
+    found: dict[str, list[str]] = {}
+    for name in names:
+        where, leaf = name.split(":", 1)
+        stream = leaf.split(".", 1)[1].split("[", 1)[0] if "." in leaf else leaf
+        found.setdefault(where, [])
+        if stream not in found[where]:
+            found[where].append(stream)
+    return "; ".join(f"{where}: {', '.join(kinds)}" for where, kinds in found.items())
 
 
 def verify_cannot(why: str) -> int:
