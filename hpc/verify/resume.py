@@ -358,9 +358,8 @@ def judged_again(plan: VerifyPlan, outcome: Outcome, record: Interrupted) -> int
     left = [name for name in outcome.differing if name not in set(unseeded)]
     judged = Outcome(outcome.first_step, left, outcome.compared - len(unseeded), outcome.tensors, outcome.buffers, outcome.first_validation)
     if judged.exact and record.resumes:
-        return verdict(
-            f"verify: PASS: {passed(record, judged)} (RNG streams the job never seeds differ between any two runs: {streams(unseeded)}, not compared)", 0
-        )
+        unjudged = f"RNG streams the job never seeds differ between any two runs: {streams(unseeded)}, not compared"
+        return verdict(f"verify: PASS: {passed(record, judged)} ({unjudged})", 0)
     return verdict(f"verify: FAIL{failure_line(judged, reference, plan.root / 'interrupted', record.resumes)}", 1)
 
 
