@@ -35,7 +35,7 @@ from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.rank.outcomes import failed_peer, record_end, record_failure, wait_for_peers
+from hpc.rank.outcomes import failed_peer, forget_end, record_end, record_failure, wait_for_peers
 from hpc.rank.scheduler import scheduler_of
 from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
@@ -181,6 +181,7 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     if stop.raised:  # caught while Python and torch were importing
         return ScriptResult(str(job.script), stopped_by=stop.signal_name)
     log.info("script %s", shlex.join([str(job.script), *job.script_args]))
+    forget_end(run_dir, rank.rank)  # before any collective of the script: rank 0 never reads an earlier start's word
     stop.phase = "training"
     try:
         host = Host(job, run_dir, rank, stop, STOP_SIGNALS)

@@ -51,6 +51,13 @@ def record_failure(run_dir: RunDir, rank: int, world_size: int, started: float, 
         log.warning("could not record the failure in %s (%s)", run_dir.path, written)
 
 
+def forget_end(run_dir: RunDir, rank: int) -> None:
+    """Before this rank's script runs: the word it left at an earlier start is gone. A start
+    resumed at once (a quick stop, a fast machine) may begin within START_SKEW_S of the last,
+    and rank 0 would take that word for this start's (a stop for a script that completed)."""
+    marker(run_dir, rank).unlink(missing_ok=True)
+
+
 def record_end(run_dir: RunDir, rank: int, started: float, status: str) -> None:
     """This rank's script returned: `completed`, or `stopped` (a signal, or its exit code 75)."""
     marker(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)

@@ -31,3 +31,21 @@ def test_rank_0_waits_for_every_rank_of_this_start_and_names_a_failure(tmp_path)
     result = json.loads(run.result.read_text())
     assert (result["status"], result["failed_rank"], result["error"], result["exit_code"]) == ("failed", 2, "ValueError: bad shard", 1)
     assert json.loads(marker(run, 2).read_text())["status"] == "failed" and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_start_resumed_at_once_never_reads_the_word_a_rank_left_at_the_last(tmp_path):
+    """Stopped and resumed within START_SKEW_S (fast imports): rank 1's `stopped` of the last start
+    would pass for this start's; each rank forgets its word before its script runs."""
+    from hpc.rank.outcomes import forget_end, peers_said
+
+    run_dir = RunDir(tmp_path)
+    record_end(run_dir, 1, 100.0, "stopped")  # the last start
+    assert 1 in peers_said(run_dir, 2, 101.0)  # within the skew: taken for this start's
+    forget_end(run_dir, 1)  # rank 1 of this start, before its script
+    record_end(run_dir, 0, 101.0, "completed")
+    assert peers_said(run_dir, 2, 101.0).keys() == {0}  # rank 0 waits for rank 1's word of this start
+    record_end(run_dir, 1, 101.0, "completed")
+    assert wait_for_peers(run_dir, 2, 101.0, sleep=lambda _: None) is None
+    forget_end(run_dir, 1)
+    forget_end(run_dir, 1)  # nothing to forget: no error
+    assert not marker(run_dir, 1).exists()
