@@ -287,13 +287,19 @@ def run_verifier(job: JobConfig, overrides: list[str], script_args: list[str] | 
 
     if traits(job.cluster.launcher).queued:
         raise UserError(f"verify=resume runs the job's ranks on this machine (cluster=local); cluster={job.cluster.name} is not supported by the verifier yet")
-    if job.dry_run or not job.checkpoint.enabled:
-        raise UserError("verify=resume runs the job and compares its checkpoints: leave out dry_run=true and checkpoint.enabled=false")
+    if not job.checkpoint.enabled:
+        raise UserError("verify=resume compares the job's checkpoints: leave out checkpoint.enabled=false")
     verify, builtin = job.verify, job.script is None
     every = verify.every_steps or job.checkpoint.every_steps or (max(2, (verify.steps or 60) // 6) if builtin else 10)
+    children = child_overrides(overrides, verify.steps, every, builtin)
+    if job.dry_run:  # what it would run, nothing more
+        passed = " ".join(o for o in children if o not in ("dry_run=true", "dry_run=True"))
+        kill = " and killed once after a periodic save" if verify.kill else ""
+        print(f"verify: would run `hpc-launch {passed}` uninterrupted, then stopped {verify.stops} times at random steps{kill}, and compare")
+        return 0
     seed = verify.seed if verify.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"verify: seed {seed} (verify.seed={seed} repeats where the stops land), a save every {every} steps", flush=True)
-    plan = VerifyPlan(child_overrides(overrides, verify.steps, every, builtin), script_args, verify.stops, verify.kill, seed, verify_paths(job.run_root))
+    plan = VerifyPlan(children, script_args, verify.stops, verify.kill, seed, verify_paths(job.run_root))
     return verify_resume(plan, not builtin)
 
 

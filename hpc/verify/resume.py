@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.errors import UserError
+from hpc.rankprocs import live_ranks, stop_signal
 from hpc.rundir import RunDir, last_record, read_jsonl
 from hpc.verify.compare import Losses, compare_states, final_state, first_divergence, hint, kind_of
 
@@ -155,8 +156,6 @@ def committed(run_dir: Path) -> list[int]:
 def signal_ranks(run_dir: Path, name: str) -> bool:
     """`name` (USR1: the run's stop signal, as hpc.stop sends it; KILL) to every live rank of a
     local run; False when none runs (yet, or any more)."""
-    from hpc.tools.stop import live_ranks, stop_signal
-
     run = RunDir(run_dir)
     try:
         ranks = live_ranks(run, socket.gethostname())
@@ -256,7 +255,7 @@ def loss_text(losses: Losses, step: int) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RunComparison:
     """The comparison of one run with the reference: the first step whose losses differ and the
     final state's differing leaves (both None/empty: exact)."""
 
@@ -272,16 +271,16 @@ class Outcome:
         return self.first_step is None and not self.differing and self.first_validation is None
 
 
-def compare_runs(reference: Path, other: Path) -> Outcome:
+def compare_runs(reference: Path, other: Path) -> RunComparison:
     _, ref_state, buffers = final_state(reference)
     _, state, _ = final_state(other)
     diff = compare_states(ref_state, state)
     losses = first_divergence(step_losses(reference), step_losses(other))
     validation = first_divergence(validation_figures(reference), validation_figures(other))
-    return Outcome(losses, diff.differing, diff.compared, diff.tensors, buffers, validation)
+    return RunComparison(losses, diff.differing, diff.compared, diff.tensors, buffers, validation)
 
 
-def failure_line(outcome: Outcome, reference: Path, other: Path, resumes: list[int]) -> str:
+def failure_line(outcome: RunComparison, reference: Path, other: Path, resumes: list[int]) -> str:
     """What follows `verify: FAIL`: ` at step N: losses ... against ...; which leaves differ, by
     kind; the likely cause` (`: every step's loss is equal ...` where only the final state differs)."""
     parts = []
@@ -338,7 +337,7 @@ def verify_resume(plan: VerifyPlan, is_script: bool) -> int:
     return judged_again(plan, outcome, record)
 
 
-def judged_again(plan: VerifyPlan, outcome: Outcome, record: Interrupted) -> int:
+def judged_again(plan: VerifyPlan, outcome: RunComparison, record: Interrupted) -> int:
     """Not exact: a second uninterrupted run tells what the job itself does not reproduce. Its
     losses or weights: not deterministic, nothing judged. RNG streams the job never seeds (a
     script that leaves Python's or numpy's alone): left out, and the rest judged."""
@@ -356,14 +355,14 @@ def judged_again(plan: VerifyPlan, outcome: Outcome, record: Interrupted) -> int
             1,
         )
     left = [name for name in outcome.differing if name not in set(unseeded)]
-    judged = Outcome(outcome.first_step, left, outcome.compared - len(unseeded), outcome.tensors, outcome.buffers, outcome.first_validation)
+    judged = RunComparison(outcome.first_step, left, outcome.compared - len(unseeded), outcome.tensors, outcome.buffers, outcome.first_validation)
     if judged.exact and record.resumes:
         unjudged = f"RNG streams the job never seeds differ between any two runs: {streams(unseeded)}, not compared"
         return verdict(f"verify: PASS: {passed(record, judged)} ({unjudged})", 0)
     return verdict(f"verify: FAIL{failure_line(judged, reference, plan.root / 'interrupted', record.resumes)}", 1)
 
 
-def passed(record: Interrupted, outcome: Outcome) -> str:
+def passed(record: Interrupted, outcome: RunComparison) -> str:
     return (
         f"{', '.join(record.events)}; every step's loss, every validation figure and all {outcome.compared} leaves of the final checkpoint "
         f"({outcome.tensors} tensors) equal the uninterrupted run's bit for bit"

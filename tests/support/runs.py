@@ -123,3 +123,21 @@ def holding(what: str, run_path: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-c", HOLD.format(what=what), str(run_path)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "held\n"
     return proc
+
+
+def digits_shards(directory: Path) -> str:
+    """The built-in digits as numpy arrays, converted to small shards (several per split), with
+    the validation images once more as a held-out test split; the shards' glob."""
+    import h5py
+    import numpy as np
+
+    from trainers.data.convert import main as convert
+    from trainers.data.datasets import build_digits_hdf5
+
+    with h5py.File(build_digits_hdf5(directory / "digits.h5")) as f:
+        for name in ("train/x", "train/y", "val/x", "val/y"):
+            np.save(directory / (name.replace("/", "_") + ".npy"), f[name][:])
+    flags = (("x", "train_x"), ("y", "train_y"), ("val-x", "val_x"), ("val-y", "val_y"), ("test-x", "val_x"), ("test-y", "val_y"))
+    arrays = [f"--{flag}={directory / name}.npy" for flag, name in flags]
+    assert convert(["numpy", *arrays, "--scale", str(1 / 16), "--shard-mb", "0.03", f"--out={directory / 'shards'}"]) == 0
+    return str(directory / "shards" / "*.h5")
