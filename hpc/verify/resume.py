@@ -182,43 +182,47 @@ def stop_at(run_dir: Path, launch: Launch, step: int) -> bool:
     return wait_until(lambda: signal_ranks(run_dir, "stop"), launch)
 
 
-def kill_after_save(run_dir: Path, launch: Launch, after: int) -> int | None:
-    """SIGKILL to every rank once a periodic save newer than step `after` committed; the step of
-    that save (None: the run ended first)."""
-    if not wait_until(lambda: any(s > after for s in committed(run_dir)), launch):
+def kill_after_save(run_dir: Path, launch: Launch, after: int, total: int) -> int | None:
+    """SIGKILL to every rank once a periodic save after step `after` and before the run's last
+    committed; the step of that save (None: the run ended first)."""
+    if not wait_until(lambda: any(after < s < total for s in committed(run_dir)), launch):
         return None
-    saved = max(committed(run_dir))
+    saved = max(s for s in committed(run_dir) if s < total)
     return saved if wait_until(lambda: signal_ranks(run_dir, "KILL"), launch) else None
 
 
 def interrupted_run(plan: VerifyPlan, run_dir: Path, total: int) -> Interrupted:
     """The job stopped at random steps and killed after a periodic save, resumed after each as a
-    requeue would, until it completes."""
+    requeue would, until it completes. A signal that comes as the run completes counts for
+    nothing: the run completed."""
     rng = random.Random(plan.seed)
     record, log = Interrupted(), run_dir.with_suffix(".log")
     launch = Launch(launch_command(plan, run_dir), log)
     for target in stop_steps(total, plan.stops, rng):
         if target <= (record.resumes[-1] if record.resumes else 0):
             continue  # an earlier stop landed past it
-        if not stop_at(run_dir, launch, target):
-            record.events.append(f"the run ended before the stop at step {target}")
-            break
-        code = launch.wait()
+        if not stop_at(run_dir, launch, target) or (code := launch.wait()) == 0:
+            record.events.append(f"the run completed before the stop after step {target} landed")
+            return finished(launch, record)
         if code != EXIT_RESUMABLE:
-            raise VerifyFailure(f"the run stopped at step {target} ended with code {code}, not {EXIT_RESUMABLE} (resumable): {launch.tail()}")
+            raise VerifyFailure(f"the run stopped after step {target} ended with code {code}, not {EXIT_RESUMABLE} (resumable): {launch.tail()}")
         resumed = max(committed(run_dir), default=0)
         record.events.append(f"stopped at step {resumed} (signal after step {target})")
         record.resumes.append(resumed)
         launch = Launch(resume_command(run_dir), log)
-    if plan.kill and not launch.ended():
-        killed = kill_after_save(run_dir, launch, record.resumes[-1] if record.resumes else 0)
-        if killed is not None:
-            launch.wait()
-            record.events.append(f"killed (SIGKILL) after the save at step {killed}")
-            record.resumes.append(max(committed(run_dir), default=0))
-            launch = Launch(resume_command(run_dir), log)
-        else:
-            record.events.append("the run ended before a periodic save to kill it after")
+    if plan.kill:
+        killed = kill_after_save(run_dir, launch, record.resumes[-1] if record.resumes else 0, total)
+        if killed is None or launch.wait() == 0:
+            record.events.append("the run completed before a periodic save to kill it after" if killed is None else "the run completed before the kill landed")
+            return finished(launch, record)
+        record.events.append(f"killed (SIGKILL) after the save at step {killed}")
+        record.resumes.append(max(committed(run_dir), default=0))
+        launch = Launch(resume_command(run_dir), log)
+    return finished(launch, record)
+
+
+def finished(launch: Launch, record: Interrupted) -> Interrupted:
+    """The interrupted run's last start, ended: it must have completed."""
     code = launch.wait()
     if code != 0:
         raise VerifyFailure(f"the interrupted run's last start ended with code {code}: {launch.tail()}")
