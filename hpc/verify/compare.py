@@ -110,9 +110,10 @@ def hint(first_step: int | None, resumes: list[int], kinds: list[str]) -> str:
     after = [r for r in resumes if first_step is not None and r < first_step]
     if first_step is not None and after and first_step == after[-1] + 1:
         return (
-            f"the first step after the resume from step {after[-1]} differs: something that step uses was not restored: a batch drawn "
-            "ahead from a generator the run does not register (torch's global generator, as nanoGPT's get_batch draws the next batch), "
-            "or a value carried across end_step() in a local variable; number batches by step (docs/your-code.md)"
+            f"the first step after the resume from step {after[-1]} differs: something that step uses was not restored as it was: a batch "
+            "drawn ahead from a generator the run does not register (torch's global generator, as nanoGPT's get_batch draws the next "
+            "batch), a value carried across end_step() in a local variable, or one rank's buffers (BatchNorm statistics); number "
+            "batches by step (docs/your-code.md)"
         )
     if first_step is not None and after:
         lead = f"{first_step - after[-1]} steps after the resume from step {after[-1]}: "
