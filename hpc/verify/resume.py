@@ -11,6 +11,7 @@ one that does not resume exactly); it never writes into another run dir. The las
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -85,12 +86,34 @@ def stop_steps(total: int, stops: int, rng: random.Random) -> list[int]:
 
 
 class Launch:
-    """One start of a run: the launch command or a resume, its output kept in a log file."""
+    """One start of a run: the launch command or a resume, its output kept in a log file, in a
+    session of its own (a Ctrl-C reaches the verifier, which stops its runs: `stop_all`)."""
+
+    live: set[Launch] = set()
 
     def __init__(self, command: list[str], log: Path) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        Launch.live.add(self)
+
+    @classmethod
+    def stop_all(cls, grace_s: float = 60.0) -> None:
+        """Every run still going: Ctrl-C's stop (each stops at a step and saves), then SIGKILL
+        after `grace_s`."""
+        running = [launch for launch in cls.live if launch.proc.poll() is None]
+        for launch in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(launch.proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        for launch in running:
+            try:
+                launch.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(launch.proc.pid, signal.SIGKILL)
+                launch.proc.wait()
+        cls.live.clear()
 
     def ended(self) -> bool:
         return self.proc.poll() is not None
@@ -316,7 +339,19 @@ def verify_paths(run_root: str) -> Path:
 
 
 def verify_resume(plan: VerifyPlan, is_script: bool) -> int:
-    """Run, interrupt, resume and compare; print what happened and the verdict; the exit code."""
+    """Run, interrupt, resume and compare; print what happened and the verdict; the exit code.
+    A Ctrl-C (or SIGTERM) stops the runs under way and judges nothing (exit 130)."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return verified(plan, is_script)
+    except KeyboardInterrupt:
+        Launch.stop_all()
+        return verdict(f"verify: interrupted: its runs were stopped, nothing was judged ({plan.root})", 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def verified(plan: VerifyPlan, is_script: bool) -> int:
     reference, interrupted = plan.root / "reference", plan.root / "interrupted"
     print(f"verify: runs under {plan.root}", flush=True)
     began = time.perf_counter()

@@ -115,3 +115,22 @@ def test_every_ranks_buffers_come_back_as_it_saved_them():
     restore_rank_buffers(other, None, 7)  # none saved (another world size): left as loaded
     with pytest.raises(CheckpointError, match="buffer '1.num_batches_tracked' is missing from this model"):
         restore_rank_buffers(torch.nn.Sequential(torch.nn.Linear(3, 4)), saved, 7)
+
+
+def test_a_ctrl_c_stops_every_run_the_verifier_started(tmp_path):
+    """Its runs have sessions of their own (a terminal's Ctrl-C reaches the verifier only): it
+    passes the stop on, and kills what does not end within the grace."""
+    import signal
+    import time
+
+    from hpc.verify.resume import Launch
+    from tests.support.runs import signal_sets
+
+    polite = Launch(["sleep", "30"], tmp_path / "a.log")
+    stubborn = Launch(["bash", "-c", "trap '' INT; sleep 30 & wait"], tmp_path / "b.log")
+    while signal.SIGINT not in signal_sets(stubborn.proc.pid, "SigIgn"):  # bash has set its trap
+        time.sleep(0.01)
+    began = time.monotonic()
+    Launch.stop_all(grace_s=1.0)
+    assert polite.proc.returncode == -2 and stubborn.proc.poll() is not None and time.monotonic() - began < 10
+    assert not Launch.live
