@@ -73,7 +73,8 @@ def restore_rank_buffers(model: nn.Module, saved: dict[str, torch.Tensor] | None
     if set(saved) != set(mine):
         name = sorted(set(saved) ^ set(mine))[0]
         where = "this model" if name in saved else "the checkpoint"
-        raise CheckpointError(f"checkpoint step {step} does not fit this model: buffer {name!r} is missing from {where}; use a new run dir or the old model config")
+        fix = "use a new run dir or the old model config"
+        raise CheckpointError(f"checkpoint step {step} does not fit this model: buffer {name!r} is missing from {where}; {fix}")
     with torch.no_grad():
         for name, buffer in mine.items():
             if tuple(saved[name].shape) != tuple(buffer.shape):
