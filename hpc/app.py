@@ -372,6 +372,8 @@ def main(argv: list[str]) -> None:
     if info_only(args):
         print_info(args)
         return
+    if args.multirun and any(o.split("=", 1)[0].lstrip("+~") == "verify" for o in args.overrides):
+        raise UserError("verify=resume checks one job: leave out -m (verify each sweep point on its own)")
     if not args.multirun and run_single(args, script_args):
         return
     sweep = check_sweep(args)  # -m, or the config asks for it (hydra.mode=MULTIRUN)

@@ -134,3 +134,23 @@ def test_a_ctrl_c_stops_every_run_the_verifier_started(tmp_path):
     Launch.stop_all(grace_s=1.0)
     assert polite.proc.returncode == -2 and stubborn.proc.poll() is not None and time.monotonic() - began < 10
     assert not Launch.live
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "said"),
+    [
+        (["verify=resume", "model=cnn", "dry_run=true"], 0, "trainer.max_steps=120 checkpoint.every_steps=20` uninterrupted, then stopped 2 times"),
+        (["verify=resume", "cluster=simulated"], 2, "error: verify=resume runs the job's ranks on this machine (cluster=local)"),
+        (["-m", "verify=resume", "optim.lr=0.1,0.2"], 2, "error: verify=resume checks one job: leave out -m"),
+        (["verify=resume", "checkpoint.enabled=false"], 2, "error: verify=resume compares the job's checkpoints"),
+    ],
+)
+def test_what_the_verifier_would_run_and_what_it_refuses_in_one_line(tmp_path, arguments, code, said):
+    import subprocess
+    import sys
+
+    from tests.support.runs import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "launch.py"), *arguments, f"run_root={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code and said in done.stdout + done.stderr, done.stdout + done.stderr
+    assert not list(tmp_path.rglob("*.yaml")) and len((done.stdout + done.stderr).strip().splitlines()) == 1  # nothing made, one line
