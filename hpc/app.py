@@ -37,7 +37,7 @@ from hpc.config.compose import (
     sweeper_of,
 )
 from hpc.config.launchers import traits
-from hpc.config.local_gpus import local_job
+from hpc.config.local_gpus import local_job, override_key
 from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.search import Search, check_search, is_basic
@@ -293,7 +293,7 @@ def run_verifier(job: JobConfig, overrides: list[str], script_args: list[str] | 
     every = verify.every_steps or job.checkpoint.every_steps or (max(2, (verify.steps or 60) // 6) if builtin else 10)
     children = child_overrides(overrides, verify.steps, every, builtin)
     if job.dry_run:  # what it would run, nothing more
-        passed = " ".join(o for o in children if o not in ("dry_run=true", "dry_run=True"))
+        passed = " ".join(o for o in children if override_key(o) != "dry_run")
         kill = " and killed once after a periodic save" if verify.kill else ""
         print(f"verify: would run `hpc-launch {passed}` uninterrupted, then stopped {verify.stops} times at random steps{kill}, and compare")
         return 0
@@ -372,7 +372,7 @@ def main(argv: list[str]) -> None:
     if info_only(args):
         print_info(args)
         return
-    if args.multirun and any(o.split("=", 1)[0].lstrip("+~") == "verify" for o in args.overrides):
+    if args.multirun and "verify" in map(override_key, args.overrides):
         raise UserError("verify=resume checks one job: leave out -m (verify each sweep point on its own)")
     if not args.multirun and run_single(args, script_args):
         return

@@ -79,9 +79,14 @@ def built_for_gpus(version_py: str) -> bool:
     return re.search(r"^(cuda|hip)\b[^=\n]*=\s*['\"]", version_py, flags=re.MULTILINE) is not None
 
 
+def override_key(override: str) -> str:
+    """The key (or config group) an override names: `++resources.nodes=2` -> resources.nodes."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def named_keys(overrides: Iterable[str]) -> frozenset[str]:
-    """The keys (and config groups) a list of overrides names: `++resources.nodes=2` -> resources.nodes."""
-    return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides)
+    """The keys (and config groups) a list of overrides names."""
+    return frozenset(map(override_key, overrides))
 
 
 def chooses_resources(job: JobConfig, named: frozenset[str]) -> bool:

@@ -122,9 +122,9 @@ def hint(first_step: int | None, resumes: list[int], kinds: list[str]) -> str:
     return lead + "; ".join(HINTS[kind] for kind in dict.fromkeys(kinds)) if kinds else lead + "the losses differ"
 
 
-def final_state(run_dir: Path) -> tuple[int, dict[str, Any], list[str]]:
-    """The newest committed checkpoint of a run dir: its step, every leaf of its shared file and
-    of every rank's own file (`rank N:` before the latter's), and the buffers' names."""
+def final_state(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """The newest committed checkpoint of a run dir: every leaf of its shared file and of every
+    rank's own file (`rank N:` before the latter's), and the buffers' names."""
     from trainers.checkpoint.checkpointer import load_piece, verify
     from trainers.checkpoint.layout import SHARED, rank_file
     from trainers.checkpoint.storage import stored_checkpoints
@@ -140,4 +140,4 @@ def final_state(run_dir: Path) -> tuple[int, dict[str, Any], list[str]]:
         own = flatten(load_piece(store, newest, rank_file(rank)))
         flat.update({f"rank {rank}:{k}": v for k, v in own.items()})
         buffers |= {k.split(".", 1)[1] for k in own if k.startswith("buffers.")}
-    return newest.step, flat, sorted(buffers)
+    return flat, sorted(buffers)

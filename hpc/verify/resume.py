@@ -12,6 +12,7 @@ one that does not resume exactly); it never writes into another run dir. The las
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -22,13 +23,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from hpc.config.local_gpus import override_key
 from hpc.errors import UserError
+from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rankprocs import live_ranks, stop_signal
 from hpc.rundir import RunDir, last_record, read_jsonl
 from hpc.verify.compare import Losses, compare_states, final_state, first_divergence, hint, kind_of
 
-EXIT_RESUMABLE = 75  # the ranks' code after an agreed stop (hpc.rank.lifecycle)
 POLL_S = 0.01
 RUN_TIMEOUT_S = 3600.0
 # The launch command in a child process, as `hpc-launch` (the verifier's own option left out)
@@ -54,10 +57,6 @@ class Interrupted:
 
     events: list[str] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)
-
-
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def with_override(overrides: list[str], key: str, value: object) -> list[str]:
@@ -282,15 +281,32 @@ def loss_text(losses: Losses, step: int) -> str:
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """What a finished run left that the verifier compares, read once: every leaf of its final
+    checkpoint, its buffers' names, its losses and validation figures by step."""
+
+    state: dict[str, Any]
+    buffers: list[str]
+    losses: Losses
+    validation: Losses
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunRecord:
+        state, buffers = final_state(run_dir)
+        return cls(state, buffers, step_losses(run_dir), validation_figures(run_dir))
+
+
+@dataclass(frozen=True)
 class RunComparison:
     """The comparison of one run with the reference: the first step whose losses differ and the
-    final state's differing leaves (both None/empty: exact)."""
+    final state's differing leaves (both None/empty: exact), and the two runs compared."""
 
     first_step: int | None
     differing: list[str]
     compared: int
     tensors: int
-    buffers: list[str]
+    reference: RunRecord
+    other: RunRecord
     first_validation: int | None = None  # the first step whose validation figures differ
 
     @property
@@ -298,29 +314,27 @@ class RunComparison:
         return self.first_step is None and not self.differing and self.first_validation is None
 
 
-def compare_runs(reference: Path, other: Path) -> RunComparison:
-    _, ref_state, buffers = final_state(reference)
-    _, state, _ = final_state(other)
-    diff = compare_states(ref_state, state)
-    losses = first_divergence(step_losses(reference), step_losses(other))
-    validation = first_divergence(validation_figures(reference), validation_figures(other))
-    return RunComparison(losses, diff.differing, diff.compared, diff.tensors, buffers, validation)
+def compare_runs(reference: RunRecord, other: RunRecord) -> RunComparison:
+    diff = compare_states(reference.state, other.state)
+    losses = first_divergence(reference.losses, other.losses)
+    validation = first_divergence(reference.validation, other.validation)
+    return RunComparison(losses, diff.differing, diff.compared, diff.tensors, reference, other, validation)
 
 
-def failure_line(outcome: RunComparison, reference: Path, other: Path, resumes: list[int]) -> str:
+def failure_text(outcome: RunComparison, resumes: list[int]) -> str:
     """What follows `verify: FAIL`: ` at step N: losses ... against ...; which leaves differ, by
     kind; the likely cause` (`: every step's loss is equal ...` where only the final state differs)."""
     parts = []
-    step = outcome.first_step
+    step, ref, got = outcome.first_step, outcome.reference, outcome.other
     if step is not None:
-        ref, got = step_losses(reference), step_losses(other)
-        parts.append(f"{loss_text(got, step)} against {loss_text(ref, step)} uninterrupted")
+        parts.append(f"{loss_text(got.losses, step)} against {loss_text(ref.losses, step)} uninterrupted")
     elif outcome.first_validation is not None:
-        at, ref, got = outcome.first_validation, validation_figures(reference), validation_figures(other)
-        parts.append(f"every step's loss is equal, but the validation at step {at} differs: {loss_text(got, at)} against {loss_text(ref, at)} uninterrupted")
+        at = outcome.first_validation
+        figures = f"{loss_text(got.validation, at)} against {loss_text(ref.validation, at)} uninterrupted"
+        parts.append(f"every step's loss is equal, but the validation at step {at} differs: {figures}")
     else:
         parts.append("every step's loss is equal, but the final state differs")
-    kinds = [kind_of(name, outcome.buffers) for name in outcome.differing]
+    kinds = [kind_of(name, ref.buffers) for name in outcome.differing]
     if outcome.differing:
         shown = ", ".join(f"{name} ({kind})" for name, kind in list(zip(outcome.differing, kinds, strict=True))[:6])
         more = f" and {len(outcome.differing) - 6} more" if len(outcome.differing) > 6 else ""
@@ -361,14 +375,15 @@ def verified(plan: VerifyPlan, is_script: bool) -> int:
     if not committed(reference):
         what = "the script keeps no state through the run handle (hpc.run.start_run)" if is_script else "the run left no committed checkpoint"
         return verify_cannot(f"{what}: only the run handle's state can be compared (checkpoint.enabled must be true)")
-    total = max(step_losses(reference), default=0) or max(committed(reference))
+    uninterrupted = RunRecord.read(reference)
+    total = max(uninterrupted.losses, default=0) or max(committed(reference))
     print(f"verify: uninterrupted: {total} steps in {time.perf_counter() - began:.1f} s", flush=True)
     try:
         record = interrupted_run(plan, interrupted, total)
     except VerifyFailure as err:
         return verdict(f"verify: FAIL: {err}", 1)
     print(f"verify: interrupted: {'; '.join(record.events) or 'no interruption landed'}", flush=True)
-    outcome = compare_runs(reference, interrupted)
+    outcome = compare_runs(uninterrupted, RunRecord.read(interrupted))
     if outcome.exact:
         if not record.resumes:
             return verdict(f"verify: INCONCLUSIVE: no stop or kill landed before the run ended ({total} steps); give more steps (verify.steps=)", 1)
@@ -380,12 +395,12 @@ def judged_again(plan: VerifyPlan, outcome: RunComparison, record: Interrupted) 
     """Not exact: a second uninterrupted run tells what the job itself does not reproduce. Its
     losses or weights: not deterministic, nothing judged. RNG streams the job never seeds (a
     script that leaves Python's or numpy's alone): left out, and the rest judged."""
-    reference, again = plan.root / "reference", plan.root / "again"
+    again = plan.root / "again"
     code = run_once(plan, again)
     if code != 0:
         return verdict(f"verify: FAIL: a second uninterrupted run ended with code {code}: {Launch.tail_of(again.with_suffix('.log'))}", 1)
-    twice = compare_runs(reference, again)
-    unseeded = [name for name in twice.differing if kind_of(name, twice.buffers) == "an RNG stream"]
+    twice = compare_runs(outcome.reference, RunRecord.read(again))
+    unseeded = [name for name in twice.differing if kind_of(name, outcome.reference.buffers) == "an RNG stream"]
     if twice.first_step is not None or len(unseeded) < len(twice.differing):
         where = f"at step {twice.first_step}" if twice.first_step is not None else f"in {len(twice.differing)} leaves of the final state"
         return verdict(
@@ -394,11 +409,11 @@ def judged_again(plan: VerifyPlan, outcome: RunComparison, record: Interrupted) 
             1,
         )
     left = [name for name in outcome.differing if name not in set(unseeded)]
-    judged = RunComparison(outcome.first_step, left, outcome.compared - len(unseeded), outcome.tensors, outcome.buffers, outcome.first_validation)
+    judged = dataclasses.replace(outcome, differing=left, compared=outcome.compared - len(unseeded))
     if judged.exact and record.resumes:
         unjudged = f"RNG streams the job never seeds differ between any two runs: {streams(unseeded)}, not compared"
         return verdict(f"verify: PASS: {passed(record, judged)} ({unjudged})", 0)
-    return verdict(f"verify: FAIL{failure_line(judged, reference, plan.root / 'interrupted', record.resumes)}", 1)
+    return verdict(f"verify: FAIL{failure_text(judged, record.resumes)}", 1)
 
 
 def passed(record: Interrupted, outcome: RunComparison) -> str:
