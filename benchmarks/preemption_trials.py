@@ -112,7 +112,7 @@ def weights_digest(run_dir: Path) -> str:
     newest = run_dir / "checkpoints" / step_dir_name(committed_steps(run_dir / "checkpoints")[-1])
     state = read_tensor_file(newest / SHARED)
     digest = hashlib.sha256()
-    for name, tensor in sorted(state["model"].items()):
+    for name, tensor in sorted(state.get("state", state)["model"].items()):  # the registry's layout, or the loop's before it
         digest.update(name.encode() + tensor.numpy().tobytes())
     return digest.hexdigest()
 

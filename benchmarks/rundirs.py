@@ -34,9 +34,11 @@ def newest_checkpoint(run_dir: Path) -> tuple[CheckpointStore, Committed]:
 
 
 def newest_shared_state(run_dir: Path) -> dict[str, Any]:
-    """The shared state (model, optimizer, schedule, progress) of the run's newest checkpoint."""
+    """The shared state of the run's newest checkpoint, with each registered object's state (model,
+    optimizer, schedule, scaler, progress) under its name too."""
     store, newest = newest_checkpoint(run_dir)
-    return load_piece(store, newest, SHARED)
+    shared = load_piece(store, newest, SHARED)
+    return {**shared, **shared.get("state", {})}
 
 
 def state_hash(run_dir: Path) -> str:
@@ -46,7 +48,7 @@ def state_hash(run_dir: Path) -> str:
     store, newest = newest_checkpoint(run_dir)
     state = load_piece(store, newest, SHARED)
     ranks = lambda: (load_piece(store, newest, rank_file(rank)) for rank in range(newest.world_size))  # noqa: E731
-    model = checkpoint_weights(ranks, state)[1] if "handle" not in state else state["state"]["model"]  # the built-in loop's, or a run handle's
+    model = checkpoint_weights(ranks, state, "model")[1]  # the built-in loop's, or a run handle's "model"
     digest = hashlib.sha256()
     for name, tensor in sorted(model.items()):
         digest.update(name.encode() + tensor.numpy().tobytes())

@@ -240,15 +240,24 @@ def sharded_keys(saved: Any) -> list[str]:
 
 def join_sharded(saved: Any, templates: dict[str, Any], sources: Iterable[dict[str, Any]]) -> Any:
     """`saved` with every marker replaced by a DTensor laid out as its template (the live object's
-    tensor at that place now, any world size), its rows filled from the saved pieces."""
+    tensor at that place now, any world size), its rows filled from the saved pieces; where the
+    template is None (not sharded now) by the whole tensor, assembled from every rank's rows."""
     from torch.distributed.tensor import DTensor
 
-    filled = fill_pieces({key: element_range(template) for key, template in templates.items()}, sources)
+    shapes = marker_shapes(saved)
+    ranges = {key: element_range(t) if t is not None else (0, math.prod(int(n) for n in shapes[key])) for key, t in templates.items()}
+    filled = fill_pieces(ranges, sources)
+    missing = sorted(set(ranges) - set(filled))
+    if missing:
+        raise ShardingError(f"no rank's file holds the rows of {missing[0]}")
 
     def walk(value: Any) -> Any:
         if isinstance(value, dict):
             if SHARDED in value:
-                key, template = str(value[SHARDED]), templates[str(value[SHARDED])]
+                key = str(value[SHARDED])
+                template = templates[key]
+                if template is None:
+                    return filled[key]["value"].view([int(n) for n in value["shape"]])
                 local = filled[key]["value"].view(template.to_local().shape).to(template.device)
                 return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False, shape=template.shape, stride=template.stride())
             return {k: walk(v) for k, v in value.items()}
@@ -259,23 +268,81 @@ def join_sharded(saved: Any, templates: dict[str, Any], sources: Iterable[dict[s
     return walk(saved)
 
 
-def templates_of(obj: Any, name: str, keys: list[str]) -> dict[str, Any]:
-    """For each marker of object `name`, the live DTensor that gives its layout now: the one at
-    the same place in obj.state_dict(), or for an optimizer's state not created yet, its parameter's."""
-    current, params = obj.state_dict(), None
-    if isinstance(obj, torch.optim.Optimizer):
-        params = [p for group in obj.param_groups for p in group["params"]]
+def marker_shapes(saved: Any) -> dict[str, list[int]]:
+    """Each marker's whole shape, by its key."""
+    if isinstance(saved, dict):
+        if SHARDED in saved:
+            return {str(saved[SHARDED]): list(saved["shape"])}
+        return {k: v for value in saved.values() for k, v in marker_shapes(value).items()}
+    if isinstance(saved, list | tuple):
+        return {k: v for value in saved for k, v in marker_shapes(value).items()}
+    return {}
+
+
+def live_at(current: Any, params: list[Any] | None, path: list[Any]) -> Any:
+    """The live object's value at `path` of its state dict (None: none there); for an optimizer's
+    state not created yet, its parameter (optimizer state is shaped and laid out as it)."""
+    value: Any = current
+    for part in path:
+        value = value.get(part, value.get(str(part))) if isinstance(value, dict) else value[part] if isinstance(value, list | tuple) else None
+        if value is None:
+            break
+    if value is None and params is not None and len(path) == 3 and path[0] == "state":
+        value = params[int(path[1])]
+    return value
+
+
+def live_state(obj: Any) -> tuple[Any, list[Any] | None]:
+    params = [p for group in obj.param_groups for p in group["params"]] if isinstance(obj, torch.optim.Optimizer) else None
+    return obj.state_dict(), params
+
+
+def templates_of(obj: Any, keys: list[str]) -> dict[str, Any]:
+    """For each marker, the live DTensor that gives its layout now, or None where the live object
+    holds a plain tensor there (a sharded checkpoint resumed without sharding)."""
+    current, params = live_state(obj)
     templates = {}
     for key in keys:
         _, *path = json.loads(key)
-        value: Any = current
-        for part in path:
-            value = value.get(part, value.get(str(part))) if isinstance(value, dict) else value[part] if isinstance(value, list | tuple) else None
-            if value is None:
-                break
-        if value is None and params is not None and len(path) == 3 and path[0] == "state":
-            value = params[int(path[1])]  # optimizer state is shaped and laid out as its parameter
-        if not is_distributed_tensor(value):
-            raise ShardingError(f"run state {name!r}: the checkpoint holds a sharded tensor at {'/'.join(map(str, path))}, which is not sharded here")
-        templates[key] = value
+        value = live_at(current, params, path)
+        templates[key] = value if is_distributed_tensor(value) else None
     return templates
+
+
+def distributed_where_live(obj: Any, saved: Any) -> Any:
+    """`saved` with every plain tensor that stands where the live object holds a DTensor of its
+    shape replaced by this rank's rows of it, laid out as that DTensor (a replicated checkpoint
+    resumed with FSDP2)."""
+    from torch.distributed.tensor import DTensor
+
+    current, params = live_state(obj)
+    if not any(is_distributed_tensor(v) for v in _tensors(current)) and not any(is_distributed_tensor(p) for p in params or []):
+        return saved  # nothing sharded here
+
+    def walk(value: Any, path: list[Any]) -> Any:
+        if isinstance(value, torch.Tensor) and not is_distributed_tensor(value):
+            live = live_at(current, params, path)
+            if not is_distributed_tensor(live) or tuple(live.shape) != tuple(value.shape):
+                return value
+            start, stop = row_range(live)
+            local = value[start:stop] if value.dim() else value
+            local = local.to(live.device).contiguous()
+            return DTensor.from_local(local, live.device_mesh, live.placements, run_check=False, shape=live.shape, stride=live.stride())
+        if isinstance(value, dict):
+            return {k: walk(v, [*path, k]) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v, [*path, i]) for i, v in enumerate(value))
+        return value
+
+    return walk(saved, [])
+
+
+def _tensors(state: Any) -> Iterator[Any]:
+    if isinstance(state, dict):
+        for value in state.values():
+            yield from _tensors(value)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            yield from _tensors(value)
+    else:
+        yield state

@@ -80,12 +80,12 @@ def first_divergence(reference: Losses, resumed: Losses) -> int | None:
 
 def kind_of(name: str, buffers: Iterable[str]) -> str:
     """What a differing leaf is, in the words of the hint: a buffer, a parameter, optimizer state ..."""
-    leaf = name.split(":", 1)[-1]
+    leaf = name.split(":", 1)[-1].removeprefix("state.")  # the registry's shared state: state.<registered name>...
     if leaf.startswith("rng") or ".rng" in leaf:
         return "an RNG stream"
     if leaf.startswith("buffers.") or any(leaf.endswith(b) for b in buffers) or leaf.rsplit(".", 1)[-1] in BUFFER_NAMES:
         return "a buffer"
-    if "optimizer" in leaf or leaf.startswith("state.optim"):
+    if "optimizer" in leaf or leaf.startswith("optim"):
         return "optimizer state"
     if leaf.startswith("scaler") or ".scaler" in leaf:
         return "the grad scaler"

@@ -220,9 +220,10 @@ def interrupted_run(plan: VerifyPlan, run_dir: Path, total: int) -> Interrupted:
     rng = random.Random(plan.seed)
     record, log = Interrupted(), run_dir.with_suffix(".log")
     launch = Launch(launch_command(plan, run_dir), log)
-    for target in stop_steps(total, plan.stops, rng):
-        if target <= (record.resumes[-1] if record.resumes else 0):
-            continue  # an earlier stop landed past it
+    for drawn in stop_steps(total, plan.stops, rng):
+        target = max(drawn, (record.resumes[-1] if record.resumes else 0) + 1)  # an earlier stop landed past it: the next step
+        if target >= total:
+            break
         if not stop_at(run_dir, launch, target) or (code := launch.wait()) == 0:
             record.events.append(f"the run completed before the stop after step {target} landed")
             return finished(launch, record)

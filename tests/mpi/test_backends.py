@@ -30,7 +30,7 @@ def checkpoints(tmp_path: Path, name: str, *overrides: str) -> dict[int, dict]:
     done = run_launch(*overrides, cwd=where, env=fixtures_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run_dir,) = run_dirs(where)
-    return {int(d.name.removeprefix("step-")): load_tensor_file(d / "shared.ckpt") for d in sorted((run_dir / "checkpoints").glob("step-*"))}
+    return {int(d.name.removeprefix("step-")): load_tensor_file(d / "shared.ckpt")["state"] for d in sorted((run_dir / "checkpoints").glob("step-*"))}
 
 
 def final_parameters(tmp_path: Path, name: str, *overrides: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -44,7 +44,7 @@ JOB = [
 
 
 def progress_at(run_dir: Path, step: int) -> dict:
-    return load_tensor_file(run_dir / "checkpoints" / step_dir_name(step) / SHARED)["progress"]
+    return load_tensor_file(run_dir / "checkpoints" / step_dir_name(step) / SHARED)["state"]["progress"]
 
 
 def num_train() -> int:

@@ -32,7 +32,7 @@ def test_a_run_s_model_exported_loads_in_plain_torch_without_the_toolkit(tmp_pat
     result = train(tmp_path / "run", Regression(), task_config(max_steps=5))
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "model.safetensors")]) == 0
     assert "model of checkpoint step 5 (2 tensors, 2 values; task " in capsys.readouterr().out
-    saved = load_tensor_file(tmp_path / "run" / "checkpoints" / step_dir_name(result.steps) / SHARED)["model"]
+    saved = load_tensor_file(tmp_path / "run" / "checkpoints" / step_dir_name(result.steps) / SHARED)["state"]["model"]
 
     # A fresh interpreter without site's path hooks: torch from site-packages, the toolkit nowhere.
     code = readme_reader().replace("model.safetensors", str(tmp_path / "model.safetensors"))

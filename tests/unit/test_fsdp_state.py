@@ -14,8 +14,8 @@ from torch import nn
 from collectives import fsdp
 from collectives.zero import full_state
 from tests.support.ranks import gloo_world_of_one
+from trainers.checkpoint.registry import Registry, per_rank
 from trainers.gpt import GPT, GPTShape, next_token_loss
-from trainers.handle import Registry, per_rank
 from trainers.task import TaskError
 
 SHAPE = GPTShape(vocab_size=32, context=8, layers=2, heads=2, width=16)

@@ -75,7 +75,7 @@ def test_the_test_split_is_evaluated_once_on_the_best_checkpoints_weights_unless
 
     def loss_by_hand(step: int) -> float:  # the test split's mean loss under that checkpoint's weights
         model = HeldOut().build_model()
-        weights = load_tensor_file(tmp_path / "best" / "checkpoints" / step_dir_name(step) / SHARED)["model"]
+        weights = load_tensor_file(tmp_path / "best" / "checkpoints" / step_dir_name(step) / SHARED)["state"]["model"]
         model.load_state_dict(weights)
         points = HeldOut().test_data()
         with torch.no_grad():
@@ -95,7 +95,7 @@ def test_a_compiled_run_saves_plain_names_and_resumes_uncompiled_where_it_would_
     through = train(tmp_path / "through", Regression(), compiling(False))
     compiled = train(tmp_path / "switched", Regression(), compiling(True), stop_at=1)  # as if signalled after step 1: stops after step 4
     shared = load_tensor_file(tmp_path / "switched" / "checkpoints" / step_dir_name(compiled.steps) / SHARED)
-    assert sorted(shared["model"]) == ["bias", "weight"]  # no torch.compile `_orig_mod.` prefix
+    assert sorted(shared["state"]["model"]) == ["bias", "weight"]  # no torch.compile `_orig_mod.` prefix
     resumed = train(tmp_path / "switched", Regression(), compiling(False))
     assert compiled.stopped_by and (compiled.steps, resumed.resumed_from, resumed.steps, through.steps) == (stopped_step(1), 4, 6, 6)
     losses = [s["loss"] for s in steps_of(tmp_path / "switched")]

@@ -16,7 +16,7 @@ from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.run import per_rank, start_run
 from tests.support.ranks import one_rank  # noqa: F401  (autouse: a world of one)
 from trainers.checkpoint.checkpointer import CheckpointError
-from trainers.handle import not_plain
+from trainers.checkpoint.registry import not_plain
 from trainers.task import TaskError
 
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_of_other_state_is_refused_naming_the_difference(tmp_path):
     assert run.end_step(loss=1.0) is False  # saved: every step
     run.finish()
     model, optimizer, scheduler = build()
-    with pytest.raises(CheckpointError, match=r"checkpoint step 1 lacks state 'scheduler' that this script registers"):
+    with pytest.raises(CheckpointError, match=r"checkpoint step 1 lacks state 'scheduler' that this run registers"):
         start_run(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler)
     with pytest.raises(CheckpointError, match=r"does not fit this model: 0.weight is \(8, 4\) there and \(8, 5\) here"):
         start_run(tmp_path, model=nn.Sequential(nn.Linear(5, 8)), optimizer=optimizer)

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from trainers.checkpoint.checkpointer import CheckpointError
-from trainers.checkpoint.state import Progress, check_compatible, restore, restore_rng, rng_state, shared_state
+from trainers.checkpoint.registry import Registry, own_checkpoint, restore_checkpoint, shared_checkpoint
+from trainers.checkpoint.state import LossScale, Progress, check_compatible, restore_rng, rng_state
 
 
 def draws() -> tuple[float, float, float]:
@@ -110,16 +111,35 @@ def trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr
     return model, optimizer, schedule
 
 
+def loop_state(model: nn.Module, optimizer: torch.optim.Optimizer, schedule: object, progress: Progress, scaler: object = None) -> Registry:
+    """What the built-in loop registers (trainers.loop.build.loop_registry)."""
+    return Registry({"model": model, "optimizer": optimizer, "schedule": schedule, "scaler": LossScale(scaler), "progress": progress})
+
+
+def saved(registry: Registry, step: int = 3) -> tuple[dict, dict]:
+    return shared_checkpoint(registry, step, 1, "model: mlp\n", {"task": "mlp-task", "name": "mlp"}), own_checkpoint(registry)
+
+
+def resume(registry: Registry, shared: dict, own: dict | None, step: int = 3) -> None:
+    restore_checkpoint(registry, step, shared, own, lambda: iter([own or {}]), "mlp-task")
+
+
 def test_the_shared_state_holds_what_a_resume_needs_and_gives_it_back(streams_kept):
     model, optimizer, schedule = trained(0)
     progress = Progress(step=3, epoch=1, position=48, bad_steps=1)
-    state = shared_state(model, optimizer, schedule, progress, {"name": "mlp"}, "model: mlp\n")
-    assert (state["config"], state["model_config"], state["progress"], state["scaler"]) == ("model: mlp\n", {"name": "mlp"}, asdict(progress), {})
-    assert (state["model_sharded"], state["optimizer_sharded"], state["model_shapes"]) == (False, False, {})
-    assert state["schedule"]["last_epoch"] == 3 and state["optimizer"]["state"]  # Adam's moments, whole
+    state, own = saved(loop_state(model, optimizer, schedule, progress))
+    assert (state["config"], state["model_config"], state["state"]["progress"], state["state"]["scaler"]) == (
+        "model: mlp\n",
+        {"task": "mlp-task", "name": "mlp"},
+        asdict(progress),
+        {},
+    )
+    assert state["registry"]["state"] == ["model", "optimizer", "progress", "scaler", "schedule"] and state["sharded"] == []
+    assert state["state"]["schedule"]["last_epoch"] == 3 and state["state"]["optimizer"]["state"]  # Adam's moments, whole
 
     other, other_optimizer, other_schedule = trained(1)
-    resumed = restore(other, other_optimizer, other_schedule, 3, state)
+    resumed = Progress()
+    resume(loop_state(other, other_optimizer, other_schedule, resumed), state, own)
     assert resumed == progress and resumed is not progress
     for name, value in model.state_dict().items():
         assert torch.equal(other.state_dict()[name], value), name  # BatchNorm's running statistics too
@@ -128,14 +148,16 @@ def test_the_shared_state_holds_what_a_resume_needs_and_gives_it_back(streams_ke
         assert all(torch.equal(mine[key], theirs[key]) for key in mine)
 
 
-def test_a_checkpoint_of_another_model_is_refused_before_anything_is_loaded():
+def test_a_checkpoint_of_another_model_or_task_is_refused_before_anything_is_loaded():
     model, optimizer, schedule = trained(0)
-    state = shared_state(model, optimizer, schedule, Progress(step=3), {}, "")
+    state, own = saved(loop_state(model, optimizer, schedule, Progress(step=3)))
     wider = nn.Sequential(nn.Linear(4, 9), nn.BatchNorm1d(9), nn.Linear(9, 2))
     before = {name: value.clone() for name, value in wider.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"checkpoint step 3 does not fit this model: 0.bias is \(8,\) there and \(9,\) here; use a new run dir"):
-        restore(wider, torch.optim.AdamW(wider.parameters()), schedule, 3, state)
+        resume(loop_state(wider, torch.optim.AdamW(wider.parameters()), schedule, Progress()), state, own)
     assert all(torch.equal(wider.state_dict()[name], value) for name, value in before.items())
+    with pytest.raises(CheckpointError, match=r"checkpoint step 3 was written by task mlp-task, not other-task; use a new run dir"):
+        restore_checkpoint(loop_state(model, optimizer, schedule, Progress()), 3, state, own, lambda: iter([own]), "other-task")
     with pytest.raises(CheckpointError, match=r"'3.bias' is missing from the checkpoint"):
         check_compatible(nn.Sequential(*model, nn.Linear(2, 2)), model.state_dict(), 5)
     with pytest.raises(CheckpointError, match=r"'2.bias' is missing from this model"):
@@ -147,13 +169,18 @@ def test_the_loss_scale_is_restored_only_into_a_scaler_in_use():
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(torch.ones(()))
     scaler.update(new_scale=96.0)
-    state = shared_state(model, optimizer, schedule, Progress(step=3), {}, "", scaler)
+    state, own = saved(loop_state(model, optimizer, schedule, Progress(step=3), scaler))
+    assert state["state"]["scaler"]["scale"] == 96.0
+    fresh = torch.amp.GradScaler("cpu")
+    resume(loop_state(model, optimizer, schedule, Progress(), fresh), state, own)
+    assert fresh.get_scale() == 96.0
     off = torch.amp.GradScaler("cpu", enabled=False)
-    restore(model, optimizer, schedule, 3, state, off)  # fp32 now: nothing to restore into
+    resume(loop_state(model, optimizer, schedule, Progress(), off), state, own)  # fp32 now: nothing to restore into
     assert not off.is_enabled()
-    without = shared_state(model, optimizer, schedule, Progress(step=3), {}, "")
+    without, own = saved(loop_state(model, optimizer, schedule, Progress(step=3), off))
+    assert without["state"]["scaler"] == {}
     fresh = torch.amp.GradScaler("cpu", init_scale=512.0)
-    restore(model, optimizer, schedule, 3, without, fresh)  # an fp32 checkpoint resumed in fp16: the scaler starts afresh
+    resume(loop_state(model, optimizer, schedule, Progress(), fresh), without, own)  # an fp32 checkpoint resumed in fp16: the scale starts afresh
     assert fresh.get_scale() == 512.0
 
 

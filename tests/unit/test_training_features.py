@@ -14,7 +14,7 @@ from hpc.config.compose import compose_job
 from hpc.config.validate import check_training
 from hpc.errors import UserError
 from tests.support.fit_in_process import Regression, config, train
-from trainers.checkpoint.state import Progress, restore, shared_state
+from trainers.checkpoint.state import Progress
 from trainers.config import OptimConfig, TrainerConfig, accumulation_steps, scaled_lr
 from trainers.optim import lr_factor
 
@@ -53,21 +53,6 @@ def test_linear_lr_scaling_and_warm_up():
 def test_bad_training_settings_are_refused_before_launch(override, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_training(compose_job(override.split()))
-
-
-def test_the_fp16_loss_scale_is_checkpointed_and_restored():
-    model = nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    scaler.scale(torch.ones(()))  # the scale exists once used
-    scaler.update(new_scale=96.0)
-    state = shared_state(model, optimizer, schedule, Progress(step=3), {}, "", scaler)
-    assert state["scaler"]["scale"] == 96.0
-    fresh = torch.amp.GradScaler("cpu")
-    restore(model, optimizer, schedule, 3, state, fresh)
-    assert fresh.get_scale() == 96.0
-    assert shared_state(model, optimizer, schedule, Progress(), {}, "", torch.amp.GradScaler("cpu", enabled=False))["scaler"] == {}
 
 
 def test_adjoining_skipped_ranges_are_all_skipped():

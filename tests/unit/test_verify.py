@@ -56,6 +56,8 @@ def test_a_differing_leaf_is_named_by_kind():
     assert kind_of("shared:optimizer.state.0.exp_avg", buffers) == "optimizer state"
     assert kind_of("shared:scaler.scale", buffers) == "the grad scaler"
     assert kind_of("shared:model.0.weight", buffers) == "a parameter or registered state"
+    assert kind_of("shared:state.progress.position", buffers) == kind_of("shared:state.schedule.last_epoch", buffers) == "a counter or value"
+    assert kind_of("shared:state.scaler.scale", buffers) == "the grad scaler"
 
 
 def test_the_hint_names_a_batch_drawn_ahead_when_the_first_step_after_a_resume_differs():

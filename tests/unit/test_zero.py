@@ -222,9 +222,9 @@ def test_fit_sharded_resumes_exactly_and_reshards_two_three_two(tmp_path: Path, 
     fit_ranks(tmp_path / "cut", 2, sharding, stop_at=3)  # the stop's own save: not on the every-2-steps grid
     assert fit_ranks(tmp_path / "cut", 2, sharding) == straight
     newest = tmp_path / "cut" / "checkpoints" / "step-000000006"
-    shards = [read_tensor_file(path)["optimizer_shard"]["pieces"] for path in sorted(newest.glob("rank-*.ckpt"))]
+    shards = [read_tensor_file(path)["optimizer_shards"]["optimizer"]["pieces"] for path in sorted(newest.glob("rank-*.ckpt"))]
     assert len(shards) == 2 and all(shards)  # every rank wrote its own part of the optimizer state
-    assert not read_tensor_file(newest / "shared.ckpt")["optimizer"]["state"]
+    assert not read_tensor_file(newest / "shared.ckpt")["state"]["optimizer"]["state"]
     # 2 -> 3 -> 2 ranks, as replicated training does on the same world sizes.
     for run, mode in (("sharded", sharding), ("replicated", "none")):
         for ranks, until in ((2, 2), (3, 4)):
@@ -252,3 +252,41 @@ def test_fit_sharded_with_bf16_autocast_and_accumulation_trains_as_replicated(tm
     replicated = fit_ranks(tmp_path / "replicated", 2, "none", **features)
     assert len(sharded) == 6 and sharded == pytest.approx(replicated, rel=2e-3)
     assert sharded != fit_ranks(tmp_path / "fp32", 2, "gradients")  # bf16 autocast did run
+
+
+# --- a checkpoint of the built-in loop's layout before the one registry (trainers.checkpoint.legacy) ---
+
+LEGACY = Path(__file__).parent.parent / "fixtures" / "checkpoints" / "loop-layout-1"
+
+
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_a_checkpoint_of_the_loop_layout_before_the_registry_resumes_exactly(tmp_path: Path, ranks: int) -> None:
+    """Step 4 of a ZeRO-1 run on two thread ranks, written by the version before the registry
+    (a61eb3b; its uninterrupted run's losses and step-6 weights kept beside it): resumed by this
+    version on two ranks it gives the same losses and weights bit for bit; on one rank (its
+    optimizer shards assembled from both files) it resumes at step 4 and trains on."""
+    import json
+    import shutil
+
+    shutil.copytree(LEGACY / "checkpoints", tmp_path / "run" / "checkpoints")
+    old = json.loads((LEGACY / "uninterrupted.json").read_text())["losses"]
+    losses = fit_ranks(tmp_path / "run", ranks, "optimizer")
+    assert len(losses) == 2  # steps 5 and 6: resumed at 4, nothing re-run
+    if ranks == 1:
+        return
+    assert losses == old[4:]
+    newest = read_tensor_file(tmp_path / "run" / "checkpoints" / "step-000000006" / "shared.ckpt")
+    expected = read_tensor_file(LEGACY / "step-6-shared.ckpt")["model"]
+    assert sorted(newest["state"]["model"]) == sorted(expected)
+    assert all(torch.equal(newest["state"]["model"][name], value) for name, value in expected.items())
+
+
+def test_a_sharded_model_of_the_old_layout_is_refused_in_one_line() -> None:
+    from trainers.checkpoint.checkpointer import CheckpointError
+    from trainers.checkpoint.legacy import from_loop_layout
+
+    old = read_tensor_file(LEGACY / "checkpoints" / "step-000000004" / "shared.ckpt")
+    assert from_loop_layout(4, old)["sharded"] == ["optimizer"]
+    refused = r"^checkpoint step 4 was written with comm.sharding=full in the built-in loop's layout 1 .*; resume it with the version that wrote it"
+    with pytest.raises(CheckpointError, match=refused):
+        from_loop_layout(4, {**old, "model_sharded": True})

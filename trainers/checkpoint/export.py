@@ -140,9 +140,10 @@ def is_marker(value: Any) -> bool:
 
 
 def model_state(shared: dict[str, Any], name: str | None) -> tuple[str, dict[str, torch.Tensor]]:
-    """The checkpoint's model weights and what they are called: the built-in loop's `model`, or
-    the run handle's one registered module (`name` among several)."""
-    if "handle" not in shared:
+    """The checkpoint's model weights and what they are called: the one registered module (the
+    built-in loop's `model`, a script's), or `name` among several; a checkpoint of the built-in
+    loop's layout before the registry holds one, `model`."""
+    if "registry" not in shared and "handle" not in shared:
         if name not in (None, "model"):
             raise ExportError(f"--state {name}: a checkpoint of the built-in loop holds one model ('model')")
         return "model", dict(shared["model"])

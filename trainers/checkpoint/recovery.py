@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from collectives.base import Collectives
 from trainers.checkpoint.checkpointer import CheckpointError
+from trainers.checkpoint.registry import Registry, restore_checkpoint
 from trainers.checkpoint.saving import SaveCoordinator
-from trainers.checkpoint.state import Progress, restore, restore_rng
-from trainers.config import CLASSIFY_TASK, CheckpointConfig
+from trainers.checkpoint.state import Progress
+from trainers.config import CheckpointConfig
 
 log = logging.getLogger("trainers")
 
@@ -36,22 +36,15 @@ def newest_agreed(coordinator: SaveCoordinator | None, comm: Collectives, resume
     return restored
 
 
-def roll_back(
-    comm: Collectives,
-    coordinator: SaveCoordinator | None,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    progress: Progress,
-    bad_range: list[int],
-) -> Progress:
+def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, registry: Registry, progress: Progress, task: str, bad_range: list[int]) -> bool:
     """Back to the newest committed checkpoint after too many non-finite steps in a row; the
-    data of those steps is skipped from now on (the record travels in every later checkpoint)."""
+    data of those steps is skipped from now on (the record travels in every later checkpoint).
+    False: no checkpoint to go back to (the weights are still finite: no bad update was applied)."""
     if coordinator is not None:
-        coordinator.fence()  # a pending asynchronous save still copying the weights restore() overwrites
+        coordinator.fence()  # a pending asynchronous save still copying the weights the restore overwrites
     restored = newest_agreed(coordinator, comm)
-    if restored is None:  # nothing to go back to; the weights are still finite (no bad update was applied)
+    before = (progress.step, progress.bad_steps, progress.rollbacks, progress.skip)
+    if restored is None:
         progress.skip = [*progress.skip, bad_range]
         log.warning(
             "non-finite steps in a row but no committed checkpoint yet: going on without a rollback; samples %d..%d of epoch %d are skipped from now on",
@@ -59,49 +52,35 @@ def roll_back(
             bad_range[2],
             bad_range[0],
         )
-        return progress
+        return False
     step, shared, own = restored
     checkpointer = coordinator.checkpointer if coordinator is not None else None
-    back = restore(model, optimizer, schedule, step, shared, scaler, own, (lambda: checkpointer.rank_states(step)) if checkpointer else None)
-    back.bad_steps, back.rollbacks, back.skip = progress.bad_steps, progress.rollbacks + 1, [*progress.skip, bad_range]
-    optimizer.zero_grad()
+    restore_checkpoint(registry, step, shared, own, (lambda: checkpointer.rank_states(step)) if checkpointer else lambda: iter(()), task)
+    progress.bad_steps, progress.rollbacks, progress.skip = before[1], before[2] + 1, [*before[3], bad_range]
     log.warning(
         "rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
-        progress.step,
+        before[0],
         step,
         bad_range[1],
         bad_range[2],
         bad_range[0],
     )
-    return back
+    return True
 
 
 def resume_or_start(
-    cfg: CheckpointConfig,
-    checkpoint_dir: Path | None,
-    comm: Collectives,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler | None,
-    task: str,
-) -> tuple[SaveCoordinator | None, Progress, int | None]:
-    """The save coordinator (None: checkpoints off), the progress to start from, and the step of
-    the checkpoint resumed from (None: a fresh start)."""
+    cfg: CheckpointConfig, checkpoint_dir: Path | None, comm: Collectives, registry: Registry, progress: Progress, task: str
+) -> tuple[SaveCoordinator | None, int | None]:
+    """The save coordinator (None: checkpoints off) and the step of the checkpoint resumed from
+    into `registry` (None: a fresh start)."""
     if not cfg.enabled or checkpoint_dir is None:
-        return None, Progress(), None
+        return None, None
     coordinator = SaveCoordinator.in_dir(checkpoint_dir, comm, cfg)
     restored = newest_agreed(coordinator, comm, cfg.resume)
     if restored is None:
-        return coordinator, Progress(), None
+        return coordinator, None
     step, shared, own = restored
-    # Checkpoints from before tasks were named were all of the built-in classification.
-    saved_task = str(shared.get("model_config", {}).get("task", CLASSIFY_TASK))
-    if saved_task != task:
-        raise CheckpointError(f"checkpoint step {step} was written by task {saved_task}, not {task}; use a new run dir or the old task")
-    progress = restore(model, optimizer, schedule, step, shared, scaler, own, lambda: coordinator.checkpointer.rank_states(step))
-    if own is not None:
-        restore_rng(own["rng"])
+    restore_checkpoint(registry, step, shared, own, lambda: coordinator.checkpointer.rank_states(step), task)
     log.info(
         "resumed from checkpoint step %d (epoch %d, sample %d)%s",
         step,
@@ -109,4 +88,4 @@ def resume_or_start(
         progress.position,
         "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG",
     )
-    return coordinator, progress, step
+    return coordinator, step

@@ -1,17 +1,9 @@
-"""Model and optimizer state across sharding modes (comm.sharding): what rank 0 saves in
-shared.ckpt, what every rank saves in its own file, and loading a checkpoint of any mode and world
-size into the current one.
-
-- none: all of it in shared.ckpt, as always.
-- optimizer / gradients (ZeRO, collectives/zero.py): the model in shared.ckpt; each rank's part
-  of the optimizer state in its own file (`optimizer_shard`).
-- full (FSDP2, collectives/fsdp.py): the buffers in shared.ckpt; each rank's rows of every
-  parameter (`model_shard`) and of the optimizer state (`optimizer_shard`) in its own file.
-
-Shards are pieces named by parameter (name, or number in the optimizer's param groups) and element
-range, so any saved mode loads into any other at any world size; at the same world size and
-layout a rank reads only its own file.
-"""
+"""A ZeRO optimizer's state across sharding modes and world sizes (comm.sharding=optimizer or
+gradients, collectives/zero.py): each rank saves its part in its own file (the registry's
+`optimizer_shards`), as pieces named by the parameter's number in the param groups and an element
+range, so a checkpoint loads into ZeRO at any world size, into a replicated optimizer, or into an
+FSDP2 one; at the same world size and layout a rank reads only its own file. FSDP2's DTensors
+travel as the registry's `dtensor_pieces` (trainers.checkpoint.registry)."""
 
 from __future__ import annotations
 
@@ -19,78 +11,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch import nn
 
 from collectives import fsdp
 from collectives.zero import ShardingError, full_state, is_sharded, pieces_of_replicated
 from trainers.checkpoint.checkpointer import CheckpointError
 
-RankFiles = Callable[[], Iterable[dict[str, Any]]]  # every rank's own file of a checkpoint, read one at a time
 ShardSources = Callable[[], Iterable[dict[str, Any]]]
-
-
-def fsdp_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def fsdp_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     return any(fsdp.is_distributed_tensor(p) for group in optimizer.param_groups for p in group["params"])
-
-
-def optimizer_is_sharded(optimizer: torch.optim.Optimizer) -> bool:
-    return is_sharded(optimizer) or fsdp_optimizer(optimizer)
-
-
-def model_entry(model: nn.Module) -> dict[str, torch.Tensor]:
-    """shared.ckpt's model: the whole state dict, or with FSDP the entries not sharded (buffers)."""
-    return fsdp.whole_model_state(model) if fsdp_sharded(model) else model.state_dict()
-
-
-def own_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """What a rank saves of the model and optimizer in its own file: its shards, when sharded."""
-    own: dict[str, Any] = {}
-    if fsdp_sharded(model):
-        own["model_shard"] = fsdp.model_shard_state(model)
-    if is_sharded(optimizer):
-        own["optimizer_shard"] = optimizer.shard_state()  # type: ignore[attr-defined]
-    elif fsdp_optimizer(optimizer):
-        own["optimizer_shard"] = fsdp.optimizer_shard_state(optimizer)
-    return own
-
-
-def restore_model(model: nn.Module, shared: dict[str, Any], own: dict[str, Any] | None, ranks: RankFiles | None, step: int) -> None:
-    """The model's state from a checkpoint saved whole or in rows (FSDP), into a whole or FSDP model."""
-    saved_sharded = bool(shared.get("model_sharded"))
-    try:
-        if not saved_sharded and not fsdp_sharded(model):
-            model.load_state_dict(shared["model"])
-            return
-        if saved_sharded and ranks is None:
-            raise ShardingError("its parameters are sharded over the ranks' files, which were not given")
-
-        def sources() -> Iterable[dict[str, Any]]:
-            if not saved_sharded:
-                return [fsdp.pieces_of_whole_model(shared["model"])]
-            mine = (own or {}).get("model_shard")
-            if mine is not None and fsdp_sharded(model) and pieces_match(mine, fsdp.model_ranges(model)):
-                return [mine]
-            assert ranks is not None
-            return (rank.get("model_shard", {"pieces": []}) for rank in ranks())
-
-        if fsdp_sharded(model):
-            fsdp.load_model_shards(model, shared["model"], sources())
-        else:  # rows saved by FSDP ranks, into a whole model
-            shapes = {name: list(value.shape) for name, value in model.state_dict().items() if name not in shared["model"]}
-            model.load_state_dict({**shared["model"], **fsdp.full_model_state(sources(), shapes)})
-    except (ShardingError, RuntimeError, KeyError) as err:
-        raise CheckpointError(f"checkpoint step {step} does not fit this model: {' '.join(str(err).split())[:300]}") from None
-
-
-def pieces_match(shard: dict[str, Any], expected: dict[Any, tuple[int, int]]) -> bool:
-    """Whether a saved shard holds exactly the ranges this rank owns now (same world and layout)."""
-    return {(p["index"], int(p["start"]), int(p["stop"])) for p in shard.get("pieces", [])} == {(k, a, b) for k, (a, b) in expected.items()}
 
 
 def restore_optimizer(

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from trainers.checkpoint.checkpointer import CheckpointError
-from trainers.checkpoint.shards import RankFiles, fsdp_sharded, model_entry, optimizer_is_sharded, restore_model, restore_optimizer
 
 
 @dataclass
@@ -30,9 +29,33 @@ class Progress:
     rollbacks: int = 0  # returns to the last committed checkpoint after too many in a row
     skip: list[list[int]] = field(default_factory=list)  # [epoch, start, end) data never trained on again
 
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """In place: the loop and its registry hold this one object."""
+        for name, value in Progress(**state).__dict__.items():
+            setattr(self, name, value)
+
     def next_epoch(self) -> None:
         self.epoch += 1
         self.position, self.epoch_loss_sum, self.epoch_seen, self.epoch_steps, self.epoch_seconds = 0, 0.0, 0, 0, 0.0
+
+
+class LossScale:
+    """The fp16 grad scaler as registered state: an fp32 checkpoint resumed in fp16 starts the
+    scale afresh, and a saved scale is not loaded into a scaler not in use (GradScaler itself
+    refuses the first)."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.scaler.state_dict()) if self.scaler is not None and self.scaler.is_enabled() else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and self.scaler.is_enabled() and state:
+            self.scaler.load_state_dict(state)  # the fp16 loss scale continues where it was
 
 
 def rng_state() -> dict[str, Any]:
@@ -84,29 +107,6 @@ def restore_rank_buffers(model: nn.Module, saved: dict[str, torch.Tensor] | None
             buffer.copy_(saved[name])
 
 
-def shared_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: Any,
-    progress: Progress,
-    model_config: dict[str, Any],
-    config_text: str = "",
-    scaler: Any = None,
-) -> dict[str, Any]:
-    return {
-        "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else {},
-        "config": config_text,
-        "model": model_entry(model),  # comm.sharding=full: the buffers; the parameters' rows are in the ranks' files
-        "model_sharded": fsdp_sharded(model),
-        "model_shapes": {name: list(value.shape) for name, value in model.state_dict().items()} if fsdp_sharded(model) else {},
-        "optimizer": optimizer.state_dict() if not optimizer_is_sharded(optimizer) else {**optimizer.state_dict(), "state": {}},
-        "optimizer_sharded": optimizer_is_sharded(optimizer),  # then the state is in the ranks' files
-        "schedule": schedule.state_dict(),
-        "progress": asdict(progress),
-        "model_config": model_config,
-    }
-
-
 def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int) -> None:
     """Refuse a checkpoint of another model with a message naming the first difference."""
     current = model.state_dict()
@@ -121,27 +121,3 @@ def check_compatible(model: nn.Module, saved: dict[str, torch.Tensor], step: int
                 f"checkpoint step {step} does not fit this model: {name} is {tuple(saved[name].shape)} there and "
                 f"{tuple(current[name].shape)} here; use a new run dir or the old model config"
             )
-
-
-def restore(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: Any,
-    step: int,
-    shared: dict[str, Any],
-    scaler: Any = None,
-    own: dict[str, Any] | None = None,
-    ranks: RankFiles | None = None,
-) -> Progress:
-    """The state of checkpoint `step`: `shared` (rank 0's), this rank's `own` file (None when the
-    world size changed) and, for sharded state, every rank's files (`ranks`, read one at a time)."""
-    if not fsdp_sharded(model) and not shared.get("model_sharded"):
-        check_compatible(model, shared["model"], step)
-    restore_model(model, shared, own, ranks, step)
-    restore_rank_buffers(model, (own or {}).get("buffers"), step)
-    own_shards = (lambda: (rank.get("optimizer_shard", {}) for rank in ranks())) if ranks is not None else None
-    restore_optimizer(optimizer, shared["optimizer"], bool(shared.get("optimizer_sharded")), (own or {}).get("optimizer_shard"), own_shards, step)
-    schedule.load_state_dict(shared["schedule"])
-    if scaler is not None and scaler.is_enabled() and shared.get("scaler"):
-        scaler.load_state_dict(shared["scaler"])  # the fp16 loss scale continues where it was
-    return Progress(**shared["progress"])

@@ -10,6 +10,8 @@ from collectives.base import Collectives
 from trainers import rngstreams
 from trainers.boundary import StepBoundary
 from trainers.checkpoint.recovery import resume_or_start
+from trainers.checkpoint.registry import Registry
+from trainers.checkpoint.state import LossScale, Progress
 from trainers.config import accumulation_steps
 from trainers.context import FitConfig, RunContext
 from trainers.guard import BadStepGuard
@@ -37,9 +39,9 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
     run.stop.phase = "resume"
     load_began = time.time()
     rngstreams.seed_rank(cfg.trainer.seed, comm.rank)  # its own stream from here on (a checkpoint's, if resumed)
-    coordinator, progress, resumed_from = resume_or_start(
-        cfg.checkpoint, run.checkpoint_dir, comm, engine.model, engine.optimizer, engine.schedule, engine.scaler, task_target
-    )
+    progress = Progress()
+    registry = loop_registry(engine, progress)
+    coordinator, resumed_from = resume_or_start(cfg.checkpoint, run.checkpoint_dir, comm, registry, progress, task_target)
     run.milestones.loaded(load_began, time.time())
     log_training_plan(cfg, task, data, engine, comm.world_size)
     run.steps.total_steps = total_steps if total_steps < UNBOUNDED else None
@@ -50,7 +52,16 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
         cfg.trainer.max_steps,
         cfg.trainer.eval_every,
     )
-    return Loop(cfg, comm, run, task, engine, data, policies, progress, resumed_from, task.describe(), metrics=metrics or MetricsWriter(None))
+    described = {**task.describe(), "task": task_target}
+    return Loop(cfg, comm, run, task, engine, data, policies, progress, registry, resumed_from, described, metrics=metrics or MetricsWriter(None))
+
+
+def loop_registry(engine: Engine, progress: Progress) -> Registry:
+    """The built-in loop's state, kept as a script's run handle keeps its own (one layout, one
+    restore path): the model with its buffers, optimizer, schedule, loss scale and data position."""
+    return Registry(
+        {"model": engine.model, "optimizer": engine.optimizer, "schedule": engine.schedule, "scaler": LossScale(engine.scaler), "progress": progress}
+    )
 
 
 def log_training_plan(cfg: FitConfig, task: Task, data: DataPlan, engine: Engine, world_size: int) -> None:

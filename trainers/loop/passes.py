@@ -22,9 +22,9 @@ import torch
 
 from collectives.base import Collectives
 from trainers.checkpoint.recovery import agree_on_newest, roll_back
+from trainers.checkpoint.registry import Registry, own_checkpoint, restore_checkpoint, shared_checkpoint
 from trainers.checkpoint.saving import SaveCoordinator
-from trainers.checkpoint.shards import own_state
-from trainers.checkpoint.state import Progress, rank_buffers, restore, rng_state, shared_state
+from trainers.checkpoint.state import Progress
 from trainers.context import FitConfig, RunContext
 from trainers.data.loader import Pass
 from trainers.data.reading import Prefetcher
@@ -55,8 +55,9 @@ class Loop:
     data: DataPlan
     policies: StepPolicies
     progress: Progress
+    registry: Registry  # what a checkpoint keeps: model, optimizer, schedule, scaler, progress (trainers.checkpoint.registry)
     resumed_from: int | None
-    model_config: dict[str, Any]
+    model_config: dict[str, Any]  # the task's description; its "task" names what a checkpoint may resume
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
     metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))  # metrics.jsonl (rank 0)
     in_flight: StepInFlight | None = None  # the newest step, its sums not read yet
@@ -239,13 +240,12 @@ class Loop:
 
     def roll_back_past(self, bad_range: list[int]) -> None:
         """To the newest committed checkpoint; the bad range is never trained on again."""
-        before = self.progress
-        engine, guard = self.engine, self.policies.guard
-        self.progress = roll_back(self.comm, self.coordinator, engine.model, engine.optimizer, engine.schedule, engine.scaler, before, bad_range)
-        if self.progress is before:  # no checkpoint to go back to: the range is skipped, training goes on
-            guard.skipped_without_checkpoint()
-        else:
-            guard.rolled_back(self.progress.step)
+        guard = self.policies.guard
+        if not roll_back(self.comm, self.coordinator, self.registry, self.progress, self.model_config["task"], bad_range):
+            guard.skipped_without_checkpoint()  # no checkpoint to go back to: the range is skipped, training goes on
+            return
+        self.engine.optimizer.zero_grad()
+        guard.rolled_back(self.progress.step)
 
     def in_skipped_range(self) -> bool:
         return in_skipped_range(self.progress)
@@ -332,21 +332,21 @@ class Loop:
         coordinator.fence()
         step, shared, own = coordinator.checkpointer.load_step(int(best["step"]))
         agree_on_newest(self.comm, step)  # every rank tests the same weights
-        engine = self.engine
-        restore(engine.model, engine.optimizer, engine.schedule, step, shared, engine.scaler, own, lambda: coordinator.checkpointer.rank_states(step))
+        where = self.progress.state_dict()  # the run's own count stays: only the weights are the best step's
+        restore_checkpoint(self.registry, step, shared, own, lambda: coordinator.checkpointer.rank_states(step), self.model_config["task"])
+        self.progress.load_state_dict(where)
         return best
 
     def save(self, synchronous: bool) -> None:
         if self.coordinator is None:  # checkpoints off: nothing to snapshot
             return
-        engine = self.engine
-        model, optimizer = engine.model, engine.optimizer
+        registry, step = self.registry, self.progress.step
         self.policies.boundary.save(
-            self.progress.step,
-            lambda: shared_state(model, optimizer, engine.schedule, self.progress, self.model_config, self.run.config_text, engine.scaler),
-            lambda: {"rng": rng_state(), "buffers": rank_buffers(model), **own_state(model, optimizer)},
+            step,
+            lambda: shared_checkpoint(registry, step, self.comm.world_size, self.run.config_text, self.model_config),
+            lambda: own_checkpoint(registry),
             synchronous,
-            later=engine.stepped_tensors(),
+            later=self.engine.stepped_tensors(),
         )
 
     def close(self, ended_as: str = "FINISHED") -> None:
