@@ -72,73 +72,10 @@ def element_range(value: Any) -> tuple[int, int]:
     return start * row, stop * row
 
 
-def local_pieces(state: dict[Any, Any]) -> list[dict[str, Any]]:
-    """The DTensors of {key: tensor} as this rank's pieces (whole tensors are left out)."""
-    pieces = []
-    for key, value in state.items():
-        if is_distributed_tensor(value):
-            start, stop = element_range(value)
-            local = value.to_local().detach().reshape(-1)
-            pieces.append({"index": key, "start": start, "stop": stop, "shape": list(value.shape), "ranged": {"value": local}, "whole": {}})
-    return pieces
-
-
-def model_shard_state(model: nn.Module) -> dict[str, Any]:
-    """This rank's rows of every sharded parameter, by name."""
-    return {"pieces": local_pieces(dict(model.state_dict()))}
-
-
-def model_ranges(model: nn.Module) -> dict[str, tuple[int, int]]:
-    """Every sharded parameter's element range on this rank, by name."""
-    return {name: element_range(value) for name, value in model.state_dict().items() if is_distributed_tensor(value)}
-
-
-def whole_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's entries that are not sharded (buffers): rank 0 saves them in shared.ckpt."""
-    return {name: value for name, value in model.state_dict().items() if not is_distributed_tensor(value)}
-
-
-def load_model_shards(model: nn.Module, whole: dict[str, torch.Tensor], sources: Iterable[dict[str, Any]]) -> None:
-    """Fill this rank's rows of every sharded parameter from saved pieces (any world size, or a
-    replicated checkpoint given as one whole piece per name), and the whole entries."""
-    state = model.state_dict()
-    targets = model_ranges(model)
-    filled = fill_pieces(targets, sources)
-    missing = sorted(set(targets) - set(filled))
-    if missing:
-        raise ShardingError(f"the checkpoint has no {missing[0]!r}")
-    with torch.no_grad():
-        for name, value in state.items():
-            if name in filled:
-                value.to_local().copy_(filled[name]["value"].view_as(value.to_local()))
-            elif name in whole:
-                value.copy_(whole[name])
-
-
-def pieces_of_whole_model(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """A replicated checkpoint's model state as one source of whole pieces, by name."""
-    return {"pieces": [{"index": name, "start": 0, "stop": t.numel(), "ranged": {"value": t.reshape(-1)}, "whole": {}} for name, t in state.items()]}
-
-
 def full_model_state(sources: Iterable[dict[str, Any]], shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     """The whole parameters assembled from every rank's pieces (consolidation, export)."""
     filled = fill_pieces({name: (0, math.prod(int(size) for size in shape)) for name, shape in shapes.items()}, sources)
     return {name: filled[name]["value"].view(shapes[name]) for name in shapes if name in filled}
-
-
-def optimizer_shard_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state of this rank's rows, as ZeRO's pieces (parameter index, range)."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    pieces = []
-    for index, p in enumerate(params):
-        state = optimizer.state.get(p)
-        if not state:
-            continue
-        start, stop = element_range(p)
-        ranged = {k: v.to_local().detach().reshape(-1) for k, v in state.items() if is_distributed_tensor(v) and v.shape == p.shape}
-        whole = {k: v for k, v in state.items() if k not in ranged and not is_distributed_tensor(v)}
-        pieces.append({"index": index, "start": start, "stop": stop, "ranged": ranged, "whole": whole})
-    return {"pieces": pieces, "layout": "fsdp"}  # only parameters with state: not a complete list of this rank's rows
 
 
 def load_optimizer_shards(optimizer: torch.optim.Optimizer, sources: Iterable[dict[str, Any]]) -> None:

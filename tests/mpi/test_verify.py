@@ -11,12 +11,13 @@ bit for bit). Features are combined in cells, so that one cell's few starts cove
 - the run handle: a BatchNorm model on our engine (no DDP broadcasting the statistics), and the
   nanoGPT loop shape that numbers its batches; the same drawing its next batch ahead from torch's
   global generator FAILs, naming the first step after the resume.
-Elsewhere, stopped and resumed against an uninterrupted run: FSDP2 (test_world_size_change,
-test_run_handle), Horovod (test_run_handle), EMA (examples/gan_ema, test_examples), the fp16
-GradScaler (test_bad_steps)."""
+- FSDP2 (comm.sharding=full on gloo) with BatchNorm and dropout; Horovod with the fp16
+  GradScaler (its scale in the compared state) and dropout; examples/gan_ema (an EMA generator).
+SyncBatchNorm is not a cell: torch runs it on CUDA only."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -25,6 +26,7 @@ import sys
 
 import pytest
 
+from tests.conftest import require
 from tests.support.runs import ROOT, digits_shards, fixtures_env
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
@@ -68,11 +70,15 @@ CELLS = {
         "verify.stops=1",
     ],
     "lm-dropout-zero1": ["task=lm", "comm.sharding=optimizer", "verify.steps=40", "verify.stops=1", "checkpoint.every_minutes=null"],
+    "cnn-fsdp2-gloo-dropout": ["model=cnn", "model.dropout=0.2", "comm=gloo", "comm.sharding=full", "verify.stops=1"],
+    "mlp-horovod-fp16-scaler-dropout": ["model=mlp", "model.dropout=0.2", "comm=horovod", "trainer.precision=fp16", "verify.stops=1"],
 }
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_the_built_in_loop_resumes_exactly_in_every_tensor(tmp_path, cell):
+    if "horovod" in cell:
+        require(importlib.util.find_spec("horovod") is not None, "Horovod (scripts/build-horovod.sh)")
     shards = [f"data.path={digits_shards(tmp_path)}"] if "shards" in cell else []  # written by the converter, several per split
     code, line = verify(tmp_path, *CELLS[cell], *shards)
     assert code == 0 and line.startswith("verify: PASS: "), line
@@ -91,6 +97,14 @@ def learns(run_dir) -> None:
     assert "name: adamw" in config and "tokens: /" in config  # task=lm brings AdamW; the corpus file is pinned
     result = json.loads((run_dir / "result.json").read_text())
     assert result["world_size"] == 2 and result["val_metrics"]["perplexity"] == pytest.approx(math.exp(result["val_metrics"]["loss"]))
+
+
+def test_a_gan_with_an_ema_generator_resumes_exactly(tmp_path):
+    """examples/gan_ema: two models, two optimizers and an AveragedModel stepped in turn."""
+    script = ROOT / "examples" / "gan_ema" / "train.py"
+    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", script_args=["--steps", "300"])
+    assert code == 0 and line.startswith("verify: PASS: "), line
+    assert landed(line)[1] is not None
 
 
 def test_a_run_handle_script_with_batchnorm_on_our_engine_resumes_exactly(tmp_path):

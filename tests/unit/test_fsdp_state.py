@@ -1,6 +1,7 @@
-"""FSDP2's state as the checkpoints keep it (collectives/fsdp.py, trainers/checkpoint/shards.py), in-process on
-a gloo group of one rank: the rows saved as pieces load back bit for bit, into an FSDP model or
-assembled into a plain one, and the run handle refuses DTensors it cannot save yet."""
+"""FSDP2's state as the checkpoints keep it (collectives/fsdp.py, trainers/checkpoint/registry.py), in-process
+on a gloo group of one rank: the rows saved as pieces load back bit for bit, into an FSDP model or
+assembled into a plain one, whole tensors into an FSDP model, and the registry refuses DTensors it
+cannot save yet."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from torch import nn
 
 from collectives import fsdp
-from collectives.zero import full_state
 from tests.support.ranks import gloo_world_of_one
+from trainers.checkpoint.checkpointer import CheckpointError
 from trainers.checkpoint.registry import Registry, per_rank
 from trainers.gpt import GPT, GPTShape, next_token_loss
 from trainers.task import TaskError
@@ -57,39 +58,47 @@ def copied(obj: object) -> object:
     return obj
 
 
-def test_rows_saved_as_pieces_resume_bit_for_bit_sharded_or_whole(one_rank: None) -> None:
+def saved_registry(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """A registry's shared state and this rank's own file, copied as a checkpoint's files are (the
+    pieces are views of the live rows)."""
+    registry = Registry({"model": model, "optimizer": optimizer})
+    return copied(registry.shared_state()), {"dtensor_pieces": copied(registry.dtensor_pieces())}
+
+
+def test_a_run_changes_between_fsdp2_rows_and_whole_tensors_and_continues_bit_for_bit(one_rank: None) -> None:
+    """comm.sharding=full saved, resumed without sharding (rows assembled whole), and the other
+    way (whole tensors cut to this rank's rows, the optimizer's state not created yet): on one
+    rank the continuation is the sharded run's own."""
     model, optimizer = build(sharded=True)
     train(model, optimizer, 3)
-    # Copies, as a checkpoint's files are: the pieces are views of the live rows.
-    model_pieces, optimizer_pieces = copied(fsdp.model_shard_state(model)), copied(fsdp.optimizer_shard_state(optimizer))
-    whole = copied(fsdp.whole_model_state(model))
-    groups = optimizer.state_dict()["param_groups"]
+    shared, own = saved_registry(model, optimizer)
     straight = train(model, optimizer, 2, first=3)
 
-    resumed, resumed_optimizer = build(sharded=True)
-    fsdp.load_model_shards(resumed, whole, [model_pieces])
-    resumed_optimizer.load_state_dict({"state": {}, "param_groups": groups})
-    fsdp.load_optimizer_shards(resumed_optimizer, [optimizer_pieces])
-    assert train(resumed, resumed_optimizer, 2, first=3) == straight
-
-    # Assembled into a plain model and optimizer: the same continuation (one rank: the same sums).
     plain, plain_optimizer = build(sharded=False)
-    shapes = {name: list(value.shape) for name, value in plain.state_dict().items()}
-    plain.load_state_dict({**whole, **fsdp.full_model_state([model_pieces], shapes)})
-    plain_optimizer.load_state_dict({"state": full_state(plain_optimizer, [optimizer_pieces]), "param_groups": groups})
+    Registry({"model": plain, "optimizer": plain_optimizer}).load(3, copied(shared), None, lambda: [own])
+    assert not any(fsdp.is_distributed_tensor(v) for v in plain.state_dict().values())
     assert train(plain, plain_optimizer, 2, first=3) == pytest.approx(straight, rel=1e-6)
+
+    whole, whole_optimizer = build(sharded=False)
+    train(whole, whole_optimizer, 3)
+    shared, own = saved_registry(whole, whole_optimizer)
+    straight = train(whole, whole_optimizer, 2, first=3)
+    sharded, sharded_optimizer = build(sharded=True)
+    Registry({"model": sharded, "optimizer": sharded_optimizer}).load(3, copied(shared), own, lambda: [own])
+    assert all(fsdp.is_distributed_tensor(v) for v in sharded_optimizer.state_dict()["state"][0].values() if v.dim())
+    assert train(sharded, sharded_optimizer, 2, first=3) == pytest.approx(straight, rel=1e-6)
 
 
 def test_a_truncated_shard_is_named(one_rank: None) -> None:
     model, optimizer = build(sharded=True)
     train(model, optimizer, 1)
-    pieces = fsdp.model_shard_state(model)
-    first = pieces["pieces"][0]
+    shared, own = saved_registry(model, optimizer)
+    first = own["dtensor_pieces"]["pieces"][0]
     first["stop"] -= 1
     first["ranged"]["value"] = first["ranged"]["value"][:-1]
-    fresh, _ = build(sharded=True)
-    with pytest.raises(ValueError, match=f"cover .* of parameter {first['index']!r}"):
-        fsdp.load_model_shards(fresh, fsdp.whole_model_state(model), [pieces])
+    fresh, fresh_optimizer = build(sharded=True)
+    with pytest.raises(CheckpointError, match=r"checkpoint step 1 does not fit run state 'model': .*cover"):
+        Registry({"model": fresh, "optimizer": fresh_optimizer}).load(1, shared, own, lambda: [own])
 
 
 def test_the_run_handle_saves_a_scripts_fsdp2_model_and_optimizer_and_resumes_bit_for_bit(one_rank: None) -> None:
@@ -97,9 +106,7 @@ def test_the_run_handle_saves_a_scripts_fsdp2_model_and_optimizer_and_resumes_bi
     state keeps markers, each rank's file its rows, and a fresh registry continues exactly."""
     model, optimizer = build(sharded=True)
     train(model, optimizer, 3)
-    registry = Registry({"model": model, "optimizer": optimizer})
-    shared = copied(registry.shared_state())
-    own = {"dtensor_pieces": copied(registry.dtensor_pieces())}
+    shared, own = saved_registry(model, optimizer)
     assert "DTensor" not in repr(shared) and own["dtensor_pieces"]["pieces"]
     straight = train(model, optimizer, 2, first=3)
 
