@@ -9,6 +9,7 @@ reduces besides them (losses, counts, the stop vote, BatchNorm statistics) and b
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import time
@@ -23,6 +24,27 @@ def held_elsewhere(tensor: torch.Tensor) -> bool:
     """True while C++ (a backend's worker thread) holds a reference to the tensor besides its Python object's."""
     use_count: int = tensor._use_count()  # type: ignore[attr-defined]  # torch's own, untyped
     return use_count > 1
+
+
+def end_process_group() -> None:
+    """End a script's default process group, its worker threads done with the script's last
+    collectives first; every rank calls it, after its last collective (a barrier).
+
+    Gloo's threads outlive destroy_process_group(): they end with the group's last reference,
+    which FSDP2's device mesh and DDP keep until the interpreter's exit. A thread lets go of a
+    collective's tensors after the caller's wait returned; a tensor made in Python needs the GIL
+    for that, and during the interpreter's exit the thread is ended instead and the process
+    aborts ("terminate called without an active exception"; seen after FSDP2's full_tensor()).
+    Gloo's barrier holds a weak reference to each collective not yet let go of, which defers the
+    collective's destructor (its tensors) to the barrier's own; the barrier is kept to the
+    process's end, so no thread frees those tensors (the few bytes are the OS's at exit)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    work = dist.barrier(async_op=True)
+    if work is not None:
+        work.wait()
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))  # kept: not even the interpreter's exit frees it
+    dist.destroy_process_group()
 
 
 class TorchDistCollectives:
