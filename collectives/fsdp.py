@@ -164,15 +164,20 @@ def split_sharded(state: Any, name: str) -> tuple[Any, list[dict[str, Any]]]:
     return walk(state, ()), pieces
 
 
-def sharded_keys(saved: Any) -> list[str]:
-    """The markers split_sharded left in a saved state dict."""
+def marker_shapes(saved: Any) -> dict[str, list[int]]:
+    """Each marker split_sharded left in a saved state dict: its whole shape, by its key."""
     if isinstance(saved, dict):
         if SHARDED in saved:
-            return [str(saved[SHARDED])]
-        return [key for value in saved.values() for key in sharded_keys(value)]
+            return {str(saved[SHARDED]): list(saved["shape"])}
+        return {k: v for value in saved.values() for k, v in marker_shapes(value).items()}
     if isinstance(saved, list | tuple):
-        return [key for value in saved for key in sharded_keys(value)]
-    return []
+        return {k: v for value in saved for k, v in marker_shapes(value).items()}
+    return {}
+
+
+def sharded_keys(saved: Any) -> list[str]:
+    """The markers split_sharded left in a saved state dict."""
+    return list(marker_shapes(saved))
 
 
 def join_sharded(saved: Any, templates: dict[str, Any], sources: Iterable[dict[str, Any]]) -> Any:
@@ -203,17 +208,6 @@ def join_sharded(saved: Any, templates: dict[str, Any], sources: Iterable[dict[s
         return value
 
     return walk(saved)
-
-
-def marker_shapes(saved: Any) -> dict[str, list[int]]:
-    """Each marker's whole shape, by its key."""
-    if isinstance(saved, dict):
-        if SHARDED in saved:
-            return {str(saved[SHARDED]): list(saved["shape"])}
-        return {k: v for value in saved.values() for k, v in marker_shapes(value).items()}
-    if isinstance(saved, list | tuple):
-        return {k: v for value in saved for k, v in marker_shapes(value).items()}
-    return {}
 
 
 def live_at(current: Any, params: list[Any] | None, path: list[Any]) -> Any:

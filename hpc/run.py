@@ -60,7 +60,7 @@ _current: Run | None = None
 
 def per_rank(obj: Any) -> Any:
     """Mark state that differs between ranks (a data cursor): each rank keeps its own."""
-    from trainers.handle import per_rank as mark
+    from trainers.checkpoint.registry import per_rank as mark
 
     return mark(obj)
 
@@ -161,7 +161,7 @@ class Run:
         if self.world_size == 1:
             return
         from collectives.base import broadcast_module
-        from trainers.handle import unwrapped
+        from trainers.checkpoint.registry import unwrapped
 
         if self.resumed_from is None:
             broadcast_module(self.handle.comm, unwrapped(model))  # a resume loaded rank 0's weights everywhere already
@@ -241,8 +241,9 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
 
 def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hosting.Host | None, state: dict[str, Any]) -> Handle:
     from trainers.boundary import StepBoundary
+    from trainers.checkpoint.registry import Registry
     from trainers.checkpoint.saving import SaveCoordinator
-    from trainers.handle import Handle, Registry
+    from trainers.handle import Handle
     from trainers.reporting.metrics import MetricsWriter
     from trainers.reporting.reporter import StepReporter
 

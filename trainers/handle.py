@@ -22,8 +22,8 @@ import torch
 
 from collectives.base import Collectives
 from trainers.boundary import PendingVote, StepBoundary, StepVote
-from trainers.checkpoint.recovery import newest_agreed
-from trainers.checkpoint.registry import SCRIPT_TASK, Registry, own_checkpoint, per_rank, restore_checkpoint, shared_checkpoint, unwrapped
+from trainers.checkpoint.recovery import restore_newest
+from trainers.checkpoint.registry import SCRIPT_TASK, Registry, own_checkpoint, shared_checkpoint
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
@@ -34,7 +34,6 @@ from trainers.task import TaskError
 
 log = logging.getLogger("trainers")
 
-__all__ = ["SCRIPT_TASK", "Handle", "Registry", "per_rank", "unwrapped"]  # hpc.run's names, kept here
 
 # Counts a script may pass to end_step() (this rank's samples or tokens in the step): steps.jsonl
 # then holds their rate over all ranks, under the built-in loop's names.
@@ -87,15 +86,13 @@ class Handle:
 
     def restore(self, checkpoint_dir: Path, resume: bool = True) -> int | None:
         """Load the newest committed checkpoint into the registered state; its step, or None."""
-        restored = newest_agreed(self.coordinator, self.comm, resume)
+        restored = restore_newest(self.coordinator, self.comm, self.registry, SCRIPT_TASK, resume)
         if restored is None:
             log.info("starting fresh: no committed checkpoint in %s", checkpoint_dir)
             return None
-        step, shared, own = restored
-        checkpointer = self.coordinator.checkpointer if self.coordinator is not None else None
-        restore_checkpoint(self.registry, step, shared, own, lambda: checkpointer.rank_states(step) if checkpointer is not None else iter(()), SCRIPT_TASK)
+        step, own_file = restored
         self.step = self.resumed_from = step
-        log.info("resumed from checkpoint step %d%s", step, "" if own is not None else " (world size changed: fresh RNG streams)")
+        log.info("resumed from checkpoint step %d%s", step, "" if own_file else " (world size changed: fresh RNG streams)")
         return step
 
     def end_step(self, metrics: dict[str, Any]) -> bool:

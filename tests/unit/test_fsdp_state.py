@@ -65,28 +65,30 @@ def saved_registry(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
     return copied(registry.shared_state()), {"dtensor_pieces": copied(registry.dtensor_pieces())}
 
 
+def switched(saved_sharded: bool, own_file: bool) -> tuple[list[float], list[float], nn.Module, torch.optim.Optimizer]:
+    """Three steps trained sharded or not, saved, and two more; a fresh model of the other kind
+    resumed from the save (with this rank's own file, or from every rank's) and stepped twice:
+    both continuations' losses, and the resumed model and optimizer."""
+    model, optimizer = build(sharded=saved_sharded)
+    train(model, optimizer, 3)
+    shared, own = saved_registry(model, optimizer)
+    straight = train(model, optimizer, 2, first=3)
+    other, other_optimizer = build(sharded=not saved_sharded)
+    Registry({"model": other, "optimizer": other_optimizer}).load(3, copied(shared), own if own_file else None, lambda: [own])
+    return straight, train(other, other_optimizer, 2, first=3), other, other_optimizer
+
+
 def test_a_run_changes_between_fsdp2_rows_and_whole_tensors_and_continues_bit_for_bit(one_rank: None) -> None:
     """comm.sharding=full saved, resumed without sharding (rows assembled whole), and the other
     way (whole tensors cut to this rank's rows, the optimizer's state not created yet): on one
     rank the continuation is the sharded run's own."""
-    model, optimizer = build(sharded=True)
-    train(model, optimizer, 3)
-    shared, own = saved_registry(model, optimizer)
-    straight = train(model, optimizer, 2, first=3)
+    straight, resumed, plain, plain_optimizer = switched(saved_sharded=True, own_file=False)
+    assert not any(fsdp.is_distributed_tensor(v) for v in [*plain.state_dict().values(), *plain_optimizer.state_dict()["state"][0].values()])
+    assert resumed == pytest.approx(straight, rel=1e-6)
 
-    plain, plain_optimizer = build(sharded=False)
-    Registry({"model": plain, "optimizer": plain_optimizer}).load(3, copied(shared), None, lambda: [own])
-    assert not any(fsdp.is_distributed_tensor(v) for v in plain.state_dict().values())
-    assert train(plain, plain_optimizer, 2, first=3) == pytest.approx(straight, rel=1e-6)
-
-    whole, whole_optimizer = build(sharded=False)
-    train(whole, whole_optimizer, 3)
-    shared, own = saved_registry(whole, whole_optimizer)
-    straight = train(whole, whole_optimizer, 2, first=3)
-    sharded, sharded_optimizer = build(sharded=True)
-    Registry({"model": sharded, "optimizer": sharded_optimizer}).load(3, copied(shared), own, lambda: [own])
+    straight, resumed, _, sharded_optimizer = switched(saved_sharded=False, own_file=True)
     assert all(fsdp.is_distributed_tensor(v) for v in sharded_optimizer.state_dict()["state"][0].values() if v.dim())
-    assert train(sharded, sharded_optimizer, 2, first=3) == pytest.approx(straight, rel=1e-6)
+    assert resumed == pytest.approx(straight, rel=1e-6)
 
 
 def test_a_truncated_shard_is_named(one_rank: None) -> None:

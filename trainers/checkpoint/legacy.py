@@ -15,7 +15,6 @@ from trainers.checkpoint.checkpointer import CheckpointError
 from trainers.config import CLASSIFY_TASK
 
 LEGACY_FORMAT = "the built-in loop's layout 1"
-LOOP_STATE = ("model", "optimizer", "schedule", "scaler", "progress")  # the built-in loop's registry names
 
 
 def from_loop_layout(step: int, shared: dict[str, Any]) -> dict[str, Any]:
@@ -25,18 +24,18 @@ def from_loop_layout(step: int, shared: dict[str, Any]) -> dict[str, Any]:
             f"checkpoint step {step} was written with comm.sharding=full in {LEGACY_FORMAT} (before registry format 2), "
             "which this version does not resume; resume it with the version that wrote it, or use a new run dir"
         )
-    sharded = bool(shared.get("optimizer_sharded"))
+    state = {  # under the names the built-in loop registers now (trainers.loop.build.loop_registry)
+        "model": shared["model"],
+        "optimizer": shared["optimizer"],
+        "schedule": shared["schedule"],
+        "scaler": shared.get("scaler") or {},
+        "progress": shared["progress"],
+    }
     return {
-        "registry": {"format": 1, "step": step, "world_size": -1, "state": sorted(LOOP_STATE), "values": [], "per_rank": []},
-        "state": {
-            "model": shared["model"],
-            "optimizer": shared["optimizer"],
-            "schedule": shared["schedule"],
-            "scaler": shared.get("scaler") or {},
-            "progress": shared["progress"],
-        },
+        "registry": {"format": 1, "step": step, "world_size": -1, "state": sorted(state), "values": [], "per_rank": []},
+        "state": state,
         "values": {},
-        "sharded": ["optimizer"] if sharded else [],
+        "sharded": ["optimizer"] if shared.get("optimizer_sharded") else [],
         "config": shared.get("config", ""),
         "model_config": {"task": CLASSIFY_TASK, **shared.get("model_config", {})},  # before tasks were named: all classification
     }

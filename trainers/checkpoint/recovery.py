@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,12 +27,17 @@ def agree_on_newest(comm: Collectives, step: int | None) -> None:
         raise CheckpointError(f"ranks found different newest checkpoints (steps {int(-found[1])}..{int(found[0])}); check the shared file system")
 
 
-def newest_agreed(coordinator: SaveCoordinator | None, comm: Collectives, resume: bool = True) -> tuple[int, dict[str, Any], dict[str, Any] | None] | None:
-    """The newest committed checkpoint (step, rank 0's shared state, this rank's own state), the
-    same on every rank; None: none (or checkpoints off, or resume=False)."""
+def restore_newest(coordinator: SaveCoordinator | None, comm: Collectives, registry: Registry, task: str, resume: bool = True) -> tuple[int, bool] | None:
+    """The newest committed checkpoint, the same on every rank, restored into `registry` (every
+    loop's resume and the built-in loop's rollback): its step and whether this rank had its own
+    file (False: the world size changed); None: none (or checkpoints off, or resume=False)."""
     restored = coordinator.checkpointer.load_latest() if coordinator is not None and resume else None
     agree_on_newest(comm, restored[0] if restored else None)
-    return restored
+    if coordinator is None or restored is None:
+        return None
+    step, shared, own = restored
+    restore_checkpoint(registry, step, shared, own, lambda: coordinator.checkpointer.rank_states(step), task)
+    return step, own is not None
 
 
 def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, registry: Registry, progress: Progress, task: str, bad_range: list[int]) -> bool:
@@ -42,8 +46,8 @@ def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, registry: 
     False: no checkpoint to go back to (the weights are still finite: no bad update was applied)."""
     if coordinator is not None:
         coordinator.fence()  # a pending asynchronous save still copying the weights the restore overwrites
-    restored = newest_agreed(coordinator, comm)
-    before = (progress.step, progress.bad_steps, progress.rollbacks, progress.skip)
+    step_before, bad_steps, rollbacks, skipped = progress.step, progress.bad_steps, progress.rollbacks, progress.skip
+    restored = restore_newest(coordinator, comm, registry, task)
     if restored is None:
         progress.skip = [*progress.skip, bad_range]
         log.warning(
@@ -53,14 +57,11 @@ def roll_back(comm: Collectives, coordinator: SaveCoordinator | None, registry: 
             bad_range[0],
         )
         return False
-    step, shared, own = restored
-    checkpointer = coordinator.checkpointer if coordinator is not None else None
-    restore_checkpoint(registry, step, shared, own, (lambda: checkpointer.rank_states(step)) if checkpointer else lambda: iter(()), task)
-    progress.bad_steps, progress.rollbacks, progress.skip = before[1], before[2] + 1, [*before[3], bad_range]
+    progress.bad_steps, progress.rollbacks, progress.skip = bad_steps, rollbacks + 1, [*skipped, bad_range]
     log.warning(
         "rolled back from step %d to checkpoint step %d after non-finite steps; samples %d..%d of epoch %d are skipped from now on",
-        before[0],
-        step,
+        step_before,
+        restored[0],
         bad_range[1],
         bad_range[2],
         bad_range[0],
@@ -76,16 +77,15 @@ def resume_or_start(
     if not cfg.enabled or checkpoint_dir is None:
         return None, None
     coordinator = SaveCoordinator.in_dir(checkpoint_dir, comm, cfg)
-    restored = newest_agreed(coordinator, comm, cfg.resume)
+    restored = restore_newest(coordinator, comm, registry, task, cfg.resume)
     if restored is None:
         return coordinator, None
-    step, shared, own = restored
-    restore_checkpoint(registry, step, shared, own, lambda: coordinator.checkpointer.rank_states(step), task)
+    step, own_file = restored
     log.info(
         "resumed from checkpoint step %d (epoch %d, sample %d)%s",
         step,
         progress.epoch,
         progress.position,
-        "" if own is not None else "; world size changed: data re-sharded by global sample index, fresh RNG",
+        "" if own_file else "; world size changed: data re-sharded by global sample index, fresh RNG",
     )
     return coordinator, step

@@ -265,16 +265,16 @@ def upgraded(step: int, shared: dict[str, Any], own: dict[str, Any] | None, rank
     if isinstance(shared.get("handle"), dict):  # the run handle's format 1: this layout under its old name
         return {**shared, "registry": shared["handle"]}, own, ranks
     if "model" in shared and "progress" in shared:  # the built-in loop's own layout, before format 2
-        upgrade = own_from_loop_layout
-        return from_loop_layout(step, shared), None if own is None else upgrade(own), lambda: (upgrade(rank) for rank in ranks())
+        own_file = None if own is None else own_from_loop_layout(own)
+        return from_loop_layout(step, shared), own_file, lambda: (own_from_loop_layout(rank) for rank in ranks())
     raise CheckpointError(f"checkpoint step {step} has no layout this version reads (neither format {REGISTRY_FORMAT} nor {LEGACY_FORMAT}); use a new run dir")
 
 
-def restore_checkpoint(registry: Registry, step: int, shared: dict[str, Any], own: dict[str, Any] | None, ranks: RankFiles, task: str) -> dict[str, Any]:
+def restore_checkpoint(registry: Registry, step: int, shared: dict[str, Any], own: dict[str, Any] | None, ranks: RankFiles, task: str) -> None:
     """The one restore path of every loop: checkpoint `step` (rank 0's `shared`, this rank's `own`
     file or None when the world size changed, every rank's files through `ranks`) into `registry`
     and this rank's RNG streams, refused in one line where it is another task's or registers other
-    state. Its registry record (the layout, world size) is returned."""
+    state."""
     shared, own, ranks = upgraded(step, shared, own, ranks)
     if saved_task(shared) != task:
         expected = "by a script" if task == SCRIPT_TASK else task
@@ -292,4 +292,3 @@ def restore_checkpoint(registry: Registry, step: int, shared: dict[str, Any], ow
             record.get("world_size", -1),
             ", ".join(sorted(registry.own)),
         )
-    return dict(record)
