@@ -280,26 +280,28 @@ def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
 
 
 def run_verifier(job: JobConfig, overrides: list[str], script_args: list[str] | None) -> int:
-    """verify=resume: the job run by the resume verifier (hpc/verify/resume.py) in runs of its own."""
+    """verify=resume: the job run by the resume verifier (hpc/verify/resume.py) in runs of its
+    own, on this machine or, for a queued cluster, as jobs of that cluster."""
     import random
 
-    from hpc.verify.resume import VerifyPlan, child_overrides, verify_paths, verify_resume
+    from hpc.verify.resume import VerifyPlan, child_overrides, verify_paths, verify_resume, with_override
 
-    if traits(job.cluster.launcher).queued:
-        raise UserError(f"verify=resume runs the job's ranks on this machine (cluster=local); cluster={job.cluster.name} is not supported by the verifier yet")
     if not job.checkpoint.enabled:
         raise UserError("verify=resume compares the job's checkpoints: leave out checkpoint.enabled=false")
-    verify, builtin = job.verify, job.script is None
+    verify, builtin, queued = job.verify, job.script is None, traits(job.cluster.launcher).queued
     every = verify.every_steps or job.checkpoint.every_steps or (max(2, (verify.steps or 60) // 6) if builtin else 10)
     children = child_overrides(overrides, verify.steps, every, builtin)
+    if queued and verify.kill and job.cluster.allocation_restarts == 0 and job.cluster.failure_requeues == 0:
+        children = with_override(children, "cluster.failure_requeues", 1)  # the kill must be followed by a requeue to compare anything
+    where = f" as jobs of {job.cluster.name} (each requeue waits for the scheduler's hold and queue)" if queued else ""
     if job.dry_run:  # what it would run, nothing more
         passed = " ".join(o for o in children if override_key(o) != "dry_run")
         kill = " and killed once after a periodic save" if verify.kill else ""
-        print(f"verify: would run `hpc-launch {passed}` uninterrupted, then stopped {verify.stops} times at random steps{kill}, and compare")
+        print(f"verify: would run `hpc-launch {passed}`{where} uninterrupted, then stopped {verify.stops} times at random steps{kill}, and compare")
         return 0
     seed = verify.seed if verify.seed is not None else random.SystemRandom().randrange(1 << 31)
-    print(f"verify: seed {seed} (verify.seed={seed} repeats where the stops land), a save every {every} steps", flush=True)
-    plan = VerifyPlan(children, script_args, verify.stops, verify.kill, seed, verify_paths(job.run_root))
+    print(f"verify: seed {seed} (verify.seed={seed} repeats where the stops land), a save every {every} steps{where}", flush=True)
+    plan = VerifyPlan(children, script_args, verify.stops, verify.kill, seed, verify_paths(job.run_root), job.cluster.launcher if queued else None)
     return verify_resume(plan, not builtin)
 
 

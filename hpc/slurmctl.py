@@ -205,6 +205,22 @@ def srun_has_option(option: str) -> bool | None:
     return option in out + err
 
 
+def task_steps(job_id: str) -> list[str]:
+    """The job's steps that run its tasks (`JOB.0`, `JOB.1`, ...: srun's), not its batch shell
+    or extern step; empty when none runs or Slurm did not answer."""
+    code, out, _ = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+    return [step for step in out.split() if step.rpartition(".")[2].isdigit()] if code == 0 else []
+
+
+def kill_tasks(job_id: str) -> str | None:
+    """SIGKILL to the tasks of the job's steps, at once, as a rank's death or a lost node ends
+    them: the job and its batch shell go on (a SIGKILL to the job itself cancels it, and Slurm
+    sends SIGTERM first). The error text, or None; none running is an error."""
+    steps = task_steps(job_id)
+    errors = [error for step in steps if (error := cancel(step, signal="KILL")) is not None]
+    return "; ".join(errors) if errors else None if steps else f"no step of job {job_id} runs tasks now"
+
+
 def cancel(job_id: str, signal: str | None = None) -> str | None:
     """`scancel` the job, or with `signal` only signal its processes (as preemption's
     send_user_signal does); returns the error text, or None."""

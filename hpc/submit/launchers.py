@@ -100,6 +100,12 @@ class QueuedLauncher(ABC):
         """Cancel the job (a requeued one too); the error text, None on success."""
 
     @abstractmethod
+    def signal(self, job_id: str, name: str) -> str | None:
+        """Send signal `name` (USR1, KILL, ...) to the ranks of the running job, not to what
+        requeues it (KILL: the ranks die at once, as on a lost node; the job goes on); the error
+        text, None on success."""
+
+    @abstractmethod
     def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
         """Block until the job ended, printing rank 0's log as it grows; its final state."""
 
@@ -163,6 +169,11 @@ class SlurmLauncher(QueuedLauncher):
 
     def cancel(self, job_id: str) -> str | None:
         return slurmctl.cancel(job_id)
+
+    def signal(self, job_id: str, name: str) -> str | None:
+        if name == "KILL":
+            return slurmctl.kill_tasks(job_id)
+        return slurmctl.cancel(job_id, signal=name)  # every step's tasks, not the batch shell (its EXIT trap requeues)
 
     def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
         return slurm.wait_for_job(job_id, rank0_log, emit)

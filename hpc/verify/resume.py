@@ -1,8 +1,9 @@
 """`hpc-launch verify=resume OVERRIDES...`: the user's own job, run uninterrupted and then
 interrupted as a cluster interrupts it (stopped by a real signal at random steps, killed with
 SIGKILL once a periodic save committed), resumed each time as a requeue would (`bash
-RUN_DIR/command.txt`), and compared with the uninterrupted run: the loss of every step and every
-leaf of the final checkpoint, bit for bit (hpc.verify.compare).
+RUN_DIR/command.txt` here; on a scheduler the job requeues or restarts itself: hpc.verify.runs),
+and compared with the uninterrupted run: the loss of every step and every leaf of the final
+checkpoint, bit for bit (hpc.verify.compare).
 
 Its runs are its own, under RUN_ROOT/verify/DATE/TIME/ (`reference/`, `interrupted/` and, where
 the two differ, `again/`: a second uninterrupted run tells a job that is not deterministic from
@@ -11,37 +12,25 @@ one that does not resume exactly); it never writes into another run dir. The las
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc.config.local_gpus import override_key
-from hpc.errors import UserError
-from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.rankprocs import live_ranks, stop_signal
-from hpc.rundir import RunDir, last_record, read_jsonl
+from hpc.rundir import RunDir, read_jsonl
 from hpc.verify.compare import Losses, compare_states, final_state, first_divergence, hint, kind_of
-
-POLL_S = 0.01
-RUN_TIMEOUT_S = 3600.0
-# The launch command in a child process, as `hpc-launch` (the verifier's own option left out)
-LAUNCH = "import sys; sys.argv[0] = 'hpc-launch'; from hpc.app import cli; cli()"
+from hpc.verify.runs import Launch, Runs, VerifyFailure, committed, logged_step, runs_for, seen_events, wait_until
 
 
 @dataclass(frozen=True)
 class VerifyPlan:
     """What the verifier runs: the job's overrides (the verifier's own left out, its step count
-    and periodic save put in), the script's arguments, and how to interrupt it."""
+    and periodic save put in), the script's arguments, how to interrupt it, and where its ranks
+    run (`queued_on`: the scheduler's launcher, None: here)."""
 
     overrides: list[str]
     script_args: list[str] | None
@@ -49,6 +38,7 @@ class VerifyPlan:
     kill: bool
     seed: int
     root: Path
+    queued_on: str | None = None
 
 
 @dataclass
@@ -84,163 +74,56 @@ def stop_steps(total: int, stops: int, rng: random.Random) -> list[int]:
     return sorted(rng.sample(candidates, min(stops, len(candidates))))
 
 
-class Launch:
-    """One start of a run: the launch command or a resume, its output kept in a log file, in a
-    session of its own (a Ctrl-C reaches the verifier, which stops its runs: `stop_all`)."""
-
-    live: set[Launch] = set()
-
-    def __init__(self, command: list[str], log: Path) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        Launch.live.add(self)
-
-    @classmethod
-    def stop_all(cls, grace_s: float = 60.0) -> None:
-        """Every run still going: Ctrl-C's stop (each stops at a step and saves), then SIGKILL
-        after `grace_s`."""
-        running = [launch for launch in cls.live if launch.proc.poll() is None]
-        for launch in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(launch.proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + grace_s
-        for launch in running:
-            try:
-                launch.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(launch.proc.pid, signal.SIGKILL)
-                launch.proc.wait()
-        cls.live.clear()
-
-    def ended(self) -> bool:
-        return self.proc.poll() is not None
-
-    def wait(self) -> int:
-        try:
-            return self.proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise UserError(f"verify: a run took over {RUN_TIMEOUT_S:.0f} s; its output: {self.log}") from None
-
-    def tail(self) -> str:
-        return self.tail_of(self.log)
-
-    @staticmethod
-    def tail_of(log: Path, lines: int = 3) -> str:
-        """The last lines of a run's output, on one line."""
-        text = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-        return " | ".join(line.strip() for line in text[-lines:]) or f"(no output; see {log})"
-
-
-def launcher() -> list[str]:
-    """This command, started again: `python launch.py` from a checkout (its folder first on the
-    import path, as for the verifier itself), else the installed `hpc-launch`'s code."""
-    started = sys.argv[0]
-    return [sys.executable, os.path.abspath(started)] if started.endswith(".py") else [sys.executable, "-c", LAUNCH]
-
-
-def launch_command(plan: VerifyPlan, run_dir: Path) -> list[str]:
-    args = [*plan.overrides, f"hydra.run.dir={run_dir}"]
-    if plan.script_args is not None:
-        args += ["--", *plan.script_args]
-    return [*launcher(), *args]
-
-
-def resume_command(run_dir: Path) -> list[str]:
-    return ["bash", str(run_dir / "command.txt")]
-
-
-def wait_until(ready: Callable[[], bool], launch: Launch) -> bool:
-    """Poll until `ready()`; False once the run ended first."""
-    while not ready():
-        if launch.ended():
-            return ready()
-        time.sleep(POLL_S)
-    return True
-
-
-def logged_step(run_dir: Path) -> int:
-    record = last_record(RunDir(run_dir).steps)
-    return int(record["step"]) if record else 0
-
-
-def committed(run_dir: Path) -> list[int]:
-    from trainers.checkpoint.storage import stored_checkpoints
-
-    try:
-        return stored_checkpoints(run_dir / "checkpoints").committed_steps()
-    except OSError:
-        return []
-
-
-def signal_ranks(run_dir: Path, name: str) -> bool:
-    """`name` (USR1: the run's stop signal, as hpc.stop sends it; KILL) to every live rank of a
-    local run; False when none runs (yet, or any more)."""
-    run = RunDir(run_dir)
-    try:
-        ranks = live_ranks(run, socket.gethostname())
-    except UserError:
-        return False
-    sig = signal.Signals[f"SIG{stop_signal(run) if name == 'stop' else name}"]
-    for beat in ranks:
-        try:
-            os.kill(beat.pid, sig)
-        except ProcessLookupError:
-            continue
-    return True
-
-
-def run_once(plan: VerifyPlan, run_dir: Path) -> int:
+def run_once(plan: VerifyPlan, runs: Runs, run_dir: Path) -> int:
     """An uninterrupted run of the job into `run_dir`; its exit code."""
-    return Launch(launch_command(plan, run_dir), run_dir.with_suffix(".log")).wait()
+    return runs.start(plan.overrides, plan.script_args, run_dir).wait()
 
 
-def stop_at(run_dir: Path, launch: Launch, step: int) -> bool:
+def stop_at(runs: Runs, run_dir: Path, launch: Launch, step: int) -> bool:
     """A real stop signal to every rank once the run logged `step`; False: it ended first."""
     if not wait_until(lambda: logged_step(run_dir) >= step, launch):
         return False
-    return wait_until(lambda: signal_ranks(run_dir, "stop"), launch)
+    return wait_until(lambda: runs.signal(run_dir, "stop"), launch)
 
 
-def kill_after_save(run_dir: Path, launch: Launch, after: int, total: int) -> int | None:
+def kill_after_save(runs: Runs, run_dir: Path, launch: Launch, after: int, total: int) -> tuple[int, int] | None:
     """SIGKILL to every rank once a periodic save after step `after` and before the run's last
-    committed; the step of that save (None: the run ended first)."""
+    committed: the step of that save and the start events seen before the kill (None: the run
+    ended first)."""
     if not wait_until(lambda: any(after < s < total for s in committed(run_dir)), launch):
         return None
-    saved = max(s for s in committed(run_dir) if s < total)
-    return saved if wait_until(lambda: signal_ranks(run_dir, "KILL"), launch) else None
+    saved, seen = max(s for s in committed(run_dir) if s < total), seen_events(run_dir, "kill")
+    return (saved, seen) if wait_until(lambda: runs.signal(run_dir, "KILL"), launch) else None
 
 
-def interrupted_run(plan: VerifyPlan, run_dir: Path, total: int) -> Interrupted:
+def interrupted_run(plan: VerifyPlan, runs: Runs, run_dir: Path, total: int) -> Interrupted:
     """The job stopped at random steps and killed after a periodic save, resumed after each as a
     requeue would, until it completes. A signal that comes as the run completes counts for
     nothing: the run completed."""
     rng = random.Random(plan.seed)
-    record, log = Interrupted(), run_dir.with_suffix(".log")
-    launch = Launch(launch_command(plan, run_dir), log)
+    record = Interrupted()
+    launch = runs.start(plan.overrides, plan.script_args, run_dir)
     for drawn in stop_steps(total, plan.stops, rng):
         target = max(drawn, (record.resumes[-1] if record.resumes else 0) + 1)  # an earlier stop landed past it: the next step
         if target >= total:
             break
-        if not stop_at(run_dir, launch, target) or (code := launch.wait()) == 0:
+        seen = seen_events(run_dir, "stop")
+        went = runs.went_on(run_dir, launch, "stop", seen) if stop_at(runs, run_dir, launch, target) else None
+        if went is None:
             record.events.append(f"the run completed before the stop after step {target} landed")
             return finished(launch, record)
-        if code != EXIT_RESUMABLE:
-            raise VerifyFailure(f"the run stopped after step {target} ended with code {code}, not {EXIT_RESUMABLE} (resumable): {launch.tail()}")
-        resumed = max(committed(run_dir), default=0)
+        launch, resumed = went
         record.events.append(f"stopped at step {resumed} (signal after step {target})")
         record.resumes.append(resumed)
-        launch = Launch(resume_command(run_dir), log)
     if plan.kill:
-        killed = kill_after_save(run_dir, launch, record.resumes[-1] if record.resumes else 0, total)
-        if killed is None or launch.wait() == 0:
+        killed = kill_after_save(runs, run_dir, launch, record.resumes[-1] if record.resumes else 0, total)
+        went = runs.went_on(run_dir, launch, "kill", killed[1]) if killed is not None else None
+        if killed is None or went is None:
             record.events.append("the run completed before a periodic save to kill it after" if killed is None else "the run completed before the kill landed")
             return finished(launch, record)
-        record.events.append(f"killed (SIGKILL) after the save at step {killed}")
-        record.resumes.append(max(committed(run_dir), default=0))
-        launch = Launch(resume_command(run_dir), log)
+        launch, resumed = went
+        record.events.append(f"killed (SIGKILL) after the save at step {killed[0]}")
+        record.resumes.append(resumed)
     return finished(launch, record)
 
 
@@ -250,10 +133,6 @@ def finished(launch: Launch, record: Interrupted) -> Interrupted:
     if code != 0:
         raise VerifyFailure(f"the interrupted run's last start ended with code {code}: {launch.tail()}")
     return record
-
-
-class VerifyFailure(Exception):
-    """A run of the verifier did not end as it must; the message says how."""
 
 
 def step_losses(run_dir: Path) -> Losses:
@@ -357,20 +236,21 @@ def verify_resume(plan: VerifyPlan, is_script: bool) -> int:
     """Run, interrupt, resume and compare; print what happened and the verdict; the exit code.
     A Ctrl-C (or SIGTERM) stops the runs under way and judges nothing (exit 130)."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    runs = runs_for(plan.queued_on)
     try:
-        return verified(plan, is_script)
+        return verified(plan, runs, is_script)
     except KeyboardInterrupt:
-        Launch.stop_all()
+        runs.abandon()
         return verdict(f"verify: interrupted: its runs were stopped, nothing was judged ({plan.root})", 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def verified(plan: VerifyPlan, is_script: bool) -> int:
+def verified(plan: VerifyPlan, runs: Runs, is_script: bool) -> int:
     reference, interrupted = plan.root / "reference", plan.root / "interrupted"
     print(f"verify: runs under {plan.root}", flush=True)
     began = time.perf_counter()
-    code = run_once(plan, reference)
+    code = run_once(plan, runs, reference)
     if code != 0:
         return verdict(f"verify: FAIL: the uninterrupted run ended with code {code}: {Launch.tail_of(reference.with_suffix('.log'))}", 1)
     if not committed(reference):
@@ -380,7 +260,7 @@ def verified(plan: VerifyPlan, is_script: bool) -> int:
     total = max(uninterrupted.losses, default=0) or max(committed(reference))
     print(f"verify: uninterrupted: {total} steps in {time.perf_counter() - began:.1f} s", flush=True)
     try:
-        record = interrupted_run(plan, interrupted, total)
+        record = interrupted_run(plan, runs, interrupted, total)
     except VerifyFailure as err:
         return verdict(f"verify: FAIL: {err}", 1)
     print(f"verify: interrupted: {'; '.join(record.events) or 'no interruption landed'}", flush=True)
@@ -389,15 +269,15 @@ def verified(plan: VerifyPlan, is_script: bool) -> int:
         if not record.resumes:
             return verdict(f"verify: INCONCLUSIVE: no stop or kill landed before the run ended ({total} steps); give more steps (verify.steps=)", 1)
         return verdict(f"verify: PASS: {passed(record, outcome)}", 0)
-    return judged_again(plan, outcome, record)
+    return judged_again(plan, runs, outcome, record)
 
 
-def judged_again(plan: VerifyPlan, outcome: RunComparison, record: Interrupted) -> int:
+def judged_again(plan: VerifyPlan, runs: Runs, outcome: RunComparison, record: Interrupted) -> int:
     """Not exact: a second uninterrupted run tells what the job itself does not reproduce. Its
     losses or weights: not deterministic, nothing judged. RNG streams the job never seeds (a
     script that leaves Python's or numpy's alone): left out, and the rest judged."""
     again = plan.root / "again"
-    code = run_once(plan, again)
+    code = run_once(plan, runs, again)
     if code != 0:
         return verdict(f"verify: FAIL: a second uninterrupted run ended with code {code}: {Launch.tail_of(again.with_suffix('.log'))}", 1)
     twice = compare_runs(outcome.reference, RunRecord.read(again))

@@ -97,6 +97,9 @@ class FakeQueue(QueuedLauncher):
     def cancel(self, job_id):
         return None
 
+    def signal(self, job_id, name):
+        return None
+
     def wait(self, job_id, rank0_log, emit=print):
         return self.states.get(job_id, GONE)
 

@@ -125,7 +125,7 @@ def test_a_ctrl_c_stops_every_run_the_verifier_started(tmp_path):
     import signal
     import time
 
-    from hpc.verify.resume import Launch
+    from hpc.verify.runs import Launch
     from tests.support.runs import signal_sets
 
     polite = Launch(["sleep", "30"], tmp_path / "a.log")
@@ -142,7 +142,11 @@ def test_a_ctrl_c_stops_every_run_the_verifier_started(tmp_path):
     ("arguments", "code", "said"),
     [
         (["verify=resume", "model=cnn", "dry_run=true"], 0, "trainer.max_steps=120 checkpoint.every_steps=20` uninterrupted, then stopped 2 times"),
-        (["verify=resume", "cluster=simulated"], 2, "error: verify=resume runs the job's ranks on this machine (cluster=local)"),
+        (
+            ["verify=resume", "cluster=simulated", "dry_run=true"],
+            0,
+            "` as jobs of simulated (each requeue waits for the scheduler's hold and queue) uninterrupted, then stopped 2 times",
+        ),
         (["-m", "verify=resume", "optim.lr=0.1,0.2"], 2, "error: verify=resume checks one job: leave out -m"),
         (["verify=resume", "checkpoint.enabled=false"], 2, "error: verify=resume compares the job's checkpoints"),
     ],
