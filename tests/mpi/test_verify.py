@@ -12,7 +12,8 @@ bit for bit). Features are combined in cells, so that one cell's few starts cove
   nanoGPT loop shape that numbers its batches; the same drawing its next batch ahead from torch's
   global generator FAILs, naming the first step after the resume.
 - FSDP2 (comm.sharding=full on gloo) with BatchNorm and dropout; Horovod with the fp16
-  GradScaler (its scale in the compared state) and dropout; examples/gan_ema (an EMA generator).
+  GradScaler (its scale in the compared state) and dropout; examples/gan_ema (an EMA generator);
+  examples/lightning through hpc.lightning.
 SyncBatchNorm is not a cell: torch runs it on CUDA only."""
 
 from __future__ import annotations
@@ -102,9 +103,24 @@ def learns(run_dir) -> None:
 def test_a_gan_with_an_ema_generator_resumes_exactly(tmp_path):
     """examples/gan_ema: two models, two optimizers and an AveragedModel stepped in turn."""
     script = ROOT / "examples" / "gan_ema" / "train.py"
-    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", script_args=["--steps", "300"])
+    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", script_args=["--steps", "200"])
     assert code == 0 and line.startswith("verify: PASS: "), line
     assert landed(line)[1] is not None
+
+
+def test_a_lightning_script_through_hpc_lightning_resumes_exactly_mid_epoch(tmp_path):
+    """examples/lightning (hpc.lightning's Trainer and DataLoader): BatchNorm, dropout, a step
+    schedule, DDP over gloo, stopped mid-epoch and resumed in every tensor, Lightning's loops and
+    the loader's position included. The one validation (step 40) comes after the stop (drawn in
+    the first 30 steps), and no kill: a resume from a save at a validation point skips that
+    validation (Lightning's restart), the gap issue 60 leaves open."""
+    script = ROOT / "examples" / "lightning" / "train.py"
+    common = [f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", "verify.kill=false"]
+    code, line = verify(tmp_path, *common, script_args=["--max-steps", "45", "--val-every", "40"])
+    assert code == 0 and line.startswith("verify: PASS: "), line
+    reference = next(tmp_path.glob("runs/verify/*/*/reference"))
+    result = json.loads((reference / "result.json").read_text())
+    assert result["steps"] == 45 and set(result["val_metrics"]) == {"acc", "loss"}, result  # as hpc.status and sweep.objective read them
 
 
 def test_a_run_handle_script_with_batchnorm_on_our_engine_resumes_exactly(tmp_path):
