@@ -130,8 +130,7 @@ class Guard(pl.Callback):
         self.state.fitting = True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        combined = trainer.fit_loop._combined_loader
-        plain = [type(loader).__name__ for loader in (combined.flattened if combined is not None else []) if not isinstance(loader, DataLoader)]
+        plain = [type(loader).__name__ for loader in training_loaders(trainer) if not isinstance(loader, DataLoader)]
         if plain and self.run is not None and self.run.is_main:
             print(
                 f"hpc.lightning: the training loader is a {plain[0]}, not hpc.lightning.DataLoader: a resume mid-epoch starts the epoch's data again",
@@ -159,8 +158,7 @@ class Guard(pl.Callback):
         """end_step() for each optimizer step since the last call; True: stop now (saved)."""
         assert self.run is not None
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed + in_flight
-        combined = trainer.fit_loop._combined_loader
-        for loader in combined.flattened if combined is not None else []:
+        for loader in training_loaders(trainer):
             if isinstance(loader, DataLoader):
                 loader.trained = trained
         while self.counted < trainer.global_step:
@@ -169,6 +167,12 @@ class Guard(pl.Callback):
             if self.run.end_step(**metrics):
                 return True
         return False
+
+
+def training_loaders(trainer: Any) -> list[Any]:
+    """The loaders Lightning trains from now (none before its data is set up)."""
+    combined = trainer.fit_loop._combined_loader
+    return list(combined.flattened) if combined is not None else []
 
 
 def numeric(value: Any) -> bool:

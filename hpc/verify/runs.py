@@ -155,6 +155,11 @@ class Runs(Protocol):
         """A Ctrl-C: every run still going stopped (or cancelled)."""
 
 
+def signal_name(run_dir: Path, name: str) -> str:
+    """`stop`: the run's own stop signal (cluster.signal), as hpc.stop sends it; else `name`."""
+    return stop_signal(RunDir(run_dir)) if name == "stop" else name
+
+
 def seen_events(run_dir: Path, after: str) -> int:
     """The timeline events that tell a stop (`stop`) or a kill (the next `start`) took effect."""
     return len(events(run_dir, "stop" if after == "stop" else "start"))
@@ -173,7 +178,7 @@ class LocalRuns:
             ranks = live_ranks(run, socket.gethostname())
         except UserError:
             return False
-        sig = signal.Signals[f"SIG{stop_signal(run) if name == 'stop' else name}"]
+        sig = signal.Signals[f"SIG{signal_name(run_dir, name)}"]
         for beat in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(beat.pid, sig)
@@ -220,7 +225,7 @@ class QueuedRuns:
         job_id = self.job_id(run_dir)
         if job_id is None or self.scheduler.jobs([job_id])[job_id].state not in self.scheduler.running_states:
             return False
-        return self.scheduler.signal(job_id, stop_signal(RunDir(run_dir)) if name == "stop" else name) is None
+        return self.scheduler.signal(job_id, signal_name(run_dir, name)) is None
 
     def went_on(self, run_dir: Path, launch: Launch, after: str, seen: int) -> tuple[Launch, int] | None:
         if not wait_until(lambda: seen_events(run_dir, after) > seen, launch, QUEUE_POLL_S):
