@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 # Wall-clock figures and the config text (it names the run dir): the only things two exact runs
-# may hold differently in their checkpoints.
+# may hold differently in their checkpoints. Hugging Face's log history names its timings
+# eval_runtime, train_samples_per_second...: by their endings.
 IGNORED = frozenset({"epoch_seconds", "train_seconds", "config"})
+IGNORED_ENDINGS = ("_runtime", "_per_second")
 # Buffers known by name where a checkpoint does not list them (one written before ranks kept their own).
 BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -25,7 +27,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(obj, dict):
         flat: dict[str, Any] = {}
         for key, value in obj.items():
-            if str(key) not in IGNORED:
+            if str(key) not in IGNORED and not str(key).endswith(IGNORED_ENDINGS):
                 flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return flat
     if isinstance(obj, list | tuple):

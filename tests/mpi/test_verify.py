@@ -13,7 +13,7 @@ bit for bit). Features are combined in cells, so that one cell's few starts cove
   global generator FAILs, naming the first step after the resume.
 - FSDP2 (comm.sharding=full on gloo) with BatchNorm and dropout; Horovod with the fp16
   GradScaler (its scale in the compared state) and dropout; examples/gan_ema (an EMA generator);
-  examples/lightning through hpc.lightning.
+  examples/lightning through hpc.lightning; examples/hf_trainer through hpc.hf.
 SyncBatchNorm is not a cell: torch runs it on CUDA only."""
 
 from __future__ import annotations
@@ -121,6 +121,19 @@ def test_a_lightning_script_through_hpc_lightning_resumes_exactly_mid_epoch(tmp_
     reference = next(tmp_path.glob("runs/verify/*/*/reference"))
     result = json.loads((reference / "result.json").read_text())
     assert result["steps"] == 45 and set(result["val_metrics"]) == {"acc", "loss"}, result  # as hpc.status and sweep.objective read them
+
+
+def test_a_hugging_face_trainer_through_hpc_hf_resumes_exactly_across_epochs(tmp_path):
+    """examples/hf_trainer (hpc.hf's Trainer): a GPT-2 with dropout, a warm-up and linear decay,
+    DDP over gloo, 10 steps an epoch and an evaluation after each: the saves every 10 steps land on
+    epoch ends (the vote waits for the epoch's evaluation, which draws from torch's generator),
+    the two stops mid-epoch (Hugging Face's batch skipping, its RNG restored where it restores it)."""
+    script = ROOT / "examples" / "hf_trainer" / "train.py"
+    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", script_args=["--max-steps", "40", "--eval-every", "0", "--train-size", "320"])
+    assert code == 0 and line.startswith("verify: PASS: "), line
+    reference = next(tmp_path.glob("runs/verify/*/*/reference"))
+    result = json.loads((reference / "result.json").read_text())
+    assert result["steps"] == 40 and set(result["val_metrics"]) == {"acc", "loss"}, result
 
 
 def test_a_run_handle_script_with_batchnorm_on_our_engine_resumes_exactly(tmp_path):
