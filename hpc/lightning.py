@@ -122,6 +122,7 @@ class Guard(pl.Callback):
         self.state = state
         self.run: Run | None = None
         self.counted = 0  # optimizer steps told to the run handle
+        self.loss: torch.Tensor | None = None  # the last training batch's, until its step is told
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         strategy = type(trainer.strategy).__name__
@@ -138,12 +139,13 @@ class Guard(pl.Callback):
             )
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
+        if validation_follows(trainer):
+            return  # the vote after it: a save here would resume with that validation skipped (and its draws)
         # Where Lightning takes its own step checkpoints (its restart expects them here): the
         # batch trained and its optimizer step done, the batch not yet counted completed.
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if self.end_steps(trainer, loss.detach() if isinstance(loss, torch.Tensor) else None, in_flight=1):
-            trainer.should_stop = True
-            trainer.limit_val_batches = 0  # Lightning validates on a stop: not in the stop's grace time, after the save
+        self.vote(trainer, in_flight=1)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is None or trainer.sanity_checking or self.run.stopped_by is not None:
@@ -153,6 +155,14 @@ class Guard(pl.Callback):
         figures = {name: value for name, value in figures.items() if numeric(value)}
         if figures:
             self.run.log(step=trainer.global_step, **figures)
+        if trainer.state.fn == "fit":  # validation inside fit (Lightning's other place for a step checkpoint: the batch completed)
+            self.vote(trainer, in_flight=0)
+
+    def vote(self, trainer: Any, in_flight: int) -> None:
+        loss, self.loss = self.loss, None
+        if self.end_steps(trainer, loss, in_flight=in_flight):
+            trainer.should_stop = True
+            trainer.limit_val_batches = 0  # Lightning validates on a stop: not in the stop's grace time, after the save
 
     def end_steps(self, trainer: Any, loss: Any = None, in_flight: int = 0) -> bool:
         """end_step() for each optimizer step since the last call; True: stop now (saved)."""
@@ -167,6 +177,12 @@ class Guard(pl.Callback):
             if self.run.end_step(**metrics):
                 return True
         return False
+
+
+def validation_follows(trainer: Any) -> bool:
+    """Whether Lightning validates after the training batch that just ended."""
+    fetcher = trainer.fit_loop._data_fetcher
+    return fetcher is not None and bool(trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher))
 
 
 def training_loaders(trainer: Any) -> list[Any]:
