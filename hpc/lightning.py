@@ -179,6 +179,16 @@ class Guard(pl.Callback):
         return False
 
 
+def hand_signals_to_the_toolkit(trainer: Any) -> None:
+    """Lightning's own signal handling off: its SIGTERM handler ends the ranks with SIGTERMException
+    at the next batch (before the toolkit's agreed stop saves), its SLURMEnvironment's SIGUSR1
+    handler saves and requeues the job itself (a second requeue), and it broadcasts its SIGTERM
+    flag before every batch (a collective per step). The run handle's stop does all three."""
+    connector = trainer._signal_connector
+    connector.register_signal_handlers = lambda: setattr(connector, "received_sigterm", False)
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
 def validation_follows(trainer: Any) -> bool:
     """Whether Lightning validates after the training batch that just ended."""
     fetcher = trainer.fit_loop._data_fetcher
@@ -212,6 +222,7 @@ class Trainer(pl.Trainer):
         kwargs["plugins"] = [*(plugins if isinstance(plugins, list | tuple) else [plugins]), CheckpointIO(self._hpc_state)]
         super().__init__(*args, **kwargs)
         self._hpc_state.trainer = self
+        hand_signals_to_the_toolkit(self)
 
     def fit(self, model: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> None:
         run = start_run(self._hpc_run_dir, lightning=self._hpc_state)

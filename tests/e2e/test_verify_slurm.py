@@ -1,5 +1,6 @@
 """`launch.py verify=resume cluster=simulated ...`: the resume verifier on the real (simulated)
-Slurm. Its runs are jobs: the stop goes to the ranks through `scancel --signal`, the batch
+Slurm, on a Lightning script (examples/lightning through hpc.lightning, whose own SLURM
+auto-requeue and SIGTERM handling stay out of the way: one requeue per stop). Its runs are jobs: the stop goes to the ranks through `scancel --signal`, the batch
 script requeues the job, the kill (`scancel --signal=KILL`) restarts the ranks inside the
 allocation, and the verdict compares every tensor with the uninterrupted job's. Slurm holds a
 requeued job about 2 minutes (its credential's lifetime); the test lifts that hold as soon as
@@ -44,7 +45,8 @@ def test_the_verifier_stops_kills_and_resumes_a_slurm_job_and_passes_it(tmp_path
     root = tmp_path / "runs"
     command = [
         *(sys.executable, str(ROOT / "launch.py"), "verify=resume", "cluster=simulated", f"run_root={root}"),
-        *("resources.nodes=2", "resources.tasks_per_node=1", "model=cnn", "verify.steps=30", "verify.stops=1", "verify.seed=3"),
+        *("resources.nodes=2", "resources.tasks_per_node=1", f"script={ROOT / 'examples' / 'lightning' / 'train.py'}", "verify.stops=1", "verify.seed=3"),
+        *("--", "--max-steps", "30", "--val-every", "10"),
     ]
     done = threading.Event()
     releaser = threading.Thread(target=release_requeues, args=(root, done), daemon=True)

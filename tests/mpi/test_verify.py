@@ -113,9 +113,10 @@ def test_a_lightning_script_through_hpc_lightning_resumes_exactly_mid_epoch(tmp_
     schedule, DDP over gloo, stopped mid-epoch and resumed in every tensor, Lightning's loops and
     the loader's position included. A validation after every batch: the stop and the saves land
     on validation points, where the vote waits for the validation (a save before it resumes with
-    that validation skipped: Lightning's restart)."""
+    that validation skipped: Lightning's restart). The stop is a SIGTERM (Slurm's requeue and
+    time limit send it), which Lightning's own handler would turn into an exit before the save."""
     script = ROOT / "examples" / "lightning" / "train.py"
-    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", script_args=["--max-steps", "30", "--val-every", "1"])
+    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", "cluster.signal=TERM", script_args=["--max-steps", "30", "--val-every", "1"])
     assert code == 0 and line.startswith("verify: PASS: "), line
     reference = next(tmp_path.glob("runs/verify/*/*/reference"))
     result = json.loads((reference / "result.json").read_text())
