@@ -29,7 +29,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
+import time
+from typing import Any, cast
 
 import torch
 import transformers
@@ -55,7 +56,7 @@ class TrainerStateEntry:
     def state_dict(self) -> dict[str, Any]:
         if not self.training:  # the registry looks at the live state before training
             return {}
-        trainer = self.trainer
+        trainer: Any = self.trainer
         kept: dict[str, Any] = {
             "model": unwrapped(trainer.model).state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
@@ -78,6 +79,9 @@ class LoggingWindow:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.loaded: dict[str, Any] | None = None
+        self.first_step = 0  # where the run's first start began training (the end's train_loss averages from there)
+        self.earlier_seconds = 0.0  # training time of the run's earlier starts
+        self.began = time.time()  # this start's
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
@@ -88,16 +92,20 @@ class LoggingWindow:
             "total_loss": float(trainer._total_loss_scalar),
             "last_logged": int(trainer._globalstep_last_logged),
             "flos": float(trainer.current_flos),
+            "first_step": self.first_step,
+            "train_seconds": self.earlier_seconds + time.time() - self.began,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loaded = state
 
-    def reopen(self) -> None:
+    def reopen(self, resumed: bool) -> None:
         """Into the Trainer, once its loop has set up its own (empty) window."""
-        if not self.loaded:
+        self.began, self.first_step = time.time(), self.trainer.state.global_step
+        if not resumed or not self.loaded:
             return
         trainer, loaded = self.trainer, self.loaded
+        self.first_step, self.earlier_seconds = loaded["first_step"], loaded["train_seconds"]
         trainer._tr_loss = loaded["tr_loss"].to(trainer._tr_loss.device)
         trainer._total_loss_scalar = loaded["total_loss"]
         trainer._globalstep_last_logged = loaded["last_logged"]
@@ -107,7 +115,7 @@ class LoggingWindow:
 def trainer_state(trainer: Any) -> dict[str, Any]:
     """The Trainer's state as its trainer_state.json holds it, the stateful callbacks as they are now."""
     callbacks = [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]
-    state = dataclasses.replace(trainer.state, stateful_callbacks=TrainerState(stateful_callbacks=callbacks).stateful_callbacks)
+    state = dataclasses.replace(trainer.state, stateful_callbacks=TrainerState(stateful_callbacks=cast(Any, callbacks)).stateful_callbacks)
     plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(state)))  # tuples as lists: what the file would hold
     return plain
 
@@ -120,8 +128,7 @@ class Reporter(TrainerCallback):
         self.epoch_open = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.trainer._hpc_resume_dir is not None:
-            self.trainer._hpc_window.reopen()
+        self.trainer._hpc_window.reopen(resumed=self.trainer._hpc_resume_dir is not None)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.epoch_open = True
@@ -165,7 +172,7 @@ class Trainer(transformers.Trainer):
         self._hpc_rng: dict[str, Any] | None = None  # the RNG streams the resumed checkpoint holds
         self.add_callback(self._hpc_reporter)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any) -> Any:
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, ignore_keys_for_eval: list[str] | None = None) -> Any:
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise RuntimeError("hpc.hf keeps the Trainer's state whole (one device or DDP); DeepSpeed and FSDP shard it")
         run = start_run(self._hpc_run_dir, hf=self._hpc_state, hf_logging=per_rank(self._hpc_window))
@@ -178,7 +185,7 @@ class Trainer(transformers.Trainer):
             if run.resumed_from is not None and 0 < self.args.max_steps <= run.step:
                 output = self._already_trained()  # Hugging Face would train a step past max_steps mid-epoch
             else:
-                output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+                output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
         finally:
             if self._hpc_resume_dir is not None:
                 shutil.rmtree(self._hpc_resume_dir, ignore_errors=True)
@@ -197,8 +204,10 @@ class Trainer(transformers.Trainer):
         return folder
 
     def _already_trained(self) -> Any:
-        self._load_from_checkpoint(self._hpc_resume_dir)
-        self.state = TrainerState.load_from_json(os.path.join(self._hpc_resume_dir, TRAINER_STATE_FILE))
+        folder = self._hpc_resume_dir
+        assert folder is not None
+        self._load_from_checkpoint(folder)
+        self.state = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_FILE))
         return transformers.trainer_utils.TrainOutput(self.state.global_step, 0.0, {})
 
     def _resuming(self, checkpoint: Any) -> dict[str, Any] | None:
@@ -219,8 +228,9 @@ class Trainer(transformers.Trainer):
         if loaded is None:
             super()._load_optimizer_and_scheduler(checkpoint)
             return
-        self.optimizer.load_state_dict(loaded["optimizer"])
-        self.lr_scheduler.load_state_dict(loaded["scheduler"])
+        optimizer, scheduler = cast(Any, self.optimizer), cast(Any, self.lr_scheduler)  # made by now
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["scheduler"])
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         loaded = self._resuming(checkpoint)
@@ -236,6 +246,11 @@ class Trainer(transformers.Trainer):
             super()._load_rng_state(checkpoint)
             return
         restore_rng(self._hpc_rng)
+
+    def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: float) -> Any:
+        # Hugging Face's end figures cover its train() call: here the run's, as uninterrupted
+        self._initial_global_step = self._hpc_window.first_step
+        return super()._finalize_training(trial, num_train_samples, start_time - self._hpc_window.earlier_seconds)
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         loss: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)

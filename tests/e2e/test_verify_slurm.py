@@ -1,7 +1,7 @@
 """`launch.py verify=resume cluster=simulated ...`: the resume verifier on the real (simulated)
 Slurm, on a Lightning script (examples/lightning through hpc.lightning, whose own SLURM
-auto-requeue and SIGTERM handling stay out of the way: one requeue per stop). Its runs are jobs: the stop goes to the ranks through `scancel --signal`, the batch
-script requeues the job, the kill (`scancel --signal=KILL`) restarts the ranks inside the
+auto-requeue and SIGTERM handling stay out of the way: one requeue per stop). Its runs are
+jobs: the stop goes to the ranks through `scancel --signal`, the batch script requeues the job, the kill (`scancel --signal=KILL`) restarts the ranks inside the
 allocation, and the verdict compares every tensor with the uninterrupted job's. Slurm holds a
 requeued job about 2 minutes (its credential's lifetime); the test lifts that hold as soon as
 the nodes are clean, as a patient user's cluster would start it later.

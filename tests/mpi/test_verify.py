@@ -116,7 +116,8 @@ def test_a_lightning_script_through_hpc_lightning_resumes_exactly_mid_epoch(tmp_
     that validation skipped: Lightning's restart). The stop is a SIGTERM (Slurm's requeue and
     time limit send it), which Lightning's own handler would turn into an exit before the save."""
     script = ROOT / "examples" / "lightning" / "train.py"
-    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", "cluster.signal=TERM", script_args=["--max-steps", "30", "--val-every", "1"])
+    overrides = [f"script={script}", "resources.tasks_per_node=2", "verify.stops=1", "cluster.signal=TERM"]
+    code, line = verify(tmp_path, *overrides, script_args=["--max-steps", "30", "--val-every", "1"])
     assert code == 0 and line.startswith("verify: PASS: "), line
     reference = next(tmp_path.glob("runs/verify/*/*/reference"))
     result = json.loads((reference / "result.json").read_text())
@@ -129,7 +130,8 @@ def test_a_hugging_face_trainer_through_hpc_hf_resumes_exactly_across_epochs(tmp
     epoch ends (the vote waits for the epoch's evaluation, which draws from torch's generator),
     the two stops mid-epoch (Hugging Face's batch skipping, its RNG restored where it restores it)."""
     script = ROOT / "examples" / "hf_trainer" / "train.py"
-    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", script_args=["--max-steps", "40", "--eval-every", "0", "--train-size", "320"])
+    script_args = ["--max-steps", "40", "--eval-every", "0", "--train-size", "320"]
+    code, line = verify(tmp_path, f"script={script}", "resources.tasks_per_node=2", script_args=script_args)
     assert code == 0 and line.startswith("verify: PASS: "), line
     reference = next(tmp_path.glob("runs/verify/*/*/reference"))
     result = json.loads((reference / "result.json").read_text())
