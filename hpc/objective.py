@@ -24,7 +24,7 @@ from typing import Any
 BUILTIN_VAL_METRICS = {"classify": ("accuracy", "loss"), "lm": ("loss", "perplexity")}
 TOP_LEVEL = ("loss", "samples_per_s")
 # The direction a known figure is optimised in; a user's own metric has none known.
-DIRECTIONS = {"accuracy": "maximize", "samples_per_s": "maximize", "loss": "minimize", "perplexity": "minimize"}
+DIRECTIONS = {"accuracy": "maximize", "acc": "maximize", "samples_per_s": "maximize", "loss": "minimize", "perplexity": "minimize"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -162,7 +162,7 @@ def check_search(arguments: list[str], sweeper: dict[str, Any], source: ConfigSo
     objective = first.sweep.objective
     if not objective:
         raise UserError(f"hydra/sweeper={name} needs the figure each trial returns: set sweep.objective (for example sweep.objective=val_accuracy)")
-    builtin = BUILTIN_TASKS.get(task_target(first))
+    builtin = None if first.script else BUILTIN_TASKS.get(task_target(first))  # a script reports what it logs
     problem = check_objective(objective, builtin)
     if problem:
         raise UserError(problem)

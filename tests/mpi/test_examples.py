@@ -24,7 +24,7 @@ def readme_command(example_dir):  # type: ignore[no-untyped-def]
 
 
 def test_there_are_the_example_projects():
-    assert [p.name for p in EXAMPLES] == ["char_gpt", "gan_ema", "own_loop", "regression"]
+    assert [p.name for p in EXAMPLES] == ["char_gpt", "gan_ema", "hf_trainer", "lightning", "own_loop", "regression"]
 
 
 def check_regression(example, run_dir, stdout):  # type: ignore[no-untyped-def]
@@ -65,7 +65,35 @@ def check_gan_ema(example, run_dir, stdout):  # type: ignore[no-untyped-def]
     assert (shared / "COMMITTED").is_file()
 
 
-CHECKS = {"regression": check_regression, "own_loop": check_own_loop, "char_gpt": check_char_gpt, "gan_ema": check_gan_ema}
+def check_lightning(example, sweep_dir, stdout):  # type: ignore[no-untyped-def]
+    """An Optuna study over hpc.lightning's script: each trial's val_acc read from its result.json."""
+    trials = sorted(p.parent for p in sweep_dir.glob("*/result.json"))
+    results = [json.loads((trial / "result.json").read_text()) for trial in trials]
+    assert len(results) == 3 and all(r["status"] == "completed" and r["steps"] == 40 for r in results), results
+    told = [float(line.split("val_acc=")[1]) for line in stdout.splitlines() if line.startswith("trial #") and "val_acc=" in line]  # 6 digits
+    assert sorted(told) == sorted(round(r["val_metrics"]["acc"], 6) for r in results) and "best of 3 completed trials" in stdout, stdout[-2000:]
+    rates = {(trial / "config.yaml").read_text().split("--lr")[1].split()[1] for trial in trials}
+    assert len(rates) == 3  # each trial's own learning rate reached its script
+
+
+def check_hf_trainer(example, run_dir, stdout):  # type: ignore[no-untyped-def]
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert steps[-1]["step"] == 100 and steps[-1]["loss"] < 0.6 * steps[0]["loss"]  # ln 64 = 4.2 at the start
+    evaluations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "val_acc" in line]
+    assert [e["step"] for e in evaluations] == [50, 100] and evaluations[-1]["val_acc"] > evaluations[0]["val_acc"]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["steps"], result["world_size"]) == ("completed", 100, 2)
+    assert result["val_metrics"]["acc"] == evaluations[-1]["val_acc"]
+
+
+CHECKS = {
+    "regression": check_regression,
+    "own_loop": check_own_loop,
+    "char_gpt": check_char_gpt,
+    "gan_ema": check_gan_ema,
+    "lightning": check_lightning,
+    "hf_trainer": check_hf_trainer,
+}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -80,5 +108,5 @@ def test_the_example_runs_as_its_readme_says(example, tmp_path):
     command.insert(at, f"run_root={tmp_path / 'runs'}")
     done = subprocess.run(command, cwd=example, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (run_dir,) = run_dirs(tmp_path)
+    (run_dir,) = run_dirs(tmp_path) if "-m" not in words else (tmp_path / "runs" / "sweeps").glob("*/*")  # a sweep: its dir
     CHECKS[example.name](example, run_dir, done.stdout)
