@@ -48,7 +48,7 @@ class TrainerStateEntry:
     """What the run handle keeps of a Hugging Face Trainer: one entry of its registry, taken at
     each save and handed back to Hugging Face's resume from memory."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: HFTrainer) -> None:
         self.trainer = trainer
         self.loaded: dict[str, Any] | None = None
         self.training = False
@@ -76,7 +76,7 @@ class LoggingWindow:
     """The Trainer's logging accumulators since its last log, this rank's own (the loss summed on
     each rank, averaged over ranks when Hugging Face logs): a resume continues the window."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: HFTrainer) -> None:
         self.trainer = trainer
         self.loaded: dict[str, Any] | None = None
         self.first_step = 0  # where the run's first start began training (the end's train_loss averages from there)
@@ -123,7 +123,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
 class Reporter(TrainerCallback):
     """Hugging Face's logs into the run's records; the epoch's open or done (the vote's place)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: HFTrainer) -> None:
         self.trainer = trainer
         self.epoch_open = False
 
@@ -154,7 +154,7 @@ def numeric(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) or isinstance(value, torch.Tensor) and value.numel() == 1
 
 
-class Trainer(transformers.Trainer):
+class HFTrainer(transformers.Trainer):
     """transformers' Trainer with the toolkit's stop, save and exact resume (see the module's
     docstring). `run_dir`: where the run keeps its checkpoints when started by hand (torchrun,
     srun); launch.py gives its own."""
@@ -276,3 +276,6 @@ class Trainer(transformers.Trainer):
             if self._hpc_run.end_step(**metrics):
                 return True
         return False
+
+
+Trainer = HFTrainer  # the name a script imports in place of transformers'

@@ -1,4 +1,5 @@
-"""Preempt a 2-node job on the real (simulated) Slurm at different steps and in different ways, and compare it with an uninterrupted run: same per-step losses, same model."""
+"""Preempt a 2-node job on the real (simulated) Slurm at different steps and in different ways,
+and compare it with an uninterrupted run: same per-step losses, same model."""
 
 from __future__ import annotations
 
