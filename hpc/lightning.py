@@ -27,6 +27,7 @@ where the script asks for it; it is off by default. Works with `pytorch_lightnin
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -179,6 +180,26 @@ class Guard(pl.Callback):
         return False
 
 
+def start_process_group_under_torchrun(trainer: Any) -> None:
+    """Under torchrun the run handle talks through the process group, which Lightning starts only
+    inside fit(), after the handle must have restored: started here as Lightning would (its
+    backend, its device), and Lightning finds it started. Under launch.py, mpirun and srun the
+    handle talks through MPI instead."""
+    import torch.distributed as dist
+
+    from hpc.env import RankInfo
+    from hpc.rank import hosting
+
+    rank = RankInfo.from_env(os.environ)
+    if hosting.host() is not None or rank.launcher != "torchrun" or rank.world_size < 2 or dist.is_initialized():
+        return
+    strategy = trainer.strategy
+    if strategy.root_device.type == "cuda":
+        torch.cuda.set_device(strategy.root_device)
+    backend = strategy._get_process_group_backend() if hasattr(strategy, "_get_process_group_backend") else "gloo"
+    dist.init_process_group(backend, rank=rank.rank, world_size=rank.world_size)
+
+
 def hand_signals_to_the_toolkit(trainer: Any) -> None:
     """Lightning's own signal handling off: its SIGTERM handler ends the ranks with SIGTERMException
     at the next batch (before the toolkit's agreed stop saves), its SLURMEnvironment's SIGUSR1
@@ -225,6 +246,7 @@ class LightningTrainer(pl.Trainer):
         hand_signals_to_the_toolkit(self)
 
     def fit(self, model: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> None:
+        start_process_group_under_torchrun(self)
         run = start_run(self._hpc_run_dir, lightning=self._hpc_state)
         self._hpc_guard.run, self._hpc_guard.counted = run, run.step
         try:

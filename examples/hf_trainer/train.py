@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=4096, help="training sequences (an epoch: this / 16 / ranks steps)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0))
     training = TrainingArguments(
         output_dir=os.path.join(os.environ.get("HPCTK_RUN_DIR", "."), "hf_output"),
         max_steps=args.max_steps,

@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--val-every", type=int, default=20, help="training batches between validations")
     args = parser.parse_args()
-    torch.manual_seed(0)
+    pl.seed_everything(0, verbose=False)
     model = Classifier(args.lr)
     train = DataLoader(data(2048, 1), batch_size=32, shuffle=True)
     val = DataLoader(data(512, 2), batch_size=128)
