@@ -124,6 +124,7 @@ class Guard(pl.Callback):
         self.run: Run | None = None
         self.counted = 0  # optimizer steps told to the run handle
         self.loss: torch.Tensor | None = None  # the last training batch's, until its step is told
+        self.figures: dict[str, Any] = {}  # and what its training_step logged
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         strategy = type(trainer.strategy).__name__
@@ -142,6 +143,7 @@ class Guard(pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
+        self.figures = training_figures(trainer)  # what training_step logged for this batch (self.log)
         if validation_follows(trainer):
             return  # the vote after it: a save here would resume with that validation skipped (and its draws)
         # Where Lightning takes its own step checkpoints (its restart expects them here): the
@@ -161,12 +163,14 @@ class Guard(pl.Callback):
 
     def vote(self, trainer: Any, in_flight: int) -> None:
         loss, self.loss = self.loss, None
-        if self.end_steps(trainer, loss, in_flight=in_flight):
+        figures, self.figures = self.figures, {}
+        if self.end_steps(trainer, {**figures, **({"loss": loss} if loss is not None else {})}, in_flight=in_flight):
             trainer.should_stop = True
             trainer.limit_val_batches = 0  # Lightning validates on a stop: not in the stop's grace time, after the save
 
-    def end_steps(self, trainer: Any, loss: Any = None, in_flight: int = 0) -> bool:
-        """end_step() for each optimizer step since the last call; True: stop now (saved)."""
+    def end_steps(self, trainer: Any, figures: dict[str, Any] | None = None, in_flight: int = 0) -> bool:
+        """end_step() for each optimizer step since the last call, the last with `figures` (the
+        loss and what training logged, averaged over ranks into steps.jsonl); True: stop now (saved)."""
         assert self.run is not None
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed + in_flight
         for loader in training_loaders(trainer):
@@ -174,8 +178,7 @@ class Guard(pl.Callback):
                 loader.trained = trained
         while self.counted < trainer.global_step:
             self.counted += 1
-            metrics = {"loss": loss} if loss is not None and self.counted == trainer.global_step else {}
-            if self.run.end_step(**metrics):
+            if self.run.end_step(**((figures or {}) if self.counted == trainer.global_step else {})):
                 return True
         return False
 
@@ -214,6 +217,15 @@ def validation_follows(trainer: Any) -> bool:
     """Whether Lightning validates after the training batch that just ended."""
     fetcher = trainer.fit_loop._data_fetcher
     return fetcher is not None and bool(trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher))
+
+
+def training_figures(trainer: Any) -> dict[str, Any]:
+    """The numbers training logged (`self.log`), by their names; validation's and the loss aside."""
+    return {
+        name: value.detach() if isinstance(value, torch.Tensor) else value
+        for name, value in trainer.callback_metrics.items()
+        if numeric(value) and name != "loss" and not name.startswith(("val_", "val/", "test_", "test/"))
+    }
 
 
 def training_loaders(trainer: Any) -> list[Any]:
