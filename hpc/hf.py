@@ -128,7 +128,13 @@ class Reporter(TrainerCallback):
         self.epoch_open = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer._hpc_window.reopen(resumed=self.trainer._hpc_resume_dir is not None)
+        trainer = self.trainer
+        resumed = trainer._hpc_resume_dir is not None
+        trainer._hpc_window.reopen(resumed=resumed)
+        trainer._hpc_state.loaded = None  # handed over by now: not kept beside the live state
+        run = trainer._hpc_run
+        if run is not None and not resumed and state.global_step > trainer._hpc_counted:
+            run.handle.step = trainer._hpc_counted = state.global_step  # HF resumed its own checkpoint: counted from there
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.epoch_open = True
@@ -242,7 +248,7 @@ class HFTrainer(transformers.Trainer):
             scaler.load_state_dict(loaded["scaler"])
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        if self._resuming(checkpoint) is None or self._hpc_rng is None:
+        if checkpoint is None or checkpoint != self._hpc_resume_dir or self._hpc_rng is None:  # asked for after on_train_begin let go of the rest
             super()._load_rng_state(checkpoint)
             return
         restore_rng(self._hpc_rng)
@@ -263,6 +269,8 @@ class HFTrainer(transformers.Trainer):
             return
         if self._hpc_reporter.epoch_open and float(self.state.epoch).is_integer():
             return  # the epoch's last step: the vote comes after the epoch's own log, evaluation and save
+        if self.control.should_training_stop:
+            return  # the last step (max_steps, early stopping): counted after train()'s own end, the final save after it
         if self._end_steps():
             self._hpc_run.finish()  # saved at this step on every rank: the process ends here, to be resumed
 

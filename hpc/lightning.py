@@ -111,7 +111,8 @@ class CheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> dict[str, Any]:
         if str(path) == RESUME and self.state.loaded is not None:
-            return self.state.loaded
+            restored, self.state.loaded = self.state.loaded, None  # handed over once: not kept beside the live state
+            return restored
         loaded: dict[str, Any] = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         return loaded
 
@@ -133,6 +134,8 @@ class Guard(pl.Callback):
         self.state.fitting = True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None and self.run.resumed_from is None and trainer.global_step > self.counted:
+            self.run.handle.step = self.counted = trainer.global_step  # Lightning resumed its own ckpt_path: counted from there
         plain = [type(loader).__name__ for loader in training_loaders(trainer) if not isinstance(loader, DataLoader)]
         if plain and self.run is not None and self.run.is_main:
             print(
@@ -164,9 +167,13 @@ class Guard(pl.Callback):
     def vote(self, trainer: Any, in_flight: int) -> None:
         loss, self.loss = self.loss, None
         figures, self.figures = self.figures, {}
-        if self.end_steps(trainer, {**figures, **({"loss": loss} if loss is not None else {})}, in_flight=in_flight):
+        if self.end_steps(trainer, {"loss": loss} if loss is not None else {}, in_flight=in_flight):
             trainer.should_stop = True
             trainer.limit_val_batches = 0  # Lightning validates on a stop: not in the stop's grace time, after the save
+            trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps = 0, None  # else Lightning trains on past should_stop
+            return
+        if figures and trainer.global_step % max(1, trainer.log_every_n_steps) == 0 and self.run is not None:
+            self.run.log(step=trainer.global_step, **figures)  # rank 0's, no collective: ranks may log different names
 
     def end_steps(self, trainer: Any, figures: dict[str, Any] | None = None, in_flight: int = 0) -> bool:
         """end_step() for each optimizer step since the last call, the last with `figures` (the
@@ -247,8 +254,9 @@ class LightningTrainer(pl.Trainer):
         self._hpc_state = LightningState()
         self._hpc_guard = Guard(self._hpc_state)
         self._hpc_run_dir = run_dir
-        callbacks = list(kwargs.get("callbacks") or [])
-        if not any(type(c).__name__ == "ModelCheckpoint" for c in callbacks):
+        given = kwargs.get("callbacks") or []
+        callbacks = list(given) if isinstance(given, list | tuple) else [given]  # Lightning takes one callback too
+        if not any(isinstance(c, pl.callbacks.Checkpoint) for c in callbacks):
             kwargs.setdefault("enable_checkpointing", False)  # Lightning's own .ckpt files only where asked for
         kwargs["callbacks"] = [*callbacks, self._hpc_guard]
         plugins = kwargs.get("plugins") or []

@@ -51,7 +51,7 @@ def main() -> None:
     train = DataLoader(data(2048, 1), batch_size=32, shuffle=True)
     val = DataLoader(data(512, 2), batch_size=128)
     quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
-    trainer = Trainer(max_steps=args.max_steps, accelerator="auto", devices="auto", val_check_interval=args.val_every, **quiet)
+    trainer = Trainer(max_steps=args.max_steps, accelerator="auto", devices="auto", val_check_interval=args.val_every, log_every_n_steps=10, **quiet)
     trainer.fit(model, train, val)
 
 
