@@ -36,6 +36,7 @@ import torch
 import transformers
 from transformers.trainer_callback import ExportableState, TrainerCallback, TrainerState
 
+from hpc.adapters import end_steps_until, numeric
 from hpc.run import Run, per_rank, start_run
 from trainers.checkpoint.registry import unwrapped
 from trainers.checkpoint.state import restore_rng, rng_state
@@ -133,8 +134,8 @@ class Reporter(TrainerCallback):
         trainer._hpc_window.reopen(resumed=resumed)
         trainer._hpc_state.loaded = None  # handed over by now: not kept beside the live state
         run = trainer._hpc_run
-        if run is not None and not resumed and state.global_step > trainer._hpc_counted:
-            run.handle.step = trainer._hpc_counted = state.global_step  # HF resumed its own checkpoint: counted from there
+        if run is not None and not resumed and state.global_step > run.step:
+            run.handle.step = state.global_step  # HF resumed its own checkpoint: counted from there
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.epoch_open = True
@@ -156,10 +157,6 @@ def figure_name(name: str) -> str:
     return "val_" + name.removeprefix("eval_") if name.startswith("eval_") else name
 
 
-def numeric(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) or isinstance(value, torch.Tensor) and value.numel() == 1
-
-
 class HFTrainer(transformers.Trainer):
     """transformers' Trainer with the toolkit's stop, save and exact resume (see the module's
     docstring). `run_dir`: where the run keeps its checkpoints when started by hand (torchrun,
@@ -172,7 +169,6 @@ class HFTrainer(transformers.Trainer):
         self._hpc_reporter = Reporter(self)
         self._hpc_run_dir = run_dir
         self._hpc_run: Run | None = None
-        self._hpc_counted = 0  # optimizer steps told to the run handle
         self._hpc_loss: torch.Tensor | None = None  # the current optimizer step's loss, summed over its micro-batches
         self._hpc_resume_dir: str | None = None
         self._hpc_rng: dict[str, Any] | None = None  # the RNG streams the resumed checkpoint holds
@@ -182,7 +178,7 @@ class HFTrainer(transformers.Trainer):
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise RuntimeError("hpc.hf keeps the Trainer's state whole (one device or DDP); DeepSpeed and FSDP shard it")
         run = start_run(self._hpc_run_dir, hf=self._hpc_state, hf_logging=per_rank(self._hpc_window))
-        self._hpc_run, self._hpc_counted = run, run.step
+        self._hpc_run = run
         try:
             if run.resumed_from is not None:
                 self._hpc_rng = rng_state()  # as the checkpoint left them: Hugging Face sets them where its resume does
@@ -278,12 +274,7 @@ class HFTrainer(transformers.Trainer):
         """end_step() for each optimizer step since the last call; True: stop now (saved)."""
         assert self._hpc_run is not None
         loss, self._hpc_loss = self._hpc_loss, None
-        while self._hpc_counted < self.state.global_step:
-            self._hpc_counted += 1
-            metrics = {"loss": loss} if loss is not None and self._hpc_counted == self.state.global_step else {}
-            if self._hpc_run.end_step(**metrics):
-                return True
-        return False
+        return end_steps_until(self._hpc_run, self.state.global_step, {"loss": loss} if loss is not None else {})
 
 
 Trainer = HFTrainer  # the name a script imports in place of transformers'

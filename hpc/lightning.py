@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from hpc.adapters import end_steps_until, numeric
 from hpc.run import Run, start_run
 
 RESUME = "hpc-toolkit://newest-committed"  # the ckpt_path fit() passes once the run handle restored a checkpoint
@@ -123,7 +124,6 @@ class Guard(pl.Callback):
     def __init__(self, state: LightningState) -> None:
         self.state = state
         self.run: Run | None = None
-        self.counted = 0  # optimizer steps told to the run handle
         self.loss: torch.Tensor | None = None  # the last training batch's, until its step is told
         self.figures: dict[str, Any] = {}  # and what its training_step logged
 
@@ -134,8 +134,8 @@ class Guard(pl.Callback):
         self.state.fitting = True
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.run is not None and self.run.resumed_from is None and trainer.global_step > self.counted:
-            self.run.handle.step = self.counted = trainer.global_step  # Lightning resumed its own ckpt_path: counted from there
+        if self.run is not None and self.run.resumed_from is None and trainer.global_step > self.run.step:
+            self.run.handle.step = trainer.global_step  # Lightning resumed its own ckpt_path: counted from there
         plain = [type(loader).__name__ for loader in training_loaders(trainer) if not isinstance(loader, DataLoader)]
         if plain and self.run is not None and self.run.is_main:
             print(
@@ -175,19 +175,15 @@ class Guard(pl.Callback):
         if figures and trainer.global_step % max(1, trainer.log_every_n_steps) == 0 and self.run is not None:
             self.run.log(step=trainer.global_step, **figures)  # rank 0's, no collective: ranks may log different names
 
-    def end_steps(self, trainer: Any, figures: dict[str, Any] | None = None, in_flight: int = 0) -> bool:
-        """end_step() for each optimizer step since the last call, the last with `figures` (the
-        loss and what training logged, averaged over ranks into steps.jsonl); True: stop now (saved)."""
+    def end_steps(self, trainer: Any, metrics: dict[str, Any] | None = None, in_flight: int = 0) -> bool:
+        """The loaders' position, then end_step() for each optimizer step since the last call, the
+        last with `metrics` (averaged over ranks into steps.jsonl); True: stop now (saved)."""
         assert self.run is not None
         trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed + in_flight
         for loader in training_loaders(trainer):
             if isinstance(loader, DataLoader):
                 loader.trained = trained
-        while self.counted < trainer.global_step:
-            self.counted += 1
-            if self.run.end_step(**((figures or {}) if self.counted == trainer.global_step else {})):
-                return True
-        return False
+        return end_steps_until(self.run, trainer.global_step, metrics or {})
 
 
 def start_process_group_under_torchrun(trainer: Any) -> None:
@@ -241,10 +237,6 @@ def training_loaders(trainer: Any) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
-def numeric(value: Any) -> bool:
-    return isinstance(value, int | float) or isinstance(value, torch.Tensor) and value.numel() == 1
-
-
 class LightningTrainer(pl.Trainer):
     """Lightning's Trainer with the toolkit's stop, save and exact resume (see the module's
     docstring). `run_dir`: where the run keeps its checkpoints when started by hand (torchrun,
@@ -268,7 +260,7 @@ class LightningTrainer(pl.Trainer):
     def fit(self, model: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> None:
         start_process_group_under_torchrun(self)
         run = start_run(self._hpc_run_dir, lightning=self._hpc_state)
-        self._hpc_guard.run, self._hpc_guard.counted = run, run.step
+        self._hpc_guard.run = run
         try:
             super().fit(model, *args, ckpt_path=RESUME if run.resumed_from is not None else ckpt_path, **kwargs)
         finally:
