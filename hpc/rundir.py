@@ -9,6 +9,9 @@
 <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint.checkpointer); with
                            checkpoint.uri: STORE (their URL) and the staging of saves in progress
 <run_dir>/result.json      final metrics, written by rank 0 when training ends
+<run_dir>/end.json         space reserved at the start for the run's end when result.json cannot be
+                           written (a full disk or quota: overwritten in place, no new block); a
+                           read-only or vanished file system: a node-local copy (end_fallback)
 <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
 <run_dir>/code/            the sources the job runs, frozen at submission (hpc.submit.snapshot)
 <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
@@ -17,10 +20,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # In every run dir and sweep dir the toolkit makes: freezing a script's directory leaves out any
 # directory holding it (hpc.config.freezing), wherever run_root or hydra.run.dir put it.
 RUN_MARKER = ".hpc-run"
+END_RECORD_BYTES = 8192  # end.json's reserved size: a failed run's summary with its one line fits
 
 
 def mark_run_dir(path: Path) -> None:
@@ -75,6 +81,17 @@ class RunDir:
         return self.path / "result.json"
 
     @property
+    def end_record(self) -> Path:
+        return self.path / "end.json"
+
+    @property
+    def end_fallback(self) -> Path:
+        """Where a run's end goes when its own file system takes no write at all (read-only, gone):
+        this machine's temporary directory, read by hpc.status on the same machine."""
+        key = hashlib.sha256(str(self.path.absolute()).encode()).hexdigest()[:24]
+        return Path(tempfile.gettempdir()) / f"hpc-toolkit-{os.getuid()}" / "ends" / f"{key}.json"
+
+    @property
     def submitit(self) -> Path:
         return self.path / "slurm"
 
@@ -99,11 +116,63 @@ class RunDir:
         refuse), replaced in one rename: a reader sees the old file or the new one. The temporary
         name is this process's own: several ranks may write one file (a failure's result.json)."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(finite_or_null(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(finite_or_null(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
+            tmp.replace(path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: no empty temporary left behind
+            raise
 
     def read_json(self, path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
+
+    def reserve_end_record(self) -> None:
+        """Rank 0 at the start: end.json's space taken now, while there is some (best effort)."""
+        try:
+            if not self.end_record.exists():
+                self.end_record.write_bytes(b" " * END_RECORD_BYTES)
+        except OSError:
+            pass
+
+    def write_result(self, summary: dict[str, Any]) -> Path | None:
+        """result.json; where the file system refuses it, end.json overwritten in place, then the
+        node-local end_fallback. Where it was recorded; None: nowhere (read_result finds it)."""
+        try:
+            self.write_json(self.result, summary)
+            return self.result
+        except OSError:
+            pass
+        text = (json.dumps(finite_or_null(summary), sort_keys=True, allow_nan=False) + "\n").encode()
+        try:
+            reserved = self.end_record.stat().st_size
+            if len(text) <= reserved:
+                with self.end_record.open("r+b") as f:  # in place: blocks it already has
+                    f.write(text.ljust(reserved, b" "))
+                    f.flush()
+                    os.fsync(f.fileno())
+                return self.end_record
+        except OSError:
+            pass
+        try:
+            self.end_fallback.parent.mkdir(parents=True, exist_ok=True)
+            self.end_fallback.write_bytes(text)
+            return self.end_fallback
+        except OSError:
+            return None
+
+    def read_result(self) -> dict[str, Any]:
+        """The run's newest end: result.json, or end.json / end_fallback where a later end could
+        not write result.json (the newest file wins); {} when none says anything."""
+        found: list[tuple[float, dict[str, Any]]] = []
+        for path in (self.result, self.end_record, self.end_fallback):
+            try:
+                text, when = path.read_text(), path.stat().st_mtime
+                data = json.loads(text) if text.strip() else None
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                found.append((when, data))
+        return max(found, key=lambda pair: pair[0])[1] if found else {}
 
 
 def failure_line(result: dict[str, Any]) -> str:
@@ -111,7 +180,8 @@ def failure_line(result: dict[str, Any]) -> str:
     it); empty unless the run failed on a known rank."""
     if result.get("status") != "failed" or "failed_rank" not in result:
         return ""
-    return f"rank {result['failed_rank']}: {result.get('error', '?')}"
+    reason = f"{result['reason']}: " if result.get("reason") else ""  # "disk full: ": what a user scanning a sweep looks for
+    return f"{reason}rank {result['failed_rank']}: {result.get('error', '?')}"
 
 
 def finite_or_null(value: Any) -> Any:

@@ -2,7 +2,8 @@
 
 After every optimizer step the ranks add up one small buffer: the stop vote (a signal on any rank
 stops all of them at the same step), the save handshake (an asynchronous checkpoint commits once
-every rank has written its part), the timed-save vote, the fingerprint of the metric names
+every rank has written its part), the timed-save vote, the storage-fault vote (a write the file system refused on any rank ends
+every rank at that step: trainers.faults), the fingerprint of the metric names
 (trainers.reporting.metricnames) and the step's own figures. Every rank then reads the same sums and decides
 alike: stop, save, or go on. The launch and the read are separate calls, so a loop may let the
 allreduce run beside its next step (the run handle does) or read it at once (the built-in Loop).
@@ -19,13 +20,14 @@ import torch
 from collectives.base import Collectives, Deferred, InFlight
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.context import Milestones
+from trainers.faults import FAULTS, StorageFailure, agreed_fault
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
 from trainers.task import TaskError
 from trainers.watchdog import Watchdog
 
 CPU = torch.device("cpu")
-HEAD = 7  # stop votes, ranks written, time votes and the names' four fingerprint numbers
+HEAD = 8  # stop votes, ranks written, time votes, storage faults and the names' four fingerprint numbers
 
 
 @dataclass
@@ -35,6 +37,7 @@ class StepVote:
     stop_votes: float  # ranks that received a stop signal
     ranks_written: float  # ranks with no checkpoint write in flight
     time_votes: float  # ranks whose clock says a timed save is due
+    fault_votes: float  # ranks whose file system refused a write (trainers.faults)
     names: tuple[float, ...]  # the metric names' fingerprints, summed
     values: list[float]  # the loop's own figures, summed
 
@@ -65,7 +68,7 @@ class PendingVote:
     def read(self) -> StepVote:
         self.done.wait()
         values = self.buffer.tolist()
-        return StepVote(values[0], values[1], values[2], tuple(values[3:HEAD]), values[HEAD:])
+        return StepVote(values[0], values[1], values[2], values[3], tuple(values[4:HEAD]), values[HEAD:])
 
 
 def packed(head: list[float], values: list[Any]) -> torch.Tensor:
@@ -127,6 +130,7 @@ class StepBoundary:
             float(self.stop.raised),
             coordinator.written_flag() if coordinator else 1.0,
             coordinator.time_vote() if coordinator else 0.0,
+            float(FAULTS.noted),
             *metricnames.fingerprint(names),
         ]
         return PendingVote.launch(self.comm, step, names, step_s, head, values, overlap)
@@ -139,9 +143,20 @@ class StepBoundary:
         if not metricnames.fingerprints_agree(vote.names, agreed, self.comm.world_size):
             now = metricnames.agree(self.comm, pending.names, f"step {pending.step}")  # raises on every rank, naming the key and rank
             raise TaskError(metricnames.changed_line(pending.step, agreed, now))  # all ranks alike, but not as agreed
+        if vote.fault_votes > 0:
+            raise self.storage_failure(pending.step)
         if self.coordinator is not None:
             self.coordinator.on_step_boundary(vote.ranks_written)
         return vote
+
+    def storage_failure(self, step: int) -> StorageFailure:
+        """A rank's file system refused a write: what every rank raises at this step, alike. A
+        save in flight is dropped (its staging removed): only committed checkpoints count."""
+        if self.coordinator is not None:
+            self.coordinator.drop_pending()
+        failure = agreed_fault(self.comm, FAULTS.first, step)
+        assert failure is not None, "a fault vote from a rank that noted no fault"
+        return failure
 
     def stop_name(self) -> str:
         """What an agreed stop is named by on this rank: its own signal, or another rank's."""

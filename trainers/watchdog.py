@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainers.faults import FAULTS
+
 log = logging.getLogger("trainers.watchdog")
 
 VERDICT_FILE = "stall.json"
@@ -141,8 +143,9 @@ class Watchdog:
             beat = {"rank": self._rank, "step": self._step, "host": self._host, "pid": os.getpid(), "time": now}
             tmp.write_text(json.dumps({**beat, "left": self._left} if self._left else beat))
             tmp.replace(path)
-        except OSError as err:  # a full or flaky shared disk must not stop training
-            log.warning("heartbeat not written: %s", err)
+        except OSError as err:  # a full or read-only disk: the step vote ends the run (trainers.faults), told once
+            if not FAULTS.note(err, tmp):
+                log.warning("heartbeat not written: %s", err)
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):

@@ -37,9 +37,12 @@ def repeats(err: BaseException) -> bool:
     from hpc.errors import UserError
     from trainers.checkpoint.checkpointer import CheckpointError, StoreUnavailable
     from trainers.data.datasets import DataError
+    from trainers.faults import storage_error
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 
+    if storage_error(err) is not None:  # full, over quota, read-only, gone: a restart meets it again (no requeue loop)
+        return True
     if isinstance(err, StoreUnavailable):  # an object store down for longer than its retries
         return False
     if isinstance(err, TaskError | CheckpointError | DivergedError | DataError | UserError | CollectivesError):

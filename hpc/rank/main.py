@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
+from hpc.rank.diskfaults import end_on_storage_failure, storage_line
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rank.outcomes import failed_peer, forget_end, record_end, record_failure, wait_for_peers
 from hpc.rank.scheduler import scheduler_of
@@ -43,6 +44,7 @@ from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
 from hpc.runlock import hold_rank, release_all
+from trainers.faults import FAULTS, FaultLatch, StorageFailure
 
 if TYPE_CHECKING:  # the module level stays light: srun starts it after catching the stop signals
     from collectives.base import Collectives
@@ -89,6 +91,7 @@ def init_rank_logging(run_dir: RunDir, rank: RankInfo) -> None:
             console.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         handlers.append(console)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+    logging.raiseExceptions = False  # a log file on a full disk: no traceback per line (trainers.faults tells it once)
 
 
 def train_rank(run_dir_path: str) -> dict[str, Any]:
@@ -106,6 +109,8 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
         job = to_job_config(OmegaConf.load(run_dir.config))
         apply_run_access(job.run_access)  # logs, heartbeats, checkpoints: as private as the run dir
         init_rank_logging(run_dir, rank)
+        if rank.is_main:
+            run_dir.reserve_end_record()  # where the end goes if result.json finds the disk full
         return train_as_configured(job, run_dir, rank)
     except Exception as err:  # in start-up: the loop's and the script's own failures end the rank where they are caught
         report_failure(err, rank, run_dir, "ending")
@@ -151,7 +156,11 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
         if job.script is not None:  # the user's own script instead of the built-in loop
-            return after_script(script_rank(job, run_dir, rank, stop), job, run_dir, rank, stop)
+            try:
+                ran = script_rank(job, run_dir, rank, stop)
+            except StorageFailure as err:  # raised alike on every rank: each ends, none aborts the others
+                return end_on_storage_failure(err, run_dir, rank)
+            return after_script(ran, job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
@@ -165,6 +174,8 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         log.info("collectives: %s", describe(comm))
         try:
             result = run_fit(job, run_dir, rank, comm, stop, watchdog)
+        except StorageFailure as err:  # raised alike on every rank at one step: each ends, none aborts the others
+            return end_on_storage_failure(err, run_dir, rank)
         except BaseException as err:
             abort_job(err, comm, rank, run_dir)  # ends the process: MPI_Abort (any backend but a single process's)
             raise SystemExit(1) from None
@@ -186,6 +197,8 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     try:
         host = Host(job, run_dir, rank, stop, STOP_SIGNALS)
         return run_script(str(job.script), job.script_args, str(job.workdir), host, CODE_ROOT)
+    except StorageFailure:
+        raise  # every rank's, at the same step: train_as_configured ends them alike
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
         log.error("error: %s; ending all %d ranks", err, rank.world_size)
         record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
@@ -274,11 +287,15 @@ def report_failure(err: BaseException, rank: RankInfo, run_dir: RunDir, ending: 
     by its kind, or the same at the same step after a restart) also keeps Slurm from starting
     the job again; any other is a failure like a lost rank, which the step supervisor and the
     requeue count against the budget."""
-    from hpc.rank.failures import from_users_frame, one_line, repeats_here
+    from hpc.rank.failures import from_users_frame, newest_step, one_line, repeats_here
 
     lasting, why = repeats_here(run_dir.path, err, rank.rank)
     record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
-    if one_line(err):  # a user-fixable cause: one line, no traceback
+    refused = FaultLatch()
+    if refused.note(err) and refused.first is not None:  # a write refused outside the step vote's reach: its line, no traceback
+        line = storage_line(refused.first.line(), newest_step(run_dir.path) or 0, refused.first.remedy, run_dir)
+        log.error("error: %s; %s all %d ranks", line, ending, rank.world_size)
+    elif one_line(err):  # a user-fixable cause: one line, no traceback
         log.error("error: %s; %s all %d ranks", err, ending, rank.world_size)
     else:
         log.error("rank %d failed; %s all %d ranks", rank.rank, ending, rank.world_size, exc_info=(type(err), err, from_users_frame(err, CODE_ROOT)))
@@ -326,8 +343,10 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     summary["finished"] = status == "completed"  # what a script waits for: a stop writes result.json too
     if not result.stopped_by:
         summary["exit_code"] = 0
+        if rank.is_main and FAULTS.first is not None:  # refused after the last step's vote: the final save's marker, the last records
+            return end_on_storage_failure(StorageFailure(FAULTS.first.line(), result.steps, FAULTS.first, rank.rank), run_dir, rank, summary)
         if rank.is_main:
-            run_dir.write_json(run_dir.result, summary)
+            run_dir.write_result(summary)
             scheduler.mark_finished()  # the batch script's trap never requeues a finished run
         return summary
     if not rank.is_main:  # rank 0 decides what follows; a requeue by the batch script wants exit 0
@@ -338,7 +357,7 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     plan = scheduler.plan_after_stop(received, job.cluster.signal_seconds)
     what, requeue_id = plan.what, plan.requeue_id
     summary["exit_code"] = plan.exit_code
-    run_dir.write_json(run_dir.result, summary)  # before requeueing: Slurm may end us next
+    run_dir.write_result(summary)  # before requeueing: Slurm may end us next
     # Another rank's signal may have ended the step before rank 0's own came (during the save): name that one.
     stopped_by = stop.signal_name or str(result.stopped_by)
     Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
@@ -385,13 +404,15 @@ def main(argv: list[str]) -> int:
         return 2
     import_without_collection("torch")  # torch initialises no device: before the binding, as always
     try:
-        code = int(train_rank(run_dir)["exit_code"])
+        summary = train_rank(run_dir)
+        code = int(summary["exit_code"])
     finally:
         # Everything is written: the interpreter's last collection of torch's (and dynamo's)
         # objects took 1.2 of a rank's 1.5 s of exit on a 2-core machine, every job, every rank.
         gc.freeze()
-    if code == EXIT_RESUMABLE and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
-        return 0  # hpc.submit.ranks returns result.json's code: a non-zero exit here can hang mpirun
+    told = code == EXIT_RESUMABLE or (code == 1 and summary.get("recorded") is True)  # a failure all ranks agreed on, recorded
+    if told and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
+        return 0  # hpc.submit.ranks returns result.json's code: a non-zero exit here can hang mpirun (and prints its banner)
     return code
 
 

@@ -46,9 +46,10 @@ def record_failure(run_dir: RunDir, rank: int, world_size: int, started: float, 
     try:
         marker(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
         run_dir.write_json(marker(run_dir, rank), {"status": "failed", "error": line, "started": started})
-        run_dir.write_json(run_dir.result, result)
-    except OSError as written:
-        log.warning("could not record the failure in %s (%s)", run_dir.path, written)
+    except OSError:
+        pass  # a full or read-only disk: result.json below finds a place where it can (RunDir.write_result)
+    if run_dir.write_result(result) is None:
+        log.warning("could not record the failure anywhere: %s and this machine's %s refused it", run_dir.path, run_dir.end_fallback.parent)
 
 
 def forget_end(run_dir: RunDir, rank: int) -> None:

@@ -13,6 +13,7 @@ its submission side is hpc.submit.launchers.QueuedLauncher.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -66,6 +67,10 @@ class Scheduler(Protocol):
         """The job is never requeued again (an error that would repeat); its id where that was done."""
         ...
 
+    def resume_command(self, run_dir: Path) -> str:
+        """What a person types to start the run again from its newest committed checkpoint."""
+        ...
+
 
 class SlurmJob:
     def __init__(self, env: Mapping[str, str]) -> None:
@@ -101,6 +106,9 @@ class SlurmJob:
     def forbid_requeue(self) -> str | None:
         return lifecycle.forbid_failure_requeue(self.env)
 
+    def resume_command(self, run_dir: Path) -> str:
+        return f"sbatch {shlex.quote(str(run_dir / 'job.sbatch'))}"  # the run dir's own batch script: it resumes the run dir
+
 
 class NoScheduler:
     """Ranks outside any scheduler's job: mpirun's (cluster=local), or started by hand."""
@@ -134,6 +142,9 @@ class NoScheduler:
 
     def forbid_requeue(self) -> str | None:
         return None
+
+    def resume_command(self, run_dir: Path) -> str:
+        return f"bash {shlex.quote(str(run_dir / 'command.txt'))}"
 
 
 def scheduler_of(env: Mapping[str, str]) -> Scheduler:

@@ -20,6 +20,7 @@ from hpc import slurmctl
 from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, restart_count, slurm_job_id
 from hpc.interruptions import TIMELINE, Cost, cost_of_interruption
 from hpc.rundir import RunDir, read_jsonl
+from trainers.faults import FAULTS
 
 log = logging.getLogger("hpc.rank")
 
@@ -42,7 +43,8 @@ def best_effort(record: Callable[..., None], *args: Any) -> None:
     try:
         record(*args)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
-        log.warning("interruption timeline not recorded: %s: %s", type(err).__name__, err)
+        if not FAULTS.note(err, TIMELINE):  # a full disk: told once, by the run's end (trainers.faults)
+            log.warning("interruption timeline not recorded: %s: %s", type(err).__name__, err)
 
 
 class Timeline:

@@ -142,11 +142,10 @@ def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str
 
 
 def run_failure(run_dir: RunDir) -> str:
-    """The failing rank and its error from result.json; empty where it says nothing of one."""
-    try:
-        return failure_line(run_dir.read_json(run_dir.result))
-    except (OSError, ValueError, AttributeError):  # none written (a killed rank), or not an object
-        return ""
+    """The failing rank and its error from result.json; empty where it says nothing of one, or
+    where rank 0 told it on the console already (a refused write: hpc.rank.diskfaults)."""
+    result = run_dir.read_result()
+    return "" if result.get("told") else failure_line(result)
 
 
 def discard_run_dir(run_dir: RunDir) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import signal
@@ -79,14 +78,12 @@ def child_pids(pid: int) -> list[int]:
 
 
 def run_exit_code(mpirun_code: int, run_dir: RunDir) -> int:
-    """mpirun's code, or after a clean stop (mpirun 0, result.json "stopped") the run's own."""
+    """mpirun's code, or after a clean stop or an agreed failure (mpirun 0, the run's end record
+    "stopped" or "failed": RunDir.read_result) the run's own."""
     if mpirun_code != 0:
         return mpirun_code
-    try:
-        result = json.loads(run_dir.result.read_text())
-    except (OSError, ValueError):
-        return 0
-    return int(result.get("exit_code", 0)) if isinstance(result, dict) and result.get("status") == "stopped" else 0
+    result = run_dir.read_result()
+    return int(result.get("exit_code", 0)) if result.get("status") in ("stopped", "failed") else 0
 
 
 def main(argv: list[str]) -> int:

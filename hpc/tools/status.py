@@ -334,7 +334,7 @@ def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
 
 def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "", search: SearchRecord | None = None) -> RunStatus:
     job = _read_json(run_dir.job)
-    result = _read_json(run_dir.result)
+    result = run_dir.read_result()  # result.json, or the end recorded where a full or read-only disk left it
     job_id = job.get("job_id")
     fields = slurmctl.record_of(slurm, job_id) if job_id else {}
     if job_id is None:

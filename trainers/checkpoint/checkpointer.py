@@ -15,10 +15,12 @@ the commit waits until every rank has written, which the ranks agree on at a ste
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -223,8 +225,12 @@ class Checkpointer:
             shared, deferred = self._host_copies.snapshot(shared, ("shared",), later)
             own, _ = self._host_copies.snapshot(own, ("own",))
         tmp = self.tmp_dir(step)
-        tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
         self.pending_step = step
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)  # every rank may create it: no ordering needed
+        except OSError as err:  # a full or read-only disk: told at the save's handshake, on every rank alike
+            self._error = err
+            return
         copied = self._copied = threading.Event()
         pieces = [(rank_file(self.rank), own), *([(SHARED, shared)] if shared is not None else [])]
 
@@ -237,12 +243,15 @@ class Checkpointer:
                 return
             finally:
                 copied.set()
+            name = ""
             try:
                 for name, state in pieces:
                     save_tensor_file(tmp / name, state)
                     self.store.put(step, name, tmp / name)
                     self.store.put(step, f"{name}.sum", tmp / f"{name}.sum")  # the checksum last: the piece is whole
             except BaseException as err:  # reported on the training thread by wait_written()
+                if isinstance(err, OSError) and err.filename is None:
+                    err.filename = str(tmp / name)  # a write() or close() that failed names no file
                 self._error = err
 
         if asynchronous:
@@ -264,6 +273,25 @@ class Checkpointer:
         """True when this rank's part of the pending save is in the store (or failed)."""
         return self._writer is None or not self._writer.is_alive()
 
+    def drop_pending(self) -> None:
+        """The pending save abandoned on this rank: its writer joined, its error forgotten, its
+        staging removed (every rank may remove it; only committed checkpoints are ever loaded)."""
+        step = self.pending_step
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        self._error, self.pending_step = None, None
+        if step is not None:
+            shutil.rmtree(self.store.staging(step), ignore_errors=True)
+
+    def remove_uncommitted(self, step: int) -> None:
+        """What a commit of `step` that failed midway left: its staging, and its directory where
+        the marker never came (LocalStore renames first). Never loaded either way; not left."""
+        shutil.rmtree(self.store.staging(step), ignore_errors=True)
+        if step not in self.store.committed_steps():
+            with contextlib.suppress(StoreError, OSError):
+                self.store.remove(step)
+
     def wait_written(self) -> None:
         if self._writer is not None:
             self._writer.join()
@@ -274,7 +302,7 @@ class Checkpointer:
             if isinstance(err, StoreError):
                 raise store_failure("writing the checkpoint", err)
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            raise CheckpointError(f"writing the checkpoint failed: {reason}; the previous committed checkpoint is intact")
+            raise CheckpointError(f"writing the checkpoint failed: {reason}; the previous committed checkpoint is intact") from err
 
     def commit(self) -> str | None:
         """Called on every rank once all ranks have written; rank 0 publishes the checkpoint."""

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from collectives.base import Collectives
 from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
 from trainers.checkpoint.storage import StoreError, run_store
 from trainers.config import CheckpointConfig
+from trainers.faults import FAULTS, FaultLatch, agreed_fault, storage_error
 
 log = logging.getLogger("trainers.checkpoint.checkpointer")
 
@@ -52,15 +55,42 @@ class SaveCoordinator:
 
     def on_step_boundary(self, ranks_written: float) -> None:
         if self.checkpointer.pending_step is not None and ranks_written >= self.comm.world_size:
-            self.checkpointer.wait_written()
-            self._commit()
+            self.finish_pending()
 
     def finish_pending(self) -> None:
-        if self.checkpointer.pending_step is None:
+        """The pending save committed once every rank has written its part; where any rank could
+        not, every rank drops it (no staging left) and raises alike: a refused write
+        (trainers.faults) as the run's StorageFailure, any other error as a CheckpointError."""
+        step = self.checkpointer.pending_step
+        if step is None:
             return
-        self.checkpointer.wait_written()
-        self.comm.barrier()  # every rank has written its part
+        failed: CheckpointError | None = None
+        try:
+            self.checkpointer.wait_written()
+        except CheckpointError as err:
+            failed = err
+        votes = torch.tensor([0.0 if failed is None else 1.0 + float(storage_error(failed) is not None)], dtype=torch.float64)
+        self.comm.allreduce_(votes, op="max")  # every rank has written its part, or knows who could not
+        if votes[0] > 0:
+            self.checkpointer.drop_pending()
+            raise self.failed_save(step, failed, stored=bool(votes[0] == 2))
         self._commit()
+
+    def failed_save(self, step: int, failed: CheckpointError | None, stored: bool) -> Exception:
+        """What every rank raises for a save of `step` some rank could not write (`stored`: the
+        file system refused it; the one collective of agreed_fault, on every rank)."""
+        if stored:
+            noted = FaultLatch()
+            if failed is not None:
+                noted.note(failed)
+            found = agreed_fault(self.comm, noted.first, step)
+            assert found is not None, "a storage vote from a rank that noted no fault"
+            return found
+        return failed or CheckpointError(f"another rank could not write its part of the checkpoint of step {step}; the previous committed checkpoint is intact")
+
+    def drop_pending(self) -> None:
+        """A pending save abandoned (the run ends on a fault): its staging removed on this rank."""
+        self.checkpointer.drop_pending()
 
     def save(self, step: int, shared: Callable[[], dict[str, Any]], own: dict[str, Any], synchronous: bool, later: Callable[[Any], bool] | None = None) -> None:
         """`later`: the tensors only the next optimizer step changes, copied in the background
@@ -82,7 +112,15 @@ class SaveCoordinator:
         return self.checkpointer.fence()
 
     def _commit(self) -> None:
+        """Rank 0 publishes the save. A marker the file system refuses is noted (the next step's
+        vote ends the run) and the step's directory removed: never a step without its marker."""
         step = self.checkpointer.pending_step
-        path = self.checkpointer.commit()
+        try:
+            path = self.checkpointer.commit()
+        except OSError as err:
+            if step is None or not FAULTS.note(err, self.checkpointer.store.staging(step).parent):
+                raise
+            self.checkpointer.remove_uncommitted(step)
+            return
         if path is not None:
             log.info("checkpoint step %d committed: %s", step, path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainers.faults import refused_writes_noted
 from trainers.reporting.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, TensorBoardSink, task_metrics
 
 __all__ = ["PHASES", "StepReporter", "Straggler", "find_straggler", "four_places", "task_metrics"]
@@ -91,7 +92,8 @@ class StepReporter:
         if not self.enabled:
             return
         for sink in self.sinks:
-            sink.step(record)
+            with refused_writes_noted(None):  # a full disk: the step vote ends the run (trainers.faults)
+                sink.step(record)
         step = int(record["step"])
         if self._terminal is not None:
             self._draw(step, record)
@@ -127,12 +129,14 @@ class StepReporter:
     def figures(self, figures: Mapping[str, float], step: int) -> None:
         """Figures of a moment (validation, a script's log()) at `step`, for the sinks that plot them."""
         for sink in self.sinks:
-            sink.figures(figures, step)
+            with refused_writes_noted(None):
+                sink.figures(figures, step)
 
     def config(self, config: Mapping[str, Any]) -> None:
         """The composed job, once per start (the trackers record it)."""
         for sink in self.sinks:
-            sink.config(config)
+            with refused_writes_noted(None):
+                sink.config(config)
 
     def close(self, status: str = "FINISHED") -> None:
         """`status`: how this start ends: FINISHED, STOPPED (to resume later) or FAILED."""
@@ -141,4 +145,5 @@ class StepReporter:
         self._bar = self._terminal = None
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
-            sink.close(status)
+            with refused_writes_noted(None):
+                sink.close(status)
