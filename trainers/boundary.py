@@ -20,7 +20,7 @@ import torch
 from collectives.base import Collectives, Deferred, InFlight
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.context import Milestones
-from trainers.faults import FAULTS, StorageFailure, agreed_fault
+from trainers.faults import FAULTS, FaultLatch, StorageFailure, agreed_fault
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
 from trainers.task import TaskError
@@ -117,6 +117,7 @@ class StepBoundary:
     coordinator: SaveCoordinator | None
     watchdog: Watchdog | None = None
     milestones: Milestones = field(default_factory=Milestones)
+    faults: FaultLatch = field(default_factory=lambda: FAULTS)  # this process's (a test's threads each have their own)
 
     def stepped(self, step: int, resumed_from: int | None) -> None:
         """A step finished on this rank: the watchdog and the run's timeline learn of it."""
@@ -130,7 +131,7 @@ class StepBoundary:
             float(self.stop.raised),
             coordinator.written_flag() if coordinator else 1.0,
             coordinator.time_vote() if coordinator else 0.0,
-            float(FAULTS.noted),
+            float(self.faults.noted),
             *metricnames.fingerprint(names),
         ]
         return PendingVote.launch(self.comm, step, names, step_s, head, values, overlap)
@@ -154,7 +155,7 @@ class StepBoundary:
         save in flight is dropped (its staging removed): only committed checkpoints count."""
         if self.coordinator is not None:
             self.coordinator.drop_pending()
-        failure = agreed_fault(self.comm, FAULTS.first, step)
+        failure = agreed_fault(self.comm, self.faults.first, step)
         assert failure is not None, "a fault vote from a rank that noted no fault"
         return failure
 

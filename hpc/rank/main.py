@@ -156,11 +156,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
         if job.script is not None:  # the user's own script instead of the built-in loop
-            try:
-                ran = script_rank(job, run_dir, rank, stop)
-            except StorageFailure as err:  # raised alike on every rank: each ends, none aborts the others
-                return end_on_storage_failure(err, run_dir, rank)
-            return after_script(ran, job, run_dir, rank, stop)
+            return script_to_end(job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
         watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
@@ -181,6 +177,15 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
             raise SystemExit(1) from None
         comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
     return after_fit(result, job, run_dir, rank, stop)
+
+
+def script_to_end(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
+    """The user's script on this rank, then its summary (after_script)."""
+    try:
+        ran = script_rank(job, run_dir, rank, stop)
+    except StorageFailure as err:  # raised alike on every rank: each ends, none aborts the others
+        return end_on_storage_failure(err, run_dir, rank)
+    return after_script(ran, job, run_dir, rank, stop)
 
 
 def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> ScriptResult:

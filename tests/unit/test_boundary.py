@@ -5,6 +5,7 @@ ThreadWorld: real sums across threads)."""
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,6 +15,7 @@ from collectives.base import Deferred, SingleProcess
 from collectives.testing import ThreadWorld
 from trainers.boundary import HEAD, PendingVote, StepBoundary, packed
 from trainers.context import Milestones
+from trainers.faults import FaultLatch, StorageFailure
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
 from trainers.task import TaskError
@@ -35,6 +37,7 @@ class Coordinator:
     stop: StopFlag | None = None
     pruned_waits: int = 0
     fail_save: bool = False
+    dropped: bool = False
 
     def written_flag(self) -> float:
         return self.written
@@ -62,6 +65,9 @@ class Coordinator:
 
     def wait_pruned(self) -> None:
         self.pruned_waits += 1
+
+    def drop_pending(self) -> None:
+        self.dropped = True
 
 
 @dataclass
@@ -101,7 +107,7 @@ def test_a_world_of_one_reduces_nothing_and_reads_its_own_numbers():
         allreduce_async = allreduce_
 
     for overlap in (True, False):
-        pending = PendingVote.launch(NoReduce(), 3, NAMES, 0.5, [1.0, 1.0, 0.0, 5.0, 6.0, 7.0, 8.0], [2.0, torch.tensor(4.0)], overlap)
+        pending = PendingVote.launch(NoReduce(), 3, NAMES, 0.5, [1.0, 1.0, 0.0, 0.0, 5.0, 6.0, 7.0, 8.0], [2.0, torch.tensor(4.0)], overlap)
         vote = pending.read()
         assert (pending.step, pending.names, pending.step_s) == (3, NAMES, 0.5)
         assert (vote.stop_votes, vote.ranks_written, vote.time_votes, vote.names, vote.values) == (1.0, 1.0, 0.0, (5.0, 6.0, 7.0, 8.0), [2.0, 4.0])
@@ -120,7 +126,7 @@ def test_two_ranks_read_the_same_sums_and_stop_together_at_one_ranks_signal(over
     results = ThreadWorld(2).run(rank)
     for rank_no, (vote, stopped, boundaries, due, asked) in enumerate(results):
         assert (vote.stop_votes, vote.ranks_written, vote.time_votes, vote.values) == (1.0, 1.0, 1.0, [3.0, 30.0])
-        assert vote.names == tuple(2 * part for part in metricnames.fingerprint(NAMES)) and len(vote.names) == HEAD - 3
+        assert vote.names == tuple(2 * part for part in metricnames.fingerprint(NAMES)) and len(vote.names) == HEAD - 4
         assert stopped == ("a signal on another rank" if rank_no == 0 else "SIGUSR1")  # named by the rank's own signal
         assert boundaries == [1.0]  # the save handshake hears how many ranks have written
         assert due and asked == [(4, 1.0)]  # one rank's clock voted: every rank saves
@@ -236,3 +242,28 @@ def test_values_on_another_device_gather_there_with_the_cpu_ones_copied_over():
     a CPU tensor beside them is moved to them, not the other way."""
     buffer = packed([1.0], [torch.tensor(2.0), torch.tensor(3.0, device="meta"), 4.0])
     assert buffer.device.type == "meta" and buffer.dtype == torch.float64 and buffer.shape == (4,)
+
+
+def test_a_write_refused_on_one_rank_ends_every_rank_at_that_step_with_its_line(tmp_path):
+    """Rank 1's file system said no (ENOSPC writing its heartbeat): the next vote raises the same
+    StorageFailure on both ranks at that step, rank 1's line (rank 0's names the rank), the save
+    in flight dropped; before that, the vote goes on as usual."""
+    written = tmp_path / "heartbeats" / "rank-1.json"
+
+    def rank(comm):  # noqa: ANN001
+        coordinator = Coordinator()
+        step_end = boundary(comm, coordinator, faults=FaultLatch())
+        quiet = step_end.settle(step_end.launch(3, NAMES, [1.0, 2.0]))
+        if comm.rank == 1:
+            assert step_end.faults.note(OSError(errno.ENOSPC, "No space left on device"), written)
+        try:
+            step_end.settle(step_end.launch(4, NAMES, [1.0, 2.0]))
+        except StorageFailure as err:
+            return quiet.fault_votes, err, coordinator.dropped, coordinator.boundaries
+        raise AssertionError("the vote after a refused write went on")
+
+    for rank_no, (quiet, err, dropped, boundaries) in enumerate(ThreadWorld(2).run(rank)):
+        assert quiet == 0.0 and err.step == 4 and err.rank == 1 and err.reason == "disk full" and dropped
+        assert err.line.startswith("no space left on /") and f"writing {written}" in err.line, err.line
+        assert err.line.endswith(" (rank 1)") == (rank_no == 0), err.line
+        assert boundaries == [2.0]  # the step before the fault only: the fault's step commits nothing
