@@ -28,6 +28,9 @@ STORAGE_ERRNO: dict[int, tuple[str, str]] = {
     errno.EIO: ("I/O error", "check the file system (its device or server)"),
     errno.ESTALE: ("stale file handle (the shared file system went away)", "check that the shared file system is mounted"),
 }
+# These stay until someone acts (frees space, remounts): a restart or requeue would meet them
+# again, so the job is neither (hpc.rank.failures). EIO and ESTALE may pass: counted as failures.
+LASTING_STORAGE_ERRNO = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 # "disk full" for hpc.status: the words a user scanning fifty runs looks for
 REASONS = {
     errno.ENOSPC: "disk full",
@@ -158,6 +161,11 @@ class StorageFailure(RuntimeError):
     @property
     def remedy(self) -> str:
         return self.fault.remedy if self.fault is not None else "fix the file system"
+
+    @property
+    def lasting(self) -> bool:
+        """Whether a restart would meet it again (full, over quota, read-only)."""
+        return self.fault is None or self.fault.errno in LASTING_STORAGE_ERRNO
 
 
 FAULT_BYTES = 2048  # one rank's fault in the agreement: errno, path and line, UTF-8, cut to fit

@@ -6,9 +6,11 @@ rank 0 on the console too, and the end recorded where it can be (RunDir.write_re
     /small/runs/.../command.txt
 
 Every rank raised the same StorageFailure at the same step boundary, so none aborts the others
-(no MPI_ABORT banner): each ends its part and exits. The job is not restarted or requeued (a
-full disk stays full: hpc.rank.scheduler's forbid_requeue); once the cause is fixed, the command
-the line names resumes from the newest committed checkpoint.
+(no MPI_ABORT banner): each ends its part and exits. A full disk, a quota or a read-only file
+system stays until someone acts: the job is not restarted or requeued (hpc.rank.scheduler's
+forbid_requeue), and once the cause is fixed the command the line names resumes from the newest
+committed checkpoint. EIO and ESTALE may pass: counted as a failure (restart or requeue within
+the job's failure budget), as hpc.rank.failures counts them.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ def end_on_storage_failure(err: Any, run_dir: RunDir, rank: RankInfo, summary: d
     ended.update({"failed_rank": err.rank if err.rank is not None else rank.rank, "steps": err.step, "world_size": rank.world_size})
     if not rank.is_main:
         return {**ended, "recorded": True}  # rank 0 records the run's end
-    scheduler = scheduler_of(os.environ)
-    try:
-        scheduler.mark_error(f"rank {rank.rank}: {err.reason}")  # the step supervisor starts no restart (its folder may be on that disk)
-    except OSError:
-        pass
-    scheduler.forbid_requeue()  # the line says how to resume once fixed
+    if err.lasting:  # a full disk stays full: no restart, no requeue; the line says how to resume once fixed
+        scheduler = scheduler_of(os.environ)
+        try:
+            scheduler.mark_error(f"rank {rank.rank}: {err.reason}")  # the step supervisor starts no restart (its folder may be on that disk)
+        except OSError:
+            pass
+        scheduler.forbid_requeue()
     return {**ended, "recorded": run_dir.write_result(ended) is not None}

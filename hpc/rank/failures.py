@@ -37,11 +37,12 @@ def repeats(err: BaseException) -> bool:
     from hpc.errors import UserError
     from trainers.checkpoint.checkpointer import CheckpointError, StoreUnavailable
     from trainers.data.datasets import DataError
-    from trainers.faults import storage_error
+    from trainers.faults import LASTING_STORAGE_ERRNO, storage_error
     from trainers.guard import DivergedError
     from trainers.task import TaskError
 
-    if storage_error(err) is not None:  # full, over quota, read-only, gone: a restart meets it again (no requeue loop)
+    refused = storage_error(err)
+    if refused is not None and refused.errno in LASTING_STORAGE_ERRNO:  # full, over quota, read-only: a restart meets it again
         return True
     if isinstance(err, StoreUnavailable):  # an object store down for longer than its retries
         return False

@@ -44,7 +44,7 @@ from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir, read_jsonl
 from hpc.runlock import hold_rank, release_all
-from trainers.faults import FAULTS, FaultLatch, StorageFailure
+from trainers.faults import FAULTS, FaultLatch, StorageFailure, storage_error
 
 if TYPE_CHECKING:  # the module level stays light: srun starts it after catching the stop signals
     from collectives.base import Collectives
@@ -296,8 +296,8 @@ def report_failure(err: BaseException, rank: RankInfo, run_dir: RunDir, ending: 
 
     lasting, why = repeats_here(run_dir.path, err, rank.rank)
     record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
-    refused = FaultLatch()
-    if refused.note(err) and refused.first is not None:  # a write refused outside the step vote's reach: its line, no traceback
+    refused, found = FaultLatch(), storage_error(err)
+    if found is not None and found.filename is not None and refused.note(found) and refused.first is not None:  # a write refused outside the vote's reach
         line = storage_line(refused.first.line(), newest_step(run_dir.path) or 0, refused.first.remedy, run_dir)
         log.error("error: %s; %s all %d ranks", line, ending, rank.world_size)
     elif one_line(err):  # a user-fixable cause: one line, no traceback

@@ -45,7 +45,14 @@ def test_the_verifier_stops_kills_and_resumes_a_slurm_job_and_passes_it(tmp_path
     root = tmp_path / "runs"
     command = [
         *(sys.executable, str(ROOT / "launch.py"), "verify=resume", "cluster=simulated", f"run_root={root}"),
-        *("resources.nodes=2", "resources.tasks_per_node=1", f"script={ROOT / 'examples' / 'lightning' / 'train.py'}", "verify.stops=1", "verify.seed=3", "verify.every_steps=5"),
+        *(
+            "resources.nodes=2",
+            "resources.tasks_per_node=1",
+            f"script={ROOT / 'examples' / 'lightning' / 'train.py'}",
+            "verify.stops=1",
+            "verify.seed=3",
+            "verify.every_steps=5",
+        ),
         *("--", "--max-steps", "40", "--val-every", "10"),
     ]
     done = threading.Event()

@@ -33,6 +33,7 @@ import torch
 from trainers.checkpoint.layout import BEST, MARKER, SHARED, parse_best, rank_file, step_dir_name
 from trainers.checkpoint.storage import CheckpointStore, LocalStore, StoreError
 from trainers.checkpoint.tensorfile import read_tensor_file, write_tensor_file
+from trainers.faults import STORAGE_ERRNO
 
 log = logging.getLogger("trainers.checkpoint.checkpointer")
 
@@ -250,7 +251,7 @@ class Checkpointer:
                     self.store.put(step, name, tmp / name)
                     self.store.put(step, f"{name}.sum", tmp / f"{name}.sum")  # the checksum last: the piece is whole
             except BaseException as err:  # reported on the training thread by wait_written()
-                if isinstance(err, OSError) and err.filename is None:
+                if isinstance(err, OSError) and err.errno in STORAGE_ERRNO and err.filename is None:
                     err.filename = str(tmp / name)  # a write() or close() that failed names no file
                 self._error = err
 
@@ -273,10 +274,11 @@ class Checkpointer:
         """True when this rank's part of the pending save is in the store (or failed)."""
         return self._writer is None or not self._writer.is_alive()
 
-    def drop_pending(self) -> None:
-        """The pending save abandoned on this rank: its writer joined, its error forgotten, its
-        staging removed (every rank may remove it; only committed checkpoints are ever loaded)."""
-        step = self.pending_step
+    def drop_pending(self, step: int | None = None) -> None:
+        """The pending save (or that of `step`, whose error wait_written raised) abandoned on this
+        rank: its writer joined, its error forgotten, its staging removed (every rank may remove
+        it; only committed checkpoints are ever loaded)."""
+        step = self.pending_step if step is None else step
         if self._writer is not None:
             self._writer.join()
             self._writer = None

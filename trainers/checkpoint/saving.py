@@ -72,7 +72,7 @@ class SaveCoordinator:
         votes = torch.tensor([0.0 if failed is None else 1.0 + float(storage_error(failed) is not None)], dtype=torch.float64)
         self.comm.allreduce_(votes, op="max")  # every rank has written its part, or knows who could not
         if votes[0] > 0:
-            self.checkpointer.drop_pending()
+            self.checkpointer.drop_pending(step)
             raise self.failed_save(step, failed, stored=bool(votes[0] == 2))
         self._commit()
 
