@@ -163,16 +163,16 @@ class RunDir:
     def read_result(self) -> dict[str, Any]:
         """The run's newest end: result.json, or end.json / end_fallback where a later end could
         not write result.json (the newest file wins); {} when none says anything."""
-        found: list[tuple[float, dict[str, Any]]] = []
-        for path in (self.result, self.end_record, self.end_fallback):
+        found: list[tuple[float, int, dict[str, Any]]] = []
+        for order, path in enumerate((self.result, self.end_record, self.end_fallback)):
             try:
                 text, when = path.read_text(), path.stat().st_mtime
                 data = json.loads(text) if text.strip() else None
             except (OSError, ValueError):
                 continue
             if isinstance(data, dict):
-                found.append((when, data))
-        return max(found, key=lambda pair: pair[0])[1] if found else {}
+                found.append((when, order, data))  # written in one clock tick: the fallback is the later word
+        return max(found, key=lambda entry: entry[:2])[2] if found else {}
 
 
 def failure_line(result: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from collectives.mpirun import huge_pages_environment, root_environment
+from hpc.config.diskspace import space_warnings
 from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
@@ -42,8 +43,12 @@ def rank_environment(job: JobConfig) -> dict[str, str]:
 
 
 def prepare(job: JobConfig) -> JobConfig:
-    """Validate, and pin what ranks must not re-derive."""
-    return pin_inputs(job, validate_job(job))
+    """Validate, and pin what ranks must not re-derive. A run root too small for the job's
+    checkpoints is a warning line; a read-only one is refused (hpc.config.diskspace)."""
+    info = validate_job(job)
+    for line in space_warnings(job, info):
+        print(line, file=sys.stderr, flush=True)
+    return pin_inputs(job, info)
 
 
 def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
