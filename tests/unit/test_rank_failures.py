@@ -237,3 +237,27 @@ def test_a_rank_that_crashes_in_native_code_prints_its_python_stack(tmp_path):
     assert crashed.returncode == -signal.SIGSEGV, crashed.stderr
     assert "Fatal Python error: Segmentation fault" in crashed.stderr
     assert re.search(r'File "<string>", line \d+ in users_native_call', crashed.stderr), crashed.stderr
+
+
+@pytest.mark.parametrize(("number", "lasting"), [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EROFS, True), (errno.EIO, False), (errno.ESTALE, False)])
+def test_a_storage_failure_ends_a_slurm_job_for_good_only_where_it_stays(number, lasting, tmp_path, monkeypatch, caplog):
+    """A full disk, a quota or a read-only file system would meet the job again: no restart in
+    the allocation (the error marker), no requeue (Requeue cleared). EIO and ESTALE may pass:
+    the job's failure budget restarts it. Either way the run's end is recorded, in one line."""
+    from hpc.rank.diskfaults import end_on_storage_failure
+    from trainers.faults import Fault, StorageFailure
+
+    monkeypatch.setenv(REQUEST_DIR_VARIABLE, str(tmp_path / "requests"))
+    monkeypatch.setenv("SLURM_JOB_ID", "81")
+    forbidden: list[bool] = []
+    monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "81")  # scontrol, not run here
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    fault = Fault(number, str(run.steps))
+    with caplog.at_level(logging.INFO):
+        ended = end_on_storage_failure(StorageFailure(fault.line(), 34, fault, rank=1), run, RankInfo(0, 0, 2, 2, 0, 1, ("node1",), "slurm"))
+    assert bool(forbidden) == lasting and bool(list((tmp_path / "requests").glob("81.error-*"))) == lasting
+    assert ended["recorded"] and run.read_result() == {k: v for k, v in ended.items() if k != "recorded"}
+    assert ended["failed_rank"] == 1 and ended["exit_code"] == 1 and ended["told"]
+    told = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert told == [f"error: {ended['error']}"] and ended["error"].endswith(f"then sbatch {run.path / 'job.sbatch'}"), told
