@@ -178,9 +178,11 @@ class RunDir:
 def failure_line(result: dict[str, Any]) -> str:
     """result.json's failure in one line, `rank N: Type: message` (hpc.rank.outcomes writes
     it); empty unless the run failed on a known rank."""
-    if result.get("status") != "failed" or "failed_rank" not in result:
+    if result.get("status") != "failed":
         return ""
     reason = f"{result['reason']}: " if result.get("reason") else ""  # "disk full: ": what a user scanning a sweep looks for
+    if "failed_rank" not in result:  # the launcher's word on a rank it saw killed (hpc.submit.deaths)
+        return f"{reason}{result['error']}" if result.get("error") else ""
     return f"{reason}rank {result['failed_rank']}: {result.get('error', '?')}"
 
 

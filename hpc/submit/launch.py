@@ -18,6 +18,7 @@ from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
+from hpc.submit.deaths import KILLED, tell_killed
 from hpc.submit.launchers import QueuedLauncher, launcher_for
 from hpc.submit.ranks import ENDED_AT_ONCE
 from hpc.submit.snapshot import freeze_job_code
@@ -100,7 +101,9 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     code = launcher.run(job, env, run_dir)
     tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
     tell(f"run directory: {run_dir.path}")
-    if code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
+    if code == KILLED:  # no rank could say why: the launcher does, from the kernel's log (hpc.submit.deaths)
+        print(f"error: {tell_killed(run_dir)}", file=sys.stderr, flush=True)
+    elif code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
         print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
         tell(f"the run failed on {failure}", console=False)
     if code == EXIT_RESUMABLE:
