@@ -250,3 +250,28 @@ def test_the_older_settings_choose_the_same_sinks(trackers, tensorboard, prometh
     from trainers.reporting.trackers import chosen
 
     assert chosen(trackers, tensorboard, prometheus_file) == expected
+
+
+def test_wandb_unreachable_keeps_its_records_offline_and_result_json_says_where(tmp_path, monkeypatch, caplog):
+    """W&B online, its server unreachable (nothing listens; init gives up after 5 s): the start
+    keeps its records in W&B's offline files, one warning line says where and how they go up
+    (`wandb sync`), and the state for result.json says so."""
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    caplog.set_level(logging.WARNING, "trainers.reporting.trackers")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reporter = StepReporter(run_dir / "steps.jsonl", sinks=opened(["wandb"], TrackedRun.of(run_dir, run_dir / "steps.jsonl"), retry_s=0))
+    for step in range(1, 4):
+        reporter.report({"step": step, "loss": 1.0 / step})
+    reporter.close("FINISHED")
+    (told,) = [r.message for r in caplog.records]
+    assert told.startswith("tracker wandb unreachable (CommError: ") and "`wandb sync " in told, told
+    assert reporter.trackers["wandb"].startswith("offline: W&B could not be reached; `wandb sync "), reporter.trackers
+    run_id = json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["id"]
+    (kept,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
+    assert [row["_step"] for row in history_of(kept, run_id) if "train/loss" in row] == [1, 2, 3]

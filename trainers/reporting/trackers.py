@@ -248,7 +248,22 @@ class WandbTracker(Tracker):
             run.remember("wandb", {"id": self.run_id})  # before init: a start killed in it reopens the same id
         confirmed = known.get("through") if known is not None else None
         self.last_logged: int | None = confirmed
-        self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
+        self.offline: str | None = None  # where its records wait for `wandb sync`, when W&B could not be reached
+        try:
+            self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
+        except Exception as err:  # noqa: BLE001 - W&B unreachable (CommError after its init_timeout) or refusing
+            if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+                raise
+            wandb.teardown()  # the failed init keeps the id "in use" in its wandb-core process
+            self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group, mode="offline")
+            self.offline = str(Path(self.run.dir).parent)
+            log.warning(
+                "tracker wandb unreachable (%s: %s): its records are kept offline in %s; `wandb sync %s` sends them",
+                type(err).__name__,
+                " ".join(str(err).split())[:300],
+                self.offline,
+                self.offline,
+            )
         if run.logged_through is not None and (confirmed is None or confirmed < run.logged_through):
             self.replay(run, confirmed)
         self.holds_through = run.logged_through
@@ -387,6 +402,9 @@ class Guarded:
     @property
     def state(self) -> str:
         """`complete`, or why not and what completes it, for result.json's `trackers`."""
+        offline = getattr(self.sink, "offline", None)
+        if self.down is None and offline:
+            return f"offline: W&B could not be reached; `wandb sync {offline}` sends its records"
         if self.down is None:
             return "complete"
         return f"incomplete: unreachable ({self.down}); steps.jsonl keeps its records, the next start gives them to it"
