@@ -84,6 +84,8 @@ def test_a_file_system_that_goes_mid_run_ends_it_in_one_line_and_the_resume_is_e
     result = RunDir(run_dir).read_result()
     assert result["status"] == "completed" and result["resumed_from"] == 10, result
     assert "COMPLETED" in status_line(run_dir)
+    if how != "fill":
+        return  # the same resume path: one comparison with an uninterrupted run is enough (a launch saved)
     (tmp_path / "reference").mkdir()
     reference = run_launch(*job, cwd=tmp_path / "reference", env=env)  # `once` exists: nothing happens to this one
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -95,9 +97,11 @@ def test_a_file_system_that_goes_mid_run_ends_it_in_one_line_and_the_resume_is_e
 BIG = ["model.hidden_sizes=[512,512]", "trainer.epochs=2", "checkpoint.every_steps=5", "checkpoint.every_minutes=null"]
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_a_save_that_does_not_fit_ends_the_run_keeps_the_previous_checkpoint_and_no_staging(small_disk, async_save):
-    ended = run_launch(*BIG, f"checkpoint.async_save={str(async_save).lower()}", cwd=small_disk)
+def test_a_save_that_does_not_fit_ends_the_run_keeps_the_previous_checkpoint_and_no_staging(small_disk):
+    """The default asynchronous save: its writer threads fail, the next step's handshake finds
+    it and every rank drops it. A synchronous save takes the same handshake at once
+    (SaveCoordinator.finish_pending), as the two runs above do at every save."""
+    ended = run_launch(*BIG, cwd=small_disk)
     line = assert_one_line_end(ended, "no space left", small_disk, kept=5)
     assert "/checkpoints/.tmp-step-000000010/" in line, line  # the save of step 10 is what the disk refused
     (run_dir,) = run_dirs(small_disk)
