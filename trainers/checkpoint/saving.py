@@ -69,8 +69,9 @@ class SaveCoordinator:
             self.checkpointer.wait_written()
         except CheckpointError as err:
             failed = err
+        self.comm.barrier()  # every rank has written its part (or failed to): a barrier first, never a size another collective could match
         votes = torch.tensor([0.0 if failed is None else 1.0 + float(storage_error(failed) is not None)], dtype=torch.float64)
-        self.comm.allreduce_(votes, op="max")  # every rank has written its part, or knows who could not
+        self.comm.allreduce_(votes, op="max")  # who could not, on every rank
         if votes[0] > 0:
             self.checkpointer.drop_pending(step)
             raise self.failed_save(step, failed, stored=bool(votes[0] == 2))

@@ -420,17 +420,12 @@ class Guarded:
         self.call("config", config)
 
     def close(self, status: str) -> None:
-        """The end of this start; a tracker still down is tried once more first."""
+        """The end of this start. A tracker still down is not tried again here (a stop's grace
+        time is for the checkpoint, and W&B's core process may have gone with the job's signal):
+        `state` says so, and the next start gives it what it missed as it opens."""
         self._quit.set()
         if self._retrying is not None:
             self._retrying.join()
-        sink = self.live()
-        if sink is None and self.down is not None:
-            try:
-                sink = self.reopened()
-                self.sink, self.down = sink, None
-            except Exception:  # noqa: BLE001 - still down: state says so
-                return
         self.call("close", status)
 
 
