@@ -122,6 +122,8 @@ def requeue(job_id: str, restarts_before: int = 0, sleep: Callable[[float], None
     (REQUEUE_TRIES); the last error text, or None once it went through. A try that timed out may
     still go through once slurmctld reads it: a restart count above `restarts_before` (this
     start's) says so."""
+    if not available("scontrol"):
+        return "scontrol not found"  # no controller to wait for: trying again would only sleep
     began, error = time.monotonic(), ""
     for attempt in range(1, REQUEUE_TRIES + 1):
         code, _, err = _run(["scontrol", "requeue", job_id], SCONTROL_TIMEOUT_S)
