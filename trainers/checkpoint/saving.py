@@ -58,36 +58,37 @@ class SaveCoordinator:
             self.finish_pending()
 
     def finish_pending(self) -> None:
-        """The pending save committed once every rank has written its part; where any rank could
-        not, every rank drops it (no staging left) and raises alike: a refused write
-        (trainers.faults) as the run's StorageFailure, any other error as a CheckpointError."""
+        """The pending save committed once every rank has written its part. A write the file
+        system refused (trainers.faults) on any rank: every rank drops the save (no staging left)
+        and raises the same StorageFailure. Any other error ends the job from the rank that met
+        it, as ever (the others wait in the barrier until it does)."""
         step = self.checkpointer.pending_step
         if step is None:
             return
-        failed: CheckpointError | None = None
+        refused: CheckpointError | None = None
         try:
             self.checkpointer.wait_written()
         except CheckpointError as err:
-            failed = err
-        self.comm.barrier()  # every rank has written its part (or failed to): a barrier first, never a size another collective could match
-        votes = torch.tensor([0.0 if failed is None else 1.0 + float(storage_error(failed) is not None)], dtype=torch.float64)
-        self.comm.allreduce_(votes, op="max")  # who could not, on every rank
+            if storage_error(err) is None:
+                raise
+            refused = err
+        self.comm.barrier()  # every rank has written its part (or been refused): a barrier first, never a size another collective could match
+        votes = torch.tensor([float(refused is not None)], dtype=torch.float64)
+        self.comm.allreduce_(votes, op="max")  # who was refused, on every rank
         if votes[0] > 0:
             self.checkpointer.drop_pending(step)
-            raise self.failed_save(step, failed, stored=bool(votes[0] == 2))
+            raise self.refused_save(step, refused)
         self._commit()
 
-    def failed_save(self, step: int, failed: CheckpointError | None, stored: bool) -> Exception:
-        """What every rank raises for a save of `step` some rank could not write (`stored`: the
-        file system refused it; the one collective of agreed_fault, on every rank)."""
-        if stored:
-            noted = FaultLatch()
-            if failed is not None:
-                noted.note(failed)
-            found = agreed_fault(self.comm, noted.first, step)
-            assert found is not None, "a storage vote from a rank that noted no fault"
-            return found
-        return failed or CheckpointError(f"another rank could not write its part of the checkpoint of step {step}; the previous committed checkpoint is intact")
+    def refused_save(self, step: int, refused: CheckpointError | None) -> Exception:
+        """What every rank raises for a save of `step` a file system refused on some rank (the
+        one collective of agreed_fault, on every rank)."""
+        noted = FaultLatch()
+        if refused is not None:
+            noted.note(refused)
+        found = agreed_fault(self.comm, noted.first, step)
+        assert found is not None, "a storage vote from a rank that noted no fault"
+        return found
 
     def drop_pending(self) -> None:
         """A pending save abandoned (the run ends on a fault): its staging removed on this rank."""
