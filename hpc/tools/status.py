@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import socket
 import sys
 import time
@@ -430,7 +429,6 @@ def main(argv: list[str]) -> int:
     if args.json and watch is not None:
         print("error: --json lists once: drop --watch (or call it again)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     in_place = watch is not None and sys.stdout.isatty()
     try:
         while True:
@@ -509,4 +507,7 @@ def render(found: list[RunStatus]) -> list[str]:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly (hpc/status.py says why here)
     sys.exit(main(sys.argv[1:]))

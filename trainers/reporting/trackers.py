@@ -12,12 +12,10 @@ of them is written into the run dir, and the library is imported only when the j
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -143,7 +141,6 @@ class MlflowTracker(Tracker):
     else MLflow's default experiment."""
 
     PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
-    METRICS_PER_BATCH = 1000  # and its limit of metrics
     PARAM_CHARS = 6000  # MLflow's longest parameter value
 
     def __init__(self, run: TrackedRun) -> None:
@@ -183,25 +180,6 @@ class MlflowTracker(Tracker):
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in figures.items()])
-
-    def catch_up(self, run: TrackedRun) -> int | None:
-        """What steps.jsonl and figures.jsonl hold after the run's last step in MLflow, given
-        (after an outage: the server keeps the run complete); the last step it now holds."""
-        from mlflow.entities import Metric
-
-        held = self.last_logged_step()
-        figures = figures_after(run.steps_file.with_name(FIGURES_FILE), held)
-        now = int(time.time() * 1000)
-        batch: list[Any] = []
-        for record in records_after(run.steps_file, held):
-            step = int(record["step"])
-            batch += [Metric(key, value, now, step) for key, value in {**scalars(record), **figures.pop(step, {})}.items()]
-        for step, figured in figures.items():  # figures of a step with no record
-            batch += [Metric(key, value, now, step) for key, value in figured.items()]
-        for first in range(0, len(batch), self.METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=batch[first : first + self.METRICS_PER_BATCH])
-        self.holds_through = max([held or 0, *(metric.step for metric in batch)]) if batch or held is not None else None
-        return self.holds_through
 
     def step(self, record: Mapping[str, Any]) -> None:
         step = int(record["step"])
@@ -248,22 +226,7 @@ class WandbTracker(Tracker):
             run.remember("wandb", {"id": self.run_id})  # before init: a start killed in it reopens the same id
         confirmed = known.get("through") if known is not None else None
         self.last_logged: int | None = confirmed
-        self.offline: str | None = None  # where its records wait for `wandb sync`, when W&B could not be reached
-        try:
-            self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
-        except Exception as err:  # noqa: BLE001 - W&B unreachable (CommError after its init_timeout) or refusing
-            if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
-                raise
-            wandb.teardown()  # the failed init keeps the id "in use" in its wandb-core process
-            self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group, mode="offline")
-            self.offline = str(Path(self.run.dir).parent)
-            log.warning(
-                "tracker wandb unreachable (%s: %s): its records are kept offline in %s; `wandb sync %s` sends them",
-                type(err).__name__,
-                " ".join(str(err).split())[:300],
-                self.offline,
-                self.offline,
-            )
+        self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
         if run.logged_through is not None and (confirmed is None or confirmed < run.logged_through):
             self.replay(run, confirmed)
         self.holds_through = run.logged_through
@@ -309,105 +272,35 @@ PACKAGES = {"mlflow": "mlflow", "prometheus": "prometheus_client", "tensorboard"
 DEFAULT_PROMETHEUS_FILE = "metrics.prom"  # in the run dir, where trainer.prometheus_file names none
 
 
-RETRY_S = 60.0  # between tries of a tracker that is down (HPCTK_TRACKER_RETRY_S overrides)
-
-
-def opened(names: list[str], run: TrackedRun, retry_s: float | None = None) -> list[MetricsSink]:
-    """The trackers among `names`, each behind Guarded: one that cannot be opened (its server
-    down, a bad URI) or fails midway is told in one warning line, training goes on, and it is
-    tried again in the background until it is back (its records then given to it from
-    steps.jsonl and figures.jsonl), or at the end of this start, or at the next start."""
-    wait = float(os.environ.get("HPCTK_TRACKER_RETRY_S", RETRY_S)) if retry_s is None else retry_s
-    return [Guarded(name, functools.partial(TRACKERS[name], run), run, wait) for name in names if name in TRACKERS]
+def opened(names: list[str], run: TrackedRun) -> list[MetricsSink]:
+    """The trackers among `names`, opened; one that fails to open (its server down, a bad URI) is
+    left out with an error line: training goes on, which a tracker's outage must not end."""
+    sinks: list[MetricsSink] = []
+    for name in names:
+        if name in TRACKERS:
+            try:
+                sinks.append(Guarded(name, TRACKERS[name](run)))
+            except Exception as err:  # noqa: BLE001 - any library's failure
+                log.error("tracker %s left out of this start: %s: %s", name, type(err).__name__, err)
+    return sinks
 
 
 class Guarded:
-    """A tracker that may be down. Its failure (at the start, or a request that failed after the
-    library's own retries) is one warning line; training and the run's own files go on; a
-    background thread tries it again every `retry_s` and, once it answers, gives it what it
-    missed (`catch_up`), so its records are complete again. `state` says how this start left it,
-    for result.json."""
+    """A tracker whose failure (a request that failed after the library's own retries) is
+    logged once and ends that tracker for this start, never the training."""
 
-    def __init__(self, name: str, open_sink: Callable[[], MetricsSink], run: TrackedRun, retry_s: float) -> None:
-        self.name, self.open_sink, self.run, self.retry_s = name, open_sink, run, retry_s
-        self.sink: MetricsSink | None = None
-        self.down: str | None = None  # why, while it is down
-        self.config_given: Mapping[str, Any] | None = None
-        self._back: MetricsSink | None = None  # opened and caught up by the retry thread, not yet taken back
-        self._quit = threading.Event()
-        self._retrying: threading.Thread | None = None
-        try:
-            self.sink = self.reopened()  # with what an earlier start could not give it (an outage at its end)
-        except Exception as err:  # noqa: BLE001 - any library's failure
-            self.went_down("opening it", err)
-
-    def went_down(self, what: str, err: Exception) -> None:
-        self.sink = None
-        if self.down is None:
-            log.warning(
-                "tracker %s unreachable (%s failed: %s: %s): training goes on; its records are kept in steps.jsonl and given to it when it is back",
-                self.name,
-                what,
-                type(err).__name__,
-                " ".join(str(err).split())[:300],
-            )
-        self.down = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-        if self._retrying is None and self.retry_s > 0:
-            self._retrying = threading.Thread(target=self._retry, name=f"tracker-{self.name}", daemon=True)
-            self._retrying.start()
-
-    def reopened(self) -> MetricsSink:
-        """The tracker opened again, told the job's config, and given what it missed."""
-        sink = self.open_sink()
-        if self.config_given is not None:
-            sink.config(self.config_given)
-        catch_up = getattr(sink, "catch_up", None)
-        if catch_up is not None:
-            catch_up(self.run)
-        return sink
-
-    def _retry(self) -> None:
-        while not self._quit.wait(self.retry_s):
-            try:
-                self._back = self.reopened()
-                return
-            except Exception:  # noqa: BLE001, S112 - still down: the warning was given once
-                continue
-
-    def live(self) -> MetricsSink | None:
-        """The sink, taken back from the retry thread once it answered (the records since, given)."""
-        if self.sink is None and self._back is not None and self._retrying is not None:
-            self._retrying.join()
-            self._retrying, sink, self._back = None, self._back, None
-            try:
-                catch_up = getattr(sink, "catch_up", None)
-                if catch_up is not None:
-                    catch_up(self.run)  # what came while the thread caught up
-            except Exception as err:  # noqa: BLE001
-                self.went_down("catching up", err)
-                return None
-            self.sink, self.down = sink, None
-            log.info("tracker %s is back: its records are complete again", self.name)
-        return self.sink
+    def __init__(self, name: str, sink: MetricsSink) -> None:
+        self.name, self.sink = name, sink
+        self.failed = False
 
     def call(self, method: str, *args: Any) -> None:
-        sink = self.live()
-        if sink is None:
+        if self.failed:
             return
         try:
-            getattr(sink, method)(*args)
+            getattr(self.sink, method)(*args)
         except Exception as err:  # noqa: BLE001 - any library's failure
-            self.went_down(method, err)
-
-    @property
-    def state(self) -> str:
-        """`complete`, or why not and what completes it, for result.json's `trackers`."""
-        offline = getattr(self.sink, "offline", None)
-        if self.down is None and offline:
-            return f"offline: W&B could not be reached; `wandb sync {offline}` sends its records"
-        if self.down is None:
-            return "complete"
-        return f"incomplete: unreachable ({self.down}); steps.jsonl keeps its records, the next start gives them to it"
+            self.failed = True
+            log.error("tracker %s stopped for this start (%s failed): %s: %s", self.name, method, type(err).__name__, err)
 
     def step(self, record: Mapping[str, Any]) -> None:
         self.call("step", record)
@@ -416,16 +309,9 @@ class Guarded:
         self.call("figures", figures, step)
 
     def config(self, config: Mapping[str, Any]) -> None:
-        self.config_given = config
         self.call("config", config)
 
     def close(self, status: str) -> None:
-        """The end of this start. A tracker still down is not tried again here (a stop's grace
-        time is for the checkpoint, and W&B's core process may have gone with the job's signal):
-        `state` says so, and the next start gives it what it missed as it opens."""
-        self._quit.set()
-        if self._retrying is not None:
-            self._retrying.join()
         self.call("close", status)
 
 
