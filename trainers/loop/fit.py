@@ -63,5 +63,4 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
         progress.bad_steps,
         progress.rollbacks,
         test_step,
-        dict(run.steps.trackers) if run is not None else {},
     )
