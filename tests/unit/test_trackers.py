@@ -18,6 +18,7 @@ from hpc.errors import UserError
 from tests.support.wandb_files import history, records, run_records
 from trainers.reporting.reporter import StepReporter
 from trainers.reporting.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
+from trainers.reporting.wandb_logs import last_step_written
 
 # A config as the ranks read it: nested, with a value longer than MLflow takes and more keys
 # than one of its requests carries.
@@ -80,10 +81,18 @@ def test_mlflow_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, m
     assert runs[0].data.params["optim.lr"] == "0.1" and runs[0].data.params["optim.name"] == "sgd"
 
 
-def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
+@pytest.fixture
+def wandb_dir(tmp_path, monkeypatch) -> Path:
+    """W&B offline; its files under the dir returned. W&B reads WANDB_DIR once per process (at
+    its first run), so a later test of the same worker finds it where the first one put it."""
+    import wandb
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    return Path(wandb.setup().settings.wandb_dir)
+
+
+def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, wandb_dir):
     sweep = tmp_path / "sweep"
     run_dir = sweep / "3"
     run_dir.mkdir(parents=True)
@@ -94,26 +103,53 @@ def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_
     start(run_dir, ["wandb"], range(5, 9), 0.0, "STOPPED")
     # Then the job was killed with wandb-core holding the second start's records: its files
     # hold nothing, and no clean finish confirmed them.
-    (second,) = [p for p in (tmp_path / "wandb").glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
+    (second,) = [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
     (second / f"run-{run_id}.wandb").write_bytes(b":W&B\xe1\xbe\x00")
     (run_dir / TRACKERS_FILE).write_text(json.dumps({"wandb": {"id": run_id, "through": 4}}))
     assert last_step(run_dir / "steps.jsonl") == 8
     # Resumed from a checkpoint of step 6: steps 7 and 8 trained again (other values), on to 10.
     start(run_dir, ["wandb"], range(7, 11), 100.0, "FINISHED")
-    starts = list((tmp_path / "wandb").glob("offline-run-*"))  # a start in the same second as the one before: "-1" added
+    starts = list(wandb_dir.glob(f"offline-run-*-{run_id}*"))  # a start in the same second as the one before: "-1" added
     assert len(starts) == 3 and all(p.name.split("-")[3] == run_id for p in starts)
-    rows = [row for row in history(tmp_path / "wandb", run_id) if "train/loss" in row]
+    rows = [row for row in history(wandb_dir, run_id) if "train/loss" in row]
     assert [row["_step"] for row in rows] == list(range(1, 11))  # 5-8 from steps.jsonl, given again
     assert [row["train/loss"] for row in rows][6:9] == [1 / 7, 1 / 8, 100 + 1 / 9]  # steps.jsonl's first values kept
     assert json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["through"] == 10
-    assert [row["_step"] for row in history(tmp_path / "wandb", run_id) if "val/accuracy" in row] == [4, 8]
+    assert [row["_step"] for row in history(wandb_dir, run_id) if "val/accuracy" in row] == [4, 8]
     kinds = [[record.WhichOneof("record_type") for record in records(p / f"run-{run_id}.wandb")] for p in sorted(starts)]
     assert ["preempting" in kind for kind in kinds] == [True, False, False]  # the stops; the crashed start's file was emptied
     exits = [record.exit.exit_code for p in sorted(starts) for record in records(p / f"run-{run_id}.wandb") if record.WhichOneof("record_type") == "exit"]
     assert exits == [0, 0]
     configs = [record.config for p in sorted(starts) for record in records(p / f"run-{run_id}.wandb") if record.WhichOneof("record_type") == "config"]
     assert any(item.key == "optim" and json.loads(item.value_json) == {"lr": 0.1, "name": "sgd"} for config in configs for item in config.update)
-    assert {(r.run_id, r.display_name, r.run_group) for r in run_records(tmp_path / "wandb", run_id)} == {(run_id, "sweep/3", "sweep")}
+    assert {(r.run_id, r.display_name, r.run_group) for r in run_records(wandb_dir, run_id)} == {(run_id, "sweep/3", "sweep")}
+
+
+def test_wandb_offline_steps_a_killed_start_wrote_are_not_given_again(tmp_path, wandb_dir):
+    """wandb-core writes what it is given until it is killed: the next start reads the earlier
+    starts' logs (cut mid-record by the kill) and gives W&B only the steps after the last one written."""
+    run_dir = tmp_path / "run"
+    start(run_dir, ["wandb"], range(1, 5), 0.0, "STOPPED")
+    run_id = json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["id"]
+    start(run_dir, ["wandb"], range(5, 13), 0.0, "STOPPED")
+    # Then killed before finish() returned: no clean finish confirmed 5-12, and the log was cut
+    # partway through the record of one of them.
+    (second,) = [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
+    log = second / f"run-{run_id}.wandb"
+    data = log.read_bytes()
+    whole_through_9 = next(size for size in range(len(data)) if last_step_written([write(tmp_path / "cut", data[:size])]) == 9)
+    log.write_bytes(data[: whole_through_9 + 40])  # the record after step 9's cut
+    assert last_step_written([log]) == 9
+    (run_dir / TRACKERS_FILE).write_text(json.dumps({"wandb": {"id": run_id, "through": 4}}))
+    start(run_dir, ["wandb"], range(11, 15), 100.0, "FINISHED")  # resumed from a checkpoint of step 10
+    rows = [row for row in history(wandb_dir, run_id) if "train/loss" in row]
+    assert [row["_step"] for row in rows] == list(range(1, 15))  # 10-12 from steps.jsonl, 5-9 not again
+    assert [row["train/loss"] for row in rows][9:12] == [1 / 10, 1 / 11, 1 / 12]
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
 
 
 def history_of(offline_dir: Path, run_id: str) -> list[dict]:

@@ -4,8 +4,8 @@ tracker run per toolkit run from its first start to its last requeue.
 The tracker's run id is kept in the run dir (trackers.json) at the first start; every later
 start reopens that run. A start after a crash trains again the steps between the last committed
 checkpoint and the crash: those were logged already, so a tracker is given only the steps after
-the last one it holds (MLflow says which; for W&B, whose offline files cannot be asked,
-steps.jsonl's last step before this start says it). Each tracker reads its own standard
+the last one it holds (MLflow says which; for W&B, the last step a clean finish confirmed or,
+offline, the earlier starts' transaction logs hold). Each tracker reads its own standard
 variables (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, WANDB_PROJECT, WANDB_MODE, ...): nothing
 of them is written into the run dir, and the library is imported only when the job chose it.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers.reporting.sinks import FIGURES_FILE, MetricsSink, scalars
+from trainers.reporting.wandb_logs import last_step_written, logs_of
 
 TRACKERS_FILE = "trackers.json"  # in the run dir: {"mlflow": {"run_id": ...}, "wandb": {"id": ...}}
 TAIL_BYTES = 1 << 16  # enough of steps.jsonl's end to hold its last record
@@ -112,6 +113,12 @@ def figures_after(figures_file: Path, step: int | None) -> dict[int, dict[str, f
         if isinstance(figures, dict):
             merged[number] = {**figures, **merged.get(number, {})}
     return merged
+
+
+def latest(*steps: int | None) -> int | None:
+    """The highest of the steps given (None: none given)."""
+    known = [step for step in steps if step is not None]
+    return max(known) if known else None
 
 
 def flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -224,12 +231,22 @@ class WandbTracker(Tracker):
         self.run_id = str(known["id"]) if known is not None else secrets.token_hex(6)  # W&B takes [a-z0-9] ids
         if known is None:
             run.remember("wandb", {"id": self.run_id})  # before init: a start killed in it reopens the same id
-        confirmed = known.get("through") if known is not None else None
-        self.last_logged: int | None = confirmed
         self.run = wandb.init(id=self.run_id, resume="allow", name=run.name, group=run.group)
+        confirmed = latest(known.get("through") if known is not None else None, self.written_offline())
+        self.last_logged: int | None = confirmed
         if run.logged_through is not None and (confirmed is None or confirmed < run.logged_through):
             self.replay(run, confirmed)
-        self.holds_through = run.logged_through
+        self.holds_through = latest(run.logged_through, confirmed)
+
+    def written_offline(self) -> int | None:
+        """Offline, the last step the earlier starts' logs hold: a start killed before finish()
+        returned (SIGTERM reaches wandb-core too) may have written steps after the confirmed
+        ones. Online, W&B's server drops a step below the one it holds."""
+        if not self.run.offline:
+            return None
+        current = Path(self.run.settings.sync_file)
+        earlier = [log for log in logs_of(current.parent.parent, self.run_id) if log != current]
+        return last_step_written(earlier)
 
     def replay(self, run: TrackedRun, confirmed: int | None) -> None:
         """The steps and figures after `confirmed`, as steps.jsonl and figures.jsonl hold them."""
