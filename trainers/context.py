@@ -44,6 +44,7 @@ class FitResult:
     bad_steps: int = 0  # steps whose gradients were not finite, skipped (over the whole run, resumes included)
     rollbacks: int = 0  # rollbacks to a checkpoint after repeated bad steps
     test_step: int | None = None  # the step whose weights test_metrics are of (checkpoint.best's, or the last)
+    trackers: dict[str, str] = field(default_factory=dict)  # each tracker's state at the end: "complete", or why not
 
 
 class Milestones:

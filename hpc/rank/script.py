@@ -61,6 +61,7 @@ class ScriptResult:
     loss: float | None = None  # the last step's, mean over ranks
     val_metrics: dict[str, float] = field(default_factory=dict)  # the newest val_<name> the script logged or passed to end_step()
     handle: bool = False  # the script used the run handle
+    trackers: dict[str, str] = field(default_factory=dict)  # each tracker's state at the end (the run handle's)
 
 
 def with_handle_figures(result: ScriptResult) -> ScriptResult:
@@ -73,6 +74,7 @@ def with_handle_figures(result: ScriptResult) -> ScriptResult:
         log.warning("the script returned without run.finish(): steps after the newest checkpoint are not saved (call run.finish() after the loop)")
     result.handle, result.steps, result.resumed_from = True, handle.step, handle.resumed_from
     result.loss = handle.last.get("loss")
+    result.trackers = dict(handle.reporter.trackers)
     validation = {**handle.validation, **{name: value for name, value in handle.logged.items() if name.startswith("val_")}}
     result.val_metrics = {name.removeprefix("val_"): value for name, value in validation.items()}
     if handle.stopped_by:

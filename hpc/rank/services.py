@@ -43,12 +43,14 @@ def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporte
     (`trackers`: Prometheus, TensorBoard, MLflow, W&B), on rank 0; the other ranks' reporter
     only closes. The trackers are given the composed job once per start."""
     from trainers.reporting.reporter import StepReporter
-    from trainers.reporting.trackers import DEFAULT_PROMETHEUS_FILE, TRACKERS, TrackedRun, chosen, opened
+    from trainers.reporting.trackers import DEFAULT_PROMETHEUS_FILE, SHORT_RETRIES, TRACKERS, TrackedRun, chosen, opened
 
     if not is_main:
         return StepReporter(None)
     trainer = job.trainer
     names = chosen(job.trackers, trainer.tensorboard, trainer.prometheus_file)
+    for name, value in SHORT_RETRIES.items():  # this rank's process only
+        os.environ.setdefault(name, value)
     # read before this start appends to steps.jsonl; only where a tracker is chosen
     trackers = opened(names, TrackedRun.of(run_dir.path, run_dir.steps)) if any(name in TRACKERS for name in names) else []
     reporter = StepReporter(

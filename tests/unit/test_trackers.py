@@ -170,41 +170,58 @@ def test_steps_after_a_mark_are_each_steps_first_record_in_step_order(tmp_path):
     assert [r["step"] for r in records_after(steps, None)] == [1, 2, 3, 4, 5]
 
 
-def test_a_tracker_that_cannot_open_is_left_out_and_training_goes_on(tmp_path, monkeypatch, caplog):
+def test_a_tracker_that_cannot_open_is_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
+    caplog.set_level(logging.WARNING, "trainers.reporting.trackers")
     start(tmp_path, ["mlflow"], range(1, 3), 0.0, "FINISHED")
     assert last_step(tmp_path / "steps.jsonl") == 2  # steps.jsonl has every step
-    assert any(r.message.startswith("tracker mlflow left out of this start") for r in caplog.records)
+    assert [r.message.split(" (")[0] for r in caplog.records] == ["tracker mlflow unreachable"]  # not again at each try
     assert not (tmp_path / TRACKERS_FILE).exists()
 
 
-def test_a_tracker_failing_midway_stops_alone(tmp_path, caplog):
+class Flaky:
+    """A tracker whose server is down for the steps in `down` (and at any open then)."""
+
+    opens: list[int] = []
+
+    def __init__(self, down: set[int], at: list[int]) -> None:
+        if at[0] in down:
+            raise ConnectionError("server went away")
+        self.down, self.at, self.steps = down, at, []
+        Flaky.opens.append(at[0])
+
+    def step(self, record):
+        if record["step"] in self.down:
+            raise ConnectionError("server went away")
+        self.steps.append(record["step"])
+
+    def figures(self, figures, step): ...
+    def config(self, config): ...
+    def close(self, status): ...
+
+
+@pytest.mark.parametrize(("name", "opens"), [("mlflow", [1, 5]), ("wandb", [1])])
+def test_a_tracker_failing_midway_is_tried_again_after_retry_s_if_it_can_catch_up(tmp_path, caplog, name, opens):
     from trainers.reporting.trackers import Guarded
 
-    class Flaky:
-        def __init__(self):
-            self.steps = []
-
-        def step(self, record):
-            if record["step"] == 2:
-                raise ConnectionError("server went away")
-            self.steps.append(record["step"])
-
-        def figures(self, figures, step): ...
-        def config(self, config): ...
-        def close(self, status): ...
-
-    flaky = Flaky()
-    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
-    reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[Guarded("flaky", flaky)])
-    for step in (1, 2, 3):
+    at, now = [1], [0.0]
+    Flaky.opens = []
+    caplog.set_level(logging.WARNING, "trainers.reporting.trackers")
+    guarded = Guarded(name, lambda: Flaky({2, 3, 4}, at), retry_s=10.0, clock=lambda: now[0])
+    reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[guarded])
+    for step in range(1, 7):  # down at 2, 3 and 4; a step every 4 s: tried again at 5 (12 s after 2) and not at 3 or 4
+        at[0], now[0] = step, 4.0 * (step - 1)
         reporter.report({"step": step, "loss": 1.0})
     reporter.close()
-    assert flaky.steps == [1] and last_step(tmp_path / "steps.jsonl") == 3
-    assert [r.message for r in caplog.records] == ["tracker flaky stopped for this start (step failed): ConnectionError: server went away"]
+    assert Flaky.opens == opens and last_step(tmp_path / "steps.jsonl") == 6
+    told = [r.message for r in caplog.records]
+    assert told[0] == f"tracker {name} unreachable (step failed: ConnectionError: server went away): training goes on; " + (
+        "tried again every 10 s" if name == "mlflow" else "the next start gives it what it missed"
+    )
+    left = "incomplete: unreachable (ConnectionError: server went away); steps.jsonl keeps its records, the next start gives them to it"
+    assert reporter.trackers == {name: "complete" if name == "mlflow" else left}
 
 
 def test_the_last_step_survives_a_cut_line_and_a_long_file(tmp_path):
@@ -242,9 +259,9 @@ def test_a_wandb_start_killed_in_init_reopens_the_same_id(tmp_path, monkeypatch,
         raise RuntimeError("killed while starting")
 
     monkeypatch.setattr(wandb, "init", killed)
-    caplog.set_level(logging.ERROR, "trainers.reporting.trackers")
+    caplog.set_level(logging.WARNING, "trainers.reporting.trackers")
     start(tmp_path, ["wandb"], range(1, 2), 0.0, "FAILED")
-    assert "tracker wandb left out of this start: RuntimeError: killed while starting" in caplog.text
+    assert "tracker wandb unreachable (opening it failed: RuntimeError: killed while starting)" in caplog.text
     kept = json.loads((tmp_path / TRACKERS_FILE).read_text())["wandb"]
     assert set(kept) == {"id"} and kept["id"].isalnum() and kept["id"].islower()  # the next start resumes this id
 

@@ -63,4 +63,5 @@ def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, ru
         progress.bad_steps,
         progress.rollbacks,
         test_step,
+        dict(run.steps.trackers) if run is not None else {},
     )

@@ -80,6 +80,7 @@ class StepReporter:
         self._bar: Any = None  # tqdm's, made at the first step (the total is known by then)
         self._columns = columns  # the terminal's width: a longer line is cut, never wrapped
         self.sinks: list[MetricsSink] = []
+        self.trackers: dict[str, str] = {}  # each tracker's state once closed: "complete", or why not
         if steps_file is not None:
             self.sinks.append(StepsFile(steps_file))
             if prometheus_file is not None:
@@ -147,3 +148,4 @@ class StepReporter:
         for sink in sinks:
             with refused_writes_noted(None):
                 sink.close(status)
+        self.trackers = {getattr(sink, "name", "?"): getattr(sink, "state", "") for sink in sinks if hasattr(sink, "state")}  # for result.json

@@ -12,6 +12,7 @@ of them is written into the run dir, and the library is imported only when the j
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -148,6 +149,7 @@ class MlflowTracker(Tracker):
     else MLflow's default experiment."""
 
     PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
+    METRICS_PER_BATCH = 1000  # and its limit of metrics
     PARAM_CHARS = 6000  # MLflow's longest parameter value
 
     def __init__(self, run: TrackedRun) -> None:
@@ -159,12 +161,12 @@ class MlflowTracker(Tracker):
         if known is not None:
             self.run_id = str(known["run_id"])
             self.client.update_run(self.run_id, status="RUNNING")
-            self.holds_through = self.last_logged_step()
         else:
             tags = {"hpctk.run_dir": str(run.run_dir), **({"hpctk.sweep": run.group} if run.group else {})}
             created = self.client.create_run(self.experiment_id(), run_name=run.name, tags=tags)
             self.run_id = created.info.run_id
             run.remember("mlflow", {"run_id": self.run_id})
+        self.holds_through = self.catch_up(run)
 
     def experiment_id(self) -> str:
         if os.environ.get("MLFLOW_EXPERIMENT_ID"):
@@ -187,6 +189,24 @@ class MlflowTracker(Tracker):
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in figures.items()])
+
+    def catch_up(self, run: TrackedRun) -> int | None:
+        """What steps.jsonl and figures.jsonl hold after the run's last step in MLflow, given (a
+        tracker that was down, here or at an earlier start); the last step MLflow then holds."""
+        from mlflow.entities import Metric
+
+        held = self.last_logged_step()
+        figures = figures_after(run.steps_file.with_name(FIGURES_FILE), held)
+        now = int(time.time() * 1000)
+        batch: list[Any] = []
+        for record in records_after(run.steps_file, held):
+            step = int(record["step"])
+            batch += [Metric(key, value, now, step) for key, value in {**scalars(record), **figures.pop(step, {})}.items()]
+        for step, figured in figures.items():  # figures of a step with no record (a script's log() at its own step)
+            batch += [Metric(key, value, now, step) for key, value in figured.items()]
+        for first in range(0, len(batch), self.METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[first : first + self.METRICS_PER_BATCH])
+        return latest(held, *(metric.step for metric in batch))
 
     def step(self, record: Mapping[str, Any]) -> None:
         step = int(record["step"])
@@ -284,40 +304,82 @@ class WandbTracker(Tracker):
 
 
 TRACKERS: dict[str, Callable[[TrackedRun], MetricsSink]] = {"mlflow": MlflowTracker, "wandb": WandbTracker}
+TRACKERS_CATCHING_UP = {"mlflow": True}  # opened again within a start after an outage
 # Every name `trackers=[...]` takes, and the package it needs (checked on the login node).
 PACKAGES = {"mlflow": "mlflow", "prometheus": "prometheus_client", "tensorboard": "tensorboard", "wandb": "wandb"}
 DEFAULT_PROMETHEUS_FILE = "metrics.prom"  # in the run dir, where trainer.prometheus_file names none
 
 
-def opened(names: list[str], run: TrackedRun) -> list[MetricsSink]:
-    """The trackers among `names`, opened; one that fails to open (its server down, a bad URI) is
-    left out with an error line: training goes on, which a tracker's outage must not end."""
-    sinks: list[MetricsSink] = []
-    for name in names:
-        if name in TRACKERS:
-            try:
-                sinks.append(Guarded(name, TRACKERS[name](run)))
-            except Exception as err:  # noqa: BLE001 - any library's failure
-                log.error("tracker %s left out of this start: %s: %s", name, type(err).__name__, err)
-    return sinks
+# MLflow's own retries take minutes against a server that is down (7 tries, backoff 2 s doubling,
+# 120 s timeout), all on rank 0's step: a rank cuts them to seconds where the user set none
+# (Guarded tries again later, and the catch-up gives the server what it missed).
+SHORT_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+RETRY_S = 60.0  # between tries of a tracker that is down (HPCTK_TRACKER_RETRY_S overrides)
+
+
+def opened(names: list[str], run: TrackedRun, retry_s: float | None = None) -> list[MetricsSink]:
+    """The trackers among `names`, each behind Guarded: a tracker that cannot be opened (its
+    server down, a bad URI) or fails midway is told in one warning line and training goes on."""
+    wait = float(os.environ.get("HPCTK_TRACKER_RETRY_S", RETRY_S)) if retry_s is None else retry_s
+    return [Guarded(name, functools.partial(TRACKERS[name], run), wait) for name in names if name in TRACKERS]
 
 
 class Guarded:
-    """A tracker whose failure (a request that failed after the library's own retries) is
-    logged once and ends that tracker for this start, never the training."""
+    """A tracker that may be down: its failure (at the start, or a request that failed after the
+    library's own retries) is one warning line, and training and the run's own files go on.
 
-    def __init__(self, name: str, sink: MetricsSink) -> None:
-        self.name, self.sink = name, sink
-        self.failed = False
+    A tracker that can catch up (`catches_up`: MLflow, whose server says what it holds) is tried
+    again on rank 0's reporting path every `retry_s` and at the end of the start, each try a
+    fresh open that gives it, from steps.jsonl and figures.jsonl, what it missed. No thread: a
+    try costs the step it happens at a few seconds at most (the library's retries are cut short),
+    and nothing is left running when the start ends. W&B is never opened twice in a start (a
+    second run in wandb-core's process is not safe); its next start gives it what it missed.
+    `state` says how this start left it, for result.json."""
+
+    def __init__(self, name: str, open_sink: Callable[[], MetricsSink], retry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.open_sink, self.retry_s, self.clock = name, open_sink, retry_s, clock
+        self.sink: MetricsSink | None = None
+        self.down: str | None = None  # why, while it is down
+        self.next_try = 0.0
+        self.config_given: Mapping[str, Any] | None = None
+        self.retries = TRACKERS_CATCHING_UP.get(name, False)
+        self.reopen("opening it")
+
+    def reopen(self, what: str) -> None:
+        try:
+            sink = self.open_sink()
+            if self.config_given is not None:
+                sink.config(self.config_given)
+        except Exception as err:  # noqa: BLE001 - any library's failure
+            self.went_down(what, err)
+            return
+        if self.down is not None:
+            log.warning("tracker %s is back: it was given what it missed", self.name)
+        self.sink, self.down = sink, None
+
+    def went_down(self, what: str, err: Exception) -> None:
+        why = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        if self.down is None:
+            again = f"tried again every {self.retry_s:.0f} s" if self.retries else "the next start gives it what it missed"
+            log.warning("tracker %s unreachable (%s failed: %s): training goes on; %s", self.name, what, why, again)
+        self.sink, self.down, self.next_try = None, why, self.clock() + self.retry_s
 
     def call(self, method: str, *args: Any) -> None:
-        if self.failed:
+        if self.sink is None and self.retries and self.clock() >= self.next_try:
+            self.reopen("trying it again")
+        if self.sink is None:
             return
         try:
             getattr(self.sink, method)(*args)
         except Exception as err:  # noqa: BLE001 - any library's failure
-            self.failed = True
-            log.error("tracker %s stopped for this start (%s failed): %s: %s", self.name, method, type(err).__name__, err)
+            self.went_down(method, err)
+
+    @property
+    def state(self) -> str:
+        """`complete`, or why not and what completes it, for result.json's `trackers`."""
+        if self.down is None:
+            return "complete"
+        return f"incomplete: unreachable ({self.down}); steps.jsonl keeps its records, the next start gives them to it"
 
     def step(self, record: Mapping[str, Any]) -> None:
         self.call("step", record)
@@ -326,10 +388,16 @@ class Guarded:
         self.call("figures", figures, step)
 
     def config(self, config: Mapping[str, Any]) -> None:
+        self.config_given = config
         self.call("config", config)
 
     def close(self, status: str) -> None:
-        self.call("close", status)
+        """The end of this start. A tracker still down is tried once more, except on a stop (its
+        grace time is for the checkpoint; the next start gives the tracker what it missed)."""
+        if self.sink is None and self.retries and status != "STOPPED":
+            self.reopen("trying it at the end")
+        if self.sink is not None:
+            self.call("close", status)
 
 
 def chosen(trackers: list[str], tensorboard: bool, prometheus_file: str | None) -> list[str]:
