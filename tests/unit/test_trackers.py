@@ -187,10 +187,10 @@ class Flaky:
     opens: list[int] = []
 
     def __init__(self, down: set[int], at: list[int]) -> None:
+        Flaky.opens.append(at[0])  # every try to open it
         if at[0] in down:
             raise ConnectionError("server went away")
         self.down, self.at, self.steps = down, at, []
-        Flaky.opens.append(at[0])
 
     def step(self, record):
         if record["step"] in self.down:
