@@ -7,7 +7,9 @@ job's parameters too."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import urllib.request
 
 import pytest
 
+from tests.support.runs import ROOT
 from tests.support.tcp_fault import CuttableProxy
 from trainers.reporting.reporter import StepReporter
 from trainers.reporting.trackers import Guarded, TrackedRun, opened
@@ -116,3 +119,45 @@ def test_mlflow_down_at_the_end_of_a_finished_start_is_tried_once_more(tmp_path,
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(1, 9))
     proxy.close()
+
+
+START = """
+import sys
+from pathlib import Path
+from trainers.reporting.reporter import StepReporter
+from trainers.reporting.trackers import TrackedRun, opened
+run_dir, first, last, ended_as = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+reporter = StepReporter(run_dir / "steps.jsonl", sinks=opened(["wandb"], TrackedRun.of(run_dir, run_dir / "steps.jsonl")))
+for step in range(first, last + 1):
+    reporter.report({"step": step, "loss": 1.0 / step, "samples_per_s": 100.0, "compute_ms": 2.0})
+reporter.close(ended_as)
+print(reporter.trackers["wandb"])
+"""
+
+
+def start_of(run_dir, first: int, last: int, ended_as: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A start with W&B as rank 0 reports it, in a process of its own (W&B keeps its settings per process)."""
+    command = [sys.executable, "-c", START, str(run_dir), str(first), str(last), ended_as]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_wandb_unreachable_at_the_start_is_one_line_and_the_next_start_gives_it_every_step(tmp_path):
+    """W&B online with its server unreachable: wandb.init gives up after WANDB_INIT_TIMEOUT, the
+    start trains on without it (one warning line), result.json's state says so; the next start
+    (offline here: no W&B server in the tests) gives that run id every step it missed."""
+    from tests.support.wandb_files import history
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    unreachable = {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "a" * 40, "WANDB_INIT_TIMEOUT": "5"}
+    down = start_of(run_dir, 1, 4, "STOPPED", {**env, **unreachable})
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert down.stdout.startswith("incomplete: unreachable (CommError: ") and "the next start gives them to it" in down.stdout
+    (line,) = [line for line in down.stderr.splitlines() if "tracker wandb" in line]
+    assert "tracker wandb unreachable (opening it failed: CommError: " in line and "training goes on; the next start gives it what it missed" in line
+    assert "Traceback" not in down.stderr
+    back = start_of(run_dir, 5, 7, "FINISHED", {**env, "WANDB_MODE": "offline"})
+    assert back.returncode == 0 and back.stdout.strip() == "complete", back.stderr[-2000:]
+    run_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]["id"]
+    assert [row["_step"] for row in history(tmp_path / "wandb", run_id) if "train/loss" in row] == list(range(1, 8))
