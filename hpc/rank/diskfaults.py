@@ -26,18 +26,11 @@ from hpc.rundir import RunDir
 log = logging.getLogger("hpc.rank")
 
 
-def newest_committed_step(run_dir: RunDir) -> int | None:
-    from trainers.checkpoint.storage import newest_committed
-
-    try:
-        return newest_committed(run_dir.checkpoints)
-    except Exception:  # noqa: BLE001 - the line is told either way; a store that cannot be asked says nothing
-        return None
-
-
 def storage_line(line: str, step: int, remedy: str, run_dir: RunDir) -> str:
     """The fault, where the run stopped, what was kept and what to do, in one line."""
-    newest = newest_committed_step(run_dir)
+    from trainers.checkpoint.storage import newest_committed_or_none
+
+    newest = newest_committed_or_none(run_dir.checkpoints)
     kept = f"its newest committed checkpoint is step {newest}" if newest is not None else "no checkpoint was committed"
     return f"{line}: the run stopped at step {step}; {kept}; {remedy}, then {scheduler_of(os.environ).resume_command(run_dir.path)}"
 

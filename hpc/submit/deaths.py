@@ -42,17 +42,9 @@ def oom_killed(log: str, pids: dict[int, int]) -> tuple[int, int] | None:
     return None
 
 
-def newest_committed(run_dir: RunDir) -> int | None:
-    from trainers.checkpoint.storage import newest_committed as newest
-
-    try:
-        return newest(run_dir.checkpoints)
-    except Exception:  # noqa: BLE001 - the line is told either way
-        return None
-
-
 def killed_line(run_dir: RunDir, log: str | None) -> tuple[str, dict[str, object]]:
     """The one line and the end to record, for a run one of whose ranks was SIGKILLed."""
+    from trainers.checkpoint.storage import newest_committed_or_none
     from trainers.watchdog import read_heartbeats
 
     pids = {beat.pid: beat.rank for beat in read_heartbeats(run_dir.heartbeats)}
@@ -66,7 +58,7 @@ def killed_line(run_dir: RunDir, log: str | None) -> tuple[str, dict[str, object
     else:
         who, reason, remedy = "a rank was killed (SIGKILL: out of memory?)", "killed", "see the rank logs and the kernel log (dmesg)"
     step = (last_record(run_dir.steps) or {}).get("step")
-    newest = newest_committed(run_dir)
+    newest = newest_committed_or_none(run_dir.checkpoints)
     kept = f"its newest committed checkpoint is step {newest}" if newest is not None else "no checkpoint was committed"
     line = f"{who}: the run stopped at step {step if step is not None else 0}; {kept}; {remedy}, then bash {shlex.quote(str(run_dir.path / 'command.txt'))}"
     end: dict[str, object] = {"status": "failed", "finished": False, "exit_code": KILLED, "reason": reason, "error": line, "told": True}

@@ -450,3 +450,12 @@ def newest_committed(checkpoints: Path, attempts: int = 1) -> int | None:
     except StoreError as err:
         log.warning("checkpoints of %s not listed: %s", checkpoints.parent, err)
         return None
+
+
+def newest_committed_or_none(checkpoints: Path) -> int | None:
+    """newest_committed for a line told either way (a fault's, a death's): a file system that
+    cannot be read (the fault itself, often) says nothing rather than raise."""
+    try:
+        return newest_committed(checkpoints)
+    except Exception:  # noqa: BLE001 - EIO, ESTALE, a damaged listing: the line goes without it
+        return None
