@@ -24,11 +24,13 @@ through Horovod when the script initialised it, else through MPI (mpi4py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,7 +86,7 @@ def start_run(
         raise RuntimeError("start_run() was called twice; one run handle per process")
     host = hosting.host()
     handlers = {sig: signal.getsignal(sig) for sig in host.signals} if host is not None else {}  # the script's: a signal raises in it
-    _current = Run(_build(run_dir, state, save_every_steps, save_every_minutes, checkpoint_uri), handlers)
+    _current = Run(*_build(run_dir, state, save_every_steps, save_every_minutes, checkpoint_uri), handlers)
     hosting.started(_current.handle)
     return _current
 
@@ -92,9 +94,29 @@ def start_run(
 class Run:
     """The handle a script holds (see the module's docstring)."""
 
-    def __init__(self, handle: Handle, handlers: dict[signal.Signals, Any]) -> None:
+    def __init__(self, handle: Handle, run_dir: RunDir, rank: RankInfo, handlers: dict[signal.Signals, Any]) -> None:
         self.handle = handle
+        self._run_dir, self._rank = run_dir, rank
         self._handlers = handlers  # the stop signals' handlers before the handle took them
+
+    @contextlib.contextmanager
+    def _faults_end_in_one_line(self) -> Iterator[None]:
+        """Started by hand, a write the file system refused (a StorageFailure, raised alike on
+        every rank at one step) ends each rank with exit 1 and no traceback; rank 0 says it in
+        one line and records it for hpc.status. Under launch.py the rank's main ends it."""
+        from trainers.faults import StorageFailure
+
+        try:
+            yield
+        except StorageFailure as err:
+            if hosting.host() is not None:
+                raise
+            if self.is_main:
+                from hpc.rank.diskfaults import end_on_storage_failure
+
+                end_on_storage_failure(err, self._run_dir, self._rank)
+            _settle_signals(self)
+            raise SystemExit(1) from None
 
     @property
     def step(self) -> int:
@@ -133,7 +155,8 @@ class Run:
         """After each optimizer step, on every rank: the step is counted, `metrics` (numbers or
         one-element tensors) averaged over ranks into steps.jsonl, a checkpoint saved when due;
         True when the ranks must stop now (preemption, time limit, Ctrl-C): the state is saved."""
-        return self.handle.end_step(metrics)
+        with self._faults_end_in_one_line():
+            return self.handle.end_step(metrics)
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """A record in metrics.jsonl (rank 0's values, no communication): `val_loss=...` there is
@@ -177,13 +200,15 @@ class Run:
 
     def save(self) -> None:
         """A checkpoint of the current step now (every rank calls it at the same point)."""
-        self.handle.save(synchronous=True)
+        with self._faults_end_in_one_line():
+            self.handle.save(synchronous=True)
 
     def finish(self) -> None:
         """After the loop: the final checkpoint. After a stop, ends the process instead (exit
         code 75, or a Slurm requeue) so that the code after the loop runs only once training is
         complete."""
-        self.handle.finish()
+        with self._faults_end_in_one_line():
+            self.handle.finish()
         stopped = self.handle.stopped_by is not None
         if stopped and hosting.host() is None:
             if self.is_main:
@@ -194,7 +219,9 @@ class Run:
             raise SystemExit(EXIT_RESUMABLE)
 
 
-def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None, uri: str | None) -> Handle:
+def _build(
+    run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_steps: int | None, every_minutes: float | None, uri: str | None
+) -> tuple[Handle, RunDir, RankInfo]:
     import dataclasses
 
     from trainers.config import CheckpointConfig
@@ -232,7 +259,7 @@ def _build(run_dir: str | os.PathLike[str] | None, state: dict[str, Any], every_
     if uri is not None:
         cfg = dataclasses.replace(cfg, uri=uri)
     try:
-        return _start(where, rank, cfg, stop, host, state)
+        return _start(where, rank, cfg, stop, host, state), where, rank
     except BaseException:
         if host is None:
             stop.uninstall()  # the signals are the process's again

@@ -107,6 +107,8 @@ class SlurmJob:
         return lifecycle.forbid_failure_requeue(self.env)
 
     def resume_command(self, run_dir: Path) -> str:
+        if not (run_dir / "job.sbatch").is_file():  # ranks started by the user's own batch script
+            return f"submit your batch script again (it resumes {shlex.quote(str(run_dir))})"
         return f"sbatch {shlex.quote(str(run_dir / 'job.sbatch'))}"  # the run dir's own batch script: it resumes the run dir
 
 
@@ -144,6 +146,8 @@ class NoScheduler:
         return None
 
     def resume_command(self, run_dir: Path) -> str:
+        if not (run_dir / "command.txt").is_file():  # ranks started by hand (torchrun, mpirun)
+            return f"start the same command again (it resumes {shlex.quote(str(run_dir))})"
         return f"bash {shlex.quote(str(run_dir / 'command.txt'))}"
 
 

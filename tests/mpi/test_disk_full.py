@@ -7,6 +7,7 @@ names resumes the run to the same weights as an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -110,3 +111,36 @@ def test_a_save_that_does_not_fit_ends_the_run_keeps_the_previous_checkpoint_and
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = RunDir(run_dir).read_result()
     assert result["status"] == "completed" and result["resumed_from"] == 5
+
+
+HANDLE_SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "handle" / "train.py"
+
+
+def test_a_script_started_by_torchrun_ends_in_one_line_and_the_same_command_resumes(small_disk, tmp_path):
+    """The run handle without launch.py: rank 1 fills the disk after step 12 (saves every 5).
+    Each rank exits 1 with no traceback of its own (torchrun then prints its ChildFailedError
+    summary, as for any failed child); rank 0's line names the command that resumes: the same."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'fixtures'}"}
+    script = [str(HANDLE_SCRIPT), "--steps", "24", "--save-every", "5", "--run-dir", str(small_disk / "run"), "--out", str(tmp_path / "out.json")]
+    fill = ["--fill", str(small_disk), "--fill-at", "12", "--fill-once", str(tmp_path / "filled")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script, *fill]
+    ended = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = ended.stdout + ended.stderr
+    assert ended.returncode != 0, out[-3000:]
+    lines = [line for line in out.splitlines() if "error: " in line]
+    assert len(lines) == 1, out[-3000:]
+    pattern = rf"error: no space left on {re.escape(str(small_disk))} \(\S+ \S+ free of 4 MiB\) writing \S+: the run stopped at step \d+; "
+    run = re.escape(str(small_disk / "run"))
+    # step 10 committed, or its asynchronous save still being written when the disk filled: step 5
+    pattern += rf"its newest committed checkpoint is step (5|10); free space, then start the same command again \(it resumes {run}\)$"
+    told = re.search(pattern, lines[0])
+    assert told, lines[0]
+    assert "StorageFailure" not in out and "OSError" not in out and "Errno" not in out, out[-3000:]
+    recorded = RunDir(small_disk / "run").read_result()  # end.json: the disk took no new file
+    assert recorded["status"] == "failed" and recorded["reason"] == "disk full" and recorded["error"] == lines[0].split("error: ", 1)[1]
+
+    (small_disk / "neighbour.bin").unlink()
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    done = json.loads((tmp_path / "out.json").read_text())
+    assert done["resumed_from"] == int(told.group(1)) and done["step"] == 24
