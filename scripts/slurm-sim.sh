@@ -100,9 +100,22 @@ start_munge() {
     wait_for 20 "munged" sh -c 'munge -n | unmunge'
 }
 
+# A file system mounted under here after the start reaches every node, as a cluster's shared
+# one does (the tests mount a small tmpfs here to fill it under a running job): a bind mount
+# made shared, of which each node's namespace is a slave; every other mount stays the node's own.
+shared_mounts="${state_dir}/mounts"
+
+share_mounts() {
+    mkdir -p "${shared_mounts}"
+    findmnt -n "${shared_mounts}" >/dev/null || mount --bind "${shared_mounts}" "${shared_mounts}"
+    mount --make-shared "${shared_mounts}"
+}
+
+mounts_shared() { [[ $(findmnt -n -o PROPAGATION "${shared_mounts}" 2>/dev/null) == shared ]]; }
+
 start_slurmd() {  # one simulated node: its own mount namespace, so its own /nodetmp
     mkdir -p "${state_dir}/$1/spool" "${state_dir}/$1/tmp"
-    unshare --mount --propagation private sh -c \
+    unshare --mount --propagation slave sh -c \
         'mount --bind "$1" /nodetmp && exec slurmd -N "$2"' _ "${state_dir}/$1/tmp" "$1"
 }
 
@@ -149,7 +162,7 @@ start() {
     [[ $(id -u) -eq 0 ]] || die "needs root (it starts slurmctld, slurmd and munged)"
     command -v slurmctld >/dev/null || die "slurmctld not found: run scripts/install.sh --cluster"
     resolve_node_names
-    if all_nodes_idle && cmp -s <(render_slurm_conf) "${slurm_conf}" && cmp -s <(render_gres_conf) "${gres_conf}"; then
+    if all_nodes_idle && mounts_shared && cmp -s <(render_slurm_conf) "${slurm_conf}" && cmp -s <(render_gres_conf) "${gres_conf}"; then
         echo "slurm-sim: already running"
         return
     fi
@@ -158,6 +171,7 @@ start() {
     for ((k = 0; k < gpus_per_node; k++)); do touch "${state_dir}/gpus/nvidia${k}"; done
     render_slurm_conf >"${slurm_conf}"
     render_gres_conf >"${gres_conf}"
+    share_mounts
     start_munge
     slurmctld -i
     wait_for 30 "slurmctld" scontrol ping

@@ -107,9 +107,10 @@ class SlurmJob:
         return lifecycle.forbid_failure_requeue(self.env)
 
     def resume_command(self, run_dir: Path) -> str:
-        if not (run_dir / "job.sbatch").is_file():  # ranks started by the user's own batch script
+        if not (run_dir / "config.yaml").is_file():  # ranks started by the user's own batch script
             return f"submit your batch script again (it resumes {shlex.quote(str(run_dir))})"
-        return f"sbatch {shlex.quote(str(run_dir / 'job.sbatch'))}"  # the run dir's own batch script: it resumes the run dir
+        # launch.py's job, submitted again into its run dir (its job.sbatch is bound to its job id)
+        return f"python -m hpc.resubmit {shlex.quote(str(run_dir))}"
 
 
 class NoScheduler:

@@ -1,6 +1,12 @@
-"""A sweep's points that ended without completing, started again.
+"""A run, or a sweep's points, that ended without completing, started again.
 
-    python -m hpc.resubmit SWEEP_DIR [--dry-run]
+    python -m hpc.resubmit RUN_DIR | SWEEP_DIR [--dry-run]
+
+A run dir (launch.py's, holding config.yaml) that failed, was cancelled or stopped goes again as
+it was first submitted, with its frozen code, into the same run dir: it resumes from its newest
+committed checkpoint (on Slurm a new job, which job.json then names; locally its command.txt).
+This is the command a fault's line names on Slurm: the run's job.sbatch cannot simply be given
+to sbatch again (its job id names the function submitit runs and the log folders).
 
 A point that failed, was cancelled, ran out of time or memory, lost its node, or (a local sweep)
 died or was stopped goes again into its own run dir, so it resumes from its newest committed
@@ -20,6 +26,7 @@ from typing import Any
 from hpc.errors import UserError
 from hpc.rundir import RunDir
 from hpc.submit.launch import rank_environment
+from hpc.submit.launchers import QueuedLauncher, launcher_for
 from hpc.submit.sweep import SweepPoint, queued, read_record, run_here, submit_arrays, write_record
 from hpc.tools.status import RunStatus, statuses_of, still_going
 
@@ -48,14 +55,42 @@ def _ended_well(status: RunStatus) -> bool:
 
 def point_of(entry: dict[str, Any]) -> SweepPoint:
     """The point again, from the config.yaml its ranks read (the job as first submitted)."""
+    run = RunDir(Path(entry["run_dir"]))
+    if not run.config.is_file():
+        raise UserError(f"point #{entry['num']}: {run.config} is missing; it cannot be submitted again")
+    return SweepPoint(int(entry["num"]), tuple(entry.get("overrides") or ()), job_of(run), entry.get("trial"))
+
+
+def job_of(run: RunDir) -> Any:
+    """The job as first submitted, from the config.yaml its ranks read."""
     from omegaconf import OmegaConf
 
     from hpc.config.schema import to_job_config
 
-    run = RunDir(Path(entry["run_dir"]))
-    if not run.config.is_file():
-        raise UserError(f"point #{entry['num']}: {run.config} is missing; it cannot be submitted again")
-    return SweepPoint(int(entry["num"]), tuple(entry.get("overrides") or ()), to_job_config(OmegaConf.load(run.config)), entry.get("trial"))
+    return to_job_config(OmegaConf.load(run.config))
+
+
+def resubmit_run(run: RunDir, dry_run: bool, emit: Any = print) -> int:
+    """One run (not a sweep's point) again, into its own run dir; the launcher's exit code here."""
+    (status,) = statuses_of([run])
+    if _ended_well(status):
+        emit(f"nothing to resubmit: {run.path} {'completed' if status.state == 'COMPLETED' else 'runs or waits'} ({status.state})")
+        return 0
+    job = job_of(run)
+    launcher = launcher_for(job)
+    emit(f"{run.path}: {status.state}")
+    if dry_run:
+        emit("dry run: it would be submitted again, to resume from its newest committed checkpoint")
+        return 0
+    env = rank_environment(job)
+    if isinstance(launcher, QueuedLauncher):
+        job_id = launcher.submit(job, env, run, run.code)  # the code frozen at its first submission
+        known = run.read_json(run.job) if run.job.is_file() else {}
+        run.write_json(run.job, {**(known if isinstance(known, dict) else {}), "job_id": job_id})
+        emit(f"submitted job {job_id} to {job.cluster.name}: it resumes {run.path} from its newest committed checkpoint")
+        return 0
+    emit(f"{run.path}: running locally again")
+    return launcher.run(job, env, run, code=run.code)
 
 
 def resubmit(sweep_dir: Path, dry_run: bool, emit: Any = print) -> int:
@@ -87,11 +122,13 @@ def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
     parser = Parser("python -m hpc.resubmit", __doc__ or "")
-    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help="the sweep whose unfinished points go again")
-    parser.add_argument("--dry-run", action="store_true", help="list the points that would go again; submit nothing")
+    parser.add_argument("where", type=Path, metavar="RUN_DIR|SWEEP_DIR", help="the run, or the sweep whose unfinished points, go again")
+    parser.add_argument("--dry-run", action="store_true", help="list what would go again; submit nothing")
     args = parser.parse_args(argv)
     try:
-        return resubmit(args.sweep_dir, args.dry_run)
+        if not (args.where / "sweep.json").is_file() and (args.where / "config.yaml").is_file():
+            return resubmit_run(RunDir(args.where), args.dry_run)
+        return resubmit(args.where, args.dry_run)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -253,7 +253,7 @@ def test_a_storage_failure_ends_a_slurm_job_for_good_only_where_it_stays(number,
     monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "81")  # scontrol, not run here
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
-    run.sbatch.write_text("#!/bin/bash\n")  # launch.py's job: its own batch script resumes it
+    run.config.write_text("{}\n")  # launch.py's job: hpc.resubmit submits it again
     fault = Fault(number, str(run.steps))
     with caplog.at_level(logging.INFO):
         ended = end_on_storage_failure(StorageFailure(fault.line(), 34, fault, rank=1), run, RankInfo(0, 0, 2, 2, 0, 1, ("node1",), "slurm"))
@@ -261,7 +261,7 @@ def test_a_storage_failure_ends_a_slurm_job_for_good_only_where_it_stays(number,
     assert ended["recorded"] and run.read_result() == {k: v for k, v in ended.items() if k != "recorded"}
     assert ended["failed_rank"] == 1 and ended["exit_code"] == 1 and ended["told"]
     told = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert told == [f"error: {ended['error']}"] and ended["error"].endswith(f"then sbatch {run.path / 'job.sbatch'}"), told
+    assert told == [f"error: {ended['error']}"] and ended["error"].endswith(f"then python -m hpc.resubmit {run.path}"), told
 
 
 @pytest.mark.parametrize(
@@ -269,16 +269,17 @@ def test_a_storage_failure_ends_a_slurm_job_for_good_only_where_it_stays(number,
     [
         ({}, True, "bash {run}/command.txt"),
         ({}, False, "start the same command again (it resumes {run})"),
-        ({"SLURM_JOB_ID": "7"}, True, "sbatch {run}/job.sbatch"),
+        ({"SLURM_JOB_ID": "7"}, True, "python -m hpc.resubmit {run}"),
         ({"SLURM_JOB_ID": "7"}, False, "submit your batch script again (it resumes {run})"),
     ],
 )
 def test_the_command_a_fault_line_names_resumes_the_run_the_way_it_was_started(tmp_path, env, made_by_launch, said):
-    """launch.py's run dirs hold command.txt and job.sbatch; ranks started by hand (torchrun,
-    mpirun, the user's own sbatch script) are resumed by starting them the same way."""
+    """launch.py's run dirs hold config.yaml (and command.txt, locally): hpc.resubmit or
+    command.txt resume them; ranks started by hand (torchrun, mpirun, the user's own sbatch
+    script) are resumed by starting them the same way."""
     from hpc.rank.scheduler import scheduler_of
 
     if made_by_launch:
         (tmp_path / "command.txt").write_text("python launch.py\n")
-        (tmp_path / "job.sbatch").write_text("#!/bin/bash\n")
+        (tmp_path / "config.yaml").write_text("{}\n")
     assert scheduler_of(env).resume_command(tmp_path) == said.format(run=tmp_path)
