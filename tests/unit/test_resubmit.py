@@ -60,3 +60,15 @@ def test_a_search_and_a_dir_without_points_are_refused_in_one_line(tmp_path):
     assert (refused.returncode, refused.stdout) == (2, "") and refused.stderr.strip().startswith(f"error: {search} holds a search: run its command again")
     empty = resubmit(tmp_path)
     assert empty.returncode == 2 and empty.stderr.strip() == f"error: {tmp_path} is not a sweep dir (no points in its sweep.json)"
+
+
+def test_a_single_run_dir_goes_again_unless_it_completed_or_still_runs(tmp_path):
+    """The command a fault's line names on Slurm; a completed or running run is left alone."""
+    runs = {state: RunDir(local_point(tmp_path, n, state)["run_dir"]) for n, state in enumerate(("completed", "running", "stopped"))}
+    done = resubmit(runs["completed"].path)
+    assert (done.returncode, done.stdout.strip()) == (0, f"nothing to resubmit: {runs['completed'].path} completed (COMPLETED)"), done.stderr
+    going = resubmit(runs["running"].path)
+    assert going.returncode == 0 and going.stdout.startswith(f"nothing to resubmit: {runs['running'].path} runs or waits"), going.stderr
+    dry = resubmit(runs["stopped"].path, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [f"{runs['stopped'].path}: STOPPED", "dry run: it would be submitted again, to resume from its newest committed checkpoint"]
