@@ -71,4 +71,5 @@ def test_a_single_run_dir_goes_again_unless_it_completed_or_still_runs(tmp_path)
     assert going.returncode == 0 and going.stdout.startswith(f"nothing to resubmit: {runs['running'].path} runs or waits"), going.stderr
     dry = resubmit(runs["stopped"].path, "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.splitlines() == [f"{runs['stopped'].path}: STOPPED", "dry run: it would be submitted again, to resume from its newest committed checkpoint"]
+    again = "dry run: it would be submitted again, to resume from its newest committed checkpoint"
+    assert dry.stdout.splitlines() == [f"{runs['stopped'].path}: STOPPED", again]
