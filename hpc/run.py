@@ -86,9 +86,32 @@ def start_run(
         raise RuntimeError("start_run() was called twice; one run handle per process")
     host = hosting.host()
     handlers = {sig: signal.getsignal(sig) for sig in host.signals} if host is not None else {}  # the script's: a signal raises in it
+    if host is None:  # under launch.py the rank says a refusal in one line
+        _say_refusals_in_one_line()
     _current = Run(*_build(run_dir, state, save_every_steps, save_every_minutes, checkpoint_uri), handlers)
     hosting.started(_current.handle)
     return _current
+
+
+def _say_refusals_in_one_line() -> None:
+    """Ranks started by hand: a refusal of the handle's (a TaskError) that the script lets through
+    ends the process with its one line on stderr, no traceback (under torchrun a traceback
+    would bury it above the ChildFailedError summary). A script may still catch it. Every rank
+    that met it says it; one all ranks meet alike before they communicate, rank 0 alone."""
+    previous = sys.excepthook
+    if getattr(previous, "says_refusals", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        from trainers.task import RefusedOnEveryRank, TaskError
+
+        if not issubclass(kind, TaskError):
+            previous(kind, error, trace)
+        elif not isinstance(error, RefusedOnEveryRank) or RankInfo.from_env(os.environ).rank == 0:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+
+    hook.says_refusals = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class Run:
@@ -226,7 +249,7 @@ def _build(
 
     from trainers.config import CheckpointConfig
     from trainers.preemption import StopFlag
-    from trainers.task import TaskError
+    from trainers.task import RefusedOnEveryRank
 
     host = hosting.host()
     if host is not None:
@@ -238,7 +261,7 @@ def _build(
     else:
         chosen = run_dir if run_dir is not None else os.environ.get(RUN_DIR_VARIABLE)
         if not chosen:
-            raise TaskError(f"start_run() needs a run dir outside launch.py: start_run(run_dir=...) or {RUN_DIR_VARIABLE}=...")
+            raise RefusedOnEveryRank(f"start_run() needs a run dir outside launch.py: set {RUN_DIR_VARIABLE}=DIR (or pass start_run(run_dir=...))")
         where, rank, cfg = RunDir(Path(chosen)), RankInfo.from_env(os.environ), CheckpointConfig()
         where.path.mkdir(parents=True, exist_ok=True)
         from hpc.rank.signals import STOP_SIGNALS

@@ -26,6 +26,10 @@ class TaskError(ValueError):
     """A task that breaks the seam's contract; the message names what it returned and the fix."""
 
 
+class RefusedOnEveryRank(TaskError):
+    """A refusal every rank meets alike before the ranks communicate (a missing run dir): said once."""
+
+
 @runtime_checkable
 class MapDataset(Protocol):
     """Length and items by index (torch's map-style Dataset). A data set may also offer

@@ -43,3 +43,19 @@ def test_runs_of_the_handle_under_torchrun_end_without_an_abort(tmp_path):
             ended.append((proc.returncode, committed, "terminate called" in stderr, stderr[-1500:]))
     bad = [(run, *outcome) for run, outcome in enumerate(ended) if outcome[:3] != (0, True, False)]
     assert not bad, f"{len(bad)} of {RUNS} runs did not end cleanly; the first: {bad[0]}"
+
+
+def test_a_script_without_a_run_dir_under_torchrun_is_refused_in_one_line(tmp_path):
+    """The handle's refusal said once on the console (rank 0: every rank meets it alike), without
+    a traceback of the rank's above torchrun's own ChildFailedError summary."""
+    script = tmp_path / "train.py"
+    script.write_text("from hpc.run import start_run\n\nstart_run(best=0.0)\n")
+    env = {**ranks_environment(), "PYTHONPATH": str(ROOT)}
+    env.pop("HPCTK_RUN_DIR", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert said == ["error: start_run() needs a run dir outside launch.py: set HPCTK_RUN_DIR=DIR (or pass start_run(run_dir=...))"], out[-3000:]
+    assert "RefusedOnEveryRank" not in out and 'File "' + str(script) not in out, out[-3000:]
