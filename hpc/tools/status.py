@@ -138,6 +138,17 @@ def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 
     return f"{'job':<12} {run}{swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'rate':>16}  {metrics}log"
 
 
+def held_until(fields: dict[str, str], restarts: int) -> str:
+    """Why a job waits for its begin time, and until when: Slurm holds a requeued job back for
+    about two minutes (`scontrol update jobid=J starttime=now` lifts it; `scontrol release` does
+    not). "" where Slurm gave no time."""
+    when = next((fields[k] for k in ("EligibleTime", "StartTime") if fields.get(k, "Unknown") not in ("Unknown", "None", "")), "")
+    clock = when.rpartition("T")[2]
+    if not clock:
+        return ""
+    return f"requeue hold to {clock}" if restarts else f"begins {clock}"
+
+
 def figure(value: float) -> str:
     """An objective's value in four significant digits; a throughput in whole samples/s."""
     return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
@@ -360,6 +371,8 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
         rate = epoch.get("samples_per_s")
     tokens = (step or {}).get("tokens_per_s", epoch.get("tokens_per_s"))
     reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
+    if reason == "BeginTime":
+        reason = held_until(fields, restarts) or reason
     return RunStatus(
         run_dir.path,
         job_id,

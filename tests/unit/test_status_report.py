@@ -166,6 +166,11 @@ def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
     assert run_status(run, {}, {"77_3": "TIMEOUT"}).state == "TIMEOUT"
     requeued = run_status(run, {"77_3": {"JobState": "PENDING", "Restarts": "2", "Reason": "BeginTime"}}, {})
     assert (requeued.reason, requeued.line().split()[1:3]) == ("BeginTime", ["PENDING(BeginTime)", "2"])
+    # Slurm's hold after a requeue, and until when (its EligibleTime)
+    held = {"JobState": "PENDING", "Restarts": "2", "Reason": "BeginTime", "EligibleTime": "2026-12-02T06:01:10", "StartTime": "2026-12-02T06:01:10"}
+    assert run_status(run, {"77_3": held}, {}).line().split()[1:5] == ["PENDING(requeue", "hold", "to", "06:01:10)"]
+    begins = {**held, "Restarts": "0"}  # sbatch --begin: not a requeue
+    assert run_status(run, {"77_3": begins}, {}).reason == "begins 06:01:10"
     assert run_status(run, {"77_3": {"JobState": "PENDING", "Reason": "None"}}, {}).line().split()[1] == "PENDING"
     assert run_status(run, {}, {}).state == "STOPPED"  # Slurm forgot it: result.json tells
 
