@@ -93,6 +93,23 @@ def start_run(
     return _current
 
 
+def _mark_hand_started(where: RunDir, rank: RankInfo) -> None:
+    """A run dir of ranks started by hand, as hpc.status knows launch.py's: marked as a run dir,
+    its root remembered (rank 0), and held by each rank while it lives outside Slurm (RUNNING)."""
+    from hpc.rundir import mark_run_dir
+    from hpc.runlock import hold_rank
+    from hpc.runroots import remember
+
+    if rank.rank == 0:
+        try:
+            mark_run_dir(where.path)
+        except OSError:
+            pass  # a run dir that takes no write fails where the handle writes, in one line
+        remember(where.path.parent)
+    if scheduler_of(os.environ).job_id() is None:
+        hold_rank(where.path)
+
+
 def _say_refusals_in_one_line() -> None:
     """Ranks started by hand: a refusal of the handle's (a TaskError) that the script lets through
     ends the process with its one line on stderr, no traceback (under torchrun a traceback
@@ -121,6 +138,20 @@ class Run:
         self.handle = handle
         self._run_dir, self._rank = run_dir, rank
         self._handlers = handlers  # the stop signals' handlers before the handle took them
+
+    def _record_end(self) -> None:
+        """Started by hand, the end as launch.py's ranks record it (result.json, rank 0), for
+        hpc.status; this process no longer counts as a running rank (its training is over)."""
+        from hpc.runlock import release_all
+
+        handle = self.handle
+        if self.is_main:
+            stopped = handle.stopped_by is not None
+            validation = {**handle.validation, **{name: value for name, value in handle.logged.items() if name.startswith("val_")}}
+            summary: dict[str, Any] = {"status": "stopped" if stopped else "completed", "finished": not stopped, "exit_code": EXIT_RESUMABLE if stopped else 0}
+            summary.update(handle=True, steps=handle.step, resumed_from=handle.resumed_from, loss=handle.last.get("loss"), val_metrics=validation)
+            self._run_dir.write_result({**summary, "stopped_by": handle.stopped_by, "world_size": self.world_size})
+        release_all()
 
     @contextlib.contextmanager
     def _faults_end_in_one_line(self) -> Iterator[None]:
@@ -232,6 +263,8 @@ class Run:
         complete."""
         with self._faults_end_in_one_line():
             self.handle.finish()
+        if hosting.host() is None:
+            self._record_end()
         stopped = self.handle.stopped_by is not None
         if stopped and hosting.host() is None:
             if self.is_main:
@@ -264,6 +297,7 @@ def _build(
             raise RefusedOnEveryRank(f"start_run() needs a run dir outside launch.py: set {RUN_DIR_VARIABLE}=DIR (or pass start_run(run_dir=...))")
         where, rank, cfg = RunDir(Path(chosen)), RankInfo.from_env(os.environ), CheckpointConfig()
         where.path.mkdir(parents=True, exist_ok=True)
+        _mark_hand_started(where, rank)
         from hpc.rank.signals import STOP_SIGNALS
 
         stop = StopFlag().install(STOP_SIGNALS)

@@ -257,15 +257,17 @@ def find_runs(path: Path) -> list[RunDir]:
     if sweep.is_file():
         points = json.loads(sweep.read_text()).get("points", [])
         runs = [RunDir(Path(p["run_dir"])) for p in sorted(points, key=lambda p: p["num"])]
-    elif (path / "config.yaml").is_file():
+    elif (path / "config.yaml").is_file() or (path / RUN_MARKER).is_file():
         runs = [RunDir(path)]
     else:
-        # Hydra's .hydra/ and a frozen code/ copy hold config.yaml files too; they are not runs.
-        runs = sorted(
-            (RunDir(c.parent) for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])), key=lambda r: natural_key(r.path)
-        )
+        # Hydra's .hydra/ and a frozen code/ copy hold config.yaml files too; they are not runs. A
+        # run dir of ranks started by hand (the run handle's) has the marker and no config.yaml; a
+        # sweep dir has both marker and sweep.json, and is no run.
+        found = {c.parent for c in path.rglob("config.yaml") if not _hidden_or_code(c.relative_to(path).parts[:-1])}
+        found |= {m.parent for m in path.rglob(RUN_MARKER) if not _hidden_or_code(m.relative_to(path).parts[:-1]) and not (m.parent / "sweep.json").is_file()}
+        runs = sorted((RunDir(p) for p in found), key=lambda r: natural_key(r.path))
     if not runs:
-        raise UserError(f"{path} holds no runs (no sweep.json, and no config.yaml in it or below it)")
+        raise UserError(f"{path} holds no runs (no sweep.json, and no run dir in it or below it)")
     return runs
 
 

@@ -19,11 +19,13 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """auto's tuning tables go to one cache for the session (inherited by mpirun ranks and Slurm
-    jobs), never to the home of whoever runs the tests. The suite's jobs are a CPU machine's, as
+    """auto's tuning tables and the remembered run roots go to the session's own dirs (inherited by
+    mpirun ranks and Slurm jobs), never to the home of whoever runs the tests. The suite's jobs are a CPU machine's, as
     on CI: on a machine with GPUs, cluster=local would run every default job on them, one rank
     per GPU (hpc.config.local_gpus), so the session sees none (tests of that counting set their own)."""
     os.environ.setdefault("HPCTK_CACHE", tempfile.mkdtemp(prefix="hpc-toolkit-cache-"))
+    # the run roots every launch remembers (hpc.runroots): the session's, not the home's
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hpc-toolkit-state-")
     if machine_gpus().count:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 

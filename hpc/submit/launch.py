@@ -18,6 +18,7 @@ from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
+from hpc.runroots import remember
 from hpc.submit.deaths import KILLED, tell_killed
 from hpc.submit.launchers import QueuedLauncher, launcher_for
 from hpc.submit.ranks import ENDED_AT_ONCE
@@ -93,6 +94,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(launcher.dry_run(job, env, run_dir))
         return 0
     mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
+    remember(Path(job.run_root))  # hpc.status with no dir named finds it
     run_dir.config.write_text(resolved_yaml(job))
     if isinstance(launcher, QueuedLauncher):
         return submit_and_tell(launcher, job, env, run_dir)

@@ -39,6 +39,7 @@ from hpc.interruptions import TIMELINE, restarts_in, total_line
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
 from hpc.runlock import ranks_running
+from hpc.runroots import remembered
 from hpc.shown import shown_value
 from trainers.checkpoint.storage import newest_committed
 from trainers.reporting.reporter import task_metrics
@@ -395,9 +396,28 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     )
 
 
-def statuses(path: Path) -> list[RunStatus]:
-    """The status of each run under `path`, named by its place there (a run dir itself: its name)."""
+def statuses(path: Path | None) -> list[RunStatus]:
+    """The status of each run under `path`, named by its place there (a run dir itself: its name);
+    no path: runs/ here, else every run under the run roots used on this machine."""
+    if path is None:
+        return statuses_of(default_runs())
     return statuses_of(find_runs(path), root=path)
+
+
+def default_runs() -> list[RunDir]:
+    """runs/ in this dir (launch.py's default run_root), else the runs under every run root
+    launch.py or a hand-started run handle used on this machine (hpc.runroots), newest root first."""
+    if Path("runs").is_dir():
+        return find_runs(Path("runs"))
+    found: list[RunDir] = []
+    for root in remembered():
+        try:
+            found += [run for run in find_runs(root) if run not in found]
+        except UserError:
+            continue
+    if not found:
+        raise UserError("no runs/ here, and no run root used on this machine holds runs: name a run dir, a sweep dir or a run root")
+    return found
 
 
 def run_name(run: Path, root: Path) -> str:
@@ -445,13 +465,13 @@ def main(argv: list[str]) -> int:
     in_place = watch is not None and sys.stdout.isatty()
     try:
         while True:
-            found = statuses(Path(path))
+            found = statuses(Path(path) if path else None)
             if args.json:
                 print(json.dumps([as_record(status) for status in found], indent=1))
                 return 0
             listing = render(found)
             if in_place:
-                listing = ["\033[H\033[2J" + f"every {watch:g} s: python -m hpc.status {path}  ({time.strftime('%H:%M:%S')})", *listing]
+                listing = ["\033[H\033[2J" + f"every {watch:g} s: python -m hpc.status {path or ''}  ({time.strftime('%H:%M:%S')})", *listing]
             print("\n".join(listing), flush=True)
             if watch is None or not any(still_going(status) for status in found):
                 return 0
@@ -472,7 +492,7 @@ def watch_and_path(watch: str | None, path: str | None) -> tuple[float | None, s
         seconds, path = watch_interval(watch, path)
     if path == "":
         raise UserError("RUN_OR_SWEEP_DIR is empty (an unset shell variable?): name a run or sweep dir, or none for runs/")
-    return seconds, "runs" if path is None else path
+    return seconds, path or ""
 
 
 def watch_interval(watch: str, path: str | None) -> tuple[float, str | None]:

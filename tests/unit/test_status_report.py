@@ -209,7 +209,7 @@ def test_last_record_skips_a_line_being_written(tmp_path):
 def test_a_directory_without_runs_is_one_line_and_exit_2(tmp_path, module):
     done = subprocess.run([sys.executable, "-m", module, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == f"error: {tmp_path} holds no runs (no sweep.json, and no config.yaml in it or below it)"
+    assert done.stderr.strip() == f"error: {tmp_path} holds no runs (no sweep.json, and no run dir in it or below it)"
 
 
 def test_array_task_ranges_of_pending_tasks_expand():
@@ -320,8 +320,8 @@ def test_watch_seconds_and_dir_are_told_apart():
 
     assert watch_and_path("runs/x", None) == (10.0, "runs/x")
     assert watch_and_path("30", "runs/x") == (30.0, "runs/x")
-    assert watch_and_path("10", None) == (10.0, "runs")
-    assert watch_and_path(None, None) == (None, "runs")
+    assert watch_and_path("10", None) == (10.0, "")  # no dir: runs/ here, else the run roots used (hpc.runroots)
+    assert watch_and_path(None, None) == (None, "")
     for watch, path, message in (("x", "y", "--watch x: give a number of seconds"), ("inf", None, "--watch inf: give a number of seconds above 0")):
         with pytest.raises(UserError, match=message):
             watch_and_path(watch, path)
@@ -343,3 +343,30 @@ def test_an_empty_dir_argument_is_refused_not_taken_as_the_current_dir(tmp_path,
         assert captured.out == "" and captured.err.startswith("error: ") and "is empty (an unset shell variable?)" in captured.err
         assert len(captured.err.strip().splitlines()) == 1
     assert sorted(p.name for p in run.path.iterdir()) == before
+
+
+def test_with_no_dir_named_it_lists_the_run_roots_used_here_hand_started_runs_too(tmp_path, monkeypatch):
+    """No runs/ in the current dir: the runs under every run root launch.py (run_root=...) or a
+    hand-started run handle used on this machine (hpc.runroots), a handle's run dir included."""
+    from torch import nn
+
+    from hpc.run import start_run
+    from hpc.runroots import remember
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    run = start_run(tmp_path / "scratch" / "by-hand", model=nn.Linear(2, 1))  # as under torchrun with HPCTK_RUN_DIR
+    run.finish()
+    elsewhere = RunDir(tmp_path / "big" / "runs" / "2026-12-02" / "10-00-00_train")  # launch.py's, run_root=big/runs
+    elsewhere.path.mkdir(parents=True)
+    elsewhere.config.write_text("name: train\n")
+    elsewhere.write_json(elsewhere.result, {"status": "failed"})
+    remember(tmp_path / "big" / "runs")
+    (tmp_path / "here").mkdir()
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    listed = subprocess.run([sys.executable, "-m", "hpc.status"], cwd=tmp_path / "here", env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()[1:]
+    assert [(line.split()[1], "by-hand" in line, "10-00-00_train" in line) for line in lines] == [("FAILED", False, True), ("COMPLETED", True, False)]
+    env["XDG_STATE_HOME"] = str(tmp_path / "none")
+    nothing = subprocess.run([sys.executable, "-m", "hpc.status"], cwd=tmp_path / "here", env=env, capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 2 and nothing.stderr.startswith("error: no runs/ here, and no run root used on this machine holds runs")
