@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpc.rundir import RunDir
+from hpc.runroots import remembered
 from hpc.verify.compare import compare_states, final_state
 from tests.conftest import require
 from tests.support.runs import ROOT, fixtures_env, resume_command, run_dirs, run_launch
@@ -100,6 +101,7 @@ def test_a_save_that_does_not_fit_ends_the_run_keeps_the_previous_checkpoint_and
     (SaveCoordinator.finish_pending), as the two runs above do at every save."""
     ended = run_launch(*BIG, cwd=small_disk)
     line = assert_one_line_end(ended, "no space left", small_disk, kept=5)
+    assert (small_disk / "runs").absolute() in remembered()  # launch.py's run root: hpc.status finds it from anywhere
     assert "/checkpoints/.tmp-step-000000010/" in line, line  # the save of step 10 is what the disk refused
     (run_dir,) = run_dirs(small_disk)
     assert not list((run_dir / "checkpoints").glob(".tmp-*")) and not (run_dir / "checkpoints" / "step-000000010").exists()
