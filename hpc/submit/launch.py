@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shlex
@@ -146,7 +147,7 @@ def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str
     tell(f"run directory: {run_dir.path}")
     if not job.wait:
         return 0
-    state = launcher.wait(job_id, run_dir.rank_log(0))
+    state = launcher.wait(job_id, run_dir, print, functools.partial(print, file=sys.stderr))  # rank 0's console, as a local run shows it
     tell(f"job {job_id} ended: {state}")
     return 0 if state in launcher.succeeded_states and run_dir.result.exists() else 1
 

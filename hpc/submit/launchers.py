@@ -106,8 +106,9 @@ class QueuedLauncher(ABC):
         text, None on success."""
 
     @abstractmethod
-    def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
-        """Block until the job ended, printing rank 0's log as it grows; its final state."""
+    def wait(self, job_id: str, run_dir: RunDir, emit: Callable[[str], None] = print, emit_err: Callable[[str], None] = print) -> str:
+        """Block until the job ended, printing rank 0's stdout (`emit`) and stderr (`emit_err`)
+        as they grow, as a local run shows them; its final state."""
 
 
 Launcher = ForegroundLauncher | QueuedLauncher
@@ -175,8 +176,9 @@ class SlurmLauncher(QueuedLauncher):
             return slurmctl.kill_tasks(job_id)
         return slurmctl.cancel(job_id, signal=name)  # every step's tasks, not the batch shell (its EXIT trap requeues)
 
-    def wait(self, job_id: str, rank0_log: Path, emit: Callable[[str], None] = print) -> str:
-        return slurm.wait_for_job(job_id, rank0_log, emit)
+    def wait(self, job_id: str, run_dir: RunDir, emit: Callable[[str], None] = print, emit_err: Callable[[str], None] = print) -> str:
+        stdout, stderr = slurm.rank0_console(run_dir.submitit / "%j", job_id)
+        return slurm.wait_for_job(job_id, [slurm.Follower(stdout, emit), slurm.Follower(stderr, emit_err)])
 
 
 LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLauncher()}

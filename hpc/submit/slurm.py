@@ -328,19 +328,51 @@ def _quiet_stderr_fd() -> Iterator[None]:
         os.close(saved)
 
 
-def wait_for_job(job_id: str, rank0_log: Path, emit: Callable[[str], None] = print, poll_s: float = 1.0) -> str:
-    """Block until the job ends, streaming rank 0's log; returns the final state."""
-    offset, unknown = 0, 0
+def rank0_console(folder: Path, job_id: str) -> tuple[Path, Path]:
+    """Rank 0's stdout and stderr files under submitit's `folder` (the run dir's slurm/%j): what
+    a local run shows on its console (the toolkit's lines and the script's own output). The
+    batch step writes into the same stdout file (submitit's lines, which wait_for_job leaves out)."""
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder=folder, job_id=job_id, task_id=0)
+    return paths.stdout, paths.stderr
+
+
+class Follower:
+    """A file's new whole lines since the last look (a line still being written waits)."""
+
+    def __init__(self, path: Path, emit: Callable[[str], None]) -> None:
+        self.path, self.emit, self.offset, self.partial = path, emit, 0, ""
+
+    def __call__(self, flush: bool = False) -> None:
+        try:
+            with self.path.open(errors="replace") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except OSError:
+            chunk = ""
+        *lines, self.partial = (self.partial + chunk).split("\n")
+        if flush and self.partial:
+            lines, self.partial = [*lines, self.partial], ""
+        for line in lines:
+            if not line.startswith(SUBMITIT_LINE):
+                self.emit(line)
+
+
+SUBMITIT_LINE = "submitit "  # its job runner's own lines ("submitit INFO (...) - Starting with JobEnvironment(...)")
+
+
+def wait_for_job(job_id: str, outputs: Sequence[Follower], poll_s: float = 1.0) -> str:
+    """Block until the job ends, streaming what `outputs` follow (rank 0's stdout and stderr);
+    returns the final state."""
+    unknown = 0
     while True:
         state = slurmctl.job_state(job_id)
-        if rank0_log.exists():
-            with rank0_log.open() as f:
-                f.seek(offset)
-                chunk = f.read()
-                offset = f.tell()
-            for line in chunk.splitlines():
-                emit(line)
+        ended = state in slurmctl.TERMINAL_STATES
         unknown = unknown + 1 if state == "UNKNOWN" else 0
-        if state in slurmctl.TERMINAL_STATES or unknown >= UNKNOWN_POLLS:  # one slow or failed squeue is not the end
+        for follow in outputs:
+            follow(flush=ended)
+        if ended or unknown >= UNKNOWN_POLLS:  # one slow or failed squeue is not the end
             return state
         time.sleep(poll_s)  # polling squeue: the job's state has no push notification here

@@ -60,10 +60,16 @@ def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
     assert printed.strip() == script.replace(str(run_dir), dry_dir).strip()  # the dry run is exact
 
 
-def test_wait_streams_rank0_log_until_the_job_ends(tmp_path):
-    result = run_launch("cluster=simulated", "resources.tasks_per_node=2", "trainer.epochs=3", "wait=true", cwd=tmp_path)
+def test_wait_streams_rank0s_console_until_the_job_ends(tmp_path):
+    """wait=true shows what a local run shows: the toolkit's lines and the script's own output
+    (stdout on stdout, stderr on stderr), not submitit's runner's lines."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys\n\nfor i in range(3):\n    print(f'iter {i}: loss 2.7', flush=True)\nprint('a warning of the script', file=sys.stderr)\n")
+    result = run_launch(f"script={script}", "cluster=simulated", "resources.tasks_per_node=2", "wait=true", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "epoch 3/3" in result.stdout and "ended: COMPLETED" in result.stdout
+    assert [line for line in result.stdout.splitlines() if line.startswith("iter ")] == [f"iter {i}: loss 2.7" for i in range(3)]  # rank 0's
+    assert "a warning of the script" in result.stderr and "submitit INFO" not in result.stdout
+    assert re.search(r"^\S+ \S+ rank 0 local_rank 0 ", result.stdout, re.M) and "ended: COMPLETED" in result.stdout
 
 
 def test_sbatch_refusal_is_one_line_and_submits_nothing(tmp_path):

@@ -67,8 +67,8 @@ def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tm
     assert slurmctl.requeue("1") is not None and slurmctl.forbid_requeue("1") is False
 
 
-def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from hpc.submit.slurm import UNKNOWN_POLLS, wait_for_job
+def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_rank0s_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from hpc.submit.slurm import UNKNOWN_POLLS, Follower, wait_for_job
 
     bin_dir, count = tmp_path / "bin", tmp_path / "count"
     bin_dir.mkdir()
@@ -80,15 +80,18 @@ def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_the_log(tmp_pat
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
-    log = tmp_path / "rank-00000.log"
-    log.write_text("step 1\nstep 2\n")
+    # rank 0's stdout (submitit's runner writes there too: left out) and stderr, the last line unended
+    out, err = tmp_path / "7_0_log.out", tmp_path / "7_0_log.err"
+    out.write_text("submitit INFO (2026-12-02 05:52:27,907) - Starting with JobEnvironment(job_id=7)\nstep 1\nstep 2\niter 3: loss 2.7")
+    err.write_text("a warning\n")
     lines: list[str] = []
+    errors: list[str] = []
     assert 3 < UNKNOWN_POLLS
-    assert wait_for_job("7", log, lines.append, poll_s=0) == "COMPLETED"
-    assert lines == ["step 1", "step 2"] and count.read_text().strip() == "6"
+    assert wait_for_job("7", [Follower(out, lines.append), Follower(err, errors.append)], poll_s=0) == "COMPLETED"
+    assert lines == ["step 1", "step 2", "iter 3: loss 2.7"] and errors == ["a warning"] and count.read_text().strip() == "6"
     count.write_text(str(-100))  # from now on: UNKNOWN for good (Slurm forgot the job)
     script.write_text("#!/bin/bash\nexit 0\n")
-    assert wait_for_job("7", log, lines.append, poll_s=0) == "UNKNOWN"
+    assert wait_for_job("7", [Follower(out, lines.append)], poll_s=0) == "UNKNOWN"
 
 
 def test_an_empty_restart_count_is_no_restart():
