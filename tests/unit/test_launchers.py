@@ -100,7 +100,7 @@ class FakeQueue(QueuedLauncher):
     def signal(self, job_id, name):
         return None
 
-    def wait(self, job_id, rank0_log, emit=print):
+    def wait(self, job_id, run_dir, emit=print, emit_err=print):
         return self.states.get(job_id, GONE)
 
 
