@@ -101,6 +101,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         return submit_and_tell(launcher, job, env, run_dir)
     ranks = job.resources.nodes * job.resources.tasks_per_node
     tell(f"{ranks} ranks on this machine (cluster={job.cluster.name}); the ranks' logs: {run_dir.path / 'logs'}", console=False)
+    tell(f"run directory: {run_dir.path}")  # at the start as well: a long run's files can be looked at meanwhile
     code = launcher.run(job, env, run_dir)
     tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
     tell(f"run directory: {run_dir.path}")

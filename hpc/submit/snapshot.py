@@ -11,8 +11,10 @@ hpc.config.freezing's rule.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import json
+import os
 import shutil
 import site
 import subprocess
@@ -73,11 +75,44 @@ def user_sources(targets: Iterable[str], also_in: Sequence[str] = ()) -> list[Pa
     return list(found.values())
 
 
-def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = (), link_rest: bool = False) -> int:
-    """The sources under `source_root` (a directory or one file) copied to `dest`, but for those
-    below `skip` (hpc.config.freezing); with `link_rest`, the rest linked (at most MAX_LINKS:
-    a folder of a million images beside a script is read through its own path, or not at all).
-    Returns the count copied."""
+STORE = ".frozen"  # under the run root: the frozen files every run dir there links to (hard links)
+
+
+def store_of(run_root: Path) -> Path:
+    """The run root's store of frozen files for this process's umask (its run_access): a private
+    run never links a file a group-readable run made, nor the other way round."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return run_root / STORE / f"umask-{mask:03o}"
+
+
+def _place(source: Path, target: Path, store: Path | None) -> None:
+    """`source`'s bytes at `target`: a hard link to the store's read-only file of the same bytes
+    (made if new), so an unchanged file costs no space in each run dir; a copy where the store
+    is not given or its file system takes no link."""
+    if store is not None:
+        data = source.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        kept = store / digest[:2] / digest
+        try:
+            if not kept.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                made = kept.with_name(f"{digest}.{os.getpid()}.tmp")
+                made.write_bytes(data)
+                made.chmod(made.stat().st_mode & ~0o222)  # read-only: every run dir linking it reads these bytes
+                os.replace(made, kept)
+            os.link(kept, target)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
+
+
+def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = (), link_rest: bool = False, store: Path | None = None) -> int:
+    """The sources under `source_root` (a directory or one file) copied to `dest` (through
+    `store`: _place), but for those below `skip` (hpc.config.freezing); with `link_rest`, the
+    rest linked (at most MAX_LINKS: a folder of a million images beside a script is read through
+    its own path, or not at all). Returns the count copied."""
     if source_root.is_file():
         files, others = ([source_root] if source_root.suffix in SOURCE_SUFFIXES else []), list[Path]()
     else:
@@ -85,7 +120,7 @@ def _copy_sources(source_root: Path, dest: Path, skip: Sequence[Path] = (), link
     for source in files:
         target = dest if source_root.is_file() else dest / source.relative_to(source_root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)  # new mode from the umask (run_access), not the checkout's
+        _place(source, target, store)
     if link_rest and len(others) <= MAX_LINKS:
         for other in others:
             target = dest / other.relative_to(source_root)
@@ -111,22 +146,26 @@ def freeze_job_code(dest: Path, *jobs: JobConfig) -> Path:
         raise UserError(f"the points of a sweep run scripts from {len(script_dirs)} directories ({listed}); sweep scripts of one directory")
     run_roots = sorted({Path(job.run_root) for job in jobs})  # relative: to where launch.py runs, as Hydra's run dir
     workdirs = sorted({str(Path(job.workdir or ".").absolute()) for job in jobs if job.script})  # `script=pkg.train`: found as `python -m` finds it
-    return freeze_code(dest, user=user_sources(targets, workdirs), script_dir=next(iter(script_dirs), None), skip=run_roots)
+    script_dir = next(iter(script_dirs), None)
+    return freeze_code(dest, user=user_sources(targets, workdirs), script_dir=script_dir, skip=run_roots, store=store_of(run_roots[0]) if run_roots else None)
 
 
-def freeze_code(dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None, skip: Sequence[Path] = ()) -> Path:
+def freeze_code(
+    dest: Path, root: Path = PROJECT_ROOT, user: Sequence[Path] = (), script_dir: Path | None = None, skip: Sequence[Path] = (), store: Path | None = None
+) -> Path:
     """Copy the sources under `root` into `dest` (created; must not exist), and the user's task
     packages (`user`: package directories or module files, see user_sources) beside them, so the
     ranks import those frozen copies too, and a script file's directory as <dest>/script (the
     ranks run the script from there); returns `dest`. Never copied: `skip` (the run root), `dest`
-    itself, and what else hpc.config.freezing leaves out (run dirs, data, virtualenvs, .git)."""
+    itself, and what else hpc.config.freezing leaves out (run dirs, data, virtualenvs, .git).
+    `store`: where unchanged files are shared between run dirs (store_of the run root)."""
     dest.mkdir(parents=True)
     skip = [*skip, dest]
-    copied = sum(_copy_sources(root / package, dest / package, skip) for package in PACKAGES)  # hpc/conf with hpc
+    copied = sum(_copy_sources(root / package, dest / package, skip, store=store) for package in PACKAGES)  # hpc/conf with hpc
     for source in user:
-        copied += _copy_sources(source, dest / source.name, skip, link_rest=True)
+        copied += _copy_sources(source, dest / source.name, skip, link_rest=True, store=store)
     if script_dir is not None:
-        copied += _copy_sources(script_dir, dest / SCRIPT_DIR, skip, link_rest=True)
+        copied += _copy_sources(script_dir, dest / SCRIPT_DIR, skip, link_rest=True, store=store)
     commit = _git(["rev-parse", "HEAD"], root)
     diff = _git(["diff", "HEAD", "--", *PACKAGES], root) if commit else None
     if diff:

@@ -92,7 +92,8 @@ def test_embedded_default_trains_on_two_ranks(tmp_path):
     epoch_lines = [line for line in result.stdout.splitlines() if re.match(r"\d{4}-\d\d-\d\d \S+ epoch ", line)]
     assert len(epoch_lines) == 20  # rank 0 only: one line per epoch, not one per rank
     assert all("loss" in line and "val_acc" in line and "samples/s" in line for line in epoch_lines)
-    assert result.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
+    said = result.stdout.strip().splitlines()
+    assert said[0] == said[-1] == f"run directory: {run_dir}"  # at the start, and at the end
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["world_size"] == 2 and summary["val_metrics"]["accuracy"] >= 0.95
     assert summary["train_seconds"] > 0  # measured, never bounded: speed belongs in benchmarks
