@@ -201,7 +201,7 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     stop.phase = "training"
     try:
         host = Host(job, run_dir, rank, stop, STOP_SIGNALS)
-        return run_script(str(job.script), job.script_args, str(job.workdir), host, CODE_ROOT)
+        return run_script(str(job.script), job.script_args, job.workdir, host, CODE_ROOT)
     except StorageFailure:
         raise  # every rank's, at the same step: train_as_configured ends them alike
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat

@@ -151,19 +151,32 @@ def raising_stops(signals: tuple[signal.Signals, ...]) -> Iterator[list[str]]:
             signal.signal(sig, handler)
 
 
-def run_script(spec: str, args: list[str], workdir: str, host: Host, code: Path) -> ScriptResult:
+def starting_dir(workdir: str | None, script: Script, code: Path) -> Path:
+    """Where the ranks start: `workdir` (launch.py's dir, or workdir= as given); None (a script
+    file of the launch dir): its frozen copy, where its code files are copies and the rest links
+    to the live files (hpc.config.freezing), so a file it reads by relative path (a config, a
+    configurator.py) is the one frozen with it; a folder it makes is the run's own."""
+    if workdir is not None:
+        return Path(workdir)
+    frozen = code / SCRIPT_DIR
+    if frozen.is_dir():
+        return frozen
+    return script.path.parent if script.path is not None else Path.cwd()  # unfrozen: a hand-typed srun of an old run dir
+
+
+def run_script(spec: str, args: list[str], workdir: str | None, host: Host, code: Path) -> ScriptResult:
     """Run the script to its end. Returns how it ended (completed, or stopped by a signal or by
     its own exit code 75); raises ScriptFailed for a non-zero exit and what the script raised."""
     import torch
 
-    script = parse_script(spec, Path(workdir))
+    script = parse_script(spec, Path(workdir or "."))  # a script file's path is absolute (pinned at launch)
     os.environ.update(script_environment(host, torch.get_num_threads()))
     os.environ[RUN_DIR_VARIABLE] = str(host.run_dir.path)
     # The rank's interpreter started with PYTHONSAFEPATH (its code is the frozen copy, never the
     # working directory's); a `python helper.py` the script starts imports its siblings as usual.
     os.environ.pop("PYTHONSAFEPATH", None)
     as_launched(os.environ.get(TTY_VARIABLE))
-    os.chdir(workdir)
+    os.chdir(starting_dir(workdir, script, code))
     result = ScriptResult(spec)
     with raising_stops(host.signals) as received, hosted(host):
         try:

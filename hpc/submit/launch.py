@@ -60,10 +60,13 @@ def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:
     if info is not None:
         files = info.files or (info.path,)  # a glob or a directory pinned to the shards it matched now
         job = replace(job, data=replace(job.data, path=str(Path(files[0])) if len(files) == 1 else [str(Path(f)) for f in files]))
-    if job.script is not None:  # the ranks find the script, and start, where launch.py ran
+    if job.script is not None:  # the ranks find the script where launch.py ran
         workdir = Path(job.workdir).resolve() if job.workdir else Path.cwd()
         script = parse_script(job.script, workdir)
-        job = replace(job, script=str(script.path) if script.path else job.script, workdir=str(workdir))
+        # A script file of the launch dir, no workdir= given: the ranks start in its frozen copy
+        # (RUN/code/script), so that what it reads by relative path is the code it was frozen with
+        starts_frozen = job.workdir is None and script.path is not None and script.path.parent == Path.cwd().resolve()
+        job = replace(job, script=str(script.path) if script.path else job.script, workdir=None if starts_frozen else str(workdir))
     if task_target(job) == LM_TASK:
         from trainers.data.tokens import TokenDataError, resolve_token_path
 
