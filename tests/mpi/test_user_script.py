@@ -169,28 +169,20 @@ if not os.path.exists(os.path.join(run_dir, "stopped-once")):
 """
 
 
-@pytest.mark.parametrize("workdir", [None, "."])
-def test_a_script_in_the_launch_dir_reads_its_sibling_files_from_the_frozen_copy_after_a_resume(tmp_path, workdir):
+def test_a_script_in_the_launch_dir_reads_its_sibling_files_from_the_frozen_copy_after_a_resume(tmp_path):
     """By default the ranks of a script file of the launch dir start in its frozen copy: the
     settings.yaml it opens by relative path is the one frozen at launch, even after the live one
-    changed, and a folder it makes is the run's own. `workdir=.` keeps the launch dir (live files)."""
+    changed, and a folder it makes is the run's own (`workdir=`: tests/unit/test_scripts.py)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text(READS_ITS_CONFIG)
     (work / "settings.yaml").write_text("v1\n")
-    where = [] if workdir is None else [f"workdir={workdir}"]
-    first = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), "script=train.py", "resources.tasks_per_node=1", *where],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = [sys.executable, str(ROOT / "launch.py"), "script=train.py", "resources.tasks_per_node=1"]
+    first = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=300)
     assert first.returncode == 75, first.stdout[-2000:] + first.stderr[-2000:]
     (run_dir,) = run_dirs(work)
     (work / "settings.yaml").write_text("v2\n")  # edited while the run waits to resume
     resumed = subprocess.run(["bash", str(run_dir / "command.txt")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    made_in = run_dir / "code" / "script" / "out" if workdir is None else work / "out"
-    assert (run_dir / "seen.txt").read_text() == ("v1\nv1\n" if workdir is None else "v1\nv2\n")
-    assert made_in.joinpath("made.txt").is_file() and (workdir is not None or not (work / "out").exists())
+    assert (run_dir / "seen.txt").read_text() == "v1\nv1\n"
+    assert (run_dir / "code" / "script" / "out" / "made.txt").is_file() and not (work / "out").exists()

@@ -249,3 +249,26 @@ def test_a_script_module_in_the_working_directory_is_found_and_frozen_as_python_
     assert (code / "probe_train.py").read_text() == "print('trained')\n"  # on the ranks' PYTHONPATH, frozen
     with pytest.raises(UserError, match=rf"^script=nothere: no module 'nothere' on the import path or in {tmp_path};"):
         check_script("nothere", tmp_path)
+
+
+def test_the_ranks_start_in_the_frozen_copy_of_a_script_of_the_launch_dir_unless_workdir_is_given(tmp_path, monkeypatch):
+    """pin_inputs leaves workdir unset for a script file of the launch dir (the ranks then start
+    in its frozen copy: hpc.rank.script.starting_dir); a script elsewhere, or workdir= given, pins
+    the directory the ranks start in (the run itself: tests/mpi/test_user_script.py)."""
+    from hpc.config.schema import JobConfig
+    from hpc.rank.script import starting_dir
+    from hpc.submit.launch import pin_inputs
+
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    here = pin_inputs(JobConfig(script="train.py"), None)
+    assert (here.script, here.workdir) == (str(tmp_path / "train.py"), None)
+    assert pin_inputs(JobConfig(script="train.py", workdir="."), None).workdir == str(tmp_path)
+    assert pin_inputs(JobConfig(script="elsewhere/train.py"), None).workdir == str(tmp_path)
+    code = tmp_path / "run" / "code"
+    (code / "script").mkdir(parents=True)
+    script = parse_script(here.script, tmp_path)
+    assert starting_dir(None, script, code) == code / "script" and starting_dir(str(tmp_path), script, code) == tmp_path
+    assert starting_dir(None, script, tmp_path / "unfrozen") == tmp_path  # a hand-typed srun of an old run dir: beside the script
