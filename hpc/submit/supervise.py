@@ -75,6 +75,14 @@ FAILED_TASKS = re.compile(r"srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P
 LOST_NODE = re.compile(r"srun: error: Node failure on (?P<node>[^\s,]+)")
 
 
+def failure_text(line: str) -> str:
+    """srun's line of a failed task, said as the toolkit says a death: a task Slurm saw killed
+    (SIGKILL, nobody's stop) was most often the kernel's out-of-memory killer's doing (Slurm's own
+    cgroup says `Out Of Memory` where it watches memory)."""
+    text = line.strip().removeprefix("srun: error: ")
+    return f"{text} (SIGKILL: out of memory?)" if text.endswith(": Killed") else text
+
+
 @dataclass
 class StepRecord:
     """One srun step, as appended to `<id>.steps.jsonl` (times: Unix seconds)."""
@@ -198,7 +206,7 @@ class StepWatch:
             found = FAILED_TASKS.search(line) or LOST_NODE.search(line)
             if found:
                 self.record.failed = time.time()
-                self.record.failure = line.strip().removeprefix("srun: error: ")
+                self.record.failure = failure_text(line)
                 self.record.first_failed_node = found.group("node")
                 self.failed.set()
 

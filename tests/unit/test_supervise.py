@@ -218,3 +218,15 @@ def test_a_node_that_never_answers_its_probe_is_lost_once_the_others_answered(tm
     assert found == [["node2", "node3"]], "the probe of the lost node was waited on for PROBE_S"
     assert (tmp_path / "answered").read_text().split() == ["--nodelist=node1"]
     assert not subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True).stdout, "the hanging probe was left running"
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("srun: error: node2: task 1: Killed", "node2: task 1: Killed (SIGKILL: out of memory?)"),
+        ("srun: error: node2: task 1: Out Of Memory", "node2: task 1: Out Of Memory"),  # Slurm's cgroup said so itself
+        ("srun: error: node2: task 1: Exited with exit code 3", "node2: task 1: Exited with exit code 3"),
+    ],
+)
+def test_a_task_slurm_saw_killed_is_said_as_a_likely_out_of_memory_death(line, said):
+    assert supervise.failure_text(line) == said
