@@ -15,7 +15,8 @@ kill-node), as when a node loses power:
 Printed per trial: seconds from the kill to the first resumed step (rank 0's timeline: the first
 step of the first start launched after the kill), the steps redone (trained before the kill,
 trained again after it), and the interruption's total as rank 0 logged it (from the failure as
-detected, not from the kill).
+detected, not from the kill); at the end a table of each path's phases (detection, drain,
+relaunch, start-up, checkpoint load, first step), median and range over the rounds.
 """
 
 from __future__ import annotations
@@ -93,9 +94,11 @@ def trial(work: Path, spare: bool) -> dict:
     assert resumed is not None
     poll(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), "the job to end", 400)
     result = json.loads((run_dir / "result.json").read_text())
+    to_first_step = float(resumed["first_step"]) - killed_at
     return {
         "path": "spare" if spare else "requeue",
-        "to_first_step_s": float(resumed["first_step"]) - killed_at,
+        "to_first_step_s": to_first_step,
+        "phases": phases(resumed.get("cost", {}), to_first_step),
         "redone_steps": before - result["resumed_from"],
         "logged_cost": resumed.get("cost", {}).get("total_s"),
         "requeues": restarts(job_id),
@@ -103,9 +106,50 @@ def trial(work: Path, spare: bool) -> dict:
     }
 
 
+# The interruption's phases, in order: its detection (the kill -> the toolkit knowing: the step
+# supervisor's failure record), then rank 0's logged cost (hpc.interruptions.Cost).
+PHASES = (
+    ("detection", None),
+    ("drain", "to_exit_s"),
+    ("relaunch", "relaunch_s"),
+    ("start-up", "start_up_s"),
+    ("load", "load_s"),
+    ("first step", "first_step_s"),
+)
+
+
+def phases(cost: dict, to_first_step_s: float) -> dict[str, float | None]:
+    """Seconds in each phase of one interruption; detection is what the logged total (from the
+    failure as detected) leaves of the kill -> first resumed step."""
+    found: dict[str, float | None] = {name: cost.get(key) for name, key in PHASES if key is not None}
+    total = cost.get("total_s")
+    found["detection"] = to_first_step_s - total if isinstance(total, int | float) else None
+    return {name: found[name] for name, _ in PHASES}
+
+
+def phase_table(rows: list[dict]) -> list[str]:
+    """Per path, each phase's median and range over the trials, as a Markdown table."""
+    lines = ["| path | trials | " + " | ".join(name for name, _ in PHASES) + " | kill -> first resumed step |", "|---|---:|" + "---:|" * (len(PHASES) + 1)]
+    for path in ("spare", "requeue"):
+        mine = [row for row in rows if row["path"] == path]
+        cells = []
+        for name, _ in PHASES:
+            values = [row["phases"][name] for row in mine if row["phases"].get(name) is not None]
+            cells.append(spread(values))
+        lines.append(f"| {path} | {len(mine)} | " + " | ".join(cells) + f" | {spread([row['to_first_step_s'] for row in mine])} |")
+    return lines
+
+
+def spread(values: list[float]) -> str:
+    """`median (min-max)` in seconds; `-` for none."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=2, help="trials of each path, alternating (default 2)")
+    parser.add_argument("--trials", "--rounds", type=int, default=2, help="rounds: a trial of each path per round, interleaved (default 2)")
     args = parser.parse_args()
     rows = []
     for _ in range(args.trials):
@@ -122,6 +166,7 @@ def main() -> int:
             f"steps redone {[r['redone_steps'] for r in mine]}, requeues {[r['requeues'] for r in mine]}, "
             f"completed {sum(r['completed'] for r in mine)}/{len(mine)}"
         )
+    print("\n".join(phase_table(rows)))
     return 0
 
 
