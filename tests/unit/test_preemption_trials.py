@@ -57,3 +57,15 @@ def test_a_run_becomes_one_markdown_row_that_says_what_failed():
     assert cells[:5] == ["every 60 s", "9", "yes", "NO", "3"]
     assert cells[5].split(" / ") == ["-" if key == "held_s" else "1.2" for key in STRETCHES]
     assert cells[6:] == ["0.712 (0.879)", "812 (600)"]
+
+
+def test_the_spare_node_benchmark_splits_each_interruption_into_its_phases():
+    """Detection is what rank 0's logged total (from the failure as detected) leaves of the kill
+    -> first resumed step; each phase's median and range over the rounds, per path."""
+    from benchmarks.spare_node import phase_table, phases
+
+    cost = {"to_exit_s": 2.0, "relaunch_s": 1.0, "start_up_s": 4.0, "load_s": 0.5, "first_step_s": 0.5, "total_s": 8.0}
+    rows = [{"path": "spare", "phases": phases(cost, to), "to_first_step_s": to} for to in (20.0, 21.0, 26.0)]
+    assert rows[0]["phases"] == {"detection": 12.0, "drain": 2.0, "relaunch": 1.0, "start-up": 4.0, "load": 0.5, "first step": 0.5}
+    spare_row = phase_table(rows)[2]
+    assert spare_row.startswith("| spare | 3 | 13.0 (12.0-18.0) | 2.0 (2.0-2.0) |") and spare_row.endswith("| 21.0 (20.0-26.0) |")
