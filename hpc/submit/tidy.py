@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hpc.submit.snapshot import STORE
+
 # The deepest folders that existed when this command started, per run root (see note_run_root).
 _EXISTING: set[Path] = set()
 
@@ -33,6 +35,7 @@ def prune_empty(path: Path) -> None:
     path = path.absolute()
     stops = {p for p in _EXISTING if path.is_relative_to(p)}
     while path not in stops and path != path.parent:
+        release_store(path / STORE)  # a run root's frozen files only the discarded run linked
         try:
             path.rmdir()
         except OSError:  # not empty, or gone already (then its parent may still be ours)
@@ -41,6 +44,25 @@ def prune_empty(path: Path) -> None:
         if not stops:
             return
         path = path.parent
+
+
+def release_store(store: Path) -> None:
+    """The files of a run root's store of frozen code (hpc.submit.snapshot) that no run dir links
+    any more, and the folders that leaves empty, the store's own included. A launch that made a
+    file and has not linked it yet finds it gone and copies instead (snapshot._place)."""
+    if not store.is_dir():
+        return
+    for folder, _, files in sorted(os.walk(store), key=lambda entry: -len(entry[0])):  # deepest first
+        for name in files:
+            try:
+                if os.stat(os.path.join(folder, name)).st_nlink == 1:
+                    os.unlink(os.path.join(folder, name))
+            except OSError:
+                continue
+        try:
+            os.rmdir(folder)
+        except OSError:
+            continue  # still holds what a run dir links
 
 
 def end_on_closed_stdout() -> NoReturn:

@@ -63,3 +63,31 @@ def test_unchanged_files_are_shared_between_run_dirs_through_the_run_roots_store
     assert (second / "hpc/a.py").stat().st_ino != changed.st_ino and (second / "hpc/a.py").read_text() == "A = 'changed before the second run'\n"
     assert (first / "hpc/a.py").read_text() == "A = 1\n" and not same.st_mode & 0o222  # read-only: no run edits another's
     assert store.parent == tmp_path / "runs" / ".frozen" and store.name.startswith("umask-")
+
+
+def test_a_discarded_run_leaves_no_store_behind_but_a_kept_runs_files_stay(tmp_path):
+    """A refused submission or a dry run removes its run dir and the folders it made: the run
+    root's store goes too, save the files another run dir still links."""
+    import shutil
+
+    from hpc.submit import tidy
+
+    root = tmp_path / "project"
+    _project(root)
+    runs = tmp_path / "work" / "runs"
+    tidy.note_run_root(runs)  # tmp_path/work does not exist yet: everything below tmp_path is this command's
+    store = store_of(runs)
+    discarded = runs / "2026-12-02" / "1"
+    freeze_code(discarded / "code", root, store=store)
+    shutil.rmtree(discarded)
+    tidy.prune_empty(discarded)
+    assert not (tmp_path / "work").exists()
+
+    kept = freeze_code(runs / "2026-12-02" / "2" / "code", root, store=store)
+    (root / "hpc/a.py").write_text("A = 'only the discarded run has this'\n")
+    freeze_code(discarded / "code", root, store=store)
+    shutil.rmtree(discarded)
+    tidy.prune_empty(discarded)
+    left = sorted(p.name for p in store.rglob("*") if p.is_file())
+    assert len(left) == len([p for p in kept.rglob("*") if p.is_file() and p.name != "SOURCE.json"])
+    assert (kept / "hpc/a.py").read_text() == "A = 1\n"

@@ -150,6 +150,7 @@ def test_wandb_unreachable_at_the_start_is_one_line_and_the_next_start_gives_it_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    env.pop("WANDB_SERVICE", None)  # an earlier test's W&B in this process: a child would use its (offline) service
     unreachable = {"WANDB_MODE": "online", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "a" * 40, "WANDB_INIT_TIMEOUT": "5"}
     down = start_of(run_dir, 1, 4, "STOPPED", {**env, **unreachable})
     assert down.returncode == 0, down.stderr[-2000:]

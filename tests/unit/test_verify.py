@@ -137,8 +137,8 @@ def test_a_ctrl_c_stops_every_run_the_verifier_started(tmp_path):
     while comm.read_text().strip() != "sleep" or signal.SIGINT not in signal_sets(stubborn.proc.pid, "SigIgn"):
         time.sleep(0.01)
     began = time.monotonic()
-    Launch.stop_all(grace_s=1.0)
-    assert polite.proc.returncode == -2 and stubborn.proc.poll() is not None and time.monotonic() - began < 10
+    Launch.stop_all(grace_s=5.0)  # 1 s was too short twice under CI's load: sleep was SIGKILLed before its SIGINT ended it
+    assert polite.proc.returncode == -2 and stubborn.proc.poll() is not None and time.monotonic() - began < 20
     assert not Launch.live
 
 
