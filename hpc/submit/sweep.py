@@ -22,6 +22,7 @@ from typing import Any
 from hpc.config.schema import JobConfig
 from hpc.errors import UserError
 from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
+from hpc.runroots import remember
 from hpc.submit.launch import prepare, rank_environment, resolved_yaml
 from hpc.submit.launchers import ForegroundLauncher, QueuedLauncher, launcher_for
 from hpc.submit.snapshot import freeze_job_code
@@ -173,6 +174,8 @@ def write_point_dirs(points: Sequence[SweepPoint], sweep_dir: Path) -> None:
     """Each point's run dir with the config its ranks will read; the sweep dir and each point's
     marked as the toolkit's output (never frozen with a script's folder: hpc.config.freezing)."""
     mark_run_dir(sweep_dir)
+    for root in sorted({Path(point.job.run_root) for point in points}):
+        remember(root)  # hpc.status with no dir named finds the sweep
     for point in points:
         run_dir = RunDir(sweep_dir / str(point.num))
         mark_run_dir(run_dir.path)

@@ -194,3 +194,18 @@ def test_an_interrupted_local_sweep_keeps_its_unrun_points_in_sweep_json(tmp_pat
         "point #2 (optim.lr=0.3): UNKNOWN",
         "dry run: 3 points would be submitted again",
     ]
+
+
+def test_a_sweeps_run_root_is_remembered_for_hpc_status(tmp_path, monkeypatch):
+    """hpc.status with no dir named lists the runs under every run root used here: a sweep's too."""
+    from dataclasses import replace
+
+    from hpc.config.compose import compose_job
+    from hpc.runroots import remembered
+    from hpc.submit.sweep import SweepPoint, write_point_dirs
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    root = tmp_path / "scratch" / "runs"
+    job = replace(compose_job([]), run_root=str(root))
+    write_point_dirs([SweepPoint(0, ("optim.lr=0.1",), job)], root / "sweeps" / "s1")
+    assert remembered() == [root]
