@@ -150,16 +150,18 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", "--rounds", type=int, default=2, help="rounds: a trial of each path per round, interleaved (default 2)")
+    parser.add_argument("--paths", default="spare,requeue", help="which paths to time (default: both)")
     args = parser.parse_args()
+    paths = [path.strip() for path in args.paths.split(",")]
     rows = []
     for _ in range(args.trials):
-        for spare in (True, False):
+        for spare in [path == "spare" for path in ("spare", "requeue") if path in paths]:
             poll(nodes_settled, "an idle cluster", 300)
             with tempfile.TemporaryDirectory() as work:
                 row = trial(Path(work), spare)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    for path in ("spare", "requeue"):
+    for path in paths:
         mine = [row for row in rows if row["path"] == path]
         print(
             f"{path}: kill -> first resumed step median {statistics.median(r['to_first_step_s'] for r in mine):.1f} s, "

@@ -100,6 +100,12 @@ def slurm_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(hostlist.expand_hostlist(nodelist)) if nodelist else ()
 
 
+def slurm_task(env: Mapping[str, str]) -> tuple[str, str]:
+    """(rank, node) of a task srun started, as its step supervisor names them; read before
+    anything else of the rank (hpc.liveness), so no RankInfo."""
+    return env.get("SLURM_PROCID", "?"), env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _tasks_per_node(text: str) -> list[int]:
     """SLURM_TASKS_PER_NODE looks like '2(x3),1': the count of every node, in node order."""
     expanded: list[int] = []

@@ -164,6 +164,26 @@ def kill_wait_s(default: float = 30.0) -> float:
     return default
 
 
+def slurmd_addresses() -> dict[str, tuple[str, int]]:
+    """Where each node's slurmd listens (`scontrol show node`: NodeAddr, Port; an old Slurm that
+    shows no Port: the cluster's SlurmdPort), by node name; one call for the whole cluster."""
+    code, out, _ = _run(["scontrol", "show", "node", "-o"], 10)
+    nodes = [parse_job_fields(line) for line in out.splitlines()] if code == 0 else []
+    default = slurmd_port() if any("Port" not in fields for fields in nodes) else None
+    found = {}
+    for fields in nodes:
+        port = fields.get("Port") or default
+        if fields.get("NodeName") and fields.get("NodeAddr") and port and port.isdigit():
+            found[fields["NodeName"]] = (fields["NodeAddr"], int(port))
+    return found
+
+
+def slurmd_port() -> str | None:
+    code, out, _ = _run(["scontrol", "show", "config"], 10)
+    found = [line.partition("=")[2].strip() for line in out.splitlines() if line.split("=")[0].strip() == "SlurmdPort"] if code == 0 else []
+    return found[0] if found else None
+
+
 def hostnames(node_list: str) -> list[str]:
     """`scontrol show hostnames`: a Slurm hostlist ("node[1-3]") as names."""
     code, out, _ = _run(["scontrol", "show", "hostnames", node_list])
@@ -221,6 +241,19 @@ def kill_tasks(job_id: str) -> str | None:
     steps = task_steps(job_id)
     errors = [error for step in steps if (error := cancel(step, signal="KILL")) is not None]
     return "; ".join(errors) if errors else None if steps else f"no step of job {job_id} runs tasks now"
+
+
+def kill_tasks_now(job_id: str) -> list[subprocess.Popen[bytes]]:
+    """`kill_tasks` without waiting for scancel: with a node lost, slurmctld signals the live
+    nodes' tasks at once but answers scancel only once its message to the lost node timed out
+    (MessageTimeout, 10 s by default). The scancels still running, for the caller to reap."""
+    started = []
+    for step in task_steps(job_id):
+        try:
+            started.append(subprocess.Popen(["scancel", "--signal=KILL", step], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        except OSError:
+            pass
+    return started
 
 
 def cancel(job_id: str, signal: str | None = None) -> str | None:

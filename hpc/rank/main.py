@@ -16,6 +16,9 @@ if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop 
 
     catch_stop_signals()
     report_fatal_signals()
+    from hpc.liveness import hold_from_env
+
+    hold_from_env()  # the step supervisor sees this rank's death by its closed connection
 
 import contextlib
 import dataclasses

@@ -55,6 +55,7 @@ from hpc.env import (
     restart_count,
     slurm_job_id,
 )
+from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers
 
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
@@ -68,6 +69,10 @@ HEARTBEAT_SILENT_S = 15.0
 PROBE_S = 30.0
 PROBE_FLOOR_S = 8.0
 PROBE_SLOWER = 4.0
+# A node lost (hpc.liveness): the other nodes lost with it are gathered this long, and srun gets
+# this long to end once the step's tasks were SIGKILLed (it waits for the lost node's otherwise).
+LOST_TOGETHER_S = 0.3
+SRUN_AFTER_KILL_S = 0.5
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
 # srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
 # "srun: error: node1: task 3: Exited with exit code 1". The first names where the failure began.
@@ -188,13 +193,36 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
 class StepWatch:
     """Runs one srun and reads its stderr (passed on unchanged) for the first failed task."""
 
-    def __init__(self, command: list[str], env: Mapping[str, str], record: StepRecord) -> None:
+    def __init__(self, command: list[str], env: Mapping[str, str], record: StepRecord, job_id: str = "local") -> None:
         self.record = record
+        self.job_id = job_id
         self.silent_after_s = float(env.get("HPCTK_HEARTBEAT_SILENT_S") or HEARTBEAT_SILENT_S)
         self.failed = threading.Event()
-        self.process = subprocess.Popen(command, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace")
+        self.lost: list[str] = []  # nodes a rank's closed connection pointed to and whose slurmd does not answer
+        self.answering: set[str] = set()
+        self.slurmd: dict[str, tuple[str, int]] = {}
+        self.cancels: list[subprocess.Popen[bytes]] = []  # scancels of a lost node's step, answered after MessageTimeout
+        self.listener = Listener(self._connection_closed)
+        self.process = subprocess.Popen(command, env={**env, LIVENESS_VARIABLE: self.listener.address}, stderr=subprocess.PIPE, text=True, errors="replace")
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)
         self.reader.start()
+
+    def _connection_closed(self, rank: str, node: str) -> None:
+        """A rank's connection closed without a bye (hpc.liveness): its node is lost if its slurmd
+        does not answer; otherwise the rank alone ended, and srun says how."""
+        if node in self.answering or node in self.lost:
+            return
+        self.slurmd = self.slurmd or slurmctl.slurmd_addresses()
+        address = self.slurmd.get(node)
+        if address is None or node_answers(address):
+            self.answering.add(node)
+            return
+        self.lost.append(node)
+        if not self.failed.is_set():
+            self.record.failed = time.time()
+            self.record.failure = f"node {node} lost (rank {rank}'s connection closed, its slurmd does not answer)"
+            self.record.first_failed_node = node
+            self.failed.set()
 
     def _read_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -216,7 +244,10 @@ class StepWatch:
         declares the node DOWN). Then the nodes are probed, and a step that has not ended
         KillWait + HUNG_STEP_MARGIN_S later waits on a lost node: srun is killed (exit code -9)."""
         while self.process.poll() is None:
-            if self.failed.wait(timeout=1.0) or self._silent_rank(heartbeats()):
+            if self.failed.wait(timeout=1.0) and self.lost:
+                self._end_lost_step()
+                break
+            if self.failed.is_set() or self._silent_rank(heartbeats()):
                 probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
                 if self._hung(slurmctl.kill_wait_s(), probing):
                     self.record.hung = True
@@ -225,7 +256,21 @@ class StepWatch:
                 break
         code = self.process.wait()
         self.reader.join(timeout=5)
+        self.listener.close()
         return code
+
+    def _end_lost_step(self) -> None:
+        """A node is lost: no collective of this step can end. Its tasks on the other nodes get
+        SIGKILL at once (not srun's SIGTERM and KillWait: nothing they could save would commit),
+        and srun, which waits for the lost node until Slurm declares it DOWN, is killed."""
+        time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch)
+        self.record.lost_nodes = list(self.lost)
+        self.cancels = slurmctl.kill_tasks_now(self.job_id) if self.job_id != "local" else []
+        try:
+            self.process.wait(timeout=SRUN_AFTER_KILL_S)
+        except subprocess.TimeoutExpired:
+            self.record.hung = True
+            self.process.kill()
 
     def _silent_rank(self, folder: Path | None) -> bool:
         """A rank that wrote a heartbeat in this step and then none for HEARTBEAT_SILENT_S: its
@@ -285,6 +330,7 @@ class Supervisor:
         self.requests = Path(env[REQUEST_DIR_VARIABLE]) if env.get(REQUEST_DIR_VARIABLE) else None
         self.max_restarts = int(env.get(ALLOCATION_RESTARTS_VARIABLE) or 0)
         self.needed_nodes = int(env.get(STEP_NODES_VARIABLE) or 0)
+        self.cancels: list[subprocess.Popen[bytes]] = []
 
     def marker(self, suffix: str) -> Path | None:
         return self.requests / f"{self.job_id}.{suffix}" if self.requests else None
@@ -335,9 +381,10 @@ class Supervisor:
             options = [*(["--overlap"] if restarts else []), *([f"--exclude={','.join(excluded)}"] if excluded else [])]
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
-            watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record)
+            watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record, self.job_id)
             code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)), self.heartbeats)
             record.ended, record.exit_code = time.time(), code
+            self.cancels = [cancel for cancel in [*self.cancels, *watch.cancels] if cancel.poll() is None]  # reaped as they end
             without_progress = without_progress + 1 if restarts and self.newest_checkpoint() <= checkpoint_before else 0
             # A node where the first rank died in two steps in a row is failing: leave it out while a spare is left.
             failing = record.first_failed_node if record.first_failed_node == repeat_offender else None

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "tests")
-LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions", "hpc.runroots"}
+LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions", "hpc.runroots", "hpc.liveness"}
 # `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
 COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel", "stop", "resubmit", "evaluate")}
 # `python -m trainers.export` and friends: public command names (README, docs) forwarding to the topic packages.
