@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""A lost node with one spare node against the requeue path, same job, on the simulated Slurm.
+"""A lost node with one spare node against the requeue path, and a rank's crash, same job, on the
+simulated Slurm.
 
-    python benchmarks/spare_node.py [--trials 2]
+    python benchmarks/spare_node.py [--rounds 5] [--paths spare,requeue,crash]
 
 Each trial submits a 2-node x 2-rank job, waits for step 8 and a committed checkpoint, and
 SIGKILLs everything on a node of the step that is not the batch host (scripts/slurm-sim.sh
-kill-node), as when a node loses power:
+kill-node), as when a node loses power, or (crash) rank 1's process alone:
 - spare:   `resources.spare_nodes=1`. The step supervisor (hpc.submit.supervise) leaves the node
            out and starts the ranks on the spare, inside the allocation.
 - requeue: no spare. The EXIT trap requeues the job. Slurm then holds it back (BeginTime, about
            2 minutes), and the benchmark skips that hold by starting it at once
            (`scontrol update starttime=now`). The hold is not in the figure, and queue waits are
            zero here (an idle cluster); both add to every requeue on a real one.
+- crash:   rank 1 SIGKILLed (its node lives): the supervisor starts the ranks again in the
+           allocation on the same nodes.
 Printed per trial: seconds from the kill to the first resumed step (rank 0's timeline: the first
 step of the first start launched after the kill), the steps redone (trained before the kill,
 trained again after it), and the interruption's total as rank 0 logged it (from the failure as
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +43,7 @@ from hpc.interruptions import TIMELINE  # noqa: E402
 from hpc.rundir import read_jsonl  # noqa: E402
 from hpc.slurmctl import job_fields, job_state  # noqa: E402
 
+PATHS = ("spare", "requeue", "crash")
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
@@ -68,8 +74,10 @@ def step_nodes(run_dir: Path) -> set[str]:
     return hosts
 
 
-def trial(work: Path, spare: bool) -> dict:
-    overrides = [*JOB, *(["resources.spare_nodes=1"] if spare else []), f"run_root={work / 'runs'}"]
+def trial(work: Path, path: str) -> dict:
+    """One trial of `path`: spare (a node lost, a spare node allocated), requeue (a node lost, no
+    spare) or crash (one rank SIGKILLed, its node alive: a restart in the allocation)."""
+    overrides = [*JOB, *(["resources.spare_nodes=1"] if path == "spare" else []), f"run_root={work / 'runs'}"]
     submitted = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], cwd=work, capture_output=True, text=True, timeout=300)
     if submitted.returncode != 0:
         raise RuntimeError(submitted.stderr[-500:])
@@ -79,24 +87,28 @@ def trial(work: Path, spare: bool) -> dict:
     poll(lambda: len(step_rows(run_dir)) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a checkpoint", 180)
     lost = sorted(step_nodes(run_dir) - {job_fields(job_id)["BatchHost"]})[0]
     killed_at = time.time()
-    subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
+    if path == "crash":
+        os.kill(int(json.loads((run_dir / "heartbeats" / "rank-1.json").read_text())["pid"]), signal.SIGKILL)
+    else:
+        subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     before = max(row["step"] for row in step_rows(run_dir) if row["time"] <= killed_at)
     try:
-        if not spare:
+        if path == "requeue":
             poll(lambda: restarts(job_id) >= 1, "the requeue", 300)
             poll(lambda: job_state(job_id) == "PENDING", "the job to pend")
             poll(lambda: nodes_settled(except_nodes=[lost]), "the other nodes to settle", 300)
             start_job_now(job_id)
         poll(lambda: resumed_start(run_dir, killed_at) is not None, "the first resumed step", 400)
     finally:
-        subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
+        if path != "crash":
+            subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
     resumed = resumed_start(run_dir, killed_at)
     assert resumed is not None
     poll(lambda: job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), "the job to end", 400)
     result = json.loads((run_dir / "result.json").read_text())
     to_first_step = float(resumed["first_step"]) - killed_at
     return {
-        "path": "spare" if spare else "requeue",
+        "path": path,
         "to_first_step_s": to_first_step,
         "phases": phases(resumed.get("cost", {}), to_first_step),
         "redone_steps": before - result["resumed_from"],
@@ -130,8 +142,10 @@ def phases(cost: dict, to_first_step_s: float) -> dict[str, float | None]:
 def phase_table(rows: list[dict]) -> list[str]:
     """Per path, each phase's median and range over the trials, as a Markdown table."""
     lines = ["| path | trials | " + " | ".join(name for name, _ in PHASES) + " | kill -> first resumed step |", "|---|---:|" + "---:|" * (len(PHASES) + 1)]
-    for path in ("spare", "requeue"):
+    for path in PATHS:
         mine = [row for row in rows if row["path"] == path]
+        if not mine:
+            continue
         cells = []
         for name, _ in PHASES:
             values = [row["phases"][name] for row in mine if row["phases"].get(name) is not None]
@@ -150,15 +164,17 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", "--rounds", type=int, default=2, help="rounds: a trial of each path per round, interleaved (default 2)")
-    parser.add_argument("--paths", default="spare,requeue", help="which paths to time (default: both)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"which paths to time, in each round (default: {','.join(PATHS)})")
     args = parser.parse_args()
     paths = [path.strip() for path in args.paths.split(",")]
+    if not set(paths) <= set(PATHS):
+        parser.error(f"--paths: {args.paths}: each one of {', '.join(PATHS)}")
     rows = []
     for _ in range(args.trials):
-        for spare in [path == "spare" for path in ("spare", "requeue") if path in paths]:
+        for path in paths:
             poll(nodes_settled, "an idle cluster", 300)
             with tempfile.TemporaryDirectory() as work:
-                row = trial(Path(work), spare)
+                row = trial(Path(work), path)
             rows.append(row)
             print(json.dumps(row), flush=True)
     for path in paths:

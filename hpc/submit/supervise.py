@@ -202,6 +202,7 @@ class StepWatch:
         self.answering: set[str] = set()
         self.slurmd: dict[str, tuple[str, int]] = {}
         self.cancels: list[subprocess.Popen[bytes]] = []  # scancels of a lost node's step, answered after MessageTimeout
+        self.died = False  # srun's first failed task died of a signal (Killed, Segmentation fault, ...), not an exit code
         self.listener = Listener(self._connection_closed)
         self.process = subprocess.Popen(command, env={**env, LIVENESS_VARIABLE: self.listener.address}, stderr=subprocess.PIPE, text=True, errors="replace")
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)
@@ -236,6 +237,7 @@ class StepWatch:
                 self.record.failed = time.time()
                 self.record.failure = failure_text(line)
                 self.record.first_failed_node = found.group("node")
+                self.died = "what" in found.groupdict() and not found.group("what").startswith("Exited with exit code")
                 self.failed.set()
 
     def wait(self, allocation_nodes: Callable[[], list[str]], heartbeats: Callable[[], Path | None]) -> int:
@@ -248,6 +250,8 @@ class StepWatch:
                 self._end_lost_step()
                 break
             if self.failed.is_set() or self._silent_rank(heartbeats()):
+                if self.died and self.job_id != "local":  # its peers wait in a collective that cannot end: not KillWait
+                    self.cancels = slurmctl.kill_tasks_now(self.job_id)
                 probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
                 if self._hung(slurmctl.kill_wait_s(), probing):
                     self.record.hung = True
