@@ -88,7 +88,7 @@ def trial(work: Path, path: str) -> dict:
     lost = sorted(step_nodes(run_dir) - {job_fields(job_id)["BatchHost"]})[0]
     killed_at = time.time()
     if path == "crash":
-        os.kill(int(json.loads((run_dir / "heartbeats" / "rank-1.json").read_text())["pid"]), signal.SIGKILL)
+        os.kill(int(json.loads((run_dir / "heartbeats" / "rank-00001.json").read_text())["pid"]), signal.SIGKILL)
     else:
         subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     before = max(row["step"] for row in step_rows(run_dir) if row["time"] <= killed_at)

@@ -69,8 +69,9 @@ HEARTBEAT_SILENT_S = 15.0
 PROBE_S = 30.0
 PROBE_FLOOR_S = 8.0
 PROBE_SLOWER = 4.0
-# A node lost (hpc.liveness): the other nodes lost with it are gathered this long, and srun gets
-# this long to end once the step's tasks were SIGKILLed (it waits for the lost node's otherwise).
+# A node lost (hpc.liveness): the other nodes lost with it are gathered this long. A step that
+# cannot go on (a node lost, a rank dead): srun gets this long to end once its tasks were SIGKILLed
+# (it waits for a lost node's, and for the step's end in Slurm's books, KillWait, otherwise).
 LOST_TOGETHER_S = 0.3
 SRUN_AFTER_KILL_S = 0.5
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
@@ -241,19 +242,23 @@ class StepWatch:
                 self.failed.set()
 
     def wait(self, allocation_nodes: Callable[[], list[str]], heartbeats: Callable[[], Path | None]) -> int:
-        """srun's exit code. The step has failed when srun reports a failed task, or when a rank
-        of this step stops rewriting its heartbeat (a lost node: srun says nothing until Slurm
-        declares the node DOWN). Then the nodes are probed, and a step that has not ended
-        KillWait + HUNG_STEP_MARGIN_S later waits on a lost node: srun is killed (exit code -9)."""
+        """srun's exit code. The step has failed when a rank's closed connection points to a lost
+        node (hpc.liveness: the step is ended at once), when srun reports a failed task, or when a
+        rank of this step stops rewriting its heartbeat (a hang). Then the nodes are probed; a
+        task that died of a signal has the step ended at once (its peers wait in a collective
+        that cannot end), else a step that has not ended KillWait + HUNG_STEP_MARGIN_S later
+        waits on a lost node: srun is killed (exit code -9)."""
         while self.process.poll() is None:
             if self.failed.wait(timeout=1.0) and self.lost:
-                self._end_lost_step()
+                time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch)
+                self.record.lost_nodes = list(self.lost)
+                self._end_step_now()
                 break
             if self.failed.is_set() or self._silent_rank(heartbeats()):
-                if self.died and self.job_id != "local":  # its peers wait in a collective that cannot end: not KillWait
-                    self.cancels = slurmctl.kill_tasks_now(self.job_id)
                 probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
-                if self._hung(slurmctl.kill_wait_s(), probing):
+                if self.died:
+                    self._end_step_now()
+                elif self._hung(slurmctl.kill_wait_s(), probing):
                     self.record.hung = True
                     self.process.kill()
                 self.record.lost_nodes = probing.result()
@@ -263,12 +268,11 @@ class StepWatch:
         self.listener.close()
         return code
 
-    def _end_lost_step(self) -> None:
-        """A node is lost: no collective of this step can end. Its tasks on the other nodes get
-        SIGKILL at once (not srun's SIGTERM and KillWait: nothing they could save would commit),
-        and srun, which waits for the lost node until Slurm declares it DOWN, is killed."""
-        time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch)
-        self.record.lost_nodes = list(self.lost)
+    def _end_step_now(self) -> None:
+        """No collective of this step can end (a node lost, a rank dead): its tasks get SIGKILL at
+        once, not srun's SIGTERM and KillWait (nothing they could save would commit), and srun,
+        which waits for a lost node until Slurm declares it DOWN and for the step's end after
+        that, is killed SRUN_AFTER_KILL_S later."""
         self.cancels = slurmctl.kill_tasks_now(self.job_id) if self.job_id != "local" else []
         try:
             self.process.wait(timeout=SRUN_AFTER_KILL_S)
