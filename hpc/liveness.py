@@ -1,7 +1,7 @@
 """A rank's death seen by its closed connection, not by its heartbeat's silence.
 
 The step supervisor (hpc.submit.supervise) listens on a TCP port and hands its address to the
-step's ranks (HPCTK_LIVENESS=host:port); each rank connects from its first instruction and holds
+step's ranks (HPCTK_LIVENESS=host:port:token); each rank connects from its first instruction and holds
 the connection, sending nothing. A rank that dies (SIGKILL, a crash, every process of a node
 killed) has its connection closed by its kernel at once; a node that loses power or its network
 answers no TCP keepalive probe and its connections fail within KEEPALIVE_S. A rank whose
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import selectors
 import socket
 import threading
@@ -25,9 +26,10 @@ from collections.abc import Callable
 
 from hpc.env import slurm_task
 
-LIVENESS_VARIABLE = "HPCTK_LIVENESS"  # host:port of the step supervisor's listener
+LIVENESS_VARIABLE = "HPCTK_LIVENESS"  # host:port:token of the step supervisor's listener
 KEEPALIVE_S = (1, 1, 3)  # idle before the first probe, between probes, probes missed: a dead host is seen in ~4 s
-SLURMD_ANSWER_S = 2.0  # a live slurmd accepts a connection within milliseconds; a lost node never does
+SLURMD_ANSWER_S = 2.0
+HELLO_LIMIT = 512  # bytes a rank sends in all (token, rank, node, bye)  # a live slurmd accepts a connection within milliseconds; a lost node never does
 
 _held: list[socket.socket] = []
 
@@ -43,10 +45,11 @@ def hold(address: str | None, rank: str, node: str) -> None:
     it open). Best effort: no listener, no connection, and the rank goes on."""
     if not address or _held:
         return
-    host, _, port = address.rpartition(":")
+    where, _, token = address.rpartition(":")
+    host, _, port = where.rpartition(":")
     try:
         connection = socket.create_connection((host, int(port)), timeout=2.0)
-        connection.sendall(f"{rank} {node}\n".encode())
+        connection.sendall(f"{token} {rank} {node}\n".encode())
     except (OSError, ValueError):
         return
     _held.append(connection)
@@ -89,10 +92,13 @@ def keep_alive(connection: socket.socket) -> None:
 
 class Listener:
     """The supervisor's side: accepts the ranks' connections and calls `on_closed(rank, node)`
-    from its own thread once for each connection that closes or fails (after a hello line)."""
+    from its own thread once for each connection that closes or fails after a hello line with
+    its token (the port is open to the network: only the job's ranks, which inherit the token in
+    their environment, can have a step ended by a connection they close)."""
 
     def __init__(self, on_closed: Callable[[str, str], None]) -> None:
         self.on_closed = on_closed
+        self.token = secrets.token_hex(16)
         self.server = socket.create_server(("", 0), backlog=4096)
         self.server.setblocking(False)
         self.selector = selectors.DefaultSelector()
@@ -106,7 +112,7 @@ class Listener:
 
     @property
     def address(self) -> str:
-        return f"{socket.gethostname()}:{self.server.getsockname()[1]}"
+        return f"{socket.gethostname()}:{self.server.getsockname()[1]}:{self.token}"
 
     def _serve(self) -> None:
         while not self._closing.is_set():
@@ -135,14 +141,15 @@ class Listener:
             return
         except OSError:
             data = b""  # reset, or the keepalive gave up on its host
-        if data:
+        if data and len(self.peers[connection]) + len(data) <= HELLO_LIMIT:
             self.peers[connection] += data
             return
-        said = self.peers.pop(connection).decode(errors="replace").split()
+        whole = self.peers.pop(connection)
+        said = [] if data else whole.decode(errors="replace").split()  # data left over: more than a rank says, not a rank
         self.selector.unregister(connection)
         connection.close()
-        if len(said) == 2 and not self._closing.is_set():  # a hello, and no bye after it
-            self.on_closed(said[0], said[1])
+        if len(said) == 3 and said[0] == self.token and not self._closing.is_set():  # a hello, and no bye after it
+            self.on_closed(said[1], said[2])
 
     def close(self) -> None:
         self._closing.set()

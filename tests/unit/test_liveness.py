@@ -47,8 +47,9 @@ def holder(address: str, rank: str, mode: str) -> subprocess.Popen[str]:
 
 
 def connected(listener: Listener, count: int, timeout_s: float = 10) -> None:
+    """Until `count` connections said hello (0: until none is open)."""
     deadline = time.monotonic() + timeout_s
-    while sum(1 for said in listener.peers.values() if said.endswith(b"\n")) < count:
+    while (sum(1 for said in listener.peers.values() if said.endswith(b"\n")) < count) if count else listener.peers:
         assert time.monotonic() < deadline, "the holders never said hello"
         time.sleep(0.01)
 
@@ -85,6 +86,26 @@ def test_an_interpreter_that_ends_says_bye_and_is_not_told():
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert told.closed == []
+    finally:
+        listener.close()
+
+
+def test_only_a_connection_with_the_listeners_token_is_told():
+    told = Told()
+    listener = Listener(told)
+    try:
+        host, port, token = listener.address.rsplit(":", 2)
+        for hello in (b"wrong 3 node7\n", b"3 node7\n", token.encode() + b" 3 node7 " + b"x" * 600):
+            with socket.create_connection((host, int(port))):
+                pass
+            connection = socket.create_connection((host, int(port)))
+            connection.sendall(hello)
+            connection.close()
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(f"{token} 4 node8\n".encode())
+        told.event.wait(5)
+        connected(listener, 0)  # every connection read to its end
+        assert [(rank, node) for rank, node, _ in told.closed] == [("4", "node8")]  # the others were not the job's ranks
     finally:
         listener.close()
 
