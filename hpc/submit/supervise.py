@@ -191,6 +191,24 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
     return sorted(lost, key=list(nodes).index)
 
 
+def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes]:
+    """SIGKILL, on each of `nodes`, the rank processes of the run dir (`python -m hpc.rank.main
+    RUN_DIR`), through a step of one task per node (--overlap: the ranks' step still holds the
+    CPUs in Slurm's books)."""
+    pattern = rf"-m hpc\.rank\.main {ere_literal(str(run_dir))}$"
+    return subprocess.Popen(
+        ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet"]
+        + ["pkill", "-KILL", "-f", "--", pattern],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def ere_literal(text: str) -> str:
+    """`text` as a POSIX extended regular expression matching it literally (pkill's patterns)."""
+    return "".join(f"\\{c}" if c in ".[]()*+?{}|^$\\" else c for c in text)
+
+
 class StepWatch:
     """Runs one srun and reads its stderr (passed on unchanged) for the first failed task."""
 
@@ -252,12 +270,12 @@ class StepWatch:
             if self.failed.wait(timeout=1.0) and self.lost:
                 time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch)
                 self.record.lost_nodes = list(self.lost)
-                self._end_step_now()
+                self._end_step_now([n for n in allocation_nodes() if n not in self.lost], heartbeats())
                 break
             if self.failed.is_set() or self._silent_rank(heartbeats()):
                 probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
                 if self.died:
-                    self._end_step_now()
+                    self._end_step_now(allocation_nodes(), heartbeats())
                 elif self._hung(slurmctl.kill_wait_s(), probing):
                     self.record.hung = True
                     self.process.kill()
@@ -268,17 +286,27 @@ class StepWatch:
         self.listener.close()
         return code
 
-    def _end_step_now(self) -> None:
+    def _end_step_now(self, live_nodes: list[str], heartbeats: Path | None) -> None:
         """No collective of this step can end (a node lost, a rank dead): its tasks get SIGKILL at
         once, not srun's SIGTERM and KillWait (nothing they could save would commit), and srun,
         which waits for a lost node until Slurm declares it DOWN and for the step's end after
-        that, is killed SRUN_AFTER_KILL_S later."""
+        that, is killed SRUN_AFTER_KILL_S later. Slurm signals a step it is already ending (srun
+        -K after a task's death) only once that ending is over (KillWait): the ranks on the live
+        nodes are also SIGKILLed by a one-task-per-node step of their own, waited for, so the next
+        step's ranks never share the nodes' CPUs with the last one's."""
         self.cancels = slurmctl.kill_tasks_now(self.job_id) if self.job_id != "local" else []
+        killing = kill_ranks(live_nodes, heartbeats.parent) if heartbeats is not None and live_nodes else None
         try:
             self.process.wait(timeout=SRUN_AFTER_KILL_S)
         except subprocess.TimeoutExpired:
             self.record.hung = True
             self.process.kill()
+        if killing is not None:
+            try:
+                killing.wait(timeout=PROBE_FLOOR_S)
+            except subprocess.TimeoutExpired:
+                killing.kill()
+                killing.wait()
 
     def _silent_rank(self, folder: Path | None) -> bool:
         """A rank that wrote a heartbeat in this step and then none for HEARTBEAT_SILENT_S: its

@@ -230,3 +230,19 @@ def test_a_node_that_never_answers_its_probe_is_lost_once_the_others_answered(tm
 )
 def test_a_task_slurm_saw_killed_is_said_as_a_likely_out_of_memory_death(line, said):
     assert supervise.failure_text(line) == said
+
+
+def test_a_run_dirs_pkill_pattern_matches_its_ranks_command_line_alone():
+    import subprocess as sp
+
+    from hpc.submit.supervise import ere_literal
+
+    run_dir = "/runs/2026-12-02/08-52-37.811_train (a+b)[1]{2}^$|x\\y"
+    pattern = rf"-m hpc\.rank\.main {ere_literal(run_dir)}$"
+    lines = [
+        f"/usr/bin/python -u -m hpc.rank.main {run_dir}",
+        f"/usr/bin/python -u -m hpc.rank.main {run_dir}/other",
+        "python -m hpc.rank.main /runs/2026-12-02",
+    ]
+    found = sp.run(["grep", "-E", "--", pattern], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    assert found.stdout.splitlines() == lines[:1]
