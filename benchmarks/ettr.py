@@ -110,8 +110,8 @@ def plot(paths: list[Path_], save_s: float, scale_up_s: float, png: Path) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spare-s", type=float, default=6.5, help="kill -> first resumed step, spare path (measured 2026-12-02, s)")
-    parser.add_argument("--requeue-s", type=float, default=52.6, help="kill -> first resumed step, requeue path, hold excluded (measured 2026-12-02, s)")
+    parser.add_argument("--spare-s", type=float, default=5.7, help="kill -> first resumed step, spare path (measured 2026-12-02, s)")
+    parser.add_argument("--requeue-s", type=float, default=47.9, help="kill -> first resumed step, requeue path, hold excluded (measured 2026-12-02, s)")
     parser.add_argument("--hold-s", type=float, default=120.0, help="Slurm's requeue hold added to the requeue path (s)")
     parser.add_argument("--before-s", type=float, default=29.7, help="the spare path before detection by exit (2026-11-25, s)")
     parser.add_argument("--save-s", type=float, default=1.0, help="what a checkpoint save blocks training for (s)")
