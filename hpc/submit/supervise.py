@@ -16,14 +16,21 @@ returns srun's exit code and the EXIT trap falls back to requeueing the job
 
 A lost node hangs srun: Slurm ends the step only once it declares the node DOWN (SlurmdTimeout,
 60 to 300 s), and until then srun reports nothing, while the ranks left wait in a collective. So
-the step has also failed when a rank that wrote a heartbeat in this step (the watchdog's, every
-5 s) writes none for HEARTBEAT_SILENT_S: srun is then asked to end the step (two SIGINTs). From a
-failure on, the nodes are probed (a one-task step on each; a node is lost once it is several times
-slower to answer than the slowest node that did, PROBE_S at most). srun gets the
-cluster's KillWait (the ranks blocked in a collective go only at its SIGKILL) plus
-HUNG_STEP_MARGIN_S to end the step, or KillWait plus 2 s once a probe found a lost node; then it
-is killed, and the next step starts on the nodes that answered. Every restart runs with
---overlap, because a hung step still holds its CPUs in Slurm's books.
+each rank holds a connection to the supervisor (hpc.liveness): one that closes without the rank's
+bye, on a node whose slurmd does not answer a TCP connect, is a lost node, seen in about a
+second. A task srun reports dead of a signal (`task 1: Killed`) is the other death with evidence.
+Either way no collective of the step can end: its tasks are SIGKILLed at once (scancel, not
+waited for: slurmctld answers it after its message to a lost node timed out; and a pkill step on
+the live nodes, which Slurm runs even while it is still ending the step), srun is killed, and
+the next step starts without the lost nodes. Hangs have no such evidence: the step has also
+failed when a rank that wrote a heartbeat in this step (the watchdog's, every 5 s) writes none
+for HEARTBEAT_SILENT_S; srun is then asked to end the step (two SIGINTs). From such a failure
+on, the nodes are probed (a one-task step on each; a node is lost once it is several times
+slower to answer than the slowest node that did, PROBE_S at most). srun gets the cluster's
+KillWait (the ranks blocked in a collective go only at its SIGKILL) plus HUNG_STEP_MARGIN_S to
+end the step, or KillWait plus 2 s once a probe found a lost node; then it is killed, and the
+next step starts on the nodes that answered. Every restart runs with --overlap, because a hung
+step still holds its CPUs in Slurm's books.
 
 Each step's record (launch, first failure, end, exit code, what was decided) is appended to
 `<requests dir>/<job id>.steps.jsonl`, where rank 0 reads the cost of an interruption.
