@@ -4,32 +4,40 @@ The step supervisor (hpc.submit.supervise) listens on a TCP port and hands its a
 step's ranks (HPCTK_LIVENESS=host:port:token); each rank connects from its first instruction and holds
 the connection, sending nothing. A rank that dies (SIGKILL, a crash, every process of a node
 killed) has its connection closed by its kernel at once; a node that loses power or its network
-answers no TCP keepalive probe and its connections fail within KEEPALIVE_S. A rank whose
+answers no TCP keepalive probe and its connections fail after KEEPALIVE_S (~15 s). A rank whose
 interpreter ends (an exit code, an uncaught exception) says `bye` first and is not asked about.
 For any other closed connection (a signal's death, os._exit) the supervisor asks the node's
 slurmd (a TCP connect to its port, `node_answers`): a node whose slurmd does not answer is lost,
 and its ranks' step can end at once; one that answers lives, and srun reports what its rank did,
 as before. Silence stays for hangs (the watchdog's heartbeats).
 
-Standard library only: the rank side runs before torch is imported.
+Standard library only (and hpc.env, a leaf): the rank side runs before torch is imported.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import secrets
 import selectors
 import socket
+import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from hpc.env import slurm_task
 
 LIVENESS_VARIABLE = "HPCTK_LIVENESS"  # host:port:token of the step supervisor's listener
-KEEPALIVE_S = (1, 1, 3)  # idle before the first probe, between probes, probes missed: a dead host is seen in ~4 s
-SLURMD_ANSWER_S = 2.0
-HELLO_LIMIT = 512  # bytes a rank sends in all (token, rank, node, bye)  # a live slurmd accepts a connection within milliseconds; a lost node never does
+# Idle before the first probe, between probes, probes missed: a host that stopped answering is
+# seen in ~15 s (the heartbeat's silence took as long), while a network blip of a few seconds (a
+# subnet manager's sweep, a bond's failover) closes nothing.
+KEEPALIVE_S = (5, 2, 5)
+SLURMD_ANSWER_S = 2.0  # a live slurmd accepts a connection within milliseconds; a lost node never does
+SLURMD_TRIES = 2  # a refused or timed-out connect is tried once more, SLURMD_RETRY_S later
+SLURMD_RETRY_S = 0.25
+HELLO_LIMIT = 512  # bytes a rank sends in all (token, rank, node, bye)
 
 _held: list[socket.socket] = []
 
@@ -45,6 +53,7 @@ def hold(address: str | None, rank: str, node: str) -> None:
     it open). Best effort: no listener, no connection, and the rank goes on."""
     if not address or _held:
         return
+    os.environ.pop(LIVENESS_VARIABLE, None)  # not for the processes the rank starts: they are not its ranks
     where, _, token = address.rpartition(":")
     host, _, port = where.rpartition(":")
     try:
@@ -72,13 +81,29 @@ def _let_go_in_child() -> None:
     _held.clear()
 
 
-def node_answers(address: tuple[str, int], timeout_s: float = SLURMD_ANSWER_S) -> bool:
-    """Whether a TCP connection to the address (a node's slurmd) is accepted within timeout_s."""
-    try:
-        socket.create_connection(address, timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
+def node_answers(address: tuple[str, int], timeout_s: float = SLURMD_ANSWER_S, tries: int = SLURMD_TRIES) -> bool:
+    """Whether a TCP connection to the address (a node's slurmd) is accepted within timeout_s, in
+    one of `tries` tries."""
+    for attempt in range(tries):
+        try:
+            socket.create_connection(address, timeout=timeout_s).close()
+        except (OSError, UnicodeError):
+            if attempt + 1 < tries:
+                time.sleep(SLURMD_RETRY_S)
+            continue
+        return True
+    return False
+
+
+def unanswering(nodes: Iterable[str], addresses: Mapping[str, tuple[str, int]]) -> list[str]:
+    """The nodes whose slurmd does not answer (`node_answers`), all asked at once; a node whose
+    address is unknown is not said to be lost."""
+    from concurrent.futures import ThreadPoolExecutor  # the supervisor's side only: not in a rank's first instruction
+
+    asked = [node for node in nodes if node in addresses]
+    with ThreadPoolExecutor(max_workers=max(1, min(64, len(asked)))) as pool:
+        answers = list(pool.map(lambda node: node_answers(addresses[node]), asked))
+    return [node for node, answered in zip(asked, answers, strict=True) if not answered]
 
 
 def keep_alive(connection: socket.socket) -> None:
@@ -90,6 +115,18 @@ def keep_alive(connection: socket.socket) -> None:
             connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def raise_open_files_limit() -> None:
+    """The soft limit of open files up to the hard one (often 1024 against 1048576)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 class Listener:
     """The supervisor's side: accepts the ranks' connections and calls `on_closed(rank, node)`
     from its own thread once for each connection that closes or fails after a hello line with
@@ -99,6 +136,7 @@ class Listener:
     def __init__(self, on_closed: Callable[[str, str], None]) -> None:
         self.on_closed = on_closed
         self.token = secrets.token_hex(16)
+        raise_open_files_limit()  # a connection per rank: thousands at scale
         self.server = socket.create_server(("", 0), backlog=4096)
         self.server.setblocking(False)
         self.selector = selectors.DefaultSelector()
@@ -127,10 +165,16 @@ class Listener:
     def _accept(self) -> None:
         try:
             connection, _ = self.server.accept()
-        except OSError:
+        except OSError as err:
+            if err.errno in (errno.EMFILE, errno.ENFILE):  # the server stays readable: stop listening, not spin
+                self.selector.unregister(self.server)
+                print(f"hpc-toolkit: liveness: {err.strerror}: ranks connecting from now on are watched by their heartbeats only", file=sys.stderr)
             return
         connection.setblocking(False)
-        keep_alive(connection)
+        try:
+            keep_alive(connection)
+        except OSError:
+            pass  # the kernel's defaults, then
         self.peers[connection] = b""
         self.selector.register(connection, selectors.EVENT_READ, None)
 
@@ -149,7 +193,10 @@ class Listener:
         self.selector.unregister(connection)
         connection.close()
         if len(said) == 3 and said[0] == self.token and not self._closing.is_set():  # a hello, and no bye after it
-            self.on_closed(said[1], said[2])
+            try:
+                self.on_closed(said[1], said[2])
+            except Exception as err:  # noqa: BLE001 - the listener outlives any one rank's news
+                print(f"hpc-toolkit: liveness: rank {said[1]} on {said[2]}: {type(err).__name__}: {err}", file=sys.stderr)
 
     def close(self) -> None:
         self._closing.set()

@@ -100,6 +100,11 @@ class RunDir:
         return self.path / "heartbeats"
 
     @property
+    def outcomes(self) -> Path:
+        """Where each rank says how its part of a start ended (hpc.rank.outcomes)."""
+        return self.path / "outcomes"
+
+    @property
     def code(self) -> Path:
         return self.path / "code"
 

@@ -24,13 +24,12 @@ from hpc.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = "outcomes"
 POLL_S = 0.05  # the peers' markers: no event to wait on across processes (and nodes)
 START_SKEW_S = 2.0  # the ranks of one start begin within this of each other (mpirun, srun); a start's imports alone take longer
 
 
 def marker(run_dir: RunDir, rank: int) -> Path:
-    return run_dir.path / OUTCOMES / f"rank-{rank}.json"
+    return run_dir.outcomes / f"rank-{rank}.json"
 
 
 def error_line(err: BaseException) -> str:

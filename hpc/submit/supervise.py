@@ -62,7 +62,8 @@ from hpc.env import (
     restart_count,
     slurm_job_id,
 )
-from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers
+from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
+from hpc.rundir import RunDir
 
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
@@ -198,51 +199,56 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
     return sorted(lost, key=list(nodes).index)
 
 
-def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes]:
-    """SIGKILL, on each of `nodes`, the rank processes of the run dir (`python -m hpc.rank.main
-    RUN_DIR`), through a step of one task per node (--overlap: the ranks' step still holds the
-    CPUs in Slurm's books)."""
-    pattern = rf"-m hpc\.rank\.main {ere_literal(str(run_dir))}$"
-    return subprocess.Popen(
-        ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet"]
-        + ["pkill", "-KILL", "-f", "--", pattern],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes] | None:
+    """SIGKILL, on each of `nodes`, the rank processes of the run dir (a Python interpreter running
+    `-m hpc.rank.main RUN_DIR`: not srun's client nor a supervisor started by hand, whose command
+    lines end the same), through a step of one task per node (--overlap: the ranks' step still
+    holds the CPUs in Slurm's books). None when srun cannot be started."""
+    try:
+        return subprocess.Popen(
+            ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet"]
+            + ["pkill", "-KILL", "-f", "--", rank_pattern(run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
 
 
-def ere_literal(text: str) -> str:
-    """`text` as a POSIX extended regular expression matching it literally (pkill's patterns)."""
-    return "".join(f"\\{c}" if c in ".[]()*+?{}|^$\\" else c for c in text)
+def rank_pattern(run_dir: Path) -> str:
+    """pkill's pattern (a POSIX extended regular expression) for the run dir's rank processes."""
+    literal = "".join(f"\\{c}" if c in ".[]()*+?{}|^$\\" else c for c in str(run_dir))
+    return rf"^[^ ]*python[^ ]*( -[^ ]+)* -m hpc\.rank\.main {literal}$"
 
 
 class StepWatch:
     """Runs one srun and reads its stderr (passed on unchanged) for the first failed task."""
 
-    def __init__(self, command: list[str], env: Mapping[str, str], record: StepRecord, job_id: str = "local") -> None:
+    def __init__(
+        self, command: list[str], env: Mapping[str, str], record: StepRecord, job_id: str = "local", slurmd: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
         self.record = record
         self.job_id = job_id
         self.silent_after_s = float(env.get("HPCTK_HEARTBEAT_SILENT_S") or HEARTBEAT_SILENT_S)
         self.failed = threading.Event()
         self.lost: list[str] = []  # nodes a rank's closed connection pointed to and whose slurmd does not answer
-        self.answering: set[str] = set()
-        self.slurmd: dict[str, tuple[str, int]] = {}
+        self.slurmd = dict(slurmd or {})  # where each node's slurmd listens (slurmctl.slurmd_addresses)
         self.cancels: list[subprocess.Popen[bytes]] = []  # scancels of a lost node's step, answered after MessageTimeout
         self.died = False  # srun's first failed task died of a signal (Killed, Segmentation fault, ...), not an exit code
         self.listener = Listener(self._connection_closed)
-        self.process = subprocess.Popen(command, env={**env, LIVENESS_VARIABLE: self.listener.address}, stderr=subprocess.PIPE, text=True, errors="replace")
+        try:
+            self.process = subprocess.Popen(command, env={**env, LIVENESS_VARIABLE: self.listener.address}, stderr=subprocess.PIPE, text=True, errors="replace")
+        except BaseException:
+            self.listener.close()
+            raise
         self.reader = threading.Thread(target=self._read_stderr, daemon=True)
         self.reader.start()
 
     def _connection_closed(self, rank: str, node: str) -> None:
         """A rank's connection closed without a bye (hpc.liveness): its node is lost if its slurmd
         does not answer; otherwise the rank alone ended, and srun says how."""
-        if node in self.answering or node in self.lost:
-            return
-        self.slurmd = self.slurmd or slurmctl.slurmd_addresses()
         address = self.slurmd.get(node)
-        if address is None or node_answers(address):
-            self.answering.add(node)
+        if node in self.lost or address is None or node_answers(address):
             return
         self.lost.append(node)
         if not self.failed.is_set():
@@ -268,32 +274,45 @@ class StepWatch:
 
     def wait(self, allocation_nodes: Callable[[], list[str]], heartbeats: Callable[[], Path | None]) -> int:
         """srun's exit code. The step has failed when a rank's closed connection points to a lost
-        node (hpc.liveness: the step is ended at once), when srun reports a failed task, or when a
-        rank of this step stops rewriting its heartbeat (a hang). Then the nodes are probed; a
-        task that died of a signal has the step ended at once (its peers wait in a collective
-        that cannot end), else a step that has not ended KillWait + HUNG_STEP_MARGIN_S later
-        waits on a lost node: srun is killed (exit code -9)."""
+        node (hpc.liveness), when srun reports a failed task, or when a rank of this step stops
+        rewriting its heartbeat (a hang). A lost node, or a task dead of a signal, ends the step at
+        once (no collective of it can end), unless its ranks had begun to end (one of them said
+        how its part ended: rank 0 may still be writing the run's end, and gets srun's SIGTERM
+        and KillWait). Otherwise the nodes are probed, and a step that has not ended KillWait +
+        HUNG_STEP_MARGIN_S later waits on a lost node: srun is killed (exit code -9)."""
         while self.process.poll() is None:
-            if self.failed.wait(timeout=1.0) and self.lost:
-                time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch)
+            if not (self.failed.wait(timeout=1.0) or self._silent_rank(heartbeats())):
+                continue
+            run_dir = heartbeats()
+            run_dir = run_dir.parent if run_dir is not None else None
+            ending = run_dir is not None and self._ranks_ending(RunDir(run_dir))
+            if self.lost and not ending:
+                time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch), asked at once
+                self.lost += [n for n in unanswering([n for n in allocation_nodes() if n not in self.lost], self.slurmd) if n not in self.lost]
                 self.record.lost_nodes = list(self.lost)
-                self._end_step_now([n for n in allocation_nodes() if n not in self.lost], heartbeats())
+                self._end_step_now([n for n in allocation_nodes() if n not in self.lost], run_dir)
                 break
-            if self.failed.is_set() or self._silent_rank(heartbeats()):
-                probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
-                if self.died:
-                    self._end_step_now(allocation_nodes(), heartbeats())
-                elif self._hung(slurmctl.kill_wait_s(), probing):
-                    self.record.hung = True
-                    self.process.kill()
-                self.record.lost_nodes = probing.result()
-                break
+            if self.died and not ending:
+                self._end_step_now(allocation_nodes(), run_dir)  # before the probes: their steps must not get its SIGKILL
+            probing = ThreadWithResult(lambda: probe_nodes(allocation_nodes()))
+            if self._hung(slurmctl.kill_wait_s(), probing):
+                self.record.hung = True
+                self.process.kill()
+            self.record.lost_nodes = sorted({*probing.result(), *self.lost})
+            break
         code = self.process.wait()
         self.reader.join(timeout=5)
         self.listener.close()
         return code
 
-    def _end_step_now(self, live_nodes: list[str], heartbeats: Path | None) -> None:
+    def _ranks_ending(self, run_dir: RunDir) -> bool:
+        """Whether a rank of this step has said how its part ended (hpc.rank.outcomes)."""
+        try:
+            return any(path.stat().st_mtime >= self.record.launched for path in run_dir.outcomes.glob("rank-*.json"))
+        except OSError:
+            return False
+
+    def _end_step_now(self, live_nodes: list[str], run_dir: Path | None) -> None:
         """No collective of this step can end (a node lost, a rank dead): its tasks get SIGKILL at
         once, not srun's SIGTERM and KillWait (nothing they could save would commit), and srun,
         which waits for a lost node until Slurm declares it DOWN and for the step's end after
@@ -302,7 +321,7 @@ class StepWatch:
         nodes are also SIGKILLed by a one-task-per-node step of their own, waited for, so the next
         step's ranks never share the nodes' CPUs with the last one's."""
         self.cancels = slurmctl.kill_tasks_now(self.job_id) if self.job_id != "local" else []
-        killing = kill_ranks(live_nodes, heartbeats.parent) if heartbeats is not None and live_nodes else None
+        killing = kill_ranks(live_nodes, run_dir) if run_dir is not None and live_nodes else None
         try:
             self.process.wait(timeout=SRUN_AFTER_KILL_S)
         except subprocess.TimeoutExpired:
@@ -374,6 +393,7 @@ class Supervisor:
         self.max_restarts = int(env.get(ALLOCATION_RESTARTS_VARIABLE) or 0)
         self.needed_nodes = int(env.get(STEP_NODES_VARIABLE) or 0)
         self.cancels: list[subprocess.Popen[bytes]] = []
+        self.slurmd: dict[str, tuple[str, int]] = {}
 
     def marker(self, suffix: str) -> Path | None:
         return self.requests / f"{self.job_id}.{suffix}" if self.requests else None
@@ -417,6 +437,7 @@ class Supervisor:
                 f.write(json.dumps(asdict(record)) + "\n")
 
     def run(self) -> int:
+        self.slurmd = slurmctl.slurmd_addresses() if self.job_id != "local" else {}  # once: a lost node's is asked in a hurry
         excluded: list[str] = []
         restarts = without_progress = 0
         repeat_offender: str | None = None
@@ -424,7 +445,8 @@ class Supervisor:
             options = [*(["--overlap"] if restarts else []), *([f"--exclude={','.join(excluded)}"] if excluded else [])]
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
-            watch = StepWatch(with_options(self.srun, options), {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}, record, self.job_id)
+            env = {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}
+            watch = StepWatch(with_options(self.srun, options), env, record, self.job_id, self.slurmd)
             code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)), self.heartbeats)
             record.ended, record.exit_code = time.time(), code
             self.cancels = [cancel for cancel in [*self.cancels, *watch.cancels] if cancel.poll() is None]  # reaped as they end

@@ -18,11 +18,12 @@ from tests.support.runs import ROOT
 HOLDER = """
 import os, sys, time
 from hpc.liveness import hold
-hold(sys.argv[1], sys.argv[2], "node7")
-if sys.argv[3] == "fork" and os.fork() == 0:
+hold(sys.argv[1], sys.argv[2], sys.argv[4])
+child = os.fork() if sys.argv[3] == "fork" else -1
+if child == 0:
     time.sleep(60)  # a loader worker that outlives its rank for a while
     os._exit(0)
-print("holding", flush=True)
+print("holding", child, flush=True)
 if sys.argv[3] != "exit":
     time.sleep(60)
 """
@@ -38,11 +39,15 @@ class Told:
         self.event.set()
 
 
-def holder(address: str, rank: str, mode: str) -> subprocess.Popen[str]:
+def holder(address: str, rank: str, mode: str, node: str = "node7") -> subprocess.Popen[str]:
+    """A process holding a connection (mode fork: and a forked child of it, its pid in `.forked`)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, address, rank, mode], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, address, rank, mode, node], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True
     )
-    assert child.stdout is not None and child.stdout.readline() == "holding\n"
+    assert child.stdout is not None
+    said = child.stdout.readline().split()
+    assert said[0] == "holding", said
+    child.forked = int(said[1])  # type: ignore[attr-defined]
     return child
 
 
@@ -72,7 +77,8 @@ def test_a_killed_rank_is_told_at_once_and_a_forked_child_does_not_keep_it_alive
         assert max(at for _, _, at in told.closed) - sent < 1.0  # the kernel closed them: no timeout waited for
     finally:
         listener.close()
-        subprocess.run(["pkill", "-KILL", "-f", "a loader worker that outlives"], check=False)
+        if forked.forked > 0:  # type: ignore[attr-defined]
+            os.kill(forked.forked, signal.SIGKILL)  # type: ignore[attr-defined]
 
 
 def test_an_interpreter_that_ends_says_bye_and_is_not_told():
@@ -115,3 +121,25 @@ def test_a_slurmd_that_listens_answers_and_a_closed_port_does_not():
         address = ("127.0.0.1", server.getsockname()[1])
         assert node_answers(address, timeout_s=2)
     assert not node_answers(address, timeout_s=2)  # nothing listens there now: refused at once
+
+
+def test_a_step_whose_rank_closed_on_a_node_without_slurmd_is_ended_with_that_node_lost(tmp_path):
+    """StepWatch (hpc.submit.supervise) with a stand-in for srun: a rank's death on a node whose
+    slurmd answers is left to srun; one on a node whose slurmd does not is a lost node, and the
+    step is ended at once (srun killed) with that node, and only it, lost."""
+    from hpc.submit.supervise import StepRecord, StepWatch
+
+    with socket.create_server(("127.0.0.1", 0)) as live, socket.create_server(("127.0.0.1", 0)) as gone:
+        slurmd = {"node7": ("127.0.0.1", gone.getsockname()[1]), "node8": ("127.0.0.1", live.getsockname()[1])}
+    with socket.create_server(("127.0.0.1", slurmd["node8"][1])):  # node8's slurmd listens again; node7's never
+        record = StepRecord(start=0, attempt=0, nodes_excluded=[], launched=time.time())
+        watch = StepWatch(["sleep", "60"], dict(os.environ), record, "local", slurmd)
+        on8, on7 = holder(watch.listener.address, "3", "sleep", "node8"), holder(watch.listener.address, "1", "sleep", "node7")
+        on8.kill()
+        on8.wait()
+        assert not watch.failed.wait(1.0) and watch.lost == []  # node8 answers: the rank alone ended
+        on7.kill()
+        on7.wait()
+        code = watch.wait(lambda: ["node7", "node8"], lambda: None)
+    assert code == -signal.SIGKILL and record.hung and record.lost_nodes == ["node7"]
+    assert record.failure == "node node7 lost (rank 1's connection closed, its slurmd does not answer)"

@@ -232,17 +232,20 @@ def test_a_task_slurm_saw_killed_is_said_as_a_likely_out_of_memory_death(line, s
     assert supervise.failure_text(line) == said
 
 
-def test_a_run_dirs_pkill_pattern_matches_its_ranks_command_line_alone():
+def test_a_run_dirs_pkill_pattern_matches_its_ranks_command_line_alone(tmp_path):
     import subprocess as sp
 
-    from hpc.submit.supervise import ere_literal
+    from hpc.submit.supervise import rank_pattern
 
-    run_dir = "/runs/2026-12-02/08-52-37.811_train (a+b)[1]{2}^$|x\\y"
-    pattern = rf"-m hpc\.rank\.main {ere_literal(run_dir)}$"
+    run_dir = Path("/runs/2026-12-02/08-52-37.811_train (a+b)[1]{2}^$|x\\y")
+    rank = f"/usr/bin/python3.11 -u -m hpc.rank.main {run_dir}"
     lines = [
-        f"/usr/bin/python -u -m hpc.rank.main {run_dir}",
-        f"/usr/bin/python -u -m hpc.rank.main {run_dir}/other",
+        rank,
+        f"python -m hpc.rank.main {run_dir}",
+        f"{rank}/other",  # another run dir
         "python -m hpc.rank.main /runs/2026-12-02",
+        f"srun --unbuffered --mpi=pmix /usr/bin/python -u -m hpc.rank.main {run_dir}",  # the ranks' srun client
+        f"python -m hpc.submit.supervise srun --mpi=pmix python -u -m hpc.rank.main {run_dir}",  # a supervisor started by hand
     ]
-    found = sp.run(["grep", "-E", "--", pattern], input="\n".join(lines) + "\n", capture_output=True, text=True)
-    assert found.stdout.splitlines() == lines[:1]
+    found = sp.run(["grep", "-E", "--", rank_pattern(run_dir)], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    assert found.stdout.splitlines() == lines[:2]
