@@ -19,8 +19,8 @@ that are no failure. Paths compared (R):
 - requeue: the job requeued, plus Slurm's requeue hold (2 min by default) and no queue wait;
 - before:  the spare path as measured on 2026-11-25 (29.7 s), before detection by exit.
 R is what the simulated Slurm (2 nodes x 2 ranks) measured; at thousands of GPUs start-up
-(rendezvous, NCCL's communicators) grows: `--scale-up-s` adds that to every path (0 by default;
-a table with it is printed too).
+(rendezvous, NCCL's communicators) grows: a second table (and the plot's dashed lines) add
+`--scale-up-s` (60 s by default; 0: none) to every path.
 """
 
 from __future__ import annotations

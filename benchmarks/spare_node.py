@@ -2,7 +2,7 @@
 """A lost node with one spare node against the requeue path, and a rank's crash, same job, on the
 simulated Slurm.
 
-    python benchmarks/spare_node.py [--rounds 5] [--paths spare,requeue,crash]
+    python benchmarks/spare_node.py [--rounds N (2)] [--paths spare,requeue,crash]
 
 Each trial submits a 2-node x 2-rank job, waits for step 8 and a committed checkpoint, and
 SIGKILLs everything on a node of the step that is not the batch host (scripts/slurm-sim.sh
