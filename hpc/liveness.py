@@ -35,7 +35,7 @@ LIVENESS_VARIABLE = "HPCTK_LIVENESS"  # host:port:token of the step supervisor's
 # subnet manager's sweep, a bond's failover) closes nothing.
 KEEPALIVE_S = (5, 2, 5)
 SLURMD_ANSWER_S = 2.0  # a live slurmd accepts a connection within milliseconds; a lost node never does
-SLURMD_TRIES = 2  # a refused or timed-out connect is tried once more, SLURMD_RETRY_S later
+SLURMD_TRIES = 2  # a timed-out connect is tried once more, SLURMD_RETRY_S later
 SLURMD_RETRY_S = 0.25
 HELLO_LIMIT = 512  # bytes a rank sends in all (token, rank, node, bye)
 
@@ -82,12 +82,15 @@ def _let_go_in_child() -> None:
 
 
 def node_answers(address: tuple[str, int], timeout_s: float = SLURMD_ANSWER_S, tries: int = SLURMD_TRIES) -> bool:
-    """Whether a TCP connection to the address (a node's slurmd) is accepted within timeout_s, in
-    one of `tries` tries."""
+    """Whether a TCP connection to the address (a node's slurmd) is accepted within timeout_s. A
+    refused one is an answer of its host with no slurmd (no step can start there); a timed-out
+    one is tried again, `tries` times in all (a blip on the way)."""
     for attempt in range(tries):
         try:
             socket.create_connection(address, timeout=timeout_s).close()
-        except (OSError, UnicodeError):
+        except (ConnectionRefusedError, UnicodeError):
+            return False
+        except OSError:
             if attempt + 1 < tries:
                 time.sleep(SLURMD_RETRY_S)
             continue

@@ -77,10 +77,8 @@ HEARTBEAT_SILENT_S = 15.0
 PROBE_S = 30.0
 PROBE_FLOOR_S = 8.0
 PROBE_SLOWER = 4.0
-# A node lost (hpc.liveness): the other nodes lost with it are gathered this long. A step that
-# cannot go on (a node lost, a rank dead): srun gets this long to end once its tasks were SIGKILLed
-# (it waits for a lost node's, and for the step's end in Slurm's books, KillWait, otherwise).
-LOST_TOGETHER_S = 0.3
+# A step that cannot go on (a node lost, a rank dead): srun gets this long to end once its tasks
+# were SIGKILLed (it waits for a lost node's, and for the step's end in Slurm's books, KillWait, otherwise).
 SRUN_AFTER_KILL_S = 0.5
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
 # srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
@@ -286,8 +284,7 @@ class StepWatch:
             run_dir = heartbeats()
             run_dir = run_dir.parent if run_dir is not None else None
             ending = run_dir is not None and self._ranks_ending(RunDir(run_dir))
-            if self.lost and not ending:
-                time.sleep(LOST_TOGETHER_S)  # the other nodes lost in the same moment (a rack, a switch), asked at once
+            if self.lost and not ending:  # the other nodes lost in the same moment (a rack, a switch), asked at once
                 self.lost += [n for n in unanswering([n for n in allocation_nodes() if n not in self.lost], self.slurmd) if n not in self.lost]
                 self.record.lost_nodes = list(self.lost)
                 self._end_step_now([n for n in allocation_nodes() if n not in self.lost], run_dir)
