@@ -141,7 +141,9 @@ def test_a_hugging_face_trainer_through_hpc_hf_resumes_exactly_across_epochs(tmp
 
 
 def test_a_run_handle_script_with_batchnorm_on_our_engine_resumes_exactly(tmp_path):
-    script_args = ["--sync", "ours", "--batchnorm", "--steps", "60"]
+    # 20 ms a step: the kill after the save at step 50 has 0.2 s to land before the run's end (a
+    # loaded machine once let the 10 bare steps finish first: no kill, nothing to check it by)
+    script_args = ["--sync", "ours", "--batchnorm", "--steps", "60", "--step-seconds", "0.02"]
     code, line = verify(tmp_path, f"script={HANDLE}", "resources.tasks_per_node=2", "verify.stops=1", script_args=script_args)
     assert code == 0 and line.startswith("verify: PASS: "), line
     assert landed(line)[1] is not None and "not compared" in line  # the script seeds neither Python's nor numpy's stream: said

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,17 @@ def test_mlflow_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, m
     assert runs[0].data.params["optim.lr"] == "0.1" and runs[0].data.params["optim.name"] == "sgd"
 
 
+def poll_for(found: Callable[[], list[Path]], timeout_s: float = 30) -> Path:
+    """The one path `found()` gives, once it gives one: wandb-core writes a stopped start's
+    records after the start returned (a stop does not wait for them)."""
+    deadline = time.monotonic() + timeout_s
+    while not (paths := found()):
+        assert time.monotonic() < deadline, "no start's W&B files hold its records"
+        time.sleep(0.05)
+    (path,) = paths
+    return path
+
+
 @pytest.fixture
 def wandb_dir(tmp_path, monkeypatch) -> Path:
     """W&B offline; its files under the dir returned. W&B reads WANDB_DIR once per process (at
@@ -103,7 +115,7 @@ def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_
     start(run_dir, ["wandb"], range(5, 9), 0.0, "STOPPED")
     # Then the job was killed with wandb-core holding the second start's records: its files
     # hold nothing, and no clean finish confirmed them.
-    (second,) = [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
+    second = poll_for(lambda: [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]])
     (second / f"run-{run_id}.wandb").write_bytes(b":W&B\xe1\xbe\x00")
     (run_dir / TRACKERS_FILE).write_text(json.dumps({"wandb": {"id": run_id, "through": 4}}))
     assert last_step(run_dir / "steps.jsonl") == 8
@@ -134,7 +146,7 @@ def test_wandb_offline_steps_a_killed_start_wrote_are_not_given_again(tmp_path, 
     start(run_dir, ["wandb"], range(5, 13), 0.0, "STOPPED")
     # Then killed before finish() returned: no clean finish confirmed 5-12, and the log was cut
     # partway through the record of one of them.
-    (second,) = [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]]
+    second = poll_for(lambda: [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]])
     log = second / f"run-{run_id}.wandb"
     data = log.read_bytes()
     whole_through_9 = next(size for size in range(len(data)) if last_step_written([write(tmp_path / "cut", data[:size])]) == 9)
