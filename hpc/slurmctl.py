@@ -154,14 +154,21 @@ def start_now(job_id: str) -> str | None:
     return None if code == 0 else err.strip() or f"exit code {code}"
 
 
-def kill_wait_s(default: float = 30.0) -> float:
-    """The cluster's KillWait: how long a step's tasks get between SIGTERM and SIGKILL."""
-    code, out, _ = _run(["scontrol", "show", "config"])
+def config_value(name: str, timeout_s: float = 60) -> str | None:
+    """The first word of a setting in `scontrol show config` ("KillWait = 30 sec": "30"); None
+    when Slurm does not say."""
+    code, out, _ = _run(["scontrol", "show", "config"], timeout_s)
     for line in out.splitlines() if code == 0 else []:
         key, _, value = line.partition("=")
-        if key.strip() == "KillWait" and value.split() and value.split()[0].isdigit():
-            return float(value.split()[0])
-    return default
+        if key.strip() == name and value.split():
+            return value.split()[0]
+    return None
+
+
+def kill_wait_s(default: float = 30.0) -> float:
+    """The cluster's KillWait: how long a step's tasks get between SIGTERM and SIGKILL."""
+    value = config_value("KillWait")
+    return float(value) if value is not None and value.isdigit() else default
 
 
 def slurmd_addresses() -> dict[str, tuple[str, int]]:
@@ -169,19 +176,13 @@ def slurmd_addresses() -> dict[str, tuple[str, int]]:
     shows no Port: the cluster's SlurmdPort), by node name; one call for the whole cluster."""
     code, out, _ = _run(["scontrol", "show", "node", "-o"], 10)
     nodes = [parse_job_fields(line) for line in out.splitlines()] if code == 0 else []
-    default = slurmd_port() if any("Port" not in fields for fields in nodes) else None
+    default = config_value("SlurmdPort", 10) if any("Port" not in fields for fields in nodes) else None
     found = {}
     for fields in nodes:
         port = fields.get("Port") or default
         if fields.get("NodeName") and fields.get("NodeAddr") and port and port.isdigit():
             found[fields["NodeName"]] = (fields["NodeAddr"], int(port))
     return found
-
-
-def slurmd_port() -> str | None:
-    code, out, _ = _run(["scontrol", "show", "config"], 10)
-    found = [line.partition("=")[2].strip() for line in out.splitlines() if line.split("=")[0].strip() == "SlurmdPort"] if code == 0 else []
-    return found[0] if found else None
 
 
 def hostnames(node_list: str) -> list[str]:

@@ -167,14 +167,7 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
     """The nodes of `nodes` that fail a one-task step, or do not end it by `probe_deadline`; all
     probed at once."""
     began = time.monotonic()
-    pending = {
-        node: subprocess.Popen(
-            ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", f"--nodelist={node}", "--overlap", "--quiet", "true"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for node in nodes
-    }
+    pending = {node: subprocess.Popen(task_per_node([node], "true"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for node in nodes}
     answered_after: list[float] = []
     lost = []
     while pending:
@@ -203,14 +196,16 @@ def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes] |
     lines end the same), through a step of one task per node (--overlap: the ranks' step still
     holds the CPUs in Slurm's books). None when srun cannot be started."""
     try:
-        return subprocess.Popen(
-            ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet"]
-            + ["pkill", "-KILL", "-f", "--", rank_pattern(run_dir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        return subprocess.Popen(task_per_node(nodes, "pkill", "-KILL", "-f", "--", rank_pattern(run_dir)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
+
+
+def task_per_node(nodes: Sequence[str], *command: str) -> list[str]:
+    """An srun line running `command` once on each of `nodes`, beside the ranks' step (--overlap:
+    a hung step still holds its CPUs in Slurm's books)."""
+    count = len(nodes)
+    return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", *command]
 
 
 def rank_pattern(run_dir: Path) -> str:
@@ -281,13 +276,14 @@ class StepWatch:
         while self.process.poll() is None:
             if not (self.failed.wait(timeout=1.0) or self._silent_rank(heartbeats())):
                 continue
-            run_dir = heartbeats()
-            run_dir = run_dir.parent if run_dir is not None else None
-            ending = run_dir is not None and self._ranks_ending(RunDir(run_dir))
-            if self.lost and not ending:  # the other nodes lost in the same moment (a rack, a switch), asked at once
-                self.lost += [n for n in unanswering([n for n in allocation_nodes() if n not in self.lost], self.slurmd) if n not in self.lost]
+            folder = heartbeats()
+            run_dir = folder.parent if folder is not None else None
+            ending = bool(self.lost or self.died) and run_dir is not None and self._ranks_ending(RunDir(run_dir))
+            if self.lost and not ending:
+                others = [n for n in allocation_nodes() if n not in self.lost]
+                self.lost += unanswering(others, self.slurmd)  # the other nodes lost in the same moment (a rack, a switch), asked at once
                 self.record.lost_nodes = list(self.lost)
-                self._end_step_now([n for n in allocation_nodes() if n not in self.lost], run_dir)
+                self._end_step_now([n for n in others if n not in self.lost], run_dir)
                 break
             if self.died and not ending:
                 self._end_step_now(allocation_nodes(), run_dir)  # before the probes: their steps must not get its SIGKILL
