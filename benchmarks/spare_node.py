@@ -40,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import SIM, newest_committed_step, nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
 from hpc.interruptions import TIMELINE  # noqa: E402
-from hpc.rundir import read_jsonl  # noqa: E402
+from hpc.rundir import RunDir, read_jsonl  # noqa: E402
 from hpc.slurmctl import job_fields, job_state  # noqa: E402
+from trainers.watchdog import heartbeat_file  # noqa: E402
 
 PATHS = ("spare", "requeue", "crash")
 JOB = (
@@ -88,7 +89,7 @@ def trial(work: Path, path: str) -> dict:
     lost = sorted(step_nodes(run_dir) - {job_fields(job_id)["BatchHost"]})[0]
     killed_at = time.time()
     if path == "crash":
-        os.kill(int(json.loads((run_dir / "heartbeats" / "rank-00001.json").read_text())["pid"]), signal.SIGKILL)
+        os.kill(int(json.loads(heartbeat_file(RunDir(run_dir).heartbeats, 1).read_text())["pid"]), signal.SIGKILL)
     else:
         subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     before = max(row["step"] for row in step_rows(run_dir) if row["time"] <= killed_at)
