@@ -262,3 +262,10 @@ def cancel(job_id: str, signal: str | None = None) -> str | None:
     send_user_signal does); returns the error text, or None."""
     code, _, err = _run(["scancel", *([f"--signal={signal}"] if signal else []), job_id])
     return None if code == 0 else err.strip() or f"exit code {code}"
+
+
+def task_per_node(nodes: Sequence[str], *command: str) -> list[str]:
+    """An srun line running `command` once on each of `nodes`, beside the ranks' step (--overlap:
+    a hung step still holds its CPUs in Slurm's books)."""
+    count = len(nodes)
+    return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", *command]

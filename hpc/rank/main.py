@@ -15,6 +15,11 @@ if __name__ == "__main__":  # srun, mpirun, a hand-typed sbatch script: no stop 
     from hpc.rank.signals import catch_stop_signals, report_fatal_signals
 
     catch_stop_signals()
+    import os as _os
+
+    from hpc.rank.warm import hand_over
+
+    hand_over(_os.environ, "hpc.rank.main")  # a fork of the node's warm process is the rank; returns where none took it
     report_fatal_signals()
     from hpc.liveness import hold_from_env
 
@@ -45,6 +50,7 @@ from hpc.rank.services import attached_to_terminal, run_milestones, start_watchd
 from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
 from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
+from hpc.rank.warm import forked_line
 from hpc.rundir import RunDir, read_jsonl
 from hpc.runlock import hold_rank, release_all
 from trainers.faults import FAULTS, FaultLatch, StorageFailure, storage_error
@@ -158,6 +164,8 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         )
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
+        if forked_line() is not None:
+            log.info("%s", forked_line())
         if job.script is not None:  # the user's own script instead of the built-in loop
             return script_to_end(job, run_dir, rank, stop)
         node_position = ring_position(job, rank)

@@ -58,12 +58,14 @@ from hpc.env import (
     REQUEST_DIR_VARIABLE,
     STEP_ATTEMPT_VARIABLE,
     STEP_NODES_VARIABLE,
+    WARM_RANKS_VARIABLE,
     job_node_list,
     restart_count,
     slurm_job_id,
 )
 from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
 from hpc.rundir import RunDir
+from hpc.submit.warmnodes import WarmNodes, warm_program
 
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
@@ -167,7 +169,7 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
     """The nodes of `nodes` that fail a one-task step, or do not end it by `probe_deadline`; all
     probed at once."""
     began = time.monotonic()
-    pending = {node: subprocess.Popen(task_per_node([node], "true"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for node in nodes}
+    pending = {node: subprocess.Popen(slurmctl.task_per_node([node], "true"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for node in nodes}
     answered_after: list[float] = []
     lost = []
     while pending:
@@ -196,16 +198,9 @@ def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes] |
     lines end the same), through a step of one task per node (--overlap: the ranks' step still
     holds the CPUs in Slurm's books). None when srun cannot be started."""
     try:
-        return subprocess.Popen(task_per_node(nodes, "pkill", "-KILL", "-f", "--", rank_pattern(run_dir)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(slurmctl.task_per_node(nodes, "pkill", "-KILL", "-f", "--", rank_pattern(run_dir)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
-
-
-def task_per_node(nodes: Sequence[str], *command: str) -> list[str]:
-    """An srun line running `command` once on each of `nodes`, beside the ranks' step (--overlap:
-    a hung step still holds its CPUs in Slurm's books)."""
-    count = len(nodes)
-    return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", *command]
 
 
 def rank_pattern(run_dir: Path) -> str:
@@ -430,7 +425,25 @@ class Supervisor:
                 f.write(json.dumps(asdict(record)) + "\n")
 
     def run(self) -> int:
+        warm = self.start_warm_nodes()
+        try:
+            return self.run_steps(warm)
+        finally:
+            if warm is not None:
+                warm.stop()
+
+    def start_warm_nodes(self) -> WarmNodes | None:
+        """Every node's warm process (hpc.rank.warm), spares included, where the job wants them
+        and its ranks run this machine's Python (not a container's)."""
+        program = warm_program(self.srun)
+        if self.job_id == "local" or self.env.get(WARM_RANKS_VARIABLE, "1") != "1" or program is None:
+            return None
+        return WarmNodes(self.allocation_nodes(), program, self.env)
+
+    def run_steps(self, warm: WarmNodes | None) -> int:
         self.slurmd = slurmctl.slurmd_addresses() if self.job_id != "local" else {}  # once: a lost node's is asked in a hurry
+        if warm is not None:
+            warm.wait_ready()
         excluded: list[str] = []
         restarts = without_progress = 0
         repeat_offender: str | None = None
@@ -438,7 +451,7 @@ class Supervisor:
             options = [*(["--overlap"] if restarts else []), *([f"--exclude={','.join(excluded)}"] if excluded else [])]
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
-            env = {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts)}
+            env = {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts), **(warm.env() if warm is not None else {})}
             watch = StepWatch(with_options(self.srun, options), env, record, self.job_id, self.slurmd)
             code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)), self.heartbeats)
             record.ended, record.exit_code = time.time(), code

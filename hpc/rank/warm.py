@@ -1,0 +1,378 @@
+"""Warm ranks: one process per node of a Slurm job imports what a rank imports (torch, the
+toolkit) once, before any rank needs it, and forks a rank from that state when one starts.
+
+    python -u -m hpc.rank.warm      (one per node, each in a one-task srun step: hpc.submit.warmnodes)
+
+The ranks' step starts as always (`srun ... python -m hpc.rank.main RUN_DIR`). Each of its tasks
+is then a small client (the first lines of hpc.rank.main, standard library only): it hands its
+node's warm process its environment, working directory, arguments, CPU set, umask and standard
+streams, and the warm process forks; the fork is the rank, with the client's place in the job
+(its SLURM_*, PMIx and liveness variables: MPI is first initialised in the fork). The client
+passes every signal it gets on to the rank, and ends as the rank ended (its exit code, or killed
+by the same signal), so srun, Slurm and the step supervisor see what they saw before. A rank
+started again in the allocation (a crash, a lost node's ranks on the spare) costs a fork and MPI's
+start instead of an interpreter and its imports; at the job's start, one import per node instead
+of one per rank. Where no warm process answers, the client starts the rank itself (cold).
+
+Why one step per node: Slurm ends a step whose node fails, with every process forked in it, on
+all of its nodes; a rank forked on a node that lives must not go with a node that died.
+
+Only the job's own ranks get a fork: the socket is abstract (Linux), named for the user, the job
+and the node, a client must be the same user (SO_PEERCRED), and its request must carry the
+job's token, which only the ranks' environment holds (HPCTK_WARM).
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import contextlib
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from hpc.env import slurm_job_id, slurm_task
+from hpc.rank import signals as rank_signals
+
+WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's step is handed to the node's warm process
+# What a rank imports before its first step, whatever it trains: imported once per node. Nothing
+# here may start a Python thread or initialise MPI (mpi4py.MPI): a fork would inherit half of it.
+WARM_MODULES = (
+    "torch",
+    "numpy",
+    "omegaconf",
+    "hpc.rank.main",
+    "hpc.config.schema",
+    "collectives",
+    "collectives.backends",
+    "trainers.preemption",
+    "trainers.context",
+    "trainers.loop",
+    "trainers.models",
+    "trainers.checkpoint",
+    "trainers.data",
+    "trainers.tasks",
+    "hpc.rank.script",
+)
+REQUEST_LIMIT = 4 << 20  # bytes: an environment and arguments, never more
+REQUEST_S = 5.0  # a client says what it wants at once: one that does not is dropped
+# A client waits this long for its rank's pid (the warm process forks one client after another),
+# then starts the rank itself; a fork that comes later sees its client gone and ends.
+HANDSHAKE_S = 30.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGCONT, signal.SIGALRM)
+_HEADER = struct.Struct("!I")
+_forked_at: list[float] = []  # in a fork: when it was made (the rank's log says so: forked_line)
+
+
+def address(env: Mapping[str, str]) -> str | None:
+    """The abstract socket name of this node's warm process for this job; None outside Slurm."""
+    job = slurm_job_id(env)
+    if job is None:
+        return None
+    node = slurm_task(env)[1]
+    return f"\0hpctk-warm.{os.getuid()}.{job}.{node}"
+
+
+# The client: a task of the ranks' step.
+
+
+def hand_over(env: Mapping[str, str], module: str) -> None:
+    """Run `module` (hpc.rank.main) as a fork of this node's warm process, and end as it ends.
+    Returns only when no warm process took the rank: the caller then starts it itself."""
+    token, name = env.get(WARM_VARIABLE), address(env)
+    if not token or name is None:
+        return
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(name)
+        client.settimeout(HANDSHAKE_S)
+        request = {
+            "token": token,
+            "module": module,
+            "argv": sys.argv,
+            "env": {k: v for k, v in env.items() if k != WARM_VARIABLE},
+            "cwd": os.getcwd(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "umask": _umask(),
+            "started": rank_signals.PROCESS_STARTED,
+        }
+        payload = json.dumps(request).encode()
+        client.sendmsg([_HEADER.pack(len(payload)) + payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        reader = client.makefile("r", encoding="utf-8")
+        first = reader.readline().split()
+        client.settimeout(None)
+    except OSError:
+        client.close()
+        return  # no warm process on this node (not started, ended, refused): a cold start
+    if len(first) != 2 or first[0] != "pid":
+        client.close()
+        return
+    _follow(int(first[1]), reader)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _follow(pid: int, reader: Any) -> NoReturn:
+    """Pass signals on to the rank `pid` and end as it ends ('exit N' from the rank, 'signal N'
+    from the warm process that reaped it; nothing: killed with its node's warm process)."""
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    early = rank_signals.caught_early()  # caught before the rank had a pid
+    if early is not None:
+        forward(signal.Signals[early[0]], None)
+    try:
+        words = reader.readline().split()
+    except OSError:
+        words = []
+    sys.stdout.flush()
+    if len(words) == 2 and words[0] == "exit":
+        os._exit(int(words[1]))
+    died_of = int(words[1]) if len(words) == 2 and words[0] == "signal" else signal.SIGKILL
+    if died_of not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(died_of, signal.SIG_DFL)
+    os.kill(os.getpid(), died_of)
+    os._exit(128 + died_of)
+
+
+# The warm process: one per node.
+
+
+def serve(env: Mapping[str, str]) -> int:
+    """Import WARM_MODULES, listen, say `ready NODE SECONDS` on stdout, and fork a rank for each
+    client until the step ends (SIGTERM, or srun's SIGKILL)."""
+    name, token = address(env), env.get(WARM_VARIABLE)
+    node = slurm_task(env)[1]
+    if name is None or not token:
+        print(f"hpc-warm: failed {node}: not a Slurm job step with {WARM_VARIABLE} set", flush=True)
+        return 2
+    began = time.monotonic()
+    try:
+        for module in WARM_MODULES:
+            importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
+        print(f"hpc-warm: failed {node}: importing {module}: {type(err).__name__}: {err}", flush=True)
+        return 1
+    # Python threads would be lost in the fork holding whatever locks they held. Native pools
+    # (OpenBLAS's, started by numpy's import) are re-made in a fork by their own atfork handlers.
+    if threading.active_count() != 1 or "mpi4py.MPI" in sys.modules:
+        print(f"hpc-warm: failed {node}: {threading.active_count()} Python threads, mpi4py.MPI imported: {'mpi4py.MPI' in sys.modules}", flush=True)
+        return 1
+    gc.freeze()  # the imports' objects stay where they are: a fork's collections do not copy their pages
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(256)
+    server = WarmServer(listener, token)
+    print(f"hpc-warm: ready {node} {time.monotonic() - began:.2f}", flush=True)
+    server.run()
+    return 0
+
+
+class WarmServer:
+    """The warm process's loop: accept a client, fork its rank, tell the client of a rank that
+    died of a signal (woken by SIGCHLD: a killed rank's step ends at once)."""
+
+    def __init__(self, listener: socket.socket, token: str) -> None:
+        self.listener, self.token = listener, token
+        self.children: dict[int, socket.socket] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+
+    def run(self) -> NoReturn:
+        while True:
+            readable, _, _ = select.select([self.listener, self.wake_r], [], [])
+            if self.wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 4096)
+            if self.listener in readable:
+                self.accept()
+            self.reap()
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        try:
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            if uid != os.getuid():
+                raise ValueError(f"a client of uid {uid}")
+            conn.settimeout(REQUEST_S)
+            request, fds = _read_request(conn)
+            if request.get("token") != self.token or len(fds) != 3:
+                raise ValueError("a request without the job's token and three streams")
+            pid = os.fork()
+        except (OSError, ValueError) as err:
+            print(f"hpc-warm: a request refused: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        if pid == 0:
+            self.leave()
+            _become_rank(conn, request, fds)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+
+    def leave(self) -> None:
+        """In the fork: nothing of the warm process's loop stays open or armed."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        self.listener.close()
+        for other in self.children.values():
+            other.close()
+
+    def reap(self) -> None:
+        """Tell the client of each rank that died of a signal (one that exits says so itself)."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"signal {os.WTERMSIG(status)}\n".encode())
+            conn.close()
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    fds = array.array("i")
+    data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    received = list(fds)
+    try:
+        if len(data) < _HEADER.size:
+            raise ValueError("a request cut short")
+        (size,) = _HEADER.unpack(data[: _HEADER.size])
+        if size > REQUEST_LIMIT:
+            raise ValueError(f"a request of {size} bytes")
+        body = bytearray(data[_HEADER.size :])
+        while len(body) < size:
+            chunk = conn.recv(min(1 << 20, size - len(body)))
+            if not chunk:
+                raise ValueError("a request cut short")
+            body += chunk
+        request = json.loads(bytes(body))
+        if not isinstance(request, dict):
+            raise ValueError("a request that is not an object")
+        return request, received
+    except (OSError, ValueError):
+        for fd in received:
+            os.close(fd)
+        raise
+
+
+# The fork: the rank.
+
+
+def forked_line() -> str | None:
+    """The rank's log line saying it is a fork of its node's warm process; None for a cold start."""
+    if not _forked_at:
+        return None
+    return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after srun started the task"
+
+
+def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
+    """Take the client's place (streams, environment, directory, CPUs), run the rank's module as
+    `python -m` would, and end the process with its exit code, told to the client first."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # its own group: the rank and its loader workers end together
+        rank_signals.catch_stop_signals()  # before the client learns the pid and passes signals on
+        _forked_at.append(time.time())
+        rank_signals.PROCESS_STARTED = float(request.get("started") or _forked_at[0])
+        for fd, target in zip(fds, (0, 1, 2), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+        os.chdir(str(request["cwd"]))
+        os.umask(int(request["umask"]))
+        os.sched_setaffinity(0, [int(cpu) for cpu in request["cpus"]])
+        sys.argv = [str(arg) for arg in request["argv"]]
+        conn.settimeout(None)
+        conn.sendall(f"pid {os.getpid()}\n".encode())
+        threading.Thread(target=_end_with_client, args=(conn,), daemon=True, name="hpc-warm-client").start()
+        code = _run_module(str(request["module"]))
+    except BaseException:  # noqa: BLE001 - the fork must never return into the warm process's loop
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.sendall(f"exit {code}\n".encode())
+    finally:
+        os._exit(code)
+
+
+def _run_module(module: str) -> int:
+    """`python -m module`'s exit code: SystemExit's, 1 after an uncaught exception (its traceback
+    on stderr), 130 after Ctrl-C."""
+    import runpy
+
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        if done.code is None or isinstance(done.code, int):
+            return int(done.code or 0)
+        print(done.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit code 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _end_with_client(conn: socket.socket) -> None:
+    """The client is srun's task: when it is gone (Slurm killed the step), so is the rank."""
+    try:
+        while conn.recv(1):
+            pass
+    except OSError:
+        pass
+    os.killpg(0, signal.SIGKILL)
+
+
+def main() -> int:
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # a stray batch signal is not the warm process's end
+        signal.signal(sig, signal.SIG_IGN)
+    return serve(os.environ)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The warm processes of a Slurm job's nodes (hpc.rank.warm), as the step supervisor starts and
+ends them: one one-task srun step per node of the allocation, spares included, started before
+the ranks' first step and kept for the job's life, so a rank started again in the allocation is
+a fork of a process that has torch imported (hpc.submit.supervise).
+
+One step per node, not one for all: Slurm ends a step whose node fails, with every process forked
+in it on every node, and the ranks a warm process forked on a live node must outlive a lost one.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hpc.rank.warm import WARM_VARIABLE
+from hpc.slurmctl import task_per_node
+
+READY_S = 60.0  # the first step waits this long for the warm processes; then those not ready start cold
+
+
+def warm_program(srun: Sequence[str]) -> list[str] | None:
+    """The warm process's command for the ranks' srun line (`... PYTHON -u -m hpc.rank.main
+    RUN_DIR`): the same interpreter. None for a line that runs the ranks through a container
+    runtime or any other wrapper (their ranks start cold)."""
+    words = list(srun)
+    try:
+        at = words.index("hpc.rank.main")
+    except ValueError:
+        return None
+    if at < 3 or words[at - 1] != "-m" or words[at - 2] != "-u":
+        return None
+    python = words[at - 3]
+    if not (Path(python).is_absolute() and Path(python).name.startswith("python")):
+        return None
+    return [python, "-u", "-m", "hpc.rank.warm"]
+
+
+class WarmNodes:
+    """The warm steps of `nodes`, each read for its `ready`/`failed` line."""
+
+    def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str]) -> None:
+        self.token = secrets.token_hex(16)
+        self.ready: dict[str, float] = {}  # node -> seconds its imports took
+        self.failed: dict[str, str] = {}  # node -> the warm process's one line
+        self.steps: dict[str, subprocess.Popen[str]] = {}
+        self._changed = threading.Condition()
+        step_env = {**env, WARM_VARIABLE: self.token}
+        for node in nodes:
+            try:
+                step = subprocess.Popen(task_per_node([node], *program), env=step_env, stdout=subprocess.PIPE, text=True, errors="replace")
+            except OSError as err:
+                self.failed[node] = f"srun: {err}"
+                continue
+            self.steps[node] = step
+            threading.Thread(target=self._read, args=(node, step), daemon=True, name=f"warm-{node}").start()
+
+    def _read(self, node: str, step: subprocess.Popen[str]) -> None:
+        assert step.stdout is not None
+        for line in step.stdout:
+            words = line.split()
+            with self._changed:
+                if words[:2] == ["hpc-warm:", "ready"] and len(words) >= 4:
+                    self.ready[node] = float(words[3])
+                elif words[:2] == ["hpc-warm:", "failed"]:
+                    self.failed[node] = line.strip()
+                self._changed.notify_all()
+        step.wait()
+        with self._changed:
+            self.ready.pop(node, None)
+            self.failed.setdefault(node, f"its warm step ended (srun exit {step.returncode})")
+            self._changed.notify_all()
+
+    def wait_ready(self, timeout_s: float = READY_S) -> None:
+        """Until every node's warm process is ready or has failed, at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while set(self.steps) - set(self.ready) - set(self.failed):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            for line in sorted(set(self.failed.values())):
+                print(f"hpc-toolkit: warm ranks: {line}; the ranks there start cold", file=sys.stderr, flush=True)
+
+    def env(self) -> dict[str, str]:
+        """What the ranks' step adds to its environment: the token, where a warm process is ready."""
+        with self._changed:
+            return {WARM_VARIABLE: self.token} if self.ready else {}
+
+    def stop(self) -> None:
+        """End every warm step (srun passes SIGTERM on); those that do not end in 2 s are killed."""
+        for step in self.steps.values():
+            if step.poll() is None:
+                step.terminate()
+        deadline = time.monotonic() + 2.0
+        for step in self.steps.values():
+            try:
+                step.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                step.kill()
+                step.wait()
