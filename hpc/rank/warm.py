@@ -161,7 +161,7 @@ def _follow(pid: int, reader: Any) -> NoReturn:
 
 def serve(env: Mapping[str, str]) -> int:
     """Import WARM_MODULES, listen, say `ready NODE SECONDS` on stdout, and fork a rank for each
-    client until the step ends (SIGTERM, or srun's SIGKILL)."""
+    client until the standard input ends (the supervisor is done) or the step does."""
     name, token = address(env), env.get(WARM_VARIABLE)
     node = slurm_task(env)[1]
     if name is None or not token:
@@ -202,9 +202,12 @@ class WarmServer:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
-    def run(self) -> NoReturn:
+    def run(self) -> None:
+        """Until the supervisor closes this step's standard input (srun passes the close on)."""
         while True:
-            readable, _, _ = select.select([self.listener, self.wake_r], [], [])
+            readable, _, _ = select.select([self.listener, self.wake_r, sys.stdin], [], [])
+            if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
+                return
             if self.wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_r, 4096)
@@ -342,6 +345,7 @@ def _run_module(module: str) -> int:
     on stderr), 130 after Ctrl-C."""
     import runpy
 
+    sys.modules.pop(module, None)  # imported for its imports; run afresh as __main__, as `python -m` runs it
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as done:
@@ -374,5 +378,7 @@ def main() -> int:
     return serve(os.environ)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # serve from the module the forks import (hpc.rank.main's forked_line reads its state)
+    from hpc.rank import warm
+
+    sys.exit(warm.main())

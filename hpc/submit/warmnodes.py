@@ -9,6 +9,7 @@ in it on every node, and the ranks a warm process forked on a live node must out
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import sys
@@ -52,7 +53,7 @@ class WarmNodes:
         step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
             try:
-                step = subprocess.Popen(task_per_node([node], *program), env=step_env, stdout=subprocess.PIPE, text=True, errors="replace")
+                step = subprocess.Popen(task_per_node([node], *program), env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
             except OSError as err:
                 self.failed[node] = f"srun: {err}"
                 continue
@@ -93,10 +94,12 @@ class WarmNodes:
             return {WARM_VARIABLE: self.token} if self.ready else {}
 
     def stop(self) -> None:
-        """End every warm step (srun passes SIGTERM on); those that do not end in 2 s are killed."""
+        """End every warm step: its standard input closed, the warm process returns and srun ends
+        without a word; one that has not ended in 2 s is killed."""
         for step in self.steps.values():
-            if step.poll() is None:
-                step.terminate()
+            if step.stdin is not None:
+                with contextlib.suppress(OSError):
+                    step.stdin.close()
         deadline = time.monotonic() + 2.0
         for step in self.steps.values():
             try:
