@@ -196,6 +196,7 @@ class WarmServer:
     def __init__(self, listener: socket.socket, token: str) -> None:
         self.listener, self.token = listener, token
         self.children: dict[int, socket.socket] = {}
+        self.gone: set[int] = set()  # ranks whose client is gone, killed, not yet reaped
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -205,7 +206,7 @@ class WarmServer:
     def run(self) -> None:
         """Until the supervisor closes this step's standard input (srun passes the close on)."""
         while True:
-            readable, _, _ = select.select([self.listener, self.wake_r, sys.stdin], [], [])
+            readable, _, _ = select.select([self.listener, self.wake_r, sys.stdin, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
             if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
                 return
             if self.wake_r in readable:
@@ -214,6 +215,19 @@ class WarmServer:
             if self.listener in readable:
                 self.accept()
             self.reap()
+            for pid, conn in list(self.children.items()):
+                if conn in readable:
+                    self.client_gone(pid, conn)
+
+    def client_gone(self, pid: int, conn: socket.socket) -> None:
+        """A client never writes after its request: readable means gone (srun's task was killed),
+        and its rank goes with it, with its loader workers, whatever its threads are doing."""
+        with contextlib.suppress(OSError):
+            if conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                return
+        self.gone.add(pid)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
     def accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -260,6 +274,7 @@ class WarmServer:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            self.gone.discard(pid)
             if conn is None:
                 continue
             if os.WIFSIGNALED(status):
