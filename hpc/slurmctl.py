@@ -228,11 +228,12 @@ def srun_has_option(option: str) -> bool | None:
     return option in out + err
 
 
-def task_steps(job_id: str) -> list[str]:
+def task_steps(job_id: str, sparing: str | None = None) -> list[str]:
     """The job's steps that run its tasks (`JOB.0`, `JOB.1`, ...: srun's), not its batch shell
-    or extern step; empty when none runs or Slurm did not answer."""
-    code, out, _ = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
-    return [step for step in out.split() if step.rpartition(".")[2].isdigit()] if code == 0 else []
+    or extern step, nor those named `sparing`; empty when none runs or Slurm did not answer."""
+    code, out, _ = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
+    rows = [line.split(maxsplit=1) for line in out.splitlines() if line.strip()] if code == 0 else []
+    return [row[0] for row in rows if row[0].rpartition(".")[2].isdigit() and (sparing is None or row[1:] != [sparing])]
 
 
 def kill_tasks(job_id: str) -> str | None:
@@ -244,12 +245,13 @@ def kill_tasks(job_id: str) -> str | None:
     return "; ".join(errors) if errors else None if steps else f"no step of job {job_id} runs tasks now"
 
 
-def kill_tasks_now(job_id: str) -> list[subprocess.Popen[bytes]]:
-    """`kill_tasks` without waiting for scancel: with a node lost, slurmctld signals the live
-    nodes' tasks at once but answers scancel only once its message to the lost node timed out
-    (MessageTimeout, 10 s by default). The scancels still running, for the caller to reap."""
+def kill_tasks_now(job_id: str, sparing: str | None = None) -> list[subprocess.Popen[bytes]]:
+    """`kill_tasks` without waiting for scancel, sparing the steps named `sparing`: with a node
+    lost, slurmctld signals the live nodes' tasks at once but answers scancel only once its
+    message to the lost node timed out (MessageTimeout, 10 s by default). The scancels still
+    running, for the caller to reap."""
     started = []
-    for step in task_steps(job_id):
+    for step in task_steps(job_id, sparing):
         try:
             started.append(subprocess.Popen(["scancel", "--signal=KILL", step], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         except OSError:

@@ -65,6 +65,7 @@ from hpc.env import (
 )
 from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
 from hpc.rundir import RunDir
+from hpc.submit.warmnodes import STEP_NAME as WARM_STEP_NAME
 from hpc.submit.warmnodes import WarmNodes, warm_program
 
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
@@ -198,7 +199,8 @@ def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes] |
     lines end the same), through a step of one task per node (--overlap: the ranks' step still
     holds the CPUs in Slurm's books). None when srun cannot be started."""
     try:
-        return subprocess.Popen(slurmctl.task_per_node(nodes, "pkill", "-KILL", "-f", "--", rank_pattern(run_dir)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pkill = slurmctl.task_per_node(nodes, "pkill", "-KILL", "-f", "--", rank_pattern(run_dir))
+        return subprocess.Popen(pkill, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
 
@@ -308,7 +310,7 @@ class StepWatch:
         -K after a task's death) only once that ending is over (KillWait): the ranks on the live
         nodes are also SIGKILLed by a one-task-per-node step of their own, waited for, so the next
         step's ranks never share the nodes' CPUs with the last one's."""
-        self.cancels = slurmctl.kill_tasks_now(self.job_id) if self.job_id != "local" else []
+        self.cancels = slurmctl.kill_tasks_now(self.job_id, sparing=WARM_STEP_NAME) if self.job_id != "local" else []
         killing = kill_ranks(live_nodes, run_dir) if run_dir is not None and live_nodes else None
         try:
             self.process.wait(timeout=SRUN_AFTER_KILL_S)

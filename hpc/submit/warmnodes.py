@@ -21,6 +21,7 @@ from pathlib import Path
 from hpc.rank.warm import WARM_VARIABLE
 from hpc.slurmctl import task_per_node
 
+STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
 READY_S = 60.0  # the first step waits this long for the warm processes; then those not ready start cold
 
 
@@ -41,6 +42,11 @@ def warm_program(srun: Sequence[str]) -> list[str] | None:
     return [python, "-u", "-m", "hpc.rank.warm"]
 
 
+def warm_step(node: str, program: Sequence[str]) -> list[str]:
+    srun, *rest = task_per_node([node], *program)
+    return [srun, f"--job-name={STEP_NAME}", *rest]
+
+
 class WarmNodes:
     """The warm steps of `nodes`, each read for its `ready`/`failed` line."""
 
@@ -53,7 +59,7 @@ class WarmNodes:
         step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
             try:
-                step = subprocess.Popen(task_per_node([node], *program), env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
+                step = subprocess.Popen(warm_step(node, program), env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
             except OSError as err:
                 self.failed[node] = f"srun: {err}"
                 continue
