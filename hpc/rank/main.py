@@ -47,7 +47,7 @@ from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rank.outcomes import failed_peer, forget_end, record_end, record_failure, wait_for_peers
 from hpc.rank.scheduler import scheduler_of
 from hpc.rank.services import attached_to_terminal, run_milestones, start_watchdog, step_reporter
-from hpc.rank.signals import PROCESS_STARTED, STOP_SIGNALS, caught_early
+from hpc.rank.signals import STOP_SIGNALS, caught_early, process_started
 from hpc.rank.task import job_task
 from hpc.rank.timeline import Timeline
 from hpc.rank.warm import forked_line
@@ -217,7 +217,7 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
         raise  # every rank's, at the same step: train_as_configured ends them alike
     except ScriptFailed as err:  # its own decision (argparse's exit 2, sys.exit("bad input")): it would repeat
         log.error("error: %s; ending all %d ranks", err, rank.world_size)
-        record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
+        record_failure(run_dir, rank.rank, rank.world_size, process_started(), err)
         end_for_good(rank, str(err))
         logging.shutdown()
         raise SystemExit(1) from None
@@ -306,7 +306,7 @@ def report_failure(err: BaseException, rank: RankInfo, run_dir: RunDir, ending: 
     from hpc.rank.failures import from_users_frame, newest_step, one_line, repeats_here
 
     lasting, why = repeats_here(run_dir.path, err, rank.rank)
-    record_failure(run_dir, rank.rank, rank.world_size, PROCESS_STARTED, err)
+    record_failure(run_dir, rank.rank, rank.world_size, process_started(), err)
     refused, found = FaultLatch(), storage_error(err)
     if found is not None and found.filename is not None and refused.note(found) and refused.first is not None:  # a write refused outside the vote's reach
         line = storage_line(refused.first.line(), newest_step(run_dir.path) or 0, refused.first.remedy, run_dir)
@@ -333,12 +333,12 @@ def after_script(result: ScriptResult, job: JobConfig, run_dir: RunDir, rank: Ra
     if result.stopped_by and stop.signal_name is None:
         stop.note(result.stopped_by, time.time(), "training")
     if rank.world_size > 1:
-        failed = failed_peer(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main and result.stopped_by else None
+        failed = failed_peer(run_dir, rank.world_size, process_started()) if rank.is_main and result.stopped_by else None
         if failed is not None:  # the launcher ended this rank after a peer's failure: result.json is that rank's
             log.error("rank %d failed (%s): the run did not complete", *failed)
             return {"status": "failed", "exit_code": 1, "failed_rank": failed[0], "error": failed[1]}
-        record_end(run_dir, rank.rank, PROCESS_STARTED, "stopped" if result.stopped_by else "completed")
-        other = wait_for_peers(run_dir, rank.world_size, PROCESS_STARTED) if rank.is_main and not result.stopped_by else None
+        record_end(run_dir, rank.rank, process_started(), "stopped" if result.stopped_by else "completed")
+        other = wait_for_peers(run_dir, rank.world_size, process_started()) if rank.is_main and not result.stopped_by else None
         if other is not None and other[1] == "failed":  # result.json is the failed rank's
             log.error("rank %d failed (%s): the run did not complete", other[0], other[2])
             return {"status": "failed", "exit_code": 1, "failed_rank": other[0], "error": other[2]}
@@ -376,7 +376,7 @@ def after_fit(result: FitResult | ScriptResult, job: JobConfig, run_dir: RunDir,
     run_dir.write_result(summary)  # before requeueing: Slurm may end us next
     # Another rank's signal may have ended the step before rank 0's own came (during the save): name that one.
     stopped_by = stop.signal_name or str(result.stopped_by)
-    Timeline(run_dir, os.environ, PROCESS_STARTED).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
+    Timeline(run_dir, os.environ, process_started()).record_stop(stopped_by, received.timestamp(), stop.received_in, what.split(":")[0], result.steps)
     hit = f" (received during {stop.received_in})" if stop.received_in not in (None, "training") else ""  # training: the usual case
     if job.script and not getattr(result, "handle", False):  # a script without the run handle: its steps are its own
         saved, at = "the script keeps what it saved", ""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hpc.env import STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo
 from hpc.rank.lifecycle import EXIT_STALLED
 from hpc.rank.scheduler import scheduler_of
-from hpc.rank.signals import PROCESS_STARTED
+from hpc.rank.signals import process_started
 from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir
 
@@ -75,7 +75,7 @@ def run_milestones(run_dir: RunDir, is_main: bool) -> Milestones:
     """The run's timeline (rank 0 records it: hpc.rank.timeline); the other ranks' only counts."""
     from trainers.context import Milestones
 
-    return Milestones(Timeline(run_dir, os.environ, PROCESS_STARTED).record_start if is_main else None)
+    return Milestones(Timeline(run_dir, os.environ, process_started()).record_start if is_main else None)
 
 
 def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:

@@ -38,6 +38,12 @@ def report_fatal_signals() -> None:
     faulthandler.enable(all_threads=True)
 
 
+def process_started() -> float:
+    """About when this rank's process started: read at the call, as a fork of a warm process
+    (hpc.rank.warm) sets it to its client's start after these modules were imported."""
+    return PROCESS_STARTED
+
+
 def caught_early() -> tuple[str, float] | None:
     """The first stop signal caught before training installed its own flag: (name, when)."""
     return _caught[0] if _caught else None

@@ -50,20 +50,29 @@ WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's step is handed to the 
 # here may start a Python thread or initialise MPI (mpi4py.MPI): a fork would inherit half of it.
 WARM_MODULES = (
     "torch",
+    "torch._dynamo",  # torch.optim's first optimizer imports it: 1.5-2 s of a cold rank's start on a 2-core machine
     "numpy",
     "omegaconf",
+    "h5py",
     "hpc.rank.main",
-    "hpc.config.schema",
-    "collectives",
-    "collectives.backends",
-    "trainers.preemption",
-    "trainers.context",
-    "trainers.loop",
-    "trainers.models",
-    "trainers.checkpoint",
-    "trainers.data",
-    "trainers.tasks",
     "hpc.rank.script",
+    "hpc.config.schema",
+    "hpc.liveness",
+    "collectives.backends",
+    "collectives.gradsync",
+    "collectives.optimizer",
+    "collectives.replicated",
+    "collectives.zero",
+    "collectives.fsdp",
+    "collectives.tuning",
+    "collectives.mpi",  # mpi4py.MPI (MPI_Init) only when a rank uses it
+    "trainers.loop.fit",
+    "trainers.checkpoint.checkpointer",
+    "trainers.checkpoint.recovery",
+    "trainers.data.loader",
+    "trainers.data.datasets",
+    "trainers.tasks.classify",
+    "trainers.reporting.trackers",
 )
 REQUEST_LIMIT = 4 << 20  # bytes: an environment and arguments, never more
 REQUEST_S = 5.0  # a client says what it wants at once: one that does not is dropped
