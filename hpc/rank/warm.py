@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from hpc.env import slurm_job_id, slurm_task
@@ -168,8 +168,8 @@ def _follow(pid: int, reader: Any) -> NoReturn:
 # The warm process: one per node.
 
 
-def serve(env: Mapping[str, str]) -> int:
-    """Import WARM_MODULES, listen, say `ready NODE SECONDS` on stdout, and fork a rank for each
+def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
+    """Import `modules`, listen, say `ready NODE SECONDS` on stdout, and fork a rank for each
     client until the standard input ends (the supervisor is done) or the step does."""
     name, token = address(env), env.get(WARM_VARIABLE)
     node = slurm_task(env)[1]
@@ -178,7 +178,7 @@ def serve(env: Mapping[str, str]) -> int:
         return 2
     began = time.monotonic()
     try:
-        for module in WARM_MODULES:
+        for module in modules:
             importlib.import_module(module)
     except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
         print(f"hpc-warm: failed {node}: importing {module}: {type(err).__name__}: {err}", flush=True)

@@ -1,0 +1,27 @@
+"""What tests/unit/test_warm.py runs as a fork of a warm process (hpc.rank.warm): it says where it
+runs, then does what PROBE says: exit with CODE, wait for SIGUSR1, raise, or sleep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from hpc.rank.warm import forked_line
+
+got: list[int] = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))  # before the line below: the test signals after it
+print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line()}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+mode = os.environ.get("PROBE", "exit")
+if mode == "exit":
+    sys.exit(int(os.environ.get("PROBE_CODE", "0")))
+if mode == "usr1":
+    while not got:
+        time.sleep(0.01)
+    sys.exit(40 + got[0])
+if mode == "raise":
+    raise RuntimeError("the probe's own error")
+time.sleep(300)

@@ -1,0 +1,121 @@
+"""Warm ranks (hpc.rank.warm) on this machine, without Slurm: a warm process with a light module
+list, and clients as srun's tasks would be (hpc.rank.main's first lines), with Slurm's variables
+set by hand. The Slurm restarts that use it: tests/e2e/test_allocation_restart_slurm.py and
+tests/e2e/test_verify_slurm.py (a spare node's ranks and killed ranks forked warm, bit-exact)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpc.rank.warm import WARM_VARIABLE
+from tests.support.runs import ROOT
+
+CLIENT = "import os; from hpc.rank.signals import catch_stop_signals; catch_stop_signals(); from hpc.rank.warm import hand_over; hand_over(os.environ, 'tests.support.warm_probe'); print('cold', flush=True)"
+SERVE = "import os; from hpc.rank import warm; raise SystemExit(warm.serve(os.environ, ('json', 'tests.support.warm_probe_deps')))"
+
+
+def poll(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return status != "Z"
+
+
+@pytest.fixture
+def job_env() -> dict[str, str]:
+    """A made-up Slurm task's environment: a job id of its own (the socket's name is global)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": str(uuid.uuid4().int % 10**9), "SLURMD_NODENAME": "warmnode", WARM_VARIABLE: "t0ken"}
+
+
+@pytest.fixture
+def warm(job_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    server = subprocess.Popen([sys.executable, "-u", "-c", SERVE], env=job_env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    assert server.stdout.readline().startswith("hpc-warm: ready warmnode ")
+    yield server
+    if server.poll() is None:
+        server.kill()
+    server.wait()
+
+
+def client(env: dict[str, str], *args: str, tmp: Path, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", CLIENT, *args], env={**env, **extra}, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def said(process: subprocess.Popen[str]) -> dict:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    return json.loads(line) if line.startswith("{") else {"line": line}
+
+
+def test_the_fork_runs_in_the_clients_place_and_its_exit_code_is_the_clients(warm, job_env, tmp_path):
+    started = client(job_env, "a b", "c", tmp=tmp_path, PROBE_X="the client's", PROBE_CODE="7")
+    out, err = started.communicate(timeout=30)
+    probe = json.loads(out.splitlines()[0])
+    assert started.returncode == 7 and "cold" not in out
+    assert probe["argv"] == ["a b", "c"] and probe["cwd"] == str(tmp_path) and probe["x"] == "the client's"
+    assert probe["pid"] != started.pid and probe["forked"].startswith("a fork of this node's warm process")
+    assert "to stderr" in err  # the client's own streams
+
+
+def test_an_error_in_the_fork_is_exit_code_1_with_its_traceback(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="raise")
+    _, err = started.communicate(timeout=30)
+    assert started.returncode == 1 and "RuntimeError: the probe's own error" in err
+
+
+def test_a_signal_to_the_client_reaches_the_fork(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="usr1")
+    said(started)
+    started.send_signal(signal.SIGUSR1)
+    assert started.wait(timeout=30) == 40 + signal.SIGUSR1
+
+
+def test_a_fork_killed_kills_its_client_with_the_same_signal(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="sleep")
+    os.kill(said(started)["pid"], signal.SIGKILL)
+    assert started.wait(timeout=30) == -signal.SIGKILL  # srun reports "task N: Killed", as for a cold rank
+
+
+def test_a_client_killed_takes_its_fork_with_it(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="sleep")
+    fork = said(started)["pid"]
+    started.kill()
+    started.wait()
+    poll(lambda: not alive(fork))
+    assert warm.poll() is None  # the warm process stays for the next start
+
+
+@pytest.mark.parametrize("change", [{WARM_VARIABLE: "not-the-token"}, {"SLURMD_NODENAME": "another-node"}, {WARM_VARIABLE: ""}])
+def test_a_client_the_warm_process_does_not_take_starts_cold(warm, job_env, tmp_path, change):
+    started = client({**job_env, **change}, tmp=tmp_path)
+    out, _ = started.communicate(timeout=30)
+    assert started.returncode == 0 and out.strip() == "cold"
+
+
+def test_the_warm_process_ends_when_its_standard_input_does(warm, job_env, tmp_path):
+    assert warm.stdin is not None
+    warm.stdin.close()
+    assert warm.wait(timeout=30) == 0
+    started = client(job_env, tmp=tmp_path)
+    out, _ = started.communicate(timeout=30)
+    assert out.strip() == "cold"  # nothing listens any more
