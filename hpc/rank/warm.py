@@ -76,9 +76,11 @@ WARM_MODULES = (
 )
 REQUEST_LIMIT = 4 << 20  # bytes: an environment and arguments, never more
 REQUEST_S = 5.0  # a client says what it wants at once: one that does not is dropped
-# A client waits this long for its rank's pid (the warm process forks one client after another),
-# then starts the rank itself; a fork that comes later sees its client gone and ends.
-HANDSHAKE_S = 30.0
+# A client waits this long for its rank's pid (the warm process may still be importing: torch from
+# a busy shared file system can take minutes), then starts the rank itself; a fork that comes
+# later sees its client gone and ends.
+HANDSHAKE_S = 600.0
+BACKLOG = 1024  # clients queued while the warm process imports: a node's tasks, many times over
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGCONT, signal.SIGALRM)
 _HEADER = struct.Struct("!I")
 _forked_at: list[float] = []  # in a fork: when it was made (the rank's log says so: forked_line)
@@ -169,33 +171,44 @@ def _follow(pid: int, reader: Any) -> NoReturn:
 
 
 def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
-    """Import `modules`, listen, say `ready NODE SECONDS` on stdout, and fork a rank for each
-    client until the standard input ends (the supervisor is done) or the step does."""
+    """Listen (`listening NODE` on stdout: the ranks' step may start), import `modules` while
+    the first clients wait in the queue (`ready NODE SECONDS`), and fork a rank for each client
+    until the standard input ends (the supervisor is done) or the step does. A failed import
+    closes the socket: the waiting clients start their ranks cold."""
     name, token = address(env), env.get(WARM_VARIABLE)
     node = slurm_task(env)[1]
     if name is None or not token:
         print(f"hpc-warm: failed {node}: not a Slurm job step with {WARM_VARIABLE} set", flush=True)
         return 2
-    began = time.monotonic()
-    try:
-        for module in modules:
-            importlib.import_module(module)
-    except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
-        print(f"hpc-warm: failed {node}: importing {module}: {type(err).__name__}: {err}", flush=True)
-        return 1
-    # Python threads would be lost in the fork holding whatever locks they held. Native pools
-    # (OpenBLAS's, started by numpy's import) are re-made in a fork by their own atfork handlers.
-    if threading.active_count() != 1 or "mpi4py.MPI" in sys.modules:
-        print(f"hpc-warm: failed {node}: {threading.active_count()} Python threads, mpi4py.MPI imported: {'mpi4py.MPI' in sys.modules}", flush=True)
-        return 1
-    gc.freeze()  # the imports' objects stay where they are: a fork's collections do not copy their pages
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(name)
-    listener.listen(256)
+    listener.listen(BACKLOG)
+    print(f"hpc-warm: listening {node}", flush=True)
+    began = time.monotonic()
+    failure = warm_up(modules)
+    if failure is not None:
+        listener.close()
+        print(f"hpc-warm: failed {node}: {failure}", flush=True)
+        return 1
     server = WarmServer(listener, token)
     print(f"hpc-warm: ready {node} {time.monotonic() - began:.2f}", flush=True)
     server.run()
     return 0
+
+
+def warm_up(modules: Sequence[str]) -> str | None:
+    """Import `modules`; why this process cannot fork ranks, or None."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
+            return f"importing {module}: {type(err).__name__}: {err}"
+    # Python threads would be lost in the fork holding whatever locks they held. Native pools
+    # (OpenBLAS's, started by numpy's import) are re-made in a fork by their own atfork handlers.
+    if threading.active_count() != 1 or "mpi4py.MPI" in sys.modules:
+        return f"{threading.active_count()} Python threads, mpi4py.MPI imported: {'mpi4py.MPI' in sys.modules}"
+    gc.freeze()  # the imports' objects stay where they are: a fork's collections do not copy their pages
+    return None
 
 
 class WarmServer:

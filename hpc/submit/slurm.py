@@ -21,7 +21,7 @@ from typing import Any
 from hpc import slurmctl
 from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
-from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE, WARM_RANKS_VARIABLE
+from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE, WARM_GPUS_VARIABLE, WARM_RANKS_VARIABLE
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
@@ -41,13 +41,15 @@ def setup_lines(env: dict[str, str], code_root: Path = PROJECT_ROOT) -> list[str
     return lines
 
 
-def job_setup_lines(env: dict[str, str], code_root: Path, step_nodes: int = 1, allocation_restarts: int = 0, warm_ranks: bool = True) -> list[str]:
+def job_setup_lines(
+    env: dict[str, str], code_root: Path, step_nodes: int = 1, allocation_restarts: int = 0, warm_ranks: bool = True, node_gpus: int = 0
+) -> list[str]:
     """What the sbatch script runs before srun. Two lines make the frozen code the code that runs:
     PYTHONSAFEPATH keeps `python -m` from importing the live checkout through the working
     directory, and SLURM_EXPORT_ENV=ALL makes srun hand these exports to the ranks even on
     clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit). Rank 0
     leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests; the
-    step supervisor (hpc.submit.supervise) reads the last three exports."""
+    step supervisor (hpc.submit.supervise) reads the exports after it."""
     requests = code_root.parent / "slurm" / "requeue-requests"
     return [
         *setup_lines(env, code_root),
@@ -57,6 +59,7 @@ def job_setup_lines(env: dict[str, str], code_root: Path, step_nodes: int = 1, a
         f"export {STEP_NODES_VARIABLE}={int(step_nodes)}",
         f"export {ALLOCATION_RESTARTS_VARIABLE}={int(allocation_restarts)}",
         f"export {WARM_RANKS_VARIABLE}={int(warm_ranks)}",
+        *([f"export {WARM_GPUS_VARIABLE}={int(node_gpus)}"] if warm_ranks and node_gpus else []),
     ]
 
 
@@ -156,7 +159,7 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     function it runs in the batch step is the step supervisor, running srun with `srun_args`
     (srun_line)."""
     res, cluster = job.resources, job.cluster
-    setup = job_setup_lines(env, code_root, res.nodes, cluster.allocation_restarts, cluster.warm_ranks)
+    setup = job_setup_lines(env, code_root, res.nodes, cluster.allocation_restarts, cluster.warm_ranks, res.tasks_per_node * res.gpus_per_task)
     setup += exit_trap_lines(cluster.failure_requeues if cluster.requeue else 0)
     srun_args = list(cluster.srun_args)
     if res.spare_nodes:  # the step runs on `nodes` of the nodes + spares allocated

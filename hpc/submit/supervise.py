@@ -58,6 +58,7 @@ from hpc.env import (
     REQUEST_DIR_VARIABLE,
     STEP_ATTEMPT_VARIABLE,
     STEP_NODES_VARIABLE,
+    WARM_GPUS_VARIABLE,
     WARM_RANKS_VARIABLE,
     job_node_list,
     restart_count,
@@ -440,12 +441,12 @@ class Supervisor:
         program = warm_program(self.srun)
         if self.job_id == "local" or self.env.get(WARM_RANKS_VARIABLE, "1") != "1" or program is None:
             return None
-        return WarmNodes(self.allocation_nodes(), program, self.env)
+        return WarmNodes(self.allocation_nodes(), program, self.env, int(self.env.get(WARM_GPUS_VARIABLE) or 0))
 
     def run_steps(self, warm: WarmNodes | None) -> int:
         self.slurmd = slurmctl.slurmd_addresses() if self.job_id != "local" else {}  # once: a lost node's is asked in a hurry
         if warm is not None:
-            warm.wait_ready()
+            warm.wait_listening()
         excluded: list[str] = []
         restarts = without_progress = 0
         repeat_offender: str | None = None

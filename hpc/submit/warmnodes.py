@@ -22,7 +22,7 @@ from hpc.rank.warm import WARM_VARIABLE
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
-READY_S = 60.0  # the first step waits this long for the warm processes; then those not ready start cold
+LISTENING_S = 30.0  # the first step waits this long for the warm processes to listen; then those not listening start cold
 
 
 def warm_program(srun: Sequence[str]) -> list[str] | None:
@@ -42,16 +42,20 @@ def warm_program(srun: Sequence[str]) -> list[str] | None:
     return [python, "-u", "-m", "hpc.rank.warm"]
 
 
-def warm_step(node: str, program: Sequence[str]) -> list[str]:
+def warm_step(node: str, program: Sequence[str], gpus: int = 0) -> list[str]:
+    """The srun line of `node`'s warm step. With `gpus`, it asks for the node's GPUs (--overlap
+    shares them with the ranks' step): where Slurm constrains devices per step, its forks, which
+    live in its cgroup, can open the GPUs their tasks were given."""
     srun, *rest = task_per_node([node], *program)
-    return [srun, f"--job-name={STEP_NAME}", *rest]
+    return [srun, f"--job-name={STEP_NAME}", *([f"--gres=gpu:{gpus}"] if gpus else []), *rest]
 
 
 class WarmNodes:
     """The warm steps of `nodes`, each read for its `ready`/`failed` line."""
 
-    def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str], gpus: int = 0) -> None:
         self.token = secrets.token_hex(16)
+        self.listening: set[str] = set()
         self.ready: dict[str, float] = {}  # node -> seconds its imports took
         self.failed: dict[str, str] = {}  # node -> the warm process's one line
         self.steps: dict[str, subprocess.Popen[str]] = {}
@@ -59,7 +63,8 @@ class WarmNodes:
         step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
             try:
-                step = subprocess.Popen(warm_step(node, program), env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
+                command = warm_step(node, program, gpus)
+                step = subprocess.Popen(command, env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
             except OSError as err:
                 self.failed[node] = f"srun: {err}"
                 continue
@@ -71,33 +76,36 @@ class WarmNodes:
         for line in step.stdout:
             words = line.split()
             with self._changed:
-                if words[:2] == ["hpc-warm:", "ready"] and len(words) >= 4:
+                if words[:2] == ["hpc-warm:", "listening"]:
+                    self.listening.add(node)
+                elif words[:2] == ["hpc-warm:", "ready"] and len(words) >= 4:
                     self.ready[node] = float(words[3])
                 elif words[:2] == ["hpc-warm:", "failed"]:
                     self.failed[node] = line.strip()
+                    print(f"hpc-toolkit: warm ranks: {line.strip()}; the ranks there start cold", file=sys.stderr, flush=True)
                 self._changed.notify_all()
         step.wait()
         with self._changed:
+            self.listening.discard(node)
             self.ready.pop(node, None)
             self.failed.setdefault(node, f"its warm step ended (srun exit {step.returncode})")
             self._changed.notify_all()
 
-    def wait_ready(self, timeout_s: float = READY_S) -> None:
-        """Until every node's warm process is ready or has failed, at most `timeout_s`."""
+    def wait_listening(self, timeout_s: float = LISTENING_S) -> None:
+        """Until every node's warm process listens (it imports after: the ranks' step can start
+        and its tasks wait in the queue) or has failed, at most `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while set(self.steps) - set(self.ready) - set(self.failed):
+            while set(self.steps) - self.listening - set(self.failed):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._changed.wait(left)
-            for line in sorted(set(self.failed.values())):
-                print(f"hpc-toolkit: warm ranks: {line}; the ranks there start cold", file=sys.stderr, flush=True)
 
     def env(self) -> dict[str, str]:
-        """What the ranks' step adds to its environment: the token, where a warm process is ready."""
+        """What the ranks' step adds to its environment: the token, where a warm process listens."""
         with self._changed:
-            return {WARM_VARIABLE: self.token} if self.ready else {}
+            return {WARM_VARIABLE: self.token} if self.listening else {}
 
     def stop(self) -> None:
         """End every warm step: its standard input closed, the warm process returns and srun ends

@@ -92,8 +92,11 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
     assert restarts(job_id) == 0  # never requeued: the spare took the lost node's place
     first, second = step_records(run_dir)
     assert first["hung"] and lost in first["lost_nodes"] and second["nodes_excluded"] == [lost]
-    restarted = [line for line in (run_dir / "logs" / "rank-00001.log").read_text().splitlines() if "restart 1 in this allocation" in line]
+    rank1 = (run_dir / "logs" / "rank-00001.log").read_text()
+    restarted = [line for line in rank1.splitlines() if "restart 1 in this allocation" in line]
     assert restarted and f" on {lost} " not in restarted[0]  # the restarted ranks run on the other two nodes
+    # both starts forked from their node's warm process (hpc.rank.warm): the spare's was ready before it was needed
+    assert rank1.count("a fork of this node's warm process") == 2, rank1
     assert_same_training(run_dir, reference)
     # seen by its ranks' closed connections and its slurmd's silence (hpc.liveness), not a heartbeat's
     assert_one_cost_logged(run_dir, f"node {lost} lost (rank ")

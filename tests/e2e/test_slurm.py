@@ -48,6 +48,7 @@ def test_four_ranks_on_two_nodes_train_and_leave_a_complete_run_dir(tmp_path):
         log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
         hosts[rank] = re.search(rf"\[rank {rank}/4 (\S+)\]", log).group(1)
         assert "launcher slurm" in log and "epoch 20/20" in log
+        assert "a fork of this node's warm process (hpc.rank.warm)" in log  # cluster.warm_ranks: one interpreter per node
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3]  # 2 ranks on each of 2 nodes
     assert list((run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.out"))
 
@@ -65,8 +66,9 @@ def test_wait_streams_rank0s_console_until_the_job_ends(tmp_path):
     (stdout on stdout, stderr on stderr), not submitit's runner's lines."""
     script = tmp_path / "train.py"
     script.write_text("import sys\n\nfor i in range(3):\n    print(f'iter {i}: loss 2.7', flush=True)\nprint('a warning of the script', file=sys.stderr)\n")
-    result = run_launch(f"script={script}", "cluster=simulated", "resources.tasks_per_node=2", "wait=true", cwd=tmp_path)
+    result = run_launch(f"script={script}", "cluster=simulated", "resources.tasks_per_node=2", "wait=true", "cluster.warm_ranks=false", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 0 local_rank 0" in result.stdout and "warm process" not in result.stdout  # each rank its own interpreter
     assert [line for line in result.stdout.splitlines() if line.startswith("iter ")] == [f"iter {i}: loss 2.7" for i in range(3)]  # rank 0's
     assert "a warning of the script" in result.stderr and "submitit INFO" not in result.stdout
     assert re.search(r"^\S+ \S+ rank 0 local_rank 0 ", result.stdout, re.M) and "ended: COMPLETED" in result.stdout

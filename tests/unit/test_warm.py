@@ -20,8 +20,12 @@ import pytest
 from hpc.rank.warm import WARM_VARIABLE
 from tests.support.runs import ROOT
 
-CLIENT = "import os; from hpc.rank.signals import catch_stop_signals; catch_stop_signals(); from hpc.rank.warm import hand_over; hand_over(os.environ, 'tests.support.warm_probe'); print('cold', flush=True)"
-SERVE = "import os; from hpc.rank import warm; raise SystemExit(warm.serve(os.environ, ('json', 'tests.support.warm_probe_deps')))"
+CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
+    "import os; from hpc.rank.signals import catch_stop_signals; catch_stop_signals(); from hpc.rank.warm import hand_over; "
+    "hand_over(os.environ, 'tests.support.warm_probe'); print('cold', flush=True)"
+)
+SERVE = "import os, sys; from hpc.rank import warm; raise SystemExit(warm.serve(os.environ, sys.argv[1:]))"
+MODULES = ("json", "tests.support.warm_probe_deps")
 
 
 def poll(condition, timeout_s: float = 20.0) -> None:
@@ -46,9 +50,17 @@ def job_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": str(uuid.uuid4().int % 10**9), "SLURMD_NODENAME": "warmnode", WARM_VARIABLE: "t0ken"}
 
 
+def start_warm(env: dict[str, str], *modules: str) -> subprocess.Popen[str]:
+    """A warm process importing `modules`, once it listens."""
+    server = subprocess.Popen([sys.executable, "-u", "-c", SERVE, *modules], env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    assert server.stdout.readline() == "hpc-warm: listening warmnode\n"
+    return server
+
+
 @pytest.fixture
 def warm(job_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
-    server = subprocess.Popen([sys.executable, "-u", "-c", SERVE], env=job_env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = start_warm(job_env, *MODULES)
     assert server.stdout is not None
     assert server.stdout.readline().startswith("hpc-warm: ready warmnode ")
     yield server
@@ -119,3 +131,34 @@ def test_the_warm_process_ends_when_its_standard_input_does(warm, job_env, tmp_p
     started = client(job_env, tmp=tmp_path)
     out, _ = started.communicate(timeout=30)
     assert out.strip() == "cold"  # nothing listens any more
+
+
+def test_a_client_that_comes_while_the_warm_process_imports_waits_for_its_fork(job_env, tmp_path):
+    server = start_warm(job_env, *MODULES, "tests.support.warm_slow_import")  # 1 s of import after it listens
+    try:
+        started = client(job_env, tmp=tmp_path, PROBE_CODE="3")
+        out, _ = started.communicate(timeout=30)
+        assert started.returncode == 3 and json.loads(out.splitlines()[0])["forked"], out
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_warm_process_whose_imports_fail_sends_its_waiting_clients_cold(job_env, tmp_path):
+    server = start_warm(job_env, "tests.support.warm_slow_import", "no_such_module_here")
+    started = client(job_env, tmp=tmp_path)  # queued before the import fails
+    out, _ = started.communicate(timeout=30)
+    assert server.wait(timeout=30) == 1 and "hpc-warm: failed warmnode: importing no_such_module_here: ModuleNotFoundError" in server.stdout.read()
+    assert started.returncode == 0 and out.strip() == "cold"
+
+
+def test_the_warm_step_runs_the_ranks_python_and_asks_for_the_nodes_gpus():
+    from hpc.submit.warmnodes import STEP_NAME, warm_program, warm_step
+
+    ranks = ["srun", "--unbuffered", "--mpi=pmix", "/opt/py/bin/python3", "-u", "-m", "hpc.rank.main", "/runs/r"]
+    assert warm_program(ranks) == ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"]
+    assert warm_program(["srun", "--container-image=img", "python3", "-u", "-m", "hpc.rank.main", "/runs/r"]) is None  # a container's Python
+    assert warm_program(["srun", "apptainer", "exec", "x.sif", "python3", "-u", "-m", "hpc.rank.main", "/runs/r"]) is None
+    step = warm_step("node7", ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"], gpus=8)
+    assert step[:3] == ["srun", f"--job-name={STEP_NAME}", "--gres=gpu:8"] and "--nodelist=node7" in step and "--overlap" in step
+    assert "--gres=gpu:8" not in warm_step("node7", ["python"])
