@@ -80,6 +80,8 @@ REQUEST_S = 5.0  # a client says what it wants at once: one that does not is dro
 # a busy shared file system can take minutes), then starts the rank itself; a fork that comes
 # later sees its client gone and ends.
 HANDSHAKE_S = 600.0
+CONNECT_S = 5.0  # a task waits this long for its node's warm process to listen (its srun started beside the ranks')
+CONNECT_VARIABLE = "HPCTK_WARM_CONNECT_S"  # another wait than CONNECT_S
 BACKLOG = 1024  # clients queued while the warm process imports: a node's tasks, many times over
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGCONT, signal.SIGALRM)
 _HEADER = struct.Struct("!I")
@@ -104,9 +106,10 @@ def hand_over(env: Mapping[str, str], module: str) -> None:
     token, name = env.get(WARM_VARIABLE), address(env)
     if not token or name is None:
         return
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = connected(name, float(env.get(CONNECT_VARIABLE) or CONNECT_S))
+    if client is None:
+        return  # no warm process on this node (not started, failed, ended): a cold start
     try:
-        client.connect(name)
         client.settimeout(HANDSHAKE_S)
         request = {
             "token": token,
@@ -130,6 +133,22 @@ def hand_over(env: Mapping[str, str], module: str) -> None:
         client.close()
         return
     _follow(int(first[1]), reader)
+
+
+def connected(name: str, within_s: float) -> socket.socket | None:
+    """A connection to the warm process `name`, tried for `within_s`: the ranks' step starts as
+    the warm steps do, and its tasks may come before the warm process listens."""
+    deadline = time.monotonic() + within_s
+    while True:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            client.connect(name)
+            return client
+        except OSError:
+            client.close()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
 
 def _umask() -> int:

@@ -445,8 +445,6 @@ class Supervisor:
 
     def run_steps(self, warm: WarmNodes | None) -> int:
         self.slurmd = slurmctl.slurmd_addresses() if self.job_id != "local" else {}  # once: a lost node's is asked in a hurry
-        if warm is not None:
-            warm.wait_listening()
         excluded: list[str] = []
         restarts = without_progress = 0
         repeat_offender: str | None = None

@@ -22,7 +22,6 @@ from hpc.rank.warm import WARM_VARIABLE
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
-LISTENING_S = 30.0  # the first step waits this long for the warm processes to listen; then those not listening start cold
 
 
 def warm_program(srun: Sequence[str]) -> list[str] | None:
@@ -51,15 +50,13 @@ def warm_step(node: str, program: Sequence[str], gpus: int = 0) -> list[str]:
 
 
 class WarmNodes:
-    """The warm steps of `nodes`, each read for its `ready`/`failed` line."""
+    """The warm steps of `nodes`, each read for a `failed` line (said in the batch log once)."""
 
     def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str], gpus: int = 0) -> None:
         self.token = secrets.token_hex(16)
-        self.listening: set[str] = set()
-        self.ready: dict[str, float] = {}  # node -> seconds its imports took
         self.failed: dict[str, str] = {}  # node -> the warm process's one line
         self.steps: dict[str, subprocess.Popen[str]] = {}
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
             try:
@@ -75,37 +72,19 @@ class WarmNodes:
         assert step.stdout is not None
         for line in step.stdout:
             words = line.split()
-            with self._changed:
-                if words[:2] == ["hpc-warm:", "listening"]:
-                    self.listening.add(node)
-                elif words[:2] == ["hpc-warm:", "ready"] and len(words) >= 4:
-                    self.ready[node] = float(words[3])
-                elif words[:2] == ["hpc-warm:", "failed"]:
+            if words[:2] == ["hpc-warm:", "failed"]:
+                with self._lock:
                     self.failed[node] = line.strip()
-                    print(f"hpc-toolkit: warm ranks: {line.strip()}; the ranks there start cold", file=sys.stderr, flush=True)
-                self._changed.notify_all()
+                print(f"hpc-toolkit: warm ranks: {line.strip()}; the ranks there start cold", file=sys.stderr, flush=True)
         step.wait()
-        with self._changed:
-            self.listening.discard(node)
-            self.ready.pop(node, None)
+        with self._lock:
             self.failed.setdefault(node, f"its warm step ended (srun exit {step.returncode})")
-            self._changed.notify_all()
-
-    def wait_listening(self, timeout_s: float = LISTENING_S) -> None:
-        """Until every node's warm process listens (it imports after: the ranks' step can start
-        and its tasks wait in the queue) or has failed, at most `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while set(self.steps) - self.listening - set(self.failed):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
 
     def env(self) -> dict[str, str]:
-        """What the ranks' step adds to its environment: the token, where a warm process listens."""
-        with self._changed:
-            return {WARM_VARIABLE: self.token} if self.listening else {}
+        """What the ranks' step adds to its environment: the token, while a warm step runs (the
+        first step starts beside them: its tasks wait for their warm process to listen)."""
+        with self._lock:
+            return {WARM_VARIABLE: self.token} if set(self.steps) - set(self.failed) else {}
 
     def stop(self) -> None:
         """End every warm step: its standard input closed, the warm process returns and srun ends

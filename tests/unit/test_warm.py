@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.rank.warm import WARM_VARIABLE
+from hpc.rank.warm import CONNECT_VARIABLE, WARM_VARIABLE
 from tests.support.runs import ROOT
 
 CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
@@ -47,7 +47,8 @@ def alive(pid: int) -> bool:
 @pytest.fixture
 def job_env() -> dict[str, str]:
     """A made-up Slurm task's environment: a job id of its own (the socket's name is global)."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": str(uuid.uuid4().int % 10**9), "SLURMD_NODENAME": "warmnode", WARM_VARIABLE: "t0ken"}
+    slurm = {"SLURM_JOB_ID": str(uuid.uuid4().int % 10**9), "SLURMD_NODENAME": "warmnode"}
+    return {**os.environ, **slurm, "PYTHONPATH": str(ROOT), WARM_VARIABLE: "t0ken", CONNECT_VARIABLE: "0.5"}
 
 
 def start_warm(env: dict[str, str], *modules: str) -> subprocess.Popen[str]:
@@ -162,3 +163,14 @@ def test_the_warm_step_runs_the_ranks_python_and_asks_for_the_nodes_gpus():
     step = warm_step("node7", ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"], gpus=8)
     assert step[:3] == ["srun", f"--job-name={STEP_NAME}", "--gres=gpu:8"] and "--nodelist=node7" in step and "--overlap" in step
     assert "--gres=gpu:8" not in warm_step("node7", ["python"])
+
+
+def test_a_client_that_comes_before_the_warm_process_listens_waits_for_it(job_env, tmp_path):
+    early = client({**job_env, CONNECT_VARIABLE: "20"}, tmp=tmp_path, PROBE_CODE="4")  # the ranks' srun started beside the warm one
+    server = start_warm(job_env, *MODULES)
+    try:
+        out, _ = early.communicate(timeout=30)
+        assert early.returncode == 4 and json.loads(out.splitlines()[0])["forked"], out
+    finally:
+        server.kill()
+        server.wait()
