@@ -30,6 +30,7 @@ STEP_NODES_VARIABLE = "HPCTK_STEP_NODES"
 STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 # 1 (the default): the ranks are forked from a warm process per node (hpc.rank.warm); 0: each starts its own interpreter.
 WARM_RANKS_VARIABLE = "HPCTK_WARM_RANKS"
+WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's task is handed to its node's warm process (hpc.rank.warm)
 WARM_GPUS_VARIABLE = "HPCTK_WARM_GPUS"  # the GPUs each node's warm step asks (its forks open their task's, in its cgroup)
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
 # torch.distributed store ports derived from a Slurm job id (and a local run's, drawn): below Linux's

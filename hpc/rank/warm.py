@@ -42,10 +42,9 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from hpc.env import slurm_job_id, slurm_task
+from hpc.env import WARM_VARIABLE, slurm_job_id, slurm_task
 from hpc.rank import signals as rank_signals
 
-WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's step is handed to the node's warm process
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
 # here may start a Python thread or initialise MPI (mpi4py.MPI): a fork would inherit half of it.
 WARM_MODULES = (

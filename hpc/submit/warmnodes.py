@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc.rank.warm import WARM_VARIABLE
+from hpc.env import WARM_VARIABLE
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.rank.warm import CONNECT_VARIABLE, WARM_VARIABLE
+from hpc.env import WARM_VARIABLE
+from hpc.rank.warm import CONNECT_VARIABLE
 from tests.support.runs import ROOT
 
 CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
