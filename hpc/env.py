@@ -224,6 +224,16 @@ def allocation_shape(env: Mapping[str, str]) -> tuple[int, int] | None:
     return nodes, counts.pop()
 
 
+def job_cpus_per_node(env: Mapping[str, str]) -> int | None:
+    """The fewest CPUs the job holds on any of its nodes (SLURM_JOB_CPUS_PER_NODE, '4(x2),2');
+    None outside an allocation or where Slurm's value cannot be read."""
+    try:
+        counts = _tasks_per_node(env.get("SLURM_JOB_CPUS_PER_NODE", "")) if env.get("SLURM_JOB_CPUS_PER_NODE") else []
+    except RankEnvError:
+        return None
+    return min(counts) if counts else None
+
+
 def job_node_list(env: Mapping[str, str]) -> str:
     """The Slurm job's (allocation's) nodes as a hostlist ("node[1-3]"); empty outside Slurm."""
     return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""

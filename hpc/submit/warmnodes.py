@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc.env import WARM_VARIABLE
+from hpc.env import WARM_VARIABLE, job_cpus_per_node
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
@@ -41,18 +41,20 @@ def warm_program(srun: Sequence[str]) -> list[str] | None:
     return [python, "-u", "-m", "hpc.rank.warm"]
 
 
-def warm_step(node: str, program: Sequence[str], gpus: int = 0) -> list[str]:
-    """The srun line of `node`'s warm step. With `gpus`, it asks for the node's GPUs (--overlap
-    shares them with the ranks' step): where Slurm constrains devices per step, its forks, which
-    live in its cgroup, can open the GPUs their tasks were given."""
+def warm_step(node: str, program: Sequence[str], gpus: int = 0, cpus: int | None = None) -> list[str]:
+    """The srun line of `node`'s warm step. It asks for the node's CPUs (and `gpus`), shared
+    with the ranks' step (--overlap): where Slurm confines a step to what it asked for (cgroups),
+    its forks, which live in its cgroup, can use the CPUs and GPUs their tasks were given."""
     srun, *rest = task_per_node([node], *program)
-    return [srun, f"--job-name={STEP_NAME}", *([f"--gres=gpu:{gpus}"] if gpus else []), *rest]
+    asks = [*([f"--cpus-per-task={cpus}"] if cpus else []), *([f"--gres=gpu:{gpus}"] if gpus else [])]
+    return [srun, f"--job-name={STEP_NAME}", *asks, *rest]
 
 
 class WarmNodes:
     """The warm steps of `nodes`, each read for a `failed` line (said in the batch log once)."""
 
     def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str], gpus: int = 0) -> None:
+        cpus = job_cpus_per_node(env)
         self.token = secrets.token_hex(16)
         self.failed: dict[str, str] = {}  # node -> the warm process's one line
         self.steps: dict[str, subprocess.Popen[str]] = {}
@@ -60,7 +62,7 @@ class WarmNodes:
         step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
             try:
-                command = warm_step(node, program, gpus)
+                command = warm_step(node, program, gpus, cpus)
                 step = subprocess.Popen(command, env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
             except OSError as err:
                 self.failed[node] = f"srun: {err}"

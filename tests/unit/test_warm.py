@@ -155,15 +155,17 @@ def test_a_warm_process_whose_imports_fail_sends_its_waiting_clients_cold(job_en
 
 
 def test_the_warm_step_runs_the_ranks_python_and_asks_for_the_nodes_gpus():
+    from hpc.env import job_cpus_per_node
     from hpc.submit.warmnodes import STEP_NAME, warm_program, warm_step
 
     ranks = ["srun", "--unbuffered", "--mpi=pmix", "/opt/py/bin/python3", "-u", "-m", "hpc.rank.main", "/runs/r"]
     assert warm_program(ranks) == ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"]
     assert warm_program(["srun", "--container-image=img", "python3", "-u", "-m", "hpc.rank.main", "/runs/r"]) is None  # a container's Python
     assert warm_program(["srun", "apptainer", "exec", "x.sif", "python3", "-u", "-m", "hpc.rank.main", "/runs/r"]) is None
-    step = warm_step("node7", ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"], gpus=8)
-    assert step[:3] == ["srun", f"--job-name={STEP_NAME}", "--gres=gpu:8"] and "--nodelist=node7" in step and "--overlap" in step
-    assert "--gres=gpu:8" not in warm_step("node7", ["python"])
+    step = warm_step("node7", ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"], gpus=8, cpus=96)
+    assert step[:4] == ["srun", f"--job-name={STEP_NAME}", "--cpus-per-task=96", "--gres=gpu:8"] and "--nodelist=node7" in step and "--overlap" in step
+    assert not [word for word in warm_step("node7", ["python"]) if word.startswith(("--gres", "--cpus"))]
+    assert job_cpus_per_node({"SLURM_JOB_CPUS_PER_NODE": "96(x3),64"}) == 64 and job_cpus_per_node({}) is None
 
 
 def test_a_client_that_comes_before_the_warm_process_listens_waits_for_it(job_env, tmp_path):
