@@ -305,7 +305,7 @@ class WarmServer:
             other.close()
 
     def reap(self) -> None:
-        """Tell the client of each rank that died of a signal (one that exits says so itself)."""
+        """Tell the client of each rank that ended how it ended."""
         while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -317,9 +317,11 @@ class WarmServer:
             self.gone.discard(pid)
             if conn is None:
                 continue
-            if os.WIFSIGNALED(status):
-                with contextlib.suppress(OSError):
-                    conn.sendall(f"signal {os.WTERMSIG(status)}\n".encode())
+            # A rank that ends through its interpreter says how itself; one that os._exit()s (a
+            # watchdog's verdict) or dies of a signal does not: said here (a second word is not read).
+            said = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{said}\n".encode())
             conn.close()
 
 

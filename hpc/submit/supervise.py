@@ -485,6 +485,8 @@ class Supervisor:
                     say(f"not restarting job {self.job_id} in its allocation: {reason}")
                 return code
             excluded += [n for n in record.lost_nodes if n not in excluded]
+            if warm is not None:
+                warm.revive(alive)
             restarts += 1
             left_out = f", leaving out {', '.join(excluded)}" if excluded else ""
             say(

@@ -56,19 +56,35 @@ class WarmNodes:
     def __init__(self, nodes: Sequence[str], program: Sequence[str], env: Mapping[str, str], gpus: int = 0) -> None:
         cpus = job_cpus_per_node(env)
         self.token = secrets.token_hex(16)
-        self.failed: dict[str, str] = {}  # node -> the warm process's one line
+        self.failed: dict[str, str] = {}  # node -> why it has no warm process now
+        self.broken: set[str] = set()  # nodes whose warm process said it cannot work (not started again)
         self.steps: dict[str, subprocess.Popen[str]] = {}
         self._lock = threading.Lock()
-        step_env = {**env, WARM_VARIABLE: self.token}
+        self.program, self.gpus, self.cpus = list(program), gpus, cpus
+        self.step_env = {**env, WARM_VARIABLE: self.token}
         for node in nodes:
-            try:
-                command = warm_step(node, program, gpus, cpus)
-                step = subprocess.Popen(command, env=step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
-            except OSError as err:
+            self._start(node)
+
+    def _start(self, node: str) -> None:
+        try:
+            command = warm_step(node, self.program, self.gpus, self.cpus)
+            step = subprocess.Popen(command, env=self.step_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, errors="replace")
+        except OSError as err:
+            with self._lock:
                 self.failed[node] = f"srun: {err}"
-                continue
+            return
+        with self._lock:
             self.steps[node] = step
-            threading.Thread(target=self._read, args=(node, step), daemon=True, name=f"warm-{node}").start()
+            self.failed.pop(node, None)
+        threading.Thread(target=self._read, args=(node, step), daemon=True, name=f"warm-{node}").start()
+
+    def revive(self, nodes: Sequence[str]) -> None:
+        """Start again the warm steps of `nodes` that ended (a kill of all the job's steps took
+        them): the restart's tasks wait for them to listen, and queue while they import."""
+        for node in nodes:
+            step = self.steps.get(node)
+            if step is not None and step.poll() is not None and node not in self.broken:
+                self._start(node)
 
     def _read(self, node: str, step: subprocess.Popen[str]) -> None:
         assert step.stdout is not None
@@ -77,10 +93,12 @@ class WarmNodes:
             if words[:2] == ["hpc-warm:", "failed"]:
                 with self._lock:
                     self.failed[node] = line.strip()
+                    self.broken.add(node)
                 print(f"hpc-toolkit: warm ranks: {line.strip()}; the ranks there start cold", file=sys.stderr, flush=True)
         step.wait()
         with self._lock:
-            self.failed.setdefault(node, f"its warm step ended (srun exit {step.returncode})")
+            if self.steps.get(node) is step:  # not one revived since
+                self.failed.setdefault(node, f"its warm step ended (srun exit {step.returncode})")
 
     def env(self) -> dict[str, str]:
         """What the ranks' step adds to its environment: the token, while a warm step runs (the

@@ -27,7 +27,10 @@ TORCH_LOG = "+cluster.env.TORCH_CPP_LOG_LEVEL=INFO"
 
 
 def c10d_connected(job_id: str) -> re.Pattern[str]:
-    return re.compile(rf"\[c10d\] The client socket has connected to \S+:{PORT_BASE + int(job_id) * 7 % PORT_SPAN} ")
+    """The job's rendezvous port (hpc.env.rendezvous) for the ranks' step: its id follows the
+    warm steps' (hpc.rank.warm, one per node)."""
+    ports = "|".join(str(PORT_BASE + (int(job_id) * 7 + step * 3) % PORT_SPAN) for step in range(4))
+    return re.compile(rf"\[c10d\] The client socket has connected to \S+:(?:{ports}) ")
 
 
 def rank_stderr(run_dir: Path, rank: int) -> str:

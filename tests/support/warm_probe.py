@@ -1,5 +1,5 @@
 """What tests/unit/test_warm.py runs as a fork of a warm process (hpc.rank.warm): it says where it
-runs, then does what PROBE says: exit with CODE, wait for SIGUSR1, raise, or sleep."""
+runs, then does what PROBE says: exit with CODE (or os._exit), wait for SIGUSR1, raise, or sleep."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ if mode == "usr1":
     while not got:
         time.sleep(0.01)
     sys.exit(40 + got[0])
+if mode == "os_exit":  # as the watchdog ends a rank: no interpreter exit, nothing said to the client
+    os._exit(int(os.environ.get("PROBE_CODE", "0")))
 if mode == "raise":
     raise RuntimeError("the probe's own error")
 time.sleep(300)

@@ -91,6 +91,12 @@ def test_the_fork_runs_in_the_clients_place_and_its_exit_code_is_the_clients(war
     assert "to stderr" in err  # the client's own streams
 
 
+def test_a_fork_that_os_exits_gives_its_client_its_exit_code(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="os_exit", PROBE_CODE="70")  # a watchdog's verdict
+    started.communicate(timeout=30)
+    assert started.returncode == 70  # srun says "Exited with exit code 70", not "Killed"
+
+
 def test_an_error_in_the_fork_is_exit_code_1_with_its_traceback(warm, job_env, tmp_path):
     started = client(job_env, tmp=tmp_path, PROBE="raise")
     _, err = started.communicate(timeout=30)
