@@ -110,7 +110,7 @@ def plot(paths: list[Path_], save_s: float, scale_up_s: float, png: Path) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ettr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spare-s", type=float, default=5.3, help="kill -> first resumed step, spare path (measured 2026-12-02, s)")
+    parser.add_argument("--spare-s", type=float, default=1.9, help="kill -> first resumed step, spare path, warm ranks (measured 2026-12-02, s)")
     parser.add_argument("--requeue-s", type=float, default=47.9, help="kill -> first resumed step, requeue path, hold excluded (measured 2026-12-02, s)")
     parser.add_argument("--hold-s", type=float, default=120.0, help="Slurm's requeue hold added to the requeue path (s)")
     parser.add_argument("--before-s", type=float, default=29.7, help="the spare path before detection by exit (2026-11-25, s)")
