@@ -84,6 +84,10 @@ CONNECT_VARIABLE = "HPCTK_WARM_CONNECT_S"  # another wait than CONNECT_S
 BACKLOG = 1024  # clients queued while the warm process imports: a node's tasks, many times over
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGCONT, signal.SIGALRM)
 _HEADER = struct.Struct("!I")
+# Signals the warm process ignores: a stop (cluster.signal, scancel --signal, a preemption's
+# SIGTERM) reaches every step of the job, and a warm process that died of it would take its forks
+# with it when Slurm ends its step. It ends when its standard input does, or by SIGKILL.
+IGNORED_HERE = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
 _forked_at: list[float] = []  # in a fork: when it was made (the rank's log says so: forked_line)
 
 
@@ -121,7 +125,8 @@ def hand_over(env: Mapping[str, str], module: str) -> None:
             "started": rank_signals.PROCESS_STARTED,
         }
         payload = json.dumps(request).encode()
-        client.sendmsg([_HEADER.pack(len(payload)) + payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        client.sendmsg([_HEADER.pack(len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        client.sendall(payload)
         reader = client.makefile("r", encoding="utf-8")
         first = reader.readline().split()
         client.settimeout(None)
@@ -142,12 +147,20 @@ def connected(name: str, within_s: float) -> socket.socket | None:
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             client.connect(name)
+            if peer_uid(client) != os.getuid():  # an abstract name anyone may take first: never hand them the rank
+                client.close()
+                return None
             return client
         except OSError:
             client.close()
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.02)
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    return int(struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1])
 
 
 def _umask() -> int:
@@ -199,8 +212,12 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
         print(f"hpc-warm: failed {node}: not a Slurm job step with {WARM_VARIABLE} set", flush=True)
         return 2
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(name)
-    listener.listen(BACKLOG)
+    try:
+        listener.bind(name)
+        listener.listen(BACKLOG)
+    except OSError as err:  # the name is taken (by whom, the clients check: SO_PEERCRED)
+        print(f"hpc-warm: failed {node}: cannot listen: {err}", flush=True)
+        return 1
     print(f"hpc-warm: listening {node}", flush=True)
     began = time.monotonic()
     failure = warm_up(modules)
@@ -223,6 +240,9 @@ def warm_up(modules: Sequence[str]) -> str | None:
             return f"importing {module}: {type(err).__name__}: {err}"
     # Python threads would be lost in the fork holding whatever locks they held. Native pools
     # (OpenBLAS's, started by numpy's import) are re-made in a fork by their own atfork handlers.
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised by the imports (a fork cannot use it)"
     if threading.active_count() != 1 or "mpi4py.MPI" in sys.modules:
         return f"{threading.active_count()} Python threads, mpi4py.MPI imported: {'mpi4py.MPI' in sys.modules}"
     gc.freeze()  # the imports' objects stay where they are: a fork's collections do not copy their pages
@@ -270,10 +290,13 @@ class WarmServer:
             os.killpg(pid, signal.SIGKILL)
 
     def accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
         fds: list[int] = []
         try:
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            uid = peer_uid(conn)
             if uid != os.getuid():
                 raise ValueError(f"a client of uid {uid}")
             conn.settimeout(REQUEST_S)
@@ -281,7 +304,7 @@ class WarmServer:
             if request.get("token") != self.token or len(fds) != 3:
                 raise ValueError("a request without the job's token and three streams")
             pid = os.fork()
-        except (OSError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - one bad request (even JSON nested past the recursion limit) never ends the node's ranks
             print(f"hpc-warm: a request refused: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
             for fd in fds:
                 os.close(fd)
@@ -290,6 +313,8 @@ class WarmServer:
         if pid == 0:
             self.leave()
             _become_rank(conn, request, fds)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # its group exists before any killpg below (the fork sets it too)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
@@ -313,6 +338,8 @@ class WarmServer:
                 return
             if pid == 0:
                 return
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # what the rank left behind (loader workers, its own children), as Slurm's step end did
             conn = self.children.pop(pid, None)
             self.gone.discard(pid)
             if conn is None:
@@ -367,10 +394,14 @@ def forked_line() -> str | None:
 def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
     """Take the client's place (streams, environment, directory, CPUs), run the rank's module as
     `python -m` would, and end the process with its exit code, told to the client first."""
-    code = 1
+    code, rank = 1, os.getpid()
     try:
         os.setpgid(0, 0)  # its own group: the rank and its loader workers end together
         rank_signals.catch_stop_signals()  # before the client learns the pid and passes signals on
+        for sig in IGNORED_HERE:
+            if sig not in rank_signals.STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+        os.register_at_fork(after_in_child=conn.close)  # the rank's own children never speak for it
         _forked_at.append(time.time())
         rank_signals.PROCESS_STARTED = float(request.get("started") or _forked_at[0])
         for fd, target in zip(fds, (0, 1, 2), strict=True):
@@ -389,10 +420,12 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -
     except BaseException:  # noqa: BLE001 - the fork must never return into the warm process's loop
         traceback.print_exc()
     try:
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        conn.sendall(f"exit {code}\n".encode())
+        if os.getpid() == rank:  # not a child the rank forked that came back up through runpy
+            threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's exit: non-daemon threads joined first
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.sendall(f"exit {code}\n".encode())
     finally:
         os._exit(code)
 
@@ -429,10 +462,10 @@ def _end_with_client(conn: socket.socket) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def main() -> int:
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # a stray batch signal is not the warm process's end
+def main(modules: Sequence[str] = WARM_MODULES) -> int:
+    for sig in IGNORED_HERE:  # the job's signals are for its ranks (their clients pass them on): never the warm process's end
         signal.signal(sig, signal.SIG_IGN)
-    return serve(os.environ)
+    return serve(os.environ, modules)
 
 
 if __name__ == "__main__":  # serve from the module the forks import (hpc.rank.main's forked_line reads its state)

@@ -24,6 +24,16 @@ if mode == "usr1":
     sys.exit(40 + got[0])
 if mode == "os_exit":  # as the watchdog ends a rank: no interpreter exit, nothing said to the client
     os._exit(int(os.environ.get("PROBE_CODE", "0")))
+if mode == "forks":  # a child of the rank that comes back up through runpy must not speak for it
+    if os.fork() == 0:
+        sys.exit(0)
+    os.wait()
+    sys.exit(int(os.environ.get("PROBE_CODE", "0")))
+if mode == "leaves_child":  # a process the rank started and did not end
+    import subprocess
+
+    print(subprocess.Popen(["sleep", "300"]).pid, flush=True)
+    sys.exit(0)
 if mode == "raise":
     raise RuntimeError("the probe's own error")
 time.sleep(300)

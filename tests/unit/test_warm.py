@@ -25,7 +25,7 @@ CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
     "import os; from hpc.rank.signals import catch_stop_signals; catch_stop_signals(); from hpc.rank.warm import hand_over; "
     "hand_over(os.environ, 'tests.support.warm_probe'); print('cold', flush=True)"
 )
-SERVE = "import os, sys; from hpc.rank import warm; raise SystemExit(warm.serve(os.environ, sys.argv[1:]))"
+SERVE = "import sys; from hpc.rank import warm; raise SystemExit(warm.main(sys.argv[1:]))"
 MODULES = ("json", "tests.support.warm_probe_deps")
 
 
@@ -95,6 +95,29 @@ def test_a_fork_that_os_exits_gives_its_client_its_exit_code(warm, job_env, tmp_
     started = client(job_env, tmp=tmp_path, PROBE="os_exit", PROBE_CODE="70")  # a watchdog's verdict
     started.communicate(timeout=30)
     assert started.returncode == 70  # srun says "Exited with exit code 70", not "Killed"
+
+
+def test_a_child_of_the_fork_never_speaks_for_it(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="forks", PROBE_CODE="6")
+    started.communicate(timeout=30)
+    assert started.returncode == 6  # the rank's code, not its child's 0
+
+
+def test_what_the_fork_left_behind_ends_with_it(warm, job_env, tmp_path):
+    started = client(job_env, tmp=tmp_path, PROBE="leaves_child")
+    said(started)
+    assert started.stdout is not None
+    leftover = int(started.stdout.readline())
+    assert started.wait(timeout=30) == 0
+    poll(lambda: not alive(leftover))  # as Slurm ended a step's processes
+
+
+def test_the_warm_process_outlives_the_jobs_stop_signals(warm, job_env, tmp_path):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+        warm.send_signal(sig)  # scancel --signal, a preemption's SIGTERM: for the ranks, not for it
+    started = client(job_env, tmp=tmp_path, PROBE_CODE="2")
+    out, _ = started.communicate(timeout=30)
+    assert started.returncode == 2 and json.loads(out.splitlines()[0])["forked"] and warm.poll() is None
 
 
 def test_an_error_in_the_fork_is_exit_code_1_with_its_traceback(warm, job_env, tmp_path):
