@@ -164,8 +164,8 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         )
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
         log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
-        if forked_line() is not None:
-            log.info("%s", forked_line())
+        if (forked := forked_line()) is not None:
+            log.info("%s", forked)
         if job.script is not None:  # the user's own script instead of the built-in loop
             return script_to_end(job, run_dir, rank, stop)
         node_position = ring_position(job, rank)

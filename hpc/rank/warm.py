@@ -122,7 +122,7 @@ def hand_over(env: Mapping[str, str], module: str) -> None:
             "cwd": os.getcwd(),
             "cpus": sorted(os.sched_getaffinity(0)),
             "umask": _umask(),
-            "started": rank_signals.PROCESS_STARTED,
+            "started": rank_signals.process_started(),
         }
         payload = json.dumps(request).encode()
         client.sendmsg([_HEADER.pack(len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])

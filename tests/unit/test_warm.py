@@ -10,13 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.simcluster import poll
 from hpc.env import WARM_VARIABLE
 from hpc.rank.warm import CONNECT_VARIABLE
 from tests.support.runs import ROOT
@@ -27,13 +27,6 @@ CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
 )
 SERVE = "import sys; from hpc.rank import warm; raise SystemExit(warm.main(sys.argv[1:]))"
 MODULES = ("json", "tests.support.warm_probe_deps")
-
-
-def poll(condition, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -109,7 +102,7 @@ def test_what_the_fork_left_behind_ends_with_it(warm, job_env, tmp_path):
     assert started.stdout is not None
     leftover = int(started.stdout.readline())
     assert started.wait(timeout=30) == 0
-    poll(lambda: not alive(leftover))  # as Slurm ended a step's processes
+    poll(lambda: not alive(leftover), "the rank's leftover child to end", 20)  # as Slurm ended a step's processes
 
 
 def test_the_warm_process_outlives_the_jobs_stop_signals(warm, job_env, tmp_path):
@@ -144,7 +137,7 @@ def test_a_client_killed_takes_its_fork_with_it(warm, job_env, tmp_path):
     fork = said(started)["pid"]
     started.kill()
     started.wait()
-    poll(lambda: not alive(fork))
+    poll(lambda: not alive(fork), "the fork to end with its client", 20)
     assert warm.poll() is None  # the warm process stays for the next start
 
 
