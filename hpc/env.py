@@ -32,6 +32,8 @@ STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 WARM_RANKS_VARIABLE = "HPCTK_WARM_RANKS"
 WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's task is handed to its node's warm process (hpc.rank.warm)
 WARM_GPUS_VARIABLE = "HPCTK_WARM_GPUS"  # the GPUs each node's warm step asks (its forks open their task's, in its cgroup)
+WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.submit.warmnodes)
+BATCH_STARTED_VARIABLE = "HPCTK_BATCH_STARTED"  # the batch script's first line's clock: when this start of the job began
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
 # torch.distributed store ports derived from a Slurm job id (and a local run's, drawn): below Linux's
 # ephemeral range (32768 up), which a listener bound to 0 (mpirun's own, Open MPI's) or any outgoing
@@ -254,3 +256,13 @@ def rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:
     first = hostlist.expand_hostlist(nodes)[0]
     step = _int(env, "SLURM_STEP_ID", 0) if env.get("SLURM_STEP_ID", "").isdigit() else 0
     return first, PORT_BASE + (int(job_id) * 7 + restart_count(env) + step * 3) % PORT_SPAN
+
+
+def batch_started(env: Mapping[str, str]) -> float | None:
+    """When this start of the job's batch script began (bash's $EPOCHREALTIME, exported by its
+    first line); None where no toolkit script set it. Finer than Slurm's StartTime (whole seconds)."""
+    value = env.get(BATCH_STARTED_VARIABLE, "").replace(",", ".")  # the locale's decimal point
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

@@ -34,7 +34,7 @@ class Cost:
     to_exit_s: float | None  # committed (or the failure) -> the step ended
     relaunch_s: float | None  # step ended -> next launch, Slurm's hold and queue wait excluded
     held_s: float | None  # requeue -> eligible again (Slurm's requeue hold)
-    queued_s: float | None  # eligible -> started
+    queued_s: float | None  # eligible -> the batch script's first line (Slurm's StartTime where it set no clock)
     start_up_s: float  # launch -> model and data ready, checkpoint not yet read
     load_s: float  # reading the checkpoint
     first_step_s: float  # checkpoint loaded -> first step done

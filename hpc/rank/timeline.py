@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc import slurmctl
-from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, restart_count, slurm_job_id
+from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, batch_started, restart_count, slurm_job_id
 from hpc.interruptions import TIMELINE, Cost, cost_of_interruption
 from hpc.rundir import RunDir, read_jsonl
 from trainers.faults import FAULTS
@@ -109,7 +110,9 @@ class Timeline:
         event: dict[str, Any] = {"event": "start", "start": self.start, "attempt": self.attempt, "launched": launched, **milestones}
         if self.job_id is not None and self.attempt == 0 and self.start > 0:
             fields = slurmctl.job_fields(self.job_id)
-            event["eligible"], event["job_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
+            event["eligible"], event["slurm_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
+            # the batch script's first line: Slurm's launch of it is Slurm's, and StartTime is whole seconds
+            event["job_started"] = batch_started(os.environ) or event["slurm_started"]
         timeline = read_jsonl(self.path)
         previous = next((e for e in reversed(timeline) if e.get("event") == "start"), None)
         if previous is not None or self.start or self.attempt:

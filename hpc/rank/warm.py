@@ -84,10 +84,14 @@ CONNECT_VARIABLE = "HPCTK_WARM_CONNECT_S"  # another wait than CONNECT_S
 BACKLOG = 1024  # clients queued while the warm process imports: a node's tasks, many times over
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGCONT, signal.SIGALRM)
 _HEADER = struct.Struct("!I")
-# Signals the warm process ignores: a stop (cluster.signal, scancel --signal, a preemption's
-# SIGTERM) reaches every step of the job, and a warm process that died of it would take its forks
-# with it when Slurm ends its step. It ends when its standard input does, or by SIGKILL.
-IGNORED_HERE = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
+# Signals the warm process ignores: a stop (cluster.signal, scancel --signal) reaches every step
+# of the job, and a warm process that died of it would take its forks with it when Slurm ends its
+# step. It ends when its standard input does, or by SIGKILL, or after SIGTERM (below).
+IGNORED_HERE = (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
+# Slurm's end of the job (scancel, a preemption, the time limit): the warm process ends once the
+# ranks it forked have (they save first); one with none ends at once. Ignored, it held the job's
+# nodes for KillWait after every scancel, until Slurm's SIGKILL.
+ENDS_HERE = signal.SIGTERM
 _forked_at: list[float] = []  # in a fork: when it was made (the rank's log says so: forked_line)
 
 
@@ -220,12 +224,13 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
         return 1
     print(f"hpc-warm: listening {node}", flush=True)
     began = time.monotonic()
-    failure = warm_up(modules)
+    failure = warm_up(modules)  # a SIGTERM meanwhile ends it (no rank forked yet: the queued clients start cold)
     if failure is not None:
         listener.close()
         print(f"hpc-warm: failed {node}: {failure}", flush=True)
         return 1
     server = WarmServer(listener, token)
+    signal.signal(ENDS_HERE, server.end_when_ranks_have)
     print(f"hpc-warm: ready {node} {time.monotonic() - began:.2f}", flush=True)
     server.run()
     return 0
@@ -257,16 +262,22 @@ class WarmServer:
         self.listener, self.token = listener, token
         self.children: dict[int, socket.socket] = {}
         self.gone: set[int] = set()  # ranks whose client is gone, killed, not yet reaped
+        self.ending = False  # SIGTERM came: no more forks, and the end once every rank's
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
+    def end_when_ranks_have(self, signum: int, frame: object) -> None:
+        self.ending = True  # the loop, woken by the wakeup fd, closes the listener
+
     def run(self) -> None:
-        """Until the supervisor closes this step's standard input (srun passes the close on)."""
+        """Until the supervisor closes this step's standard input (srun passes the close on), or
+        after SIGTERM once no rank it forked lives."""
         while True:
-            readable, _, _ = select.select([self.listener, self.wake_r, sys.stdin, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
+            listening = [] if self.ending else [self.listener]
+            readable, _, _ = select.select([*listening, self.wake_r, sys.stdin, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
             if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
                 return
             if self.wake_r in readable:
@@ -275,6 +286,10 @@ class WarmServer:
             if self.listener in readable:
                 self.accept()
             self.reap()
+            if self.ending:
+                self.listener.close()  # a client still to come starts its rank cold
+                if not self.children:
+                    return
             for pid, conn in list(self.children.items()):
                 if conn in readable:
                     self.client_gone(pid, conn)
@@ -398,7 +413,7 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -
     try:
         os.setpgid(0, 0)  # its own group: the rank and its loader workers end together
         rank_signals.catch_stop_signals()  # before the client learns the pid and passes signals on
-        for sig in IGNORED_HERE:
+        for sig in (*IGNORED_HERE, ENDS_HERE):
             if sig not in rank_signals.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
         os.register_at_fork(after_in_child=conn.close)  # the rank's own children never speak for it

@@ -21,10 +21,19 @@ from typing import Any
 from hpc import slurmctl
 from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
-from hpc.env import ALLOCATION_RESTARTS_VARIABLE, REQUEST_DIR_VARIABLE, STEP_NODES_VARIABLE, WARM_GPUS_VARIABLE, WARM_RANKS_VARIABLE
+from hpc.env import (
+    ALLOCATION_RESTARTS_VARIABLE,
+    BATCH_STARTED_VARIABLE,
+    REQUEST_DIR_VARIABLE,
+    STEP_NODES_VARIABLE,
+    WARM_DIR_VARIABLE,
+    WARM_GPUS_VARIABLE,
+    WARM_RANKS_VARIABLE,
+)
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.submit.warmnodes import batch_start_lines, warm_program
 
 SUBMITTED_SCRIPT_GLOB = "*_submission.sh"  # where submitit (1.5.0 and later) keeps the script it gave sbatch: <job id>_submission.sh
 UNKNOWN_POLLS = 5  # consecutive squeue answers of UNKNOWN (forgotten, or squeue failing) that end wait_for_job
@@ -52,6 +61,7 @@ def job_setup_lines(
     step supervisor (hpc.submit.supervise) reads the exports after it."""
     requests = code_root.parent / "slurm" / "requeue-requests"
     return [
+        f"export {BATCH_STARTED_VARIABLE}=${{EPOCHREALTIME:-$(date +%s.%N)}}  # first: the cost of an interruption counts from here",
         *setup_lines(env, code_root),
         "export PYTHONSAFEPATH=1",
         "export SLURM_EXPORT_ENV=ALL",
@@ -121,6 +131,7 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         *requeue_function_lines(),
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+        f'    [[ -n ${{hpctk_warm_in:-}} ]] && exec {{hpctk_warm_in}}>&- && rm -rf "${WARM_DIR_VARIABLE}"  # the warm steps end (hpc.submit.warmnodes)',
         "    id=${id:-$SLURM_JOB_ID}",
         f'    local dir="${REQUEST_DIR_VARIABLE}" failures=${{SLURM_RESTART_COUNT:-0}}  # no directory: every restart counts',
         '    local request="$dir/$id.restart-${SLURM_RESTART_COUNT:-0}"',
@@ -166,6 +177,8 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
         srun_args = [f"--nodes={res.nodes}", f"--ntasks={res.nodes * res.tasks_per_node}", f"--ntasks-per-node={res.tasks_per_node}", *srun_args]
     container, rank_python = container_launch(job, code_root.parent)
     srun_args += container
+    program = warm_program(["srun", *rank_python, "-u", "-m", "hpc.rank.main"])
+    warm_lines = batch_start_lines(program, res.tasks_per_node * res.gpus_per_task) if cluster.warm_ranks and program and not container else []
     params: dict[str, Any] = {
         "rank_python": rank_python,  # hpc.submit.slurm's own: taken out before submitit sees the rest
         "job_name": job.name,
@@ -175,7 +188,7 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
         "time": res.time_min if res.time_min is not None else cluster.time_min,
         "srun_args": srun_args,
         "use_srun": False,
-        "setup": setup + list(cluster.setup),
+        "setup": setup + list(cluster.setup) + warm_lines,  # the warm steps in the environment the user's lines made
         "stderr_to_stdout": False,
         # Every rank gets the signal (no "B:"); the ranks agree on a step, save and requeue.
         "additional_parameters": {"signal": f"{cluster.signal}@{cluster.signal_seconds}", **({"requeue": True} if cluster.requeue else {})},

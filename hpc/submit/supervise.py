@@ -60,6 +60,7 @@ from hpc.env import (
     STEP_NODES_VARIABLE,
     WARM_GPUS_VARIABLE,
     WARM_RANKS_VARIABLE,
+    WARM_VARIABLE,
     job_node_list,
     restart_count,
     slurm_job_id,
@@ -157,6 +158,10 @@ def why_not_restart(outcome: StepOutcome) -> str | None:
 def with_options(srun: Sequence[str], options: Sequence[str]) -> list[str]:
     """`srun` with `options` put right after the word srun (before the program and its arguments)."""
     return [srun[0], *options, *srun[1:]]
+
+
+def without(env: Mapping[str, str], name: str) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key != name}
 
 
 def probe_deadline(answered_after: Sequence[float]) -> float:
@@ -441,7 +446,8 @@ class Supervisor:
         program = warm_program(self.srun)
         if self.job_id == "local" or self.env.get(WARM_RANKS_VARIABLE, "1") != "1" or program is None:
             return None
-        return WarmNodes(self.allocation_nodes(), program, self.env, int(self.env.get(WARM_GPUS_VARIABLE) or 0))
+        gpus = int(self.env.get(WARM_GPUS_VARIABLE) or 0)
+        return WarmNodes.adopt(program, self.env, gpus) or WarmNodes(self.allocation_nodes(), program, self.env, gpus)
 
     def run_steps(self, warm: WarmNodes | None) -> int:
         self.slurmd = slurmctl.slurmd_addresses() if self.job_id != "local" else {}  # once: a lost node's is asked in a hurry
@@ -452,7 +458,8 @@ class Supervisor:
             options = [*(["--overlap"] if restarts else []), *([f"--exclude={','.join(excluded)}"] if excluded else [])]
             record = StepRecord(self.start, restarts, list(excluded), time.time())
             checkpoint_before = self.newest_checkpoint()
-            env = {**self.env, STEP_ATTEMPT_VARIABLE: str(restarts), **(warm.env() if warm is not None else {})}
+            # the batch script exported the warm token: the ranks get it only while a warm process can take them
+            env = {**without(self.env, WARM_VARIABLE), STEP_ATTEMPT_VARIABLE: str(restarts), **(warm.env() if warm is not None else {})}
             watch = StepWatch(with_options(self.srun, options), env, record, self.job_id, self.slurmd)
             code = watch.wait(functools.partial(self.nodes_left, tuple(excluded)), self.heartbeats)
             record.ended, record.exit_code = time.time(), code

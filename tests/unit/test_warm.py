@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -106,11 +107,32 @@ def test_what_the_fork_left_behind_ends_with_it(warm, job_env, tmp_path):
 
 
 def test_the_warm_process_outlives_the_jobs_stop_signals(warm, job_env, tmp_path):
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
-        warm.send_signal(sig)  # scancel --signal, a preemption's SIGTERM: for the ranks, not for it
+    for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        warm.send_signal(sig)  # scancel --signal, hpc.stop: for the ranks, not for it
     started = client(job_env, tmp=tmp_path, PROBE_CODE="2")
     out, _ = started.communicate(timeout=30)
     assert started.returncode == 2 and json.loads(out.splitlines()[0])["forked"] and warm.poll() is None
+
+
+def test_after_sigterm_the_warm_process_forks_no_more_and_ends_once_its_ranks_have(warm, job_env, tmp_path):
+    saving = client(job_env, tmp=tmp_path, PROBE="usr1")  # a rank still saving when Slurm's SIGTERM came
+    said(saving)
+    warm.send_signal(signal.SIGTERM)  # scancel, a preemption: its forks must outlive it, it must not outlive them
+
+    def later_starts_cold() -> bool:
+        out, _ = client(job_env, tmp=tmp_path).communicate(timeout=30)
+        return out.strip() == "cold"
+
+    poll(later_starts_cold, "a client after SIGTERM to start cold", 20)
+    assert warm.poll() is None  # the rank it forked still runs
+    saving.send_signal(signal.SIGUSR1)
+    assert saving.wait(timeout=30) == 40 + signal.SIGUSR1
+    assert warm.wait(timeout=30) == 0
+
+
+def test_sigterm_ends_a_warm_process_without_ranks_at_once(warm):
+    warm.send_signal(signal.SIGTERM)  # scancel: Slurm's KillWait is not spent waiting on it
+    assert warm.wait(timeout=30) == 0
 
 
 def test_an_error_in_the_fork_is_exit_code_1_with_its_traceback(warm, job_env, tmp_path):
@@ -199,3 +221,68 @@ def test_a_client_that_comes_before_the_warm_process_listens_waits_for_it(job_en
     finally:
         server.kill()
         server.wait()
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun as the batch script's warm lines run it: says it listens, holds on until its input ends
+for arg; do [[ $arg == --nodelist=* ]] && node=${arg#--nodelist=}; done
+printf '%s\\n' "$@" >"$FAKE_LOG/$node.args"
+echo "hpc-warm: listening $node"
+[[ $node == n3 ]] && { echo "hpc-warm: failed n3: importing torch: ImportError: no torch here"; exit 1; }
+cat >/dev/null
+echo ended >"$FAKE_LOG/$node.eof"
+"""
+
+
+def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopts_and_its_trap_ends(tmp_path):
+    from hpc.submit.slurm import exit_trap_lines
+    from hpc.submit.warmnodes import BatchStep, WarmNodes, batch_start_lines
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\n[[ \"$1 $2\" == 'show hostnames' ]] && printf 'n1\\nn2\\nn3\\n'\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    program = [sys.executable, "-u", "-m", "hpc.rank.warm"]
+    adopt = (  # the supervisor, as submitit starts it after the setup lines
+        "import json, os, sys; from hpc.submit.warmnodes import WarmNodes; "
+        f"warm = WarmNodes.adopt({program!r}, os.environ, 2); print(json.dumps([warm.token, sorted(warm.steps), warm.env(), sorted(warm.broken)]))"
+    )
+    trap = [line for line in exit_trap_lines(0) if "hpctk_warm_in" in line]  # the trap's first deed
+    script = "\n".join(
+        [
+            *batch_start_lines(program, gpus=2),
+            'until grep -qs failed "$HPCTK_WARM_DIR"/n3.out; do sleep 0.05; done',
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(adopt)}",
+            'echo "token $HPCTK_WARM"',
+            *[line.strip() for line in trap],
+            "wait",
+        ]
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+        "FAKE_LOG": str(log),
+        "TMPDIR": str(tmp_path),
+        "HPCTK_WARM_RANKS": "1",
+        "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_JOB_CPUS_PER_NODE": "4(x2),2",
+    }
+    env.pop(WARM_VARIABLE, None)
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) >= 2, (done.stdout, done.stderr)
+    said_json, token_line = done.stdout.splitlines()[-2:]
+    token, steps, ranks_env, broken = json.loads(said_json)
+    assert token_line == f"token {token}" and len(token) == 32 and steps == ["n1", "n2", "n3"]
+    assert ranks_env == {WARM_VARIABLE: token} and broken == ["n3"]  # n3 said it failed: its ranks start cold, never started again
+    assert "warm ranks: hpc-warm: failed n3" in done.stderr
+    for node in ("n1", "n2"):
+        args = (log / f"{node}.args").read_text().split()
+        assert {"--job-name=hpc-warm", "--cpus-per-task=2", "--gres=gpu:2", f"--nodelist={node}", "--overlap"} <= set(args)
+        assert (log / f"{node}.eof").read_text() == "ended\n"  # its input ended with the trap's close, not before
+    assert not list(tmp_path.glob("hpctk-warm.*"))  # the trap removed the directory
+    assert WarmNodes.adopt(program, {}, 0) is None and BatchStep(2**22 + 1, tmp_path / "none").poll() == 0
