@@ -121,12 +121,11 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
       a lost node) while the job still runs, so that it resumes from its last committed
       checkpoint; at most `max_failure_requeues` (0: never). Preemptions and time limits do not
       count: SLURM_RESTART_COUNT counts every requeue, this file only failures (a script that
-      exports no such directory falls back to SLURM_RESTART_COUNT). Not after a
-      cancel or time limit (the job is no longer RUNNING), not when the ranks requeued it
-      themselves (watchdog), and not after a Python error: the failing rank sets Requeue=0
-      first, since it would fail the same way again.
-
-    Both requeues go through requeue_function_lines."""
+      exports no such directory falls back to SLURM_RESTART_COUNT). Not after a cancel or time
+      limit (the job is no longer RUNNING), not when the ranks requeued it themselves
+      (watchdog), and not after a Python error: the failing rank sets Requeue=0 first, since it
+      would fail the same way again. Both requeues go through requeue_function_lines. First,
+      the warm steps' FIFO is closed (hpc.submit.warmnodes.batch_start_lines)."""
     return [
         *requeue_function_lines(),
         "hpctk_on_exit() {",
