@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -60,6 +59,7 @@ class Timeline:
         self.attempt = int(env.get(STEP_ATTEMPT_VARIABLE) or 0)
         self.requests = Path(env[REQUEST_DIR_VARIABLE]) if env.get(REQUEST_DIR_VARIABLE) and self.job_id else None
         self.process_started = process_started
+        self.batch_started = batch_started(env)
 
     def _request_file(self, suffix: str) -> Path | None:
         return self.requests / f"{self.job_id}.{suffix}" if self.requests is not None else None
@@ -111,8 +111,11 @@ class Timeline:
         if self.job_id is not None and self.attempt == 0 and self.start > 0:
             fields = slurmctl.job_fields(self.job_id)
             event["eligible"], event["slurm_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
-            # the batch script's first line: Slurm's launch of it is Slurm's, and StartTime is whole seconds
-            event["job_started"] = batch_started(os.environ) or event["slurm_started"]
+            # the batch script's first line: Slurm's launch of it is Slurm's, and StartTime is whole
+            # seconds; one from before this start (inherited by a script that sets none) is not it
+            batch = self.batch_started
+            fresh = batch is not None and (event["slurm_started"] is None or batch >= event["slurm_started"])
+            event["job_started"] = batch if fresh else event["slurm_started"]
         timeline = read_jsonl(self.path)
         previous = next((e for e in reversed(timeline) if e.get("event") == "start"), None)
         if previous is not None or self.start or self.attempt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,21 @@ def test_a_timeline_that_cannot_be_written_or_read_costs_a_warning_never_the_run
     Timeline(edited, {}, 0.0).record_start({"loaded": 2.0, "load_s": 1.0, "first_step": 3.0, "resumed_from": 0})
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 2 and all(w.startswith("interruption timeline not recorded: ") for w in warnings), warnings
+
+
+@pytest.mark.parametrize(("exported", "decimal", "expected"), [(0.25, ".", 0.25), (0.25, ",", 0.25), (-10.0, ".", 0.0), (None, ".", 0.0)])
+def test_a_requeued_start_counts_from_its_batch_scripts_first_line_not_an_earlier_one(tmp_path: Path, monkeypatch, exported, decimal, expected):
+    """HPCTK_BATCH_STARTED (bash's $EPOCHREALTIME, a comma in some locales) is finer than Slurm's
+    StartTime (whole seconds); one older than StartTime was inherited from an earlier job."""
+    from hpc import slurmctl
+    from hpc.env import BATCH_STARTED_VARIABLE
+
+    fields = {"EligibleTime": "2026-12-02T10:00:00", "StartTime": "2026-12-02T10:00:10"}
+    monkeypatch.setattr(slurmctl, "job_fields", lambda job, timeout_s=60: fields)
+    slurm = datetime.fromisoformat(fields["StartTime"]).timestamp()
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    if exported is not None:
+        env[BATCH_STARTED_VARIABLE] = f"{slurm + exported:.6f}".replace(".", decimal)
+    Timeline(RunDir(tmp_path), env, slurm + 1).record_start({"loaded": slurm + 3, "load_s": 0.5, "first_step": slurm + 3.5, "resumed_from": 0})
+    (started,) = read_jsonl(tmp_path / TIMELINE)
+    assert started["slurm_started"] == slurm and started["job_started"] == pytest.approx(slurm + expected, abs=1e-3)
