@@ -114,7 +114,7 @@ class Timeline:
             # the batch script's first line: Slurm's launch of it is Slurm's, and StartTime is whole
             # seconds; one from before this start (inherited by a script that sets none) is not it
             batch = self.batch_started
-            fresh = batch is not None and (event["slurm_started"] is None or batch >= event["slurm_started"])
+            fresh = batch is not None and event["slurm_started"] is not None and batch >= event["slurm_started"]
             event["job_started"] = batch if fresh else event["slurm_started"]
         timeline = read_jsonl(self.path)
         previous = next((e for e in reversed(timeline) if e.get("event") == "start"), None)

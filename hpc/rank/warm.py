@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from hpc.env import WARM_VARIABLE, slurm_job_id, slurm_task
@@ -107,10 +107,11 @@ def address(env: Mapping[str, str]) -> str | None:
 # The client: a task of the ranks' step.
 
 
-def hand_over(env: Mapping[str, str], module: str) -> None:
+def hand_over(env: MutableMapping[str, str], module: str) -> None:
     """Run `module` (hpc.rank.main) as a fork of this node's warm process, and end as it ends.
-    Returns only when no warm process took the rank: the caller then starts it itself."""
-    token, name = env.get(WARM_VARIABLE), address(env)
+    Returns only when no warm process took the rank: the caller then starts it itself, without
+    the token in `env` (a job it submits must not wait for this job's warm processes)."""
+    token, name = env.pop(WARM_VARIABLE, None), address(env)
     if not token or name is None:
         return
     client = connected(name, float(env.get(CONNECT_VARIABLE) or CONNECT_S))
@@ -122,7 +123,7 @@ def hand_over(env: Mapping[str, str], module: str) -> None:
             "token": token,
             "module": module,
             "argv": sys.argv,
-            "env": {k: v for k, v in env.items() if k != WARM_VARIABLE},
+            "env": dict(env),  # without the token
             "cwd": os.getcwd(),
             "cpus": sorted(os.sched_getaffinity(0)),
             "umask": _umask(),
@@ -274,16 +275,19 @@ class WarmServer:
 
     def run(self) -> None:
         """Until the supervisor closes this step's standard input (srun passes the close on), or
-        after SIGTERM once no rank it forked lives."""
+        SIGTERM comes, and then until no rank it forked lives."""
+        stdin_open = True
         while True:
-            listening = [] if self.ending else [self.listener]
-            readable, _, _ = select.select([*listening, self.wake_r, sys.stdin, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
+            watched = [*([] if self.ending else [self.listener]), *([sys.stdin] if stdin_open else [])]
+            readable, _, _ = select.select([*watched, self.wake_r, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
             if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
-                return
+                # the supervisor is done, or the batch shell died of the job's SIGTERM with the
+                # ranks still saving: they end (their clients gone) before this process does
+                stdin_open, self.ending = False, True
             if self.wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_r, 4096)
-            if self.listener in readable:
+            if self.listener in readable and not self.ending:
                 self.accept()
             self.reap()
             if self.ending:

@@ -29,6 +29,7 @@ from hpc.env import (
     WARM_DIR_VARIABLE,
     WARM_GPUS_VARIABLE,
     WARM_RANKS_VARIABLE,
+    WARM_VARIABLE,
 )
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
@@ -62,6 +63,7 @@ def job_setup_lines(
     requests = code_root.parent / "slurm" / "requeue-requests"
     return [
         f"export {BATCH_STARTED_VARIABLE}=${{EPOCHREALTIME:-$(date +%s.%N)}}  # first: the cost of an interruption counts from here",
+        f"unset {WARM_VARIABLE} {WARM_DIR_VARIABLE}  # an enclosing job's (submitted from inside one): this job's come below",
         *setup_lines(env, code_root),
         "export PYTHONSAFEPATH=1",
         "export SLURM_EXPORT_ENV=ALL",

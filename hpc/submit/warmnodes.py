@@ -15,7 +15,6 @@ in it on every node, and the ranks a warm process forked on a live node must out
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import shlex
 import subprocess
@@ -25,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc.env import WARM_DIR_VARIABLE, WARM_RANKS_VARIABLE, WARM_VARIABLE, job_cpus_per_node
+from hpc.env import WARM_DIR_VARIABLE, WARM_RANKS_VARIABLE, WARM_VARIABLE, job_cpus_per_node, restart_count, slurm_job_id
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
@@ -68,17 +67,18 @@ def batch_start_lines(program: Sequence[str], gpus: int = 0) -> list[str]:
     line = line.replace(f"--job-name={STEP_NAME}", f"--job-name={STEP_NAME} ${{cpus:+--cpus-per-task=$cpus}}", 1)
     return [
         "hpctk_warm_start() {  # every node's warm process (hpc.rank.warm): its imports overlap submitit's and the supervisor's start",
-        "    local dir node n cpus=",
+        "    local dir node n cpus= IFS=$' \\t\\n'  # the user's setup lines may have changed IFS",
         '    dir=$(mktemp -d "${TMPDIR:-/tmp}/hpctk-warm.XXXXXX") && mkfifo "$dir/in" || return 0',
+        '    echo "job $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}" >"$dir/steps"  # whose: only this start of this job adopts them',
         '    exec {hpctk_warm_in}<>"$dir/in"  # held until the EXIT trap: the warm processes end when it closes',
         "    for n in ${SLURM_JOB_CPUS_PER_NODE//,/ }; do n=${n%%(*}; [[ $n =~ ^[0-9]+$ ]] && (( !cpus || n < cpus )) && cpus=$n; done",
         f"    export {WARM_VARIABLE}=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n') {WARM_DIR_VARIABLE}=$dir",
         '    for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-        f'        {line} <"$dir/in" >"$dir/$node.out" 2>&1 {{hpctk_warm_in}}>&- &',
+        f'        {line} <"$dir/in" >"$dir/$node.out" {{hpctk_warm_in}}>&- &  # its stderr: the batch log',
         '        echo "$node $!" >>"$dir/steps"',
         "    done",
         "}",
-        f"[[ ${{{WARM_RANKS_VARIABLE}:-0}} == 1 && -n ${{SLURM_JOB_NODELIST:-}} && -z ${{{WARM_VARIABLE}:-}} ]] && hpctk_warm_start",
+        f"[[ ${{{WARM_RANKS_VARIABLE}:-0}} == 1 && -n ${{SLURM_JOB_NODELIST:-}} && -z ${{hpctk_warm_in:-}} ]] && hpctk_warm_start",
     ]
 
 
@@ -86,12 +86,12 @@ class BatchStep:
     """A warm step the batch script started (batch_start_lines): not this process's child, so
     known by its srun's pid and its output file."""
 
-    def __init__(self, pid: int, output: Path) -> None:
-        self.pid, self.output = pid, output
+    def __init__(self, node: str, pid: int, output: Path) -> None:
+        self.node, self.pid, self.output = node, pid, output
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _srun_alive(self.pid):
+        if self.returncode is None and not _srun_alive(self.pid, self.node):
             self.returncode = 0  # its exit code is its parent's (the batch shell) to know
         return self.returncode
 
@@ -102,15 +102,15 @@ class BatchStep:
             return []
 
 
-def _srun_alive(pid: int) -> bool:
-    """Whether `pid` still is a running srun (not a zombie, not a pid used again since; a site's
-    srun may be a script: its interpreter comes first)."""
+def _srun_alive(pid: int, node: str) -> bool:
+    """Whether `pid` still is the srun of `node`'s warm step: running (not a zombie), and its
+    arguments say so (not a pid used again since, by another of the job's sruns)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"srun" in (os.path.basename(word) for word in command)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and {f"--job-name={STEP_NAME}".encode(), f"--nodelist={node}".encode()} <= set(words)
 
 
 class WarmNodes:
@@ -139,7 +139,9 @@ class WarmNodes:
             rows = [line.split() for line in (Path(directory) / "steps").read_text().splitlines()]
         except OSError:
             return None
-        started = {row[0]: BatchStep(int(row[1]), Path(directory) / f"{row[0]}.out") for row in rows if len(row) == 2 and row[1].isdigit()}
+        if not rows or rows[0] != ["job", slurm_job_id(env) or "", str(restart_count(env))]:
+            return None  # an enclosing job's, or an earlier start's: never another job's warm processes
+        started = {row[0]: BatchStep(row[0], int(row[1]), Path(directory) / f"{row[0]}.out") for row in rows[1:] if len(row) == 2 and row[1].isdigit()}
         if not started:
             return None
         warm = cls([], program, env, gpus, token)

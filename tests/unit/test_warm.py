@@ -114,10 +114,15 @@ def test_the_warm_process_outlives_the_jobs_stop_signals(warm, job_env, tmp_path
     assert started.returncode == 2 and json.loads(out.splitlines()[0])["forked"] and warm.poll() is None
 
 
-def test_after_sigterm_the_warm_process_forks_no_more_and_ends_once_its_ranks_have(warm, job_env, tmp_path):
+@pytest.mark.parametrize("told", ["SIGTERM", "stdin closed"])
+def test_told_to_end_the_warm_process_forks_no_more_and_ends_once_its_ranks_have(warm, job_env, tmp_path, told):
     saving = client(job_env, tmp=tmp_path, PROBE="usr1")  # a rank still saving when Slurm's SIGTERM came
     said(saving)
-    warm.send_signal(signal.SIGTERM)  # scancel, a preemption: its forks must outlive it, it must not outlive them
+    if told == "SIGTERM":  # scancel, a preemption: its forks must outlive it, it must not outlive them
+        warm.send_signal(signal.SIGTERM)
+    else:  # the batch shell, dead of the same SIGTERM, closed the FIFO
+        assert warm.stdin is not None
+        warm.stdin.close()
 
     def later_starts_cold() -> bool:
         out, _ = client(job_env, tmp=tmp_path).communicate(timeout=30)
@@ -268,6 +273,8 @@ def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopt
         "FAKE_LOG": str(log),
         "TMPDIR": str(tmp_path),
         "HPCTK_WARM_RANKS": "1",
+        "SLURM_JOB_ID": "77",
+        "SLURM_RESTART_COUNT": "2",
         "SLURM_JOB_NODELIST": "n[1-3]",
         "SLURM_JOB_CPUS_PER_NODE": "4(x2),2",
     }
@@ -285,4 +292,12 @@ def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopt
         assert {"--job-name=hpc-warm", "--cpus-per-task=2", "--gres=gpu:2", f"--nodelist={node}", "--overlap"} <= set(args)
         assert (log / f"{node}.eof").read_text() == "ended\n"  # its input ended with the trap's close, not before
     assert not list(tmp_path.glob("hpctk-warm.*"))  # the trap removed the directory
-    assert WarmNodes.adopt(program, {}, 0) is None and BatchStep(2**22 + 1, tmp_path / "none").poll() == 0
+    assert WarmNodes.adopt(program, {}, 0) is None and BatchStep("n1", 2**22 + 1, tmp_path / "none").poll() == 0
+    steps = tmp_path / "other" / "steps"
+    steps.parent.mkdir()
+    steps.write_text(f"job 77 2\nn1 {os.getpid()}\n")  # this pid is no srun of n1's warm step: ended
+    theirs = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2", WARM_VARIABLE: "t", "HPCTK_WARM_DIR": str(steps.parent)}
+    adopted = WarmNodes.adopt(program, theirs, 0)
+    assert adopted is not None and adopted.steps["n1"].poll() == 0
+    for other in ({"SLURM_JOB_ID": "78"}, {"SLURM_RESTART_COUNT": "3"}):  # an enclosing job's, an earlier start's
+        assert WarmNodes.adopt(program, {**theirs, **other}, 0) is None
