@@ -132,7 +132,7 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         *requeue_function_lines(),
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        f'    [[ -n ${{hpctk_warm_in:-}} ]] && exec {{hpctk_warm_in}}>&- && rm -rf "${WARM_DIR_VARIABLE}"  # the warm steps end (hpc.submit.warmnodes)',
+        "    [[ -n ${hpctk_warm_in:-} ]] && hpctk_warm_end  # the warm steps end (hpc.submit.warmnodes)",
         "    id=${id:-$SLURM_JOB_ID}",
         f'    local dir="${REQUEST_DIR_VARIABLE}" failures=${{SLURM_RESTART_COUNT:-0}}  # no directory: every restart counts',
         '    local request="$dir/$id.restart-${SLURM_RESTART_COUNT:-0}"',

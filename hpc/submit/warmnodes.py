@@ -59,8 +59,8 @@ def warm_step(node: str, program: Sequence[str], gpus: int = 0, cpus: int | None
 def batch_start_lines(program: Sequence[str], gpus: int = 0) -> list[str]:
     """The batch script's lines that start every node's warm step at once, in the background
     (after the user's setup lines: the same environment as the ranks). Each step's standard
-    input is a FIFO that the script holds open until its EXIT trap (exit_trap_lines closes
-    `hpctk_warm_in`); its output, and the node and srun pid, go to $HPCTK_WARM_DIR, where the
+    input is a FIFO that the script holds open until its EXIT trap (exit_trap_lines calls
+    `hpctk_warm_end`, which closes it and waits for them); its output, and the node and srun pid, go to $HPCTK_WARM_DIR, where the
     supervisor reads them. The CPUs asked are the fewest the job holds on a node, as
     WarmNodes asks (job_cpus_per_node)."""
     line = shlex.join(warm_step("@NODE@", program, gpus)).replace("--nodelist=@NODE@", '--nodelist="$node"')
@@ -76,7 +76,16 @@ def batch_start_lines(program: Sequence[str], gpus: int = 0) -> list[str]:
         '    for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
         f'        {line} <"$dir/in" >"$dir/$node.out" {{hpctk_warm_in}}>&- &  # its stderr: the batch log',
         '        echo "$node $!" >>"$dir/steps"',
+        '        hpctk_warm_pids+=("$!")',
         "    done",
+        "}",
+        "hpctk_warm_end() {  # from the EXIT trap: their input closed, they end on their own (2 s at most) before a requeue cancels them",
+        "    local pid tries",
+        "    exec {hpctk_warm_in}>&-",
+        '    for pid in "${hpctk_warm_pids[@]}"; do',
+        '        for (( tries = 0; tries < 40; tries++ )); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done',
+        "    done",
+        f'    rm -rf "${WARM_DIR_VARIABLE}"',
         "}",
         f"[[ ${{{WARM_RANKS_VARIABLE}:-0}} == 1 && -n ${{SLURM_JOB_NODELIST:-}} && -z ${{hpctk_warm_in:-}} ]] && hpctk_warm_start",
     ]
