@@ -34,6 +34,7 @@ from hpc.env import (
 from hpc.errors import UserError
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.submit.warmnodes import END_CALL as WARM_END_CALL
 from hpc.submit.warmnodes import batch_start_lines, warm_program
 
 SUBMITTED_SCRIPT_GLOB = "*_submission.sh"  # where submitit (1.5.0 and later) keeps the script it gave sbatch: <job id>_submission.sh
@@ -132,7 +133,7 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
         *requeue_function_lines(),
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        "    [[ -n ${hpctk_warm_in:-} ]] && hpctk_warm_end  # the warm steps end (hpc.submit.warmnodes)",
+        f"    {WARM_END_CALL}  # the warm steps end (hpc.submit.warmnodes)",
         "    id=${id:-$SLURM_JOB_ID}",
         f'    local dir="${REQUEST_DIR_VARIABLE}" failures=${{SLURM_RESTART_COUNT:-0}}  # no directory: every restart counts',
         '    local request="$dir/$id.restart-${SLURM_RESTART_COUNT:-0}"',

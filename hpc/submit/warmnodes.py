@@ -28,6 +28,13 @@ from hpc.env import WARM_DIR_VARIABLE, WARM_RANKS_VARIABLE, WARM_VARIABLE, job_c
 from hpc.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
+# The EXIT trap's call (hpc.submit.slurm.exit_trap_lines) of what batch_start_lines defines.
+END_CALL = "[[ -n ${hpctk_warm_in:-} ]] && hpctk_warm_end"
+
+
+def said_failure(line: str) -> bool:
+    """Whether a warm process's output line says it cannot work (its ranks start cold)."""
+    return line.split()[:2] == ["hpc-warm:", "failed"]
 
 
 def warm_program(srun: Sequence[str]) -> list[str] | None:
@@ -162,13 +169,14 @@ class WarmNodes:
         for node, step in list(self.steps.items()):
             if not isinstance(step, BatchStep) or node in self.failed:
                 continue
-            failure = next((line.strip() for line in step.lines() if line.split()[:2] == ["hpc-warm:", "failed"]), None)
+            said = step.lines()
+            failure = next((line.strip() for line in said if said_failure(line)), None)
             if failure is not None:
                 self._said_failed(node, failure)
             elif step.poll() is not None:
                 with self._lock:
                     self.failed.setdefault(node, "its warm step ended")
-                    if not any(line.startswith("hpc-warm: listening") for line in step.lines()):
+                    if not any(line.startswith("hpc-warm: listening") for line in said):
                         self.broken.add(node)  # srun refused it (options, an old Slurm): never started again
 
     def _said_failed(self, node: str, line: str) -> None:
@@ -202,8 +210,7 @@ class WarmNodes:
     def _read(self, node: str, step: subprocess.Popen[str]) -> None:
         assert step.stdout is not None
         for line in step.stdout:
-            words = line.split()
-            if words[:2] == ["hpc-warm:", "failed"]:
+            if said_failure(line):
                 self._said_failed(node, line.strip())
         step.wait()
         with self._lock:
