@@ -239,10 +239,16 @@ def task_steps(job_id: str, sparing: str | None = None) -> list[str]:
 def kill_tasks(job_id: str) -> str | None:
     """SIGKILL to the tasks of the job's steps, at once, as a rank's death or a lost node ends
     them: the job and its batch shell go on (a SIGKILL to the job itself cancels it, and Slurm
-    sends SIGTERM first). The error text, or None; none running is an error."""
+    sends SIGTERM first). The error text, or None; none running is an error.
+
+    One scancel for all the steps (it signals them together): one after another, the ranks
+    killed with the first step were restarted by the supervisor as forks of a warm process
+    that the next scancel then killed, a second restart no lost node makes."""
     steps = task_steps(job_id)
-    errors = [error for step in steps if (error := cancel(step, signal="KILL")) is not None]
-    return "; ".join(errors) if errors else None if steps else f"no step of job {job_id} runs tasks now"
+    if not steps:
+        return f"no step of job {job_id} runs tasks now"
+    code, _, err = _run(["scancel", "--signal=KILL", *steps])
+    return None if code == 0 else err.strip() or f"exit code {code}"
 
 
 def kill_tasks_now(job_id: str, sparing: str | None = None) -> list[subprocess.Popen[bytes]]:

@@ -59,6 +59,17 @@ def test_a_failing_tool_returns_its_error_text_and_the_exact_command_ran(tools: 
     assert tools.read_text().splitlines() == ["scancel --signal=USR1 99"]
 
 
+def test_killing_a_jobs_tasks_signals_every_step_in_one_scancel_and_spares_the_batch_shell(tools: Path):
+    # one after another, the ranks killed with the first step were restarted as forks of a warm
+    # process the next scancel then killed: a second restart that no lost node makes
+    squeue = tools.parent / "bin" / "squeue"
+    squeue.write_text(f'#!/bin/bash\necho "squeue $*" >> {tools}\nprintf "7.batch batch\\n7.extern extern\\n7.0 hpc-warm\\n7.1 hpc-warm\\n7.2 train\\n"\n')
+    assert slurmctl.kill_tasks("7") == "scancel: error: Invalid job id --signal=KILL"
+    assert tools.read_text().splitlines()[-1] == "scancel --signal=KILL 7.0 7.1 7.2"
+    squeue.write_text("#!/bin/bash\n")
+    assert slurmctl.kill_tasks("7") == "no step of job 7 runs tasks now"
+
+
 def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no tool at all
     assert not slurmctl.available("scontrol")
