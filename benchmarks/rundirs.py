@@ -70,8 +70,20 @@ def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
     """The rank processes of a run: Python interpreters running module `entry` with the run dir
     (under srun and mpirun alike); never a launcher whose command line names
     it too (mpirun, srun, hpc.submit.ranks), nor a rank's loader process (data.workers: forked
-    from the rank, it has the rank's command line and the rank for its parent)."""
-    out = subprocess.run(["pgrep", "-f", re.escape(f"{entry} {run_dir}")], capture_output=True, text=True)  # pgrep takes a regex
+    from the rank, it has the rank's command line and the rank for its parent). Where a local
+    run's warm process lives (`-m hpc.rank.warm RUN_DIR`, hpc.submit.ranks), its forks: they are
+    the ranks, and mpirun's processes only pass signals on to them."""
+    warm = _processes(run_dir, "hpc.rank.warm")
+    servers = [pid for pid, parent in warm.items() if parent not in warm]
+    if servers:
+        return [pid for pid, parent in warm.items() if parent in servers]
+    ranks = _processes(run_dir, entry)
+    return [pid for pid, parent in ranks.items() if parent not in ranks]
+
+
+def _processes(run_dir: Path, module: str) -> dict[int, int]:
+    """pid -> parent pid of each Python process running `module` on the run dir (no launcher)."""
+    out = subprocess.run(["pgrep", "-f", re.escape(f"{module} {run_dir}")], capture_output=True, text=True)  # pgrep takes a regex
     parents = {}
     for pid in map(int, out.stdout.split()):
         try:
@@ -80,10 +92,10 @@ def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
             parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue  # ended meanwhile
-        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
-        if name not in LAUNCHERS and module == entry:
+        found = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+        if name not in LAUNCHERS and found == module:
             parents[pid] = parent
-    return [pid for pid, parent in parents.items() if parent not in parents]
+    return parents
 
 
 def ranks_environment() -> dict[str, str]:

@@ -32,6 +32,7 @@ STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 WARM_RANKS_VARIABLE = "HPCTK_WARM_RANKS"
 WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's task is handed to its node's warm process (hpc.rank.warm)
 WARM_GPUS_VARIABLE = "HPCTK_WARM_GPUS"  # the GPUs each node's warm step asks (its forks open their task's, in its cgroup)
+WARM_ADDRESS_VARIABLE = "HPCTK_WARM_ADDRESS"  # a local run's warm process (hpc.submit.ranks): its socket, named, since no job names it
 WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.submit.warmnodes)
 BATCH_STARTED_VARIABLE = "HPCTK_BATCH_STARTED"  # the batch script's first line's clock: when this start of the job began
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script

@@ -14,6 +14,9 @@ from hpc.rundir import RunDir
 from trainers.watchdog import Heartbeat, read_heartbeats
 
 RANK_MODULE = "hpc.rank.main"  # what every rank runs: `python -m hpc.rank.main RUN_DIR` (hpc.submit.local, the sbatch script)
+# A local run's ranks are forks of `python -u -m hpc.rank.warm RUN_DIR` (hpc.submit.ranks): a
+# fork's command line is its warm process's, and it started when it was forked.
+WARM_MODULE = "hpc.rank.warm"
 # A process start time read from /proc is whole seconds of boot time plus clock ticks, and the
 # wall clock may have been stepped since boot: a start this much after the heartbeat still counts.
 CLOCK_SLACK_S = 2.0
@@ -21,16 +24,16 @@ CLOCK_SLACK_S = 2.0
 
 def is_rank_of(argv: Sequence[str], started_at: float, beat: Heartbeat, run_dir: Path) -> bool:
     """Whether a process (its command line, when it started) is the rank of `run_dir` that wrote
-    `beat`: `PYTHON [OPTIONS] -m hpc.rank.main RUN_DIR` (a launcher names that further along its
-    own command line, after its own program and arguments: mpirun, srun, hpc.submit.ranks), started
-    before the heartbeat was written (a process that took the pid of an ended rank started after
-    its last one)."""
+    `beat`: `PYTHON [OPTIONS] -m hpc.rank.main RUN_DIR`, or a fork of the run's warm process
+    (`... -m hpc.rank.warm RUN_DIR`; a launcher names either further along its own command line,
+    after its own program and arguments: mpirun, srun, hpc.submit.ranks), started before the
+    heartbeat was written (a process that took the pid of an ended rank started after its last one)."""
     if "-m" not in argv[:-2]:
         return False
     at = argv.index("-m")
     options_only = all(arg.startswith("-") for arg in argv[1:at])  # `python -u -m ...`; not `mpirun -n 2 python -m ...`
     same_run = Path(argv[at + 2]).resolve() == run_dir.resolve()  # the rank's is absolute; yours may be relative or by a link
-    return options_only and argv[at + 1] == RANK_MODULE and same_run and started_at <= beat.time + CLOCK_SLACK_S
+    return options_only and argv[at + 1] in (RANK_MODULE, WARM_MODULE) and same_run and started_at <= beat.time + CLOCK_SLACK_S
 
 
 def process_facts(pid: int) -> tuple[list[str], float] | None:

@@ -59,7 +59,8 @@ class ClusterConfig:
     # at most this many times per start of the job (hpc.submit.supervise); 0: requeue at once.
     allocation_restarts: int = 3
     # The ranks forked from one warm process per node that has torch and the toolkit imported (hpc.rank.warm):
-    # a restart in the allocation costs a fork, not an interpreter's start. false: every rank starts its own.
+    # a restart in the allocation costs a fork, not an interpreter's start; a local run imports torch once, not
+    # once per rank. false: every rank starts its own.
     warm_ranks: bool = True
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save

@@ -1,7 +1,10 @@
 """Warm ranks: one process per node of a Slurm job imports what a rank imports (torch, the
 toolkit) once, before any rank needs it, and forks a rank from that state when one starts.
 
-    python -u -m hpc.rank.warm      (one per node, each in a one-task srun step: hpc.submit.warmnodes)
+    python -u -m hpc.rank.warm [RUN_DIR]   (one per node, each in a one-task srun step: hpc.submit.warmnodes;
+                                            one beside mpirun for a local run: hpc.submit.ranks)
+
+RUN_DIR is not read: it names the run on the command line, which a fork keeps (hpc.rankprocs).
 
 The ranks' step starts as always (`srun ... python -m hpc.rank.main RUN_DIR`). Each of its tasks
 is then a small client (the first lines of hpc.rank.main, standard library only): it hands its
@@ -42,7 +45,7 @@ import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from hpc.env import WARM_VARIABLE, slurm_job_id, slurm_task
+from hpc.env import WARM_ADDRESS_VARIABLE, WARM_VARIABLE, slurm_job_id, slurm_task
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -96,7 +99,10 @@ _forked_at: list[float] = []  # in a fork: when it was made (the rank's log says
 
 
 def address(env: Mapping[str, str]) -> str | None:
-    """The abstract socket name of this node's warm process for this job; None outside Slurm."""
+    """The abstract socket name of this node's warm process for this job: a local run's, named
+    (WARM_ADDRESS_VARIABLE); a Slurm job's, from the job and the node; None for neither."""
+    if named := env.get(WARM_ADDRESS_VARIABLE):
+        return f"\0{named}"
     job = slurm_job_id(env)
     if job is None:
         return None
@@ -111,7 +117,8 @@ def hand_over(env: MutableMapping[str, str], module: str) -> None:
     """Run `module` (hpc.rank.main) as a fork of this node's warm process, and end as it ends.
     Returns only when no warm process took the rank: the caller then starts it itself, without
     the token in `env` (a job it submits must not wait for this job's warm processes)."""
-    token, name = env.pop(WARM_VARIABLE, None), address(env)
+    name, token = address(env), env.pop(WARM_VARIABLE, None)
+    env.pop(WARM_ADDRESS_VARIABLE, None)
     if not token or name is None:
         return
     client = connected(name, float(env.get(CONNECT_VARIABLE) or CONNECT_S))
@@ -407,7 +414,7 @@ def forked_line() -> str | None:
     """The rank's log line saying it is a fork of its node's warm process; None for a cold start."""
     if not _forked_at:
         return None
-    return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after srun started the task"
+    return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after its task started"
 
 
 def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
@@ -422,6 +429,7 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -
                 signal.signal(sig, signal.SIG_DFL)
         os.register_at_fork(after_in_child=conn.close)  # the rank's own children never speak for it
         _forked_at.append(time.time())
+        _fresh_random_streams()
         rank_signals.PROCESS_STARTED = float(request.get("started") or _forked_at[0])
         for fd, target in zip(fds, (0, 1, 2), strict=True):
             os.dup2(fd, target)
@@ -442,11 +450,32 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -
         if os.getpid() == rank:  # not a child the rank forked that came back up through runpy
             threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's exit: non-daemon threads joined first
             atexit._run_exitfuncs()
+            _finalize_mpi()
             sys.stdout.flush()
             sys.stderr.flush()
             conn.sendall(f"exit {code}\n".encode())
     finally:
         os._exit(code)
+
+
+def _fresh_random_streams() -> None:
+    """The unseeded streams a new interpreter draws from the OS, drawn again: a fork has its warm
+    process's, the same in every rank of the node (two ranks' unseeded augmentations would be
+    equal). Python's `random` reseeds itself in a fork; torch's and numpy's global ones do not."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _finalize_mpi() -> None:
+    """What the interpreter's exit does and os._exit skips: mpi4py finalises MPI from a C-level
+    exit hook (Py_AtExit), not from atexit. Without it mpirun takes the rank's end for an abort."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 def _run_module(module: str) -> int:

@@ -31,7 +31,8 @@ def rank_command(job: JobConfig, run_dir: RunDir, mpirun: str | None = None) -> 
     mpirun, which starts the rank entry point on the run dir."""
     ranks = job.resources.nodes * job.resources.tasks_per_node
     command = mpirun_command(ranks, [sys.executable, "-m", "hpc.rank.main", str(run_dir.path)], job.cluster.mpirun_args, mpirun)
-    return [sys.executable, "-m", "hpc.submit.ranks", str(run_dir.path), *command]
+    warm = ["--warm"] if job.cluster.warm_ranks else []  # the ranks forked from one interpreter that imported torch
+    return [sys.executable, "-m", "hpc.submit.ranks", *warm, str(run_dir.path), *command]
 
 
 def pinned_command(command: list[str], env: dict[str, str], code: Path, inherited_pythonpath: str | None) -> list[str]:

@@ -18,17 +18,23 @@ import argparse
 import contextlib
 import os
 import random
+import secrets
+import select
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import IO
 
-from hpc.env import PORT_BASE, RESULT_EXIT_VARIABLE
+from hpc.env import PORT_BASE, RESULT_EXIT_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE
 from hpc.rundir import RunDir
 from hpc.runlock import RunDirBusy, hold_launch
 
+WARM_LISTEN_S = 10.0  # the warm process's interpreter start; one that does not listen by then leaves the ranks cold
+WARM_END_S = 30.0  # after mpirun: the forks are gone with their clients, so the warm process ends at once
 ENDED_AT_ONCE = 130  # a second Ctrl-C: the shell's code for an end by SIGINT (mpirun, killed, read 247)
 
 
@@ -77,6 +83,58 @@ def child_pids(pid: int) -> list[int]:
     return [int(word) for word in found.stdout.split() if word.isdigit()]
 
 
+@contextlib.contextmanager
+def warm_process(env: Mapping[str, str], run_dir: Path) -> Iterator[dict[str, str]]:
+    """This machine's warm process (hpc.rank.warm) for the ranks mpirun starts here, listening:
+    the variables that hand each rank to it (a fork of one interpreter that imported torch once,
+    instead of one interpreter and its imports per rank); none where it did not listen (the
+    ranks start cold). It ends after them: its standard input closed, it waits for its forks.
+    `run_dir` on its command line says whose it is (and its forks', the ranks: hpc.rankprocs)."""
+    variables = {WARM_VARIABLE: secrets.token_hex(16), WARM_ADDRESS_VARIABLE: f"hpctk-warm.{os.getuid()}.local.{secrets.token_hex(8)}"}
+    try:
+        command = [sys.executable, "-u", "-m", "hpc.rank.warm", str(run_dir)]
+        proc = subprocess.Popen(command, env={**env, **variables}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    except OSError as err:
+        print(f"hpc-warm: not started ({err}): every rank starts its own interpreter", file=sys.stderr, flush=True)
+        yield {}
+        return
+    try:
+        yield variables if warm_listens(proc) else {}
+    finally:
+        end_warm_process(proc)
+
+
+def warm_listens(proc: subprocess.Popen[str]) -> bool:
+    """Whether the warm process said it listens (within WARM_LISTEN_S); what it says after that
+    goes on to stderr if it is a failure (its import failed: the ranks start cold)."""
+    stdout: IO[str] = proc.stdout  # type: ignore[assignment]  # a pipe: Popen(stdout=PIPE)
+    ready, _, _ = select.select([stdout], [], [], WARM_LISTEN_S)
+    first = stdout.readline() if ready else ""
+    threading.Thread(target=say_warm_failures, args=(stdout,), daemon=True, name="hpc-warm-said").start()
+    if first.startswith("hpc-warm: listening"):
+        return True
+    print(first.strip() or f"hpc-warm: not listening after {WARM_LISTEN_S:.0f} s", "(every rank starts its own interpreter)", file=sys.stderr, flush=True)
+    return False
+
+
+def say_warm_failures(stdout: IO[str]) -> None:
+    for line in stdout:
+        if line.startswith("hpc-warm: failed"):
+            print(line.strip(), "(the ranks start their own interpreters)", file=sys.stderr, flush=True)
+
+
+def end_warm_process(proc: subprocess.Popen[str]) -> None:
+    """Its standard input closed: it ends once no fork of its lives (each went with its client, a
+    rank of mpirun's); SIGKILL after WARM_END_S."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()  # type: ignore[union-attr]  # a pipe: Popen(stdin=PIPE)
+    try:
+        proc.wait(timeout=WARM_END_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_exit_code(mpirun_code: int, run_dir: RunDir) -> int:
     """mpirun's code, or after a clean stop or an agreed failure (mpirun 0, the run's end record
     "stopped" or "failed": RunDir.read_result) the run's own."""
@@ -90,6 +148,7 @@ def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
     parser = Parser("python -m hpc.submit.ranks", __doc__ or "")
+    parser.add_argument("--warm", action="store_true", help="fork the ranks from one warm process (cluster.warm_ranks): torch imported once")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (its result.json gives the exit code)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="MPIRUN_COMMAND...", help="mpirun and its arguments")
     args = parser.parse_args(argv)
@@ -100,7 +159,11 @@ def main(argv: list[str]) -> int:
     except RunDirBusy as busy:
         print(f"error: {busy}", file=sys.stderr)
         return 2
-    return run_exit_code(run_ranks(args.command, {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}), RunDir(Path(args.run_dir)))
+    env = {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}
+    warm: contextlib.AbstractContextManager[dict[str, str]] = warm_process(env, Path(args.run_dir)) if args.warm else contextlib.nullcontext({})
+    with warm as variables:
+        code = run_ranks(args.command, {**env, **variables})
+    return run_exit_code(code, RunDir(Path(args.run_dir)))
 
 
 def with_local_rendezvous(env: Mapping[str, str], draw: Callable[[range], int] = random.choice) -> dict[str, str]:

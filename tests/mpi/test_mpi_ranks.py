@@ -102,13 +102,16 @@ def test_embedded_default_trains_on_two_ranks(tmp_path):
     for rank in (0, 1):
         log = (run_dir / "logs" / f"rank-{rank:05d}.log").read_text()
         assert f"[rank {rank}/2 " in log and "epoch 20/20" in log
+        assert "a fork of this node's warm process" in log  # cluster.warm_ranks: torch imported once, not per rank
 
 
 def test_three_ranks_agree_on_metrics(tmp_path):
     """Odd world size: every rank logs the same rank-averaged loss and accuracy."""
-    result = run_launch("resources.tasks_per_node=3", "trainer.epochs=8", cwd=tmp_path)
+    result = run_launch("resources.tasks_per_node=3", "trainer.epochs=8", "cluster.warm_ranks=false", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (run_dir,) = run_dirs(tmp_path)
+    assert "a fork of" not in (run_dir / "logs" / "rank-00000.log").read_text()  # each rank its own interpreter
+    assert "--warm" not in (run_dir / "command.txt").read_text()
     finals = {
         [line for line in (run_dir / "logs" / f"rank-{r:05d}.log").read_text().splitlines() if "epoch 8/8" in line][-1].split(": ", 1)[1] for r in range(3)
     }

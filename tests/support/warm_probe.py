@@ -13,7 +13,14 @@ from hpc.rank.warm import forked_line
 
 got: list[int] = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))  # before the line below: the test signals after it
-print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line()}), flush=True)
+# the unseeded streams, where the warm process imported them: each rank's own, as a new interpreter's
+draws = {}
+if "numpy" in sys.modules:
+    draws["numpy"] = float(sys.modules["numpy"].random.random())
+if "torch" in sys.modules:
+    draws["torch"] = float(sys.modules["torch"].rand(1))
+said = {"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line(), "draws": draws}
+print(json.dumps(said), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("PROBE", "exit")
 if mode == "exit":

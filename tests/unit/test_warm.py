@@ -85,6 +85,21 @@ def test_the_fork_runs_in_the_clients_place_and_its_exit_code_is_the_clients(war
     assert "to stderr" in err  # the client's own streams
 
 
+def test_each_fork_draws_its_own_unseeded_random_streams(job_env, tmp_path):
+    # a fork has its warm process's torch and numpy streams: two ranks' unseeded augmentations were equal
+    server = start_warm(job_env, *MODULES, "numpy.random", "torch")
+    try:
+        draws = []
+        for _ in range(2):
+            out, _ = client(job_env, tmp=tmp_path).communicate(timeout=60)
+            draws.append(json.loads(out.splitlines()[0])["draws"])
+        assert set(draws[0]) == {"numpy", "torch"}
+        assert all(draws[0][name] != draws[1][name] for name in ("numpy", "torch")), draws
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_a_fork_that_os_exits_gives_its_client_its_exit_code(warm, job_env, tmp_path):
     started = client(job_env, tmp=tmp_path, PROBE="os_exit", PROBE_CODE="70")  # a watchdog's verdict
     started.communicate(timeout=30)
