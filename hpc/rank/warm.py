@@ -517,6 +517,10 @@ def main(modules: Sequence[str] = WARM_MODULES) -> int:
 
 
 if __name__ == "__main__":  # serve from the module the forks import (hpc.rank.main's forked_line reads its state)
+    from hpc.cli import Parser
     from hpc.rank import warm
 
+    parser = Parser("python -m hpc.rank.warm", __doc__ or "")
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="the run it serves: not read, named for ps and hpc.rankprocs")
+    parser.parse_args()
     sys.exit(warm.main())
