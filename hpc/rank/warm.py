@@ -464,7 +464,7 @@ def _fresh_random_streams() -> None:
     equal). Python's `random` reseeds itself in a fork; torch's and numpy's global ones do not."""
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.seed()
+        torch.default_generator.seed()  # not torch.seed(): it would give every GPU the CPU's seed (CUDA seeds each itself)
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
@@ -472,10 +472,20 @@ def _fresh_random_streams() -> None:
 
 def _finalize_mpi() -> None:
     """What the interpreter's exit does and os._exit skips: mpi4py finalises MPI from a C-level
-    exit hook (Py_AtExit), not from atexit. Without it mpirun takes the rank's end for an abort."""
+    exit hook (Py_AtExit), not from atexit. Without it mpirun takes the rank's end for an abort.
+    Only where mpi4py's would: not when told not to (MPI4PY_RC_FINALIZE, mpi4py.rc.finalize)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and _mpi4py_finalizes():
         mpi.Finalize()
+
+
+def _mpi4py_finalizes() -> bool:
+    """mpi4py's rule for its exit hook: MPI4PY_RC_FINALIZE, else rc.finalize, which None makes rc.initialize."""
+    said = os.environ.get("MPI4PY_RC_FINALIZE")
+    if said is not None:
+        return said.strip().lower() in ("1", "true", "yes", "on", "y")
+    rc = sys.modules["mpi4py"].rc
+    return bool(rc.initialize if rc.finalize is None else rc.finalize)
 
 
 def _run_module(module: str) -> int:

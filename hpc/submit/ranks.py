@@ -99,7 +99,10 @@ def warm_process(env: Mapping[str, str], run_dir: Path) -> Iterator[dict[str, st
         yield {}
         return
     try:
-        yield variables if warm_listens(proc) else {}
+        listening = warm_listens(proc)
+        if not listening:
+            end_warm_process(proc)  # not importing torch beside the cold ranks, nor holding it until they end
+        yield variables if listening else {}
     finally:
         end_warm_process(proc)
 
@@ -113,8 +116,17 @@ def warm_listens(proc: subprocess.Popen[str]) -> bool:
     threading.Thread(target=say_warm_failures, args=(stdout,), daemon=True, name="hpc-warm-said").start()
     if first.startswith("hpc-warm: listening"):
         return True
-    print(first.strip() or f"hpc-warm: not listening after {WARM_LISTEN_S:.0f} s", "(every rank starts its own interpreter)", file=sys.stderr, flush=True)
+    why = first.strip() or (f"hpc-warm: ended at once (exit code {exit_code(proc)})" if ready else f"hpc-warm: not listening after {WARM_LISTEN_S:.0f} s")
+    print(why, "(every rank starts its own interpreter)", file=sys.stderr, flush=True)
     return False
+
+
+def exit_code(proc: subprocess.Popen[str]) -> str:
+    """The exit code of a process whose output ended (it may still be ending)."""
+    try:
+        return str(proc.wait(timeout=5))
+    except subprocess.TimeoutExpired:
+        return "none: it closed its output and runs"
 
 
 def say_warm_failures(stdout: IO[str]) -> None:
@@ -124,10 +136,14 @@ def say_warm_failures(stdout: IO[str]) -> None:
 
 
 def end_warm_process(proc: subprocess.Popen[str]) -> None:
-    """Its standard input closed: it ends once no fork of its lives (each went with its client, a
-    rank of mpirun's); SIGKILL after WARM_END_S."""
+    """Its standard input closed and SIGTERM: it ends once no fork of its lives (each went with its
+    client, a rank of mpirun's), at once while it still imports (its standard input is read only
+    after: mpirun that failed at once, or a second Ctrl-C, would wait for torch's import);
+    SIGKILL after WARM_END_S."""
     with contextlib.suppress(OSError):
         proc.stdin.close()  # type: ignore[union-attr]  # a pipe: Popen(stdin=PIPE)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=WARM_END_S)
     except subprocess.TimeoutExpired:
@@ -159,7 +175,9 @@ def main(argv: list[str]) -> int:
     except RunDirBusy as busy:
         print(f"error: {busy}", file=sys.stderr)
         return 2
-    env = {**with_local_rendezvous(os.environ), RESULT_EXIT_VARIABLE: "1"}
+    # never an enclosing job's warm process (launch.py typed in a Slurm job's batch script): this launch's, or none
+    inherited = {name: value for name, value in os.environ.items() if name not in (WARM_VARIABLE, WARM_ADDRESS_VARIABLE)}
+    env = {**with_local_rendezvous(inherited), RESULT_EXIT_VARIABLE: "1"}
     warm: contextlib.AbstractContextManager[dict[str, str]] = warm_process(env, Path(args.run_dir)) if args.warm else contextlib.nullcontext({})
     with warm as variables:
         code = run_ranks(args.command, {**env, **variables})

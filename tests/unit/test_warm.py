@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,3 +317,25 @@ def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopt
     assert adopted is not None and adopted.steps["n1"].poll() == 0
     for other in ({"SLURM_JOB_ID": "78"}, {"SLURM_RESTART_COUNT": "3"}):  # an enclosing job's, an earlier start's
         assert WarmNodes.adopt(program, {**theirs, **other}, 0) is None
+
+
+# A local run's warm process (hpc.submit.ranks): stand-ins for it, as the launcher sees them.
+
+
+def test_a_local_warm_process_still_importing_ends_at_once_after_mpirun(tmp_path):
+    # its standard input is read only after its imports: a second Ctrl-C or an mpirun that failed
+    # at once would have waited for torch's import (up to WARM_END_S)
+    from hpc.submit.ranks import end_warm_process
+
+    importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    began = time.monotonic()
+    end_warm_process(importing)
+    assert importing.returncode == -signal.SIGTERM and time.monotonic() - began < 10
+
+
+def test_a_local_warm_process_that_ends_at_once_leaves_the_ranks_cold_in_one_line(capsys):
+    from hpc.submit.ranks import warm_listens
+
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert warm_listens(ended) is False
+    assert capsys.readouterr().err == "hpc-warm: ended at once (exit code 3) (every rank starts its own interpreter)\n"
