@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as `python benchmarks/stop_loop.py`
 
 from benchmarks.rundirs import logged_steps  # noqa: E402  (after the path)
+from hpc.proctree import kill_tree  # noqa: E402
 
 
 def one_stop(command: list[str], env: dict[str, str], run_dir: Path, hang_after_s: float) -> tuple[int | None, float]:
@@ -45,7 +46,7 @@ def one_stop(command: list[str], env: dict[str, str], run_dir: Path, hang_after_
     try:
         code: int | None = launcher.wait(timeout=hang_after_s)
     except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher leads its group: mpirun and the ranks too
+        kill_tree(launcher.pid)  # mpirun and the ranks too: a session of their own, each rank a group
         launcher.wait()
         code = None
     return code, time.monotonic() - signalled

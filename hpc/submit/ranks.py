@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from hpc.env import PORT_BASE, RESULT_EXIT_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE
+from hpc.proctree import children, kill_tree
 from hpc.rundir import RunDir
 from hpc.runlock import RunDirBusy, hold_launch
 
@@ -60,10 +61,9 @@ def run_ranks(command: list[str], env: dict[str, str]) -> int:
         interrupts += signum == signal.SIGINT
         if interrupts >= 2:
             print("\nsecond Ctrl-C: ending the ranks now", file=sys.stderr, flush=True)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # mpirun leads its session's group: every rank
+            kill_tree(proc.pid)  # mpirun and every rank (each in a group of its own); a fork goes with its client
             return
-        ranks = child_pids(proc.pid)
+        ranks = children(proc.pid)
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):  # ended meanwhile
                 os.kill(pid, signum)
@@ -72,15 +72,6 @@ def run_ranks(command: list[str], env: dict[str, str]) -> int:
 
     code = run_in_session(command, env, forward)
     return ENDED_AT_ONCE if interrupts >= 2 else code
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of `pid` (mpirun's are the local ranks); [] when none or unknown."""
-    try:
-        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [int(word) for word in found.stdout.split() if word.isdigit()]
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE
+from hpc.proctree import kill_tree
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rankprocs import live_ranks, stop_signal
 from hpc.rundir import RunDir, last_record, read_jsonl
@@ -69,8 +70,7 @@ class Launch:
             try:
                 launch.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(launch.proc.pid, signal.SIGKILL)
+                kill_tree(launch.proc.pid)  # mpirun and its ranks too: a session of their own, each rank a group
                 launch.proc.wait()
         cls.live.clear()
 
@@ -81,7 +81,7 @@ class Launch:
         try:
             return self.proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             raise UserError(f"verify: a run took over {self.timeout_s:.0f} s; its output: {self.log}") from None
 
     def tail(self) -> str:

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from hpc.rankprocs import is_rank_of, process_facts
+from hpc.rundir import RunDir
 from tests.support.runs import ROOT, run_dirs, stopped_pattern
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.layout import committed_steps
+from trainers.watchdog import read_heartbeats
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]
 
@@ -58,6 +61,18 @@ def run_in_terminal(cwd: Path, overrides: list[str], keys: bytes, after: bytes, 
     return shown.decode(errors="replace"), os.waitstatus_to_exitcode(status)
 
 
+def live_rank_pids(run_dir: Path, within_s: float = 5.0) -> list[int]:
+    """The ranks of `run_dir` (by their heartbeats' pids) still running `within_s` after now:
+    a killed rank's parent reaps it at once, one whose parent died passes to init first."""
+    beats, deadline = read_heartbeats(RunDir(run_dir).heartbeats), time.monotonic() + within_s
+    assert beats, f"no heartbeat in {run_dir}"
+    while True:
+        live = [beat.pid for beat in beats if (found := process_facts(beat.pid)) is not None and is_rank_of(*found, beat, run_dir)]
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.05)  # polled: nothing to wait on for another's process
+
+
 def test_ctrl_c_in_a_terminal_stops_at_a_step_saves_and_prints_the_resume_command(tmp_path):
     # after 44 steps (the bar shows some of them: tqdm draws at most 10 times a second)
     shown, code = run_in_terminal(tmp_path, ["trainer.epochs=30", "checkpoint.every_minutes=null"], b"\x03", after=b"epoch 2/30")
@@ -85,6 +100,7 @@ def test_a_second_ctrl_c_ends_the_ranks_at_once_and_the_checkpoints_before_it_st
     (run_dir,) = run_dirs(tmp_path)
     assert f"the newest committed checkpoint stays the newest; to resume: bash {run_dir / 'command.txt'}" in shown
     assert not re.search(r"stopped by SIGINT at step \d+, checkpoint committed", shown)  # the stop's save never committed
+    assert not live_rank_pids(run_dir)  # mpirun's ranks, each in a group of its own, and the warm process's forks ended with it
     committed = committed_steps(run_dir / "checkpoints")
     assert committed and f"checkpoint step {committed[0]} committed" in shown
     ranks = len(list((run_dir / "logs").glob("rank-*.log")))
