@@ -69,9 +69,9 @@ def logged_steps(run_dir: Path) -> int:
 def rank_pids(run_dir: Path, entry: str = "hpc.rank.main") -> list[int]:
     """The rank processes of a run: Python interpreters running module `entry` with the run dir
     (under srun and mpirun alike); never a launcher whose command line names
-    it too (mpirun, srun, hpc.submit.ranks), nor a rank's loader process (data.workers: forked
+    it too (mpirun, srun, hpc.launching.ranks), nor a rank's loader process (data.workers: forked
     from the rank, it has the rank's command line and the rank for its parent). Where a local
-    run's warm process lives (`-m hpc.rank.warm RUN_DIR`, hpc.submit.ranks), its forks: they are
+    run's warm process lives (`-m hpc.rank.warm RUN_DIR`, hpc.launching.ranks), its forks: they are
     the ranks, and mpirun's processes only pass signals on to them."""
     warm = _processes(run_dir, "hpc.rank.warm")
     servers = [pid for pid, parent in warm.items() if parent not in warm]

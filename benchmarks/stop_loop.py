@@ -2,7 +2,7 @@
 
     python benchmarks/stop_loop.py [--stops 200] [--ranks 2] [--hang-after 60] [--write docs/reliability.md]
 
-One run dir: `python launch.py` makes it, then each round starts its command.txt (hpc.submit.ranks
+One run dir: `python launch.py` makes it, then each round starts its command.txt (hpc.launching.ranks
 under mpirun, as a user resuming it would), waits for two more logged steps, sends SIGTERM to
 the launcher (forwarded to the ranks, as a Ctrl-C is) and waits for the launcher to exit. A
 launcher still running `--hang-after` seconds after the signal is a hang: it is killed and

@@ -1,7 +1,7 @@
 """Everything between `python launch.py` and a training rank, by where it runs.
 
     config/   login node: schemas, Hydra composition (sweep expansion too), one validate()
-    submit/   login node and the batch script's host: local mpirun runs, Slurm through
+    launching/ login node and the batch script's host: local mpirun runs, Slurm through
               submitit, job arrays, frozen code, the hand-typed sbatch path (prepare), and the
               step supervisor the batch script runs srun under (restarts inside the allocation)
     rank/     every rank: stop signals from the first instruction, the entry point, binding,
@@ -13,11 +13,35 @@ Leaves imported by all of these and importing none of them: errors, rundir (the 
 layout), interruptions (what an interruption cost, from the timeline), env (the one reader of SLURM_*/OMPI_*/PMIX_*/torchrun variables), slurmctl (every
 scontrol/squeue/sacct call), cli (the argument parser of our commands). status, report,
 topology and costmodel here are the public command names (`python -m hpc.status`).
-`from hpc import submit`: launch.py from Python (hpc.submit.api; its Job and SubmitError are
-`from hpc.submit import Job, SubmitError`).
+`from hpc import submit` (hpc.api): launch.py's work from Python, in the calling process; what
+it returns and raises: `from hpc import Job, SubmitError`.
 
-Imports run one way: config -> submit -> (sbatch/srun/mpirun) -> rank -> trainers ->
-collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. The submit path never imports torch.
+Imports run one way: config -> launching -> (sbatch/srun/mpirun) -> rank -> trainers ->
+collectives (an arrow: "imports"); tests/unit/test_import_rules.py checks it. The launching path never imports torch.
 """
 
-__all__ = ["submit"]  # the hpc.submit package, callable (its __init__): loaded only when asked for, every rank imports hpc
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc.api import Job, SubmitError
+
+__all__ = ["Job", "SubmitError", "submit"]
+
+
+def submit(*overrides: str, **options: Any) -> Job | list[Job]:
+    """hpc.api.submit: compose, check and submit a job (local ranks: started in the background);
+    the job, or a grid sweep's jobs. Loaded when called: every rank imports `hpc`."""
+    from hpc.api import submit as submit_job
+
+    return submit_job(*overrides, **options)
+
+
+def __getattr__(name: str) -> Any:
+    """Job and SubmitError (hpc.api), loaded only when asked for."""
+    if name in ("Job", "SubmitError"):
+        from hpc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'hpc' has no attribute {name!r}")

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -42,9 +43,9 @@ from hpc.config.schema import RUN_ACCESS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.search import Search, check_search, is_basic
 from hpc.errors import UserError
+from hpc.launching.launch import discard_run_dir, launch, prepare
+from hpc.launching.tidy import end_on_closed_stdout, note_run_root, prune_empty
 from hpc.rundir import RunDir
-from hpc.submit.launch import discard_run_dir, launch, prepare
-from hpc.submit.tidy import end_on_closed_stdout, note_run_root, prune_empty
 
 HERE = Path(__file__).resolve().parent  # a relative --config-path is taken from here, as hydra.main takes it from its module
 
@@ -187,7 +188,7 @@ def check_sweep(args: argparse.Namespace) -> Sweep:
     prepared = []
     for num, (overrides, job) in enumerate(points):
         try:
-            prepared.append((overrides, prepare(job)))  # validated once: hpc.submit.sweep submits these
+            prepared.append((overrides, prepare(job)))  # validated once: hpc.launching.sweep submits these
         except UserError as err:
             where = (
                 f"the search space at {' '.join(o for o in overrides if o not in args.overrides)}"
@@ -203,13 +204,21 @@ def sweep_dir_of(shared: DictConfig) -> Path:
 
 
 def run_grid(sweep: Sweep) -> None:
+    """`-m` with the basic sweeper (a grid), as grid_sweep runs it; exits with its code."""
+    code = grid_sweep(sweep)
+    sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
+    if code:
+        sys.exit(code)
+
+
+def grid_sweep(sweep: Sweep, emit: Callable[[str], None] = print) -> int:
     """`-m` with the basic sweeper (a grid): the sweep dir (hydra.sweep.dir) with its
     multirun.yaml, then every point submitted as job arrays, or run locally one after another
-    (hpc.submit.sweep)."""
+    (hpc.launching.sweep); the worst point's code (0 for submitted arrays)."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict, read_write
 
-    from hpc.submit.sweep import SweepPoint, discard_unsubmitted, launch_sweep
+    from hpc.launching.sweep import SweepPoint, discard_unsubmitted, launch_sweep
 
     cfg = sweep.shared
     sweep_dir = sweep_dir_of(cfg)
@@ -221,22 +230,17 @@ def run_grid(sweep: Sweep) -> None:
     if len(nums) == 1:  # what Hydra's -m does with one point, said: a user may have meant a plain job
         print("note: -m with one point is a sweep of one (one array task, a sweep dir); leave out -m for a plain job", file=sys.stderr)
     try:
-        code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, sweep.points, strict=True)], sweep_dir)
-        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
-    except UserError:
-        discard_unsubmitted(sweep_dir, nums)
-        raise
-    except BrokenPipeError:  # `hpc-launch -m ... | head -1`
+        code = launch_sweep([SweepPoint(num, tuple(overrides), job, None) for num, (overrides, job) in zip(nums, sweep.points, strict=True)], sweep_dir, emit)
+    except (UserError, BrokenPipeError):  # refused, or `hpc-launch -m ... | head -1`
         discard_unsubmitted(sweep_dir, nums)
         raise
     discard_unsubmitted(sweep_dir, nums)  # a dry run: nothing went out
-    if code:
-        sys.exit(code)
+    return code
 
 
 def run_search(args: argparse.Namespace, sweep: Sweep) -> None:
     """`-m hydra/sweeper=optuna`: the study, its trials composed as Optuna asks for them."""
-    from hpc.submit.study import StudyRun, run_study
+    from hpc.launching.study import StudyRun, run_study
 
     assert sweep.search is not None
     source = config_source(args)
@@ -259,23 +263,41 @@ def restrict_access(jobs: list[JobConfig]) -> None:
     apply_run_access("private" if "private" in access else min(access))  # the strictest asked for
 
 
-def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
+@dataclass(frozen=True)
+class Single:
+    """One job, composed and checked: its config as Hydra composed it (the run dir's record) and
+    the line saying what this machine changed in it (None: nothing)."""
+
+    job: JobConfig
+    cfg: DictConfig
+    note: str | None
+
+
+def single_job(args: argparse.Namespace, script_args: list[str] | None) -> Single | None:
     """One job with one Hydra composition (the compose API): the config that is checked is the one
-    that runs. False, having done nothing, where the config itself asks for a multirun
-    (hydra.mode=MULTIRUN)."""
+    that runs; the process's umask set for its run_access. None, having done nothing, where the
+    config itself asks for a multirun (hydra.mode=MULTIRUN)."""
     from hydra.types import RunMode
 
     source = config_source(args)
     with initialized(source):
         cfg = compose_run(args.overrides, source)
         if cfg.hydra.mode == RunMode.MULTIRUN:
-            return False
+            return None
         job, note = validated(cfg)
         job = with_script_args(job, script_args)
         restrict_access([job])
-    if job.verify.mode is not None:
-        sys.exit(run_verifier(job, args.overrides, script_args))
-    execute(job, start_run(cfg), note)
+    return Single(job, cfg, note)
+
+
+def run_single(args: argparse.Namespace, script_args: list[str] | None) -> bool:
+    """One job run or submitted (single_job); False where the config asks for a multirun."""
+    single = single_job(args, script_args)
+    if single is None:
+        return False
+    if single.job.verify.mode is not None:
+        sys.exit(run_verifier(single.job, args.overrides, script_args))
+    execute(single.job, start_run(single.cfg), single.note)
     return True
 
 
@@ -306,12 +328,27 @@ def run_verifier(job: JobConfig, overrides: list[str], script_args: list[str] | 
 
 
 def start_run(cfg: DictConfig) -> RunDir:
-    """What Hydra's own run does before the task, through public APIs: the run dir
-    (hydra.run.dir), its record in <run dir>/.hydra (config.yaml, hydra.yaml, overrides.yaml),
-    hydra.job.env_set, the job's logging (hydra.job_logging: the console and <run dir>/launch.log),
-    and HydraConfig for `${hydra:...}` in the job's config."""
+    """What Hydra's own run does before the task, through public APIs: the run dir and its
+    record (make_run_dir), hydra.job.env_set, and the job's logging (hydra.job_logging: the
+    console and <run dir>/launch.log)."""
     import logging.config
 
+    from omegaconf import OmegaConf
+
+    run_dir = make_run_dir(cfg)
+    os.environ.update(job_environment(cfg))
+    logging.config.dictConfig(OmegaConf.to_container(cfg.hydra.job_logging, resolve=True))  # type: ignore[arg-type]
+    return run_dir
+
+
+def job_environment(cfg: DictConfig) -> dict[str, str]:
+    """hydra.job.env_set: variables the job sets in the launching process, for its ranks."""
+    return {str(key): str(value) for key, value in cfg.hydra.job.env_set.items()}
+
+
+def make_run_dir(cfg: DictConfig) -> RunDir:
+    """The run dir (hydra.run.dir), its record in <run dir>/.hydra (config.yaml, hydra.yaml,
+    overrides.yaml), and HydraConfig for `${hydra:...}` in the job's config."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict, read_write
@@ -333,14 +370,12 @@ def start_run(cfg: DictConfig) -> RunDir:
         OmegaConf.save(task, record / "config.yaml")
         OmegaConf.save(OmegaConf.create({"hydra": cfg.hydra}), record / "hydra.yaml")
         OmegaConf.save(cfg.hydra.overrides.task, record / "overrides.yaml")
-    os.environ.update({str(key): str(value) for key, value in cfg.hydra.job.env_set.items()})
-    logging.config.dictConfig(OmegaConf.to_container(cfg.hydra.job_logging, resolve=True))  # type: ignore[arg-type]
     return RunDir(path)
 
 
 def validated(cfg: DictConfig) -> tuple[JobConfig, str | None]:
     """The job in the composed config (typed already: the defaults list starts with its
-    schema) as it runs here, checked and its inputs pinned (hpc.submit.launch.prepare); and the line saying what this machine's GPUs changed
+    schema) as it runs here, checked and its inputs pinned (hpc.launching.launch.prepare); and the line saying what this machine's GPUs changed
     (hpc.config.local_gpus; None: nothing)."""
     from omegaconf import open_dict
 
@@ -348,7 +383,7 @@ def validated(cfg: DictConfig) -> tuple[JobConfig, str | None]:
     with open_dict(task):
         del task["hydra"]
         job, note = local_job(task, [str(o) for o in cfg.hydra.overrides.task])
-    return prepare(job), note  # validated once: hpc.submit.launch.launch takes it as it is
+    return prepare(job), note  # validated once: hpc.launching.launch.launch takes it as it is
 
 
 def print_search(search: Search, job: JobConfig, command: list[str]) -> None:

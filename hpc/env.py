@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import hostlist
 
-# Exported by the toolkit to its ranks (hpc.submit), read on the rank (hpc.rank).
+# Exported by the toolkit to its ranks (hpc.launching), read on the rank (hpc.rank).
 TTY_VARIABLE = "HPCTK_TTY"  # N > 0: launch.py runs in a terminal N columns wide (rank 0 draws a progress bar)
-# Set by hpc.submit.ranks: after a clean stop the ranks exit 0 and it returns result.json's code.
+# Set by hpc.launching.ranks: after a clean stop the ranks exit 0 and it returns result.json's code.
 RESULT_EXIT_VARIABLE = "HPCTK_RESULT_EXIT"
 REQUEST_DIR_VARIABLE = "HPCTK_REQUEUE_DIR"  # where rank 0 asks the batch script's EXIT trap to requeue
-# The batch script's step supervisor (hpc.submit.supervise): how many restarts in one allocation,
+# The batch script's step supervisor (hpc.launching.supervise): how many restarts in one allocation,
 # how many nodes a step needs (the rest are spares), and which attempt a step is (exported to the ranks).
 ALLOCATION_RESTARTS_VARIABLE = "HPCTK_ALLOCATION_RESTARTS"
 STEP_NODES_VARIABLE = "HPCTK_STEP_NODES"
@@ -32,10 +32,10 @@ STEP_ATTEMPT_VARIABLE = "HPCTK_STEP_ATTEMPT"
 WARM_RANKS_VARIABLE = "HPCTK_WARM_RANKS"
 WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's task is handed to its node's warm process (hpc.rank.warm)
 WARM_GPUS_VARIABLE = "HPCTK_WARM_GPUS"  # the GPUs each node's warm step asks (its forks open their task's, in its cgroup)
-WARM_ADDRESS_VARIABLE = "HPCTK_WARM_ADDRESS"  # a local run's warm process (hpc.submit.ranks): its socket, named, since no job names it
-WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.submit.warmnodes)
+WARM_ADDRESS_VARIABLE = "HPCTK_WARM_ADDRESS"  # a local run's warm process (hpc.launching.ranks): its socket, named, since no job names it
+WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.launching.warmnodes)
 BATCH_STARTED_VARIABLE = "HPCTK_BATCH_STARTED"  # the batch script's first line's clock: when this start of the job began
-RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.submit.prepare -> the hand-typed sbatch script
+RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.launching.prepare -> the hand-typed sbatch script
 # torch.distributed store ports derived from a Slurm job id (and a local run's, drawn): below Linux's
 # ephemeral range (32768 up), which a listener bound to 0 (mpirun's own, Open MPI's) or any outgoing
 # connection may hold

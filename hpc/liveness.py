@@ -1,6 +1,6 @@
 """A rank's death seen by its closed connection, not by its heartbeat's silence.
 
-The step supervisor (hpc.submit.supervise) listens on a TCP port and hands its address to the
+The step supervisor (hpc.launching.supervise) listens on a TCP port and hands its address to the
 step's ranks (HPCTK_LIVENESS=host:port:token); each rank connects from its first instruction and holds
 the connection, sending nothing. A rank that dies (SIGKILL, a crash, every process of a node
 killed) has its connection closed by its kernel at once; a node that loses power or its network

@@ -13,8 +13,8 @@ from hpc.errors import UserError
 from hpc.rundir import RunDir
 from trainers.watchdog import Heartbeat, read_heartbeats
 
-RANK_MODULE = "hpc.rank.main"  # what every rank runs: `python -m hpc.rank.main RUN_DIR` (hpc.submit.local, the sbatch script)
-# A local run's ranks are forks of `python -u -m hpc.rank.warm RUN_DIR` (hpc.submit.ranks): a
+RANK_MODULE = "hpc.rank.main"  # what every rank runs: `python -m hpc.rank.main RUN_DIR` (hpc.launching.local, the sbatch script)
+# A local run's ranks are forks of `python -u -m hpc.rank.warm RUN_DIR` (hpc.launching.ranks): a
 # fork's command line is its warm process's, and it started when it was forked.
 WARM_MODULE = "hpc.rank.warm"
 # A process start time read from /proc is whole seconds of boot time plus clock ticks, and the
@@ -26,7 +26,7 @@ def is_rank_of(argv: Sequence[str], started_at: float, beat: Heartbeat, run_dir:
     """Whether a process (its command line, when it started) is the rank of `run_dir` that wrote
     `beat`: `PYTHON [OPTIONS] -m hpc.rank.main RUN_DIR`, or a fork of the run's warm process
     (`... -m hpc.rank.warm RUN_DIR`; a launcher names either further along its own command line,
-    after its own program and arguments: mpirun, srun, hpc.submit.ranks), started before the
+    after its own program and arguments: mpirun, srun, hpc.launching.ranks), started before the
     heartbeat was written (a process that took the pid of an ended rank started after its last one)."""
     if "-m" not in argv[:-2]:
         return False

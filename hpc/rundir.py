@@ -4,6 +4,7 @@
 <run_dir>/job.sbatch       the sbatch script as submitted (slurm)
 <run_dir>/job.json         job id, cluster, submission time
 <run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
+<run_dir>/console.log      rank 0's console, for local ranks the Python API started in the background
 <run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
 <run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
 <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint.checkpointer); with
@@ -13,7 +14,7 @@
                            written (a full disk or quota: overwritten in place, no new block); a
                            read-only or vanished file system: a node-local copy (end_fallback)
 <run_dir>/slurm/           submitit's folder: pickled call, per-task stdout/stderr
-<run_dir>/code/            the sources the job runs, frozen at submission (hpc.submit.snapshot)
+<run_dir>/code/            the sources the job runs, frozen at submission (hpc.launching.snapshot)
 <run_dir>/heartbeats/      every rank's last finished step, host and pid (trainers.watchdog)
 <run_dir>/.hpc-run         the run marker (RUN_MARKER): a run or sweep dir, never frozen as code
 """
@@ -63,6 +64,11 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / "logs"
+
+    @property
+    def console(self) -> Path:
+        """Rank 0's console of local ranks started in the background (the Python API)."""
+        return self.path / "console.log"
 
     @property
     def metrics(self) -> Path:
@@ -186,7 +192,7 @@ def failure_line(result: dict[str, Any]) -> str:
     if result.get("status") != "failed":
         return ""
     reason = f"{result['reason']}: " if result.get("reason") else ""  # "disk full: ": what a user scanning a sweep looks for
-    if "failed_rank" not in result:  # the launcher's word on a rank it saw killed (hpc.submit.deaths)
+    if "failed_rank" not in result:  # the launcher's word on a rank it saw killed (hpc.launching.deaths)
         return f"{reason}{result['error']}" if result.get("error") else ""
     return f"{reason}rank {result['failed_rank']}: {result.get('error', '?')}"
 

@@ -3,7 +3,7 @@ trains started a second set of ranks in the same run dir: every step trained twi
 writing the same checkpoints and logs. Two locks in the run dir, taken with flock (released by
 the kernel when a process ends, however it ends):
 
-- the launcher (hpc.submit.ranks, what launch.py and command.txt run) holds LAUNCHER_LOCK
+- the launcher (hpc.launching.ranks, what launch.py and command.txt run) holds LAUNCHER_LOCK
   exclusively while its ranks run;
 - each rank of a run outside Slurm holds RANKS_LOCK shared for its life, so ranks that outlive a
   killed launcher still count as running (Slurm runs one instance of a job itself).

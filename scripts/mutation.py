@@ -102,7 +102,7 @@ TARGETS: dict[str, list[str]] = {
         "tests/unit/test_backends_preflight.py",
         "tests/unit/test_validate_bounds.py",
     ],
-    "hpc.submit.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py", "tests/unit/test_api.py"],
+    "hpc.launching.launchers": ["tests/unit/test_launchers.py", "tests/unit/test_search.py", "tests/unit/test_api.py"],
     "hpc.rank.scheduler": ["tests/unit/test_launchers.py", "tests/unit/test_rank_failures.py"],
 }
 

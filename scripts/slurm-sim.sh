@@ -50,7 +50,7 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 JobRequeue=1
 MinJobAge=600
-# Low on purpose: a sweep of more points than this is split into several arrays (hpc.submit.sweep)
+# Low on purpose: a sweep of more points than this is split into several arrays (hpc.launching.sweep)
 MaxArraySize=5
 KillWait=10
 SlurmctldTimeout=30

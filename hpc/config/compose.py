@@ -20,7 +20,7 @@ from hpc.config.schema import JobConfig, unknown_key_message
 from hpc.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # package data: found installed or in a checkout
-ARRAY_LAUNCHER = "hpc.submit.sweep.launch_sweep"  # hydra/launcher=hpc_array: named in Hydra's config; hpc-launch calls it, Hydra never does
+ARRAY_LAUNCHER = "hpc.launching.sweep.launch_sweep"  # hydra/launcher=hpc_array: named in Hydra's config; hpc-launch calls it, Hydra never does
 
 
 _registered = False

@@ -1,4 +1,4 @@
-"""What of a directory is frozen with a job (hpc.submit.snapshot): the files the code can import
+"""What of a directory is frozen with a job (hpc.launching.snapshot): the files the code can import
 or read as code, never the toolkit's own output nor the usual heavy folders.
 
 A script run from its own folder with the default `run_root=runs` must not freeze that folder's

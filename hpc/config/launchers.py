@@ -1,7 +1,7 @@
 """What each launcher (cluster.launcher) can do, as the login-node checks need to know it.
 
 The checks ask a launcher's traits, never its name: a new scheduler is a row here, a module
-behind hpc.submit.launchers.Launcher (submission) and one behind hpc.rank.scheduler.Scheduler
+behind hpc.launching.launchers.Launcher (submission) and one behind hpc.rank.scheduler.Scheduler
 (the ranks' side: job id, restarts, requeue). Pure data; imports nothing of the toolkit's.
 """
 

@@ -29,7 +29,7 @@ from trainers.config import (
     TrainerConfig,
 )
 
-CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.submit.slurm.container_launch)
+CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.launching.slurm.container_launch)
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")
 STOP_SIGNALS = ("USR1", "USR2", "TERM", "INT")  # cluster.signal: the ones the ranks handle
@@ -56,7 +56,7 @@ class ClusterConfig:
     # A job whose rank died (killed, OOM, a lost node) requeues itself at most this many times.
     failure_requeues: int = 3
     # A rank that dies or stalls first restarts the ranks inside the allocation (no queue wait),
-    # at most this many times per start of the job (hpc.submit.supervise); 0: requeue at once.
+    # at most this many times per start of the job (hpc.launching.supervise); 0: requeue at once.
     allocation_restarts: int = 3
     # The ranks forked from one warm process per node that has torch and the toolkit imported (hpc.rank.warm):
     # a restart in the allocation costs a fork, not an interpreter's start; a local run imports torch once, not

@@ -5,7 +5,7 @@ Three forms, as a user would start them by hand:
   the first entry of the ranks' import path, so its sibling modules (model.py) import as usual;
 - a module, `script=pkg.train` (`python -m pkg.train`);
 - a function, `script=pkg.train:main`, called with no arguments (sys.argv holds the script's).
-A module's or function's top-level package is frozen as a task's is (hpc.submit.snapshot).
+A module's or function's top-level package is frozen as a task's is (hpc.launching.snapshot).
 
 Everything here runs on the login node without importing the script (no torch there): the
 file or module is found, parsed, and the function looked up in its source. The script's own
@@ -28,7 +28,7 @@ from hpc.config.schema import JobConfig
 from hpc.config.sources import find_module_file
 from hpc.errors import UserError
 
-SCRIPT_DIR = "script"  # a file's directory, frozen as <code>/script (hpc.submit.snapshot)
+SCRIPT_DIR = "script"  # a file's directory, frozen as <code>/script (hpc.launching.snapshot)
 # A file's directory is frozen whole (its .py and .yaml files, hpc.config.freezing): a script in a
 # home directory or at a repository's root with thousands of sources gets a clear refusal instead
 # of a long copy.

@@ -18,8 +18,8 @@ from hpc.objective import check_objective, objective_direction
 from trainers.config import CLASSIFY_TASK, LM_TASK
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # a name in Hydra's config, never imported
-# hpc/conf/hydra/sweeper/optuna.yaml: Optuna's study API driven by hpc.submit.study (not a Hydra plugin)
-OPTUNA_STUDY = "hpc.submit.study.run_study"
+# hpc/conf/hydra/sweeper/optuna.yaml: Optuna's study API driven by hpc.launching.study (not a Hydra plugin)
+OPTUNA_STUDY = "hpc.launching.study.run_study"
 # A trial's run is set by these; a search that varied them could not be one array, or one study.
 FIXED_PREFIXES = ("cluster", "dry_run", "sweep.", "sweep=", "run_root", "wait", "hydra.", "hydra/")
 MAX_EDGE_VALUES = 16  # of a long range: its first and last values stand for the rest

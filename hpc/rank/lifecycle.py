@@ -12,7 +12,7 @@ Without scontrol (containers) we say so, and the rank exits with EXIT_RESUMABLE 
 
 Who runs `scontrol requeue`: requeueing a job while its step runs makes Slurm kill the ranks
 still alive (srun then reports "tasks 0-3: Terminated" for a clean stop). So where the batch
-script offers it (REQUEST_DIR_VARIABLE, hpc.submit.slurm.exit_trap_lines), rank 0 only leaves a request
+script offers it (REQUEST_DIR_VARIABLE, hpc.launching.slurm.exit_trap_lines), rank 0 only leaves a request
 file, every rank exits 0, and the script's EXIT trap requeues once srun has returned. A hand-typed
 sbatch script without that trap gets the requeue from rank 0 itself, as before.
 """
@@ -116,7 +116,7 @@ def _write_marker(env: Mapping[str, str], suffix: str, text: str) -> Path | None
 
 
 def trap_requeues(env: Mapping[str, str]) -> bool:
-    """Whether this Slurm job's batch script requeues it after srun (hpc.submit.slurm.exit_trap_lines)."""
+    """Whether this Slurm job's batch script requeues it after srun (hpc.launching.slurm.exit_trap_lines)."""
     return bool(env.get(REQUEST_DIR_VARIABLE)) and slurm_job_id(env) is not None and slurmctl.available("scontrol")
 
 

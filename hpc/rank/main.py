@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # the module level stays light: srun starts it after catching
 # STOP_SIGNALS (hpc.rank.signals): each one stops at a step boundary with a checkpoint, never as a
 # KeyboardInterrupt in the middle of a step.
 log = logging.getLogger("hpc.rank")
-CODE_ROOT = Path(__file__).resolve().parents[2]  # the toolkit's code: the frozen copy on Slurm (hpc.submit.snapshot)
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the toolkit's code: the frozen copy on Slurm (hpc.launching.snapshot)
 
 
 class AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]  # of a text stream
@@ -163,7 +163,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
             f", restart {os.environ[STEP_ATTEMPT_VARIABLE]} in this allocation" if os.environ.get(STEP_ATTEMPT_VARIABLE, "0") != "0" else "",
         )
         log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
-        log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.submit.snapshot)
+        log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.launching.snapshot)
         if (forked := forked_line()) is not None:
             log.info("%s", forked)
         if job.script is not None:  # the user's own script instead of the built-in loop
@@ -428,7 +428,7 @@ def main(argv: list[str]) -> int:
         gc.freeze()
     told = code == EXIT_RESUMABLE or (code == 1 and summary.get("recorded") is True)  # a failure all ranks agreed on, recorded
     if told and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
-        return 0  # hpc.submit.ranks returns result.json's code: a non-zero exit here can hang mpirun (and prints its banner)
+        return 0  # hpc.launching.ranks returns result.json's code: a non-zero exit here can hang mpirun (and prints its banner)
     return code
 
 

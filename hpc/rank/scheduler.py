@@ -8,7 +8,7 @@ Scheduler of their environment (`scheduler_of`), never a scheduler's variables o
   run exits EXIT_RESUMABLE for whoever starts the run dir again.
 
 A new scheduler: a class with these methods, chosen in scheduler_of by its own job variable;
-its submission side is hpc.submit.launchers.QueuedLauncher.
+its submission side is hpc.launching.launchers.QueuedLauncher.
 """
 
 from __future__ import annotations

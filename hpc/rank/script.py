@@ -125,7 +125,7 @@ def script_environment(host: Host, threads: int) -> dict[str, str]:
 
 
 def frozen_path(script: Path, code: Path) -> Path:
-    """Where the job's frozen copy of a script file is (hpc.submit.snapshot), or the file itself
+    """Where the job's frozen copy of a script file is (hpc.launching.snapshot), or the file itself
     when the ranks run unfrozen code (a hand-typed srun of an old run dir)."""
     frozen = code / SCRIPT_DIR / script.name
     return frozen if frozen.is_file() else script

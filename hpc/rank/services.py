@@ -27,7 +27,7 @@ log = logging.getLogger("hpc.rank")
 
 
 def terminal_columns() -> int:
-    """How wide launch.py's terminal is; 0: it runs in none (hpc.submit.local says so in HPCTK_TTY).
+    """How wide launch.py's terminal is; 0: it runs in none (hpc.launching.local says so in HPCTK_TTY).
     mpirun hands the ranks a pseudo-terminal of its own either way (0 columns wide), so their own
     isatty() and size cannot tell."""
     value = os.environ.get(TTY_VARIABLE, "0")

@@ -1,8 +1,8 @@
 """Warm ranks: one process per node of a Slurm job imports what a rank imports (torch, the
 toolkit) once, before any rank needs it, and forks a rank from that state when one starts.
 
-    python -u -m hpc.rank.warm [RUN_DIR]   (one per node, each in a one-task srun step: hpc.submit.warmnodes;
-                                            one beside mpirun for a local run: hpc.submit.ranks)
+    python -u -m hpc.rank.warm [RUN_DIR]   (one per node, each in a one-task srun step: hpc.launching.warmnodes;
+                                            one beside mpirun for a local run: hpc.launching.ranks)
 
 RUN_DIR is not read: it names the run on the command line, which a fork keeps (hpc.rankprocs).
 

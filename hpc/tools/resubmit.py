@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import UserError
+from hpc.launching.launch import rank_environment
+from hpc.launching.launchers import QueuedLauncher, launcher_for
+from hpc.launching.sweep import SweepPoint, queued, read_record, run_here, submit_arrays, write_record
 from hpc.rundir import RunDir
-from hpc.submit.launch import rank_environment
-from hpc.submit.launchers import QueuedLauncher, launcher_for
-from hpc.submit.sweep import SweepPoint, queued, read_record, run_here, submit_arrays, write_record
 from hpc.tools.status import RunStatus, statuses_of, still_going
 
 

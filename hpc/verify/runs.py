@@ -5,7 +5,7 @@
   RUN_DIR/command.txt` resumes it, as a requeue would.
 - QueuedRuns (a scheduler: cluster=<a Slurm cluster>): each run is one job, submitted with
   wait=true (its launch ends when the job does). The stop signal and SIGKILL go to the job's
-  ranks through the scheduler (hpc.submit.launchers: `scancel --signal`), and the job goes on by
+  ranks through the scheduler (hpc.launching.launchers: `scancel --signal`), and the job goes on by
   itself: requeued by its batch script after a stop, restarted in its allocation (or requeued)
   after a kill. What happened is read from the run's timeline (hpc.rank.timeline): rank 0's
   `stop` events, and its `start` events with the step each start resumed from.
@@ -203,7 +203,7 @@ class QueuedRuns:
     allocation, or a requeue)."""
 
     def __init__(self, launcher_name: str) -> None:
-        from hpc.submit.launchers import queued_launcher
+        from hpc.launching.launchers import queued_launcher
 
         self.scheduler = queued_launcher(launcher_name)
         self.run_dirs: list[Path] = []

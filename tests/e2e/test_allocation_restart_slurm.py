@@ -1,4 +1,4 @@
-"""Restarts inside the allocation on the real Slurm (hpc.submit.supervise): a lost node with one
+"""Restarts inside the allocation on the real Slurm (hpc.launching.supervise): a lost node with one
 spare costs a new job step in the same allocation, not a requeue. The run completes with the same
 per-step losses and the same final weights as an uninterrupted one. Killed ranks restarted in the
 allocation: the resume verifier's Slurm test (tests/e2e/test_verify_slurm.py) kills them and
@@ -45,7 +45,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 def step_records(run_dir: Path) -> list[dict[str, object]]:
-    """The supervisor's record of each job step it launched (hpc.submit.supervise)."""
+    """The supervisor's record of each job step it launched (hpc.launching.supervise)."""
     logs = list((run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl"))
     return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
 

@@ -1,12 +1,11 @@
-"""`from hpc import submit` on the simulated Slurm: the docs' example run as written (submit, wait,
-result), a sweep as a list of held jobs cancelled from Python, and a refusal raised in one line."""
+"""`from hpc import submit` on the simulated Slurm, in the calling process: the docs' example run
+as written (submit, wait, result, rank 0's console), a sweep as a list of held jobs cancelled from Python, and a refusal raised in one line."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpc import submit
-from hpc.submit import Job, SubmitError
+from hpc import Job, SubmitError, submit
 from tests.support.docs import marked_blocks
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
@@ -21,6 +20,9 @@ def test_the_documented_example_submits_waits_and_reads_the_result(tmp_path, mon
     assert isinstance(job, Job) and job.job_id and job.run_dir.parent.parent == tmp_path / "runs"
     assert namespace["state"] == "COMPLETED" and job.state() == "COMPLETED"
     assert job.result()["status"] == "completed" and job.result()["steps"] == 20
+    console = job.logs()  # rank 0's console file, submitit's own lines left out
+    assert "checkpoint step 20 committed" in console and "submitit " not in console, console[-2000:]
+    assert list(job.lines()) == console.splitlines()  # the job ended: the whole console, then the end
 
 
 def test_a_sweep_is_a_list_of_jobs_each_cancelled_from_python_and_a_refusal_raises_its_line(tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hpc.submit.snapshot import freeze_code
+from hpc.launching.snapshot import freeze_code
 from tests.support.runs import ROOT, logged_steps, resume_command, run_dirs, stopped_pattern
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("needs_mpi")]

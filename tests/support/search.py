@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpc.launching.study import study_storage
 from hpc.objective import objective_value
-from hpc.submit.study import study_storage
 from tests.support.runs import ROOT
 
 # Optuna's TPE with a seed asks the same learning rates every time; training is bit-exact.

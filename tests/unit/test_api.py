@@ -1,17 +1,44 @@
-"""`from hpc import submit` is callable however the process imported the toolkit before: the
-hpc.submit package (which Python hands out for that name once any of its modules is imported)
-is itself the function (a test that ran first imported hpc.submit.slurm: CI saw the package)."""
+"""`from hpc import submit` is a function of `hpc` however the process imported the toolkit before
+(the launching package is hpc.launching, no longer a package of the same name made callable), and
+it refuses in this process, with launch.py's line, leaving nothing behind and the process as it was."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
-def test_submit_is_the_api_even_after_the_submit_package_was_imported(tmp_path):
-    import hpc.submit.slurm  # noqa: F401 - what any launcher-side import does first
-    from hpc import submit
-    from hpc.submit import SubmitError
+def process_state() -> tuple[int, str, dict[str, str]]:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask, os.getcwd(), dict(os.environ)
 
+
+def test_submit_is_a_function_of_hpc_even_after_the_launching_package_was_imported(tmp_path):
+    import hpc.launching.slurm  # noqa: F401 - what any launcher-side import does first
+    from hpc import SubmitError, submit
+
+    assert callable(submit) and not hasattr(submit, "__path__")
+    before = process_state()
     with pytest.raises(SubmitError, match=r"^unknown key 'optim.lrr'; valid keys in 'optim': name, lr"):
-        submit("optim.lrr=0.1", cwd=tmp_path)
+        submit("optim.lrr=0.1", "run_access=private", cwd=tmp_path)
     assert not list(tmp_path.iterdir())  # refused: nothing left behind
+    assert process_state() == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        (("--cfg", "job"), r"^--help, --cfg, --info and --version print and submit nothing"),
+        (("dry_run=true",), r"^dry_run=true submits nothing"),
+        (("verify=resume",), r"^verify=resume runs the verifier in the foreground"),
+        (("--bogus",), r"^unrecognized arguments: --bogus"),
+    ],
+)
+def test_what_only_the_command_line_does_is_refused_in_one_line(tmp_path, overrides, refusal):
+    from hpc import SubmitError, submit
+
+    with pytest.raises(SubmitError, match=refusal):
+        submit(*overrides, cwd=tmp_path)
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]

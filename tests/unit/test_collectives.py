@@ -54,7 +54,7 @@ def test_hierarchical_without_a_hierarchy_falls_back_to_autos_choice():
 
 
 def test_the_huge_pages_variable_still_puts_torchs_large_tensors_on_huge_pages():
-    """Ranks get THP_MEM_ALLOC_ENABLE=1 (hpc.submit.launch.rank_environment): if a torch release
+    """Ranks get THP_MEM_ALLOC_ENABLE=1 (hpc.launching.launch.rank_environment): if a torch release
     stopped reading it, this says so, where a slower allreduce would not."""
     path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     mode = next((m for m in ("always", "madvise", "never") if f"[{m}]" in path.read_text()), "never") if path.exists() else "never"
@@ -90,8 +90,8 @@ def test_local_ranks_run_as_a_jobs_ranks_do_one_thread_each_and_keep_the_callers
 def test_a_local_runs_command_names_pmix_native_security_and_keeps_the_users(monkeypatch, tmp_path):
     """command.txt, the very command a local run runs and a resume pastes, carries the setting."""
     from hpc.config.schema import JobConfig
+    from hpc.launching import local
     from hpc.rundir import RunDir
-    from hpc.submit import local
 
     ran: list[list[str]] = []
     monkeypatch.setattr(local, "run_command", lambda command, env, stops=None: ran.append(command) or 0)

@@ -1,6 +1,6 @@
 """The device suite's summary (benchmarks/device/summary.py), its interleaved rounds
 (benchmarks/device/rounds.py), its budgets and rounds options; the local launcher's rendezvous
-for command.txt (hpc.submit.ranks.rendezvous)."""
+for command.txt (hpc.launching.ranks.rendezvous)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from benchmarks.device.report import BUDGET_VARIABLE, Report
 from benchmarks.device.rounds import Measured, Pair, interleave
 from benchmarks.device.summary import render_markdown
 from hpc.env import PORT_BASE
-from hpc.submit.ranks import ephemeral_ports, free_port, with_local_rendezvous
+from hpc.launching.ranks import ephemeral_ports, free_port, with_local_rendezvous
 
 
 def test_the_summary_shows_every_check_its_targets_figures_tables_and_errors():

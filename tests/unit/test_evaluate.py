@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpc.config.compose import compose_job
-from hpc.submit.launch import resolved_yaml
+from hpc.launching.launch import resolved_yaml
 from hpc.tools.evaluate import main
 
 

@@ -19,9 +19,9 @@ from hpc.config.compose import CONF_DIR, compose_job, option_help, sweep_points
 from hpc.config.schema import to_job_config
 from hpc.config.validate import check_resources, validate_job
 from hpc.errors import UserError
+from hpc.launching.sweep import discard_unsubmitted
+from hpc.launching.tidy import note_run_root, prune_empty
 from hpc.rundir import RUN_MARKER
-from hpc.submit.sweep import discard_unsubmitted
-from hpc.submit.tidy import note_run_root, prune_empty
 from tests.support.docs import marked_blocks
 from tests.support.runs import ROOT, run_launch
 
@@ -259,7 +259,7 @@ def test_dry_runs_leave_no_folder_and_a_closed_stdout_ends_quietly(tmp_path, arg
 
 
 def test_prune_stops_at_what_existed_and_at_anything_not_empty(tmp_path, monkeypatch):
-    monkeypatch.setattr("hpc.submit.tidy._EXISTING", set())
+    monkeypatch.setattr("hpc.launching.tidy._EXISTING", set())
     root = tmp_path / "scratch" / "runs"
     note_run_root(root)  # only tmp_path exists yet
     made = root / "2026-01-01" / "12-00-00_train"
@@ -273,7 +273,7 @@ def test_prune_stops_at_what_existed_and_at_anything_not_empty(tmp_path, monkeyp
 
 
 def test_a_sweep_that_submitted_nothing_is_removed_but_a_submitted_one_stays(tmp_path, monkeypatch):
-    monkeypatch.setattr("hpc.submit.tidy._EXISTING", {tmp_path})
+    monkeypatch.setattr("hpc.launching.tidy._EXISTING", {tmp_path})
     sweep = tmp_path / "sweeps" / "day" / "time_train"
     for name in ("0/config.yaml", "1/config.yaml", "code/launch.py", "multirun.yaml", RUN_MARKER, f"0/{RUN_MARKER}"):
         (sweep / name).parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The import graph, read with Python's ast, keeps the direction the code is laid out by:
 
-    launch.py -> hpc.config -> hpc.submit ⇢ (sbatch/srun/mpirun) -> hpc.rank -> trainers -> collectives
+    launch.py -> hpc.config -> hpc.launching ⇢ (sbatch/srun/mpirun) -> hpc.rank -> trainers -> collectives
 
 Imports inside functions count (they run); imports under `if TYPE_CHECKING:` do not. A rule
 broken here names the importing module, the line and the imported one."""
@@ -163,22 +163,24 @@ def parents(module: str) -> list[str]:
 
 def closure(start: str, module_level_only: bool) -> set[str]:
     """Every module (ours and external top-level names) importing `start` may import, parent
-    packages' __init__ included."""
+    packages' __init__ included: their module-level imports, which importing a submodule runs
+    (a function of theirs runs only where a module imports the package itself and calls it)."""
     seen: set[str] = set()
-    todo = [start, *parents(start)]
+    todo = [(start, module_level_only), *((parent, True) for parent in parents(start))]
     while todo:
-        for i in GRAPH.get(todo.pop(), []):
-            if (i.at_module_level or not module_level_only) and i.target not in seen:
+        module, level_only = todo.pop()
+        for i in GRAPH.get(module, []):
+            if (i.at_module_level or not level_only) and i.target not in seen:
                 seen.add(i.target)
-                todo += [i.target, *(p for p in parents(i.target) if p not in seen)]
+                todo += [(i.target, module_level_only), *((parent, True) for parent in parents(i.target) if parent not in seen)]
     return seen
 
 
 def test_the_rank_side_never_imports_submission_code_hydra_or_submitit():
-    bad = violations(("hpc.rank",), ("hpc.submit", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
+    bad = violations(("hpc.rank",), ("hpc.launching", "hpc.tools", "hpc.config.compose", "hydra", "hydra_plugins", "submitit"))
     assert bad == [], bad
     for module in (m for m in MODULES if under(m, "hpc.rank")):  # nor through what it imports, at any depth
-        reached = {m for m in closure(module, module_level_only=False) if under(m, "hpc.submit", "hpc.tools", "hydra", "hydra_plugins", "submitit")}
+        reached = {m for m in closure(module, module_level_only=False) if under(m, "hpc.launching", "hpc.tools", "hydra", "hydra_plugins", "submitit")}
         assert not reached, f"{module} reaches {sorted(reached)}"
 
 
@@ -194,7 +196,7 @@ def test_the_ranks_first_statement_catches_the_stop_signals_with_the_standard_li
 
 
 def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
-    bad = [v for v in violations(("hpc.submit", "hpc.config", "hpc.app", "launch"), ("hpc.rank",)) if not v.endswith(" imports hpc.rank.main")]
+    bad = [v for v in violations(("hpc.launching", "hpc.config", "hpc.app", "launch"), ("hpc.rank",)) if not v.endswith(" imports hpc.rank.main")]
     assert not bad, bad
 
 
@@ -219,16 +221,16 @@ def test_backend_names_are_branched_on_only_in_the_backend_table():
 
 
 def test_what_the_batch_step_and_the_ranks_import_first_is_light():
-    # submitit pickles hpc.submit.supervise.supervise_step on the login node by reference and runs
+    # submitit pickles hpc.launching.supervise.supervise_step on the login node by reference and runs
     # it in the batch step: importing it must stay light; so must hpc.rank.main's module level
     heavy = {"torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py", "submitit"}
-    for module in ("hpc.submit.supervise", "hpc.rank.main"):
+    for module in ("hpc.launching.supervise", "hpc.rank.main"):
         reached = closure(module, module_level_only=True)
         assert not reached & heavy, (module, sorted(reached & heavy))
 
 
 def test_login_node_commands_do_not_import_torch_at_start():
-    starts = ["launch", "hpc.app", "hpc.config.validate", "hpc.submit.launch", "hpc.submit.sweep", *COMMANDS]
+    starts = ["launch", "hpc.app", "hpc.config.validate", "hpc.launching.launch", "hpc.launching.sweep", *COMMANDS]
     for start in starts:
         reached = closure(start, module_level_only=True)
         assert "torch" not in reached, f"{start} imports torch at module level (through {sorted(m for m in reached if m in MODULES)})"
@@ -307,12 +309,12 @@ def test_trainers_import_neither_hpc_nor_hydra_nor_submitit():
 
 
 def test_the_fabric_library_is_pure():
-    bad = violations(("hpc.fabric",), ("hpc.config", "hpc.submit", "hpc.rank", "hpc.tools", "hpc.slurmctl", "torch", "hydra", "subprocess", "submitit"))
+    bad = violations(("hpc.fabric",), ("hpc.config", "hpc.launching", "hpc.rank", "hpc.tools", "hpc.slurmctl", "torch", "hydra", "subprocess", "submitit"))
     assert not bad, bad
 
 
 def test_config_imports_no_submission_rank_or_tool_code():
-    bad = violations(("hpc.config",), ("hpc.submit", "hpc.rank", "hpc.tools"))
+    bad = violations(("hpc.config",), ("hpc.launching", "hpc.rank", "hpc.tools"))
     assert not bad, bad
 
 
@@ -401,9 +403,9 @@ def test_a_broken_rule_is_caught(monkeypatch, tmp_path):
     assert reads_variables(spelled, ("SLURM_",)) == ["SLURM_JOB_ID"]
     assert builds_command(spelled, {"mpirun"}) and builds_command(spelled, {"squeue"})
     # the checks above must be able to fail: add an edge that closes a cycle and one the rank may not have
-    planted = Import("hpc.rank.main", "hpc.submit.launch", 1, True)
+    planted = Import("hpc.rank.main", "hpc.launching.launch", 1, True)
     monkeypatch.setitem(GRAPH, "hpc.rank.main", [*GRAPH["hpc.rank.main"], planted])
-    assert violations(("hpc.rank",), ("hpc.submit",)) == ["hpc.rank.main:1 imports hpc.submit.launch"]
+    assert violations(("hpc.rank",), ("hpc.launching",)) == ["hpc.rank.main:1 imports hpc.launching.launch"]
     edges = {m: {i.target for i in found if under(i.target, "hpc")} for m, found in GRAPH.items() if under(m, "hpc")}
     assert cycle_in(edges) is not None
 

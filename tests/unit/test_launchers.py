@@ -1,4 +1,4 @@
-"""The launcher seam (hpc.submit.launchers, hpc.config.launchers, hpc.rank.scheduler): every
+"""The launcher seam (hpc.launching.launchers, hpc.config.launchers, hpc.rank.scheduler): every
 launcher named once with its traits, the checks asking traits rather than names, and a third,
 made-up scheduler taking a sweep and a study's waiting with no change outside its own class."""
 
@@ -18,12 +18,12 @@ from hpc.config.launchers import LAUNCHER_TRAITS, LauncherTraits
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.config.validate import check_dependencies, validate_job
 from hpc.errors import UserError
+from hpc.launching import sweep, trials
+from hpc.launching.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedJob, QueuedLauncher, SlurmLauncher
+from hpc.launching.sweep import SweepPoint
 from hpc.rank import lifecycle
 from hpc.rank.scheduler import NoScheduler, SlurmJob, scheduler_of
 from hpc.rundir import RunDir
-from hpc.submit import sweep, trials
-from hpc.submit.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedJob, QueuedLauncher, SlurmLauncher
-from hpc.submit.sweep import SweepPoint
 
 
 def test_every_launcher_has_its_traits_and_the_kind_its_traits_say():
@@ -190,8 +190,8 @@ def test_ranks_ask_the_scheduler_of_their_environment(tmp_path, monkeypatch):
 
 
 def test_a_jobs_launcher_is_the_one_its_job_json_names(tmp_path):
-    from hpc.submit.api import Job
-    from hpc.submit.launchers import queued_launcher
+    from hpc.api import Job
+    from hpc.launching.launchers import queued_launcher
 
     with pytest.raises(ValueError, match="launcher local runs jobs in the foreground; it queues none"):
         queued_launcher("local")
@@ -206,7 +206,7 @@ def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
     """The dry run's text comes from the launcher: mpirun's command line here, and the very
     script submitit would give sbatch (an sbatch stub that accepts it runs nothing)."""
     from hpc.config.compose import compose_job
-    from hpc.submit.launch import rank_environment
+    from hpc.launching.launch import rank_environment
 
     run_dir = RunDir(tmp_path / "run")
     local = compose_job([])
@@ -226,7 +226,7 @@ def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
 def test_wait_true_follows_a_job_to_its_end_in_its_schedulers_own_words(fake_queue, tmp_path, capsys, monkeypatch, state, result, code):
     """launch.py's wait=true exits 0 only when the scheduler says the job succeeded and the ranks
     wrote their result: no Slurm word in between."""
-    from hpc.submit import launch
+    from hpc.launching import launch
 
     monkeypatch.setattr(launch, "freeze_job_code", lambda code, job: code)
     run_dir = RunDir(tmp_path / "run")

@@ -3,7 +3,7 @@ import pytest
 from hpc.config.schema import JobConfig
 from hpc.env import allocation_shape
 from hpc.errors import UserError
-from hpc.submit.prepare import fit_to_allocation, granted_shape
+from hpc.launching.prepare import fit_to_allocation, granted_shape
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def run_exit_trap(
     `requested`: the ranks stopped and asked for a requeue."""
     import subprocess
 
-    from hpc.submit.slurm import exit_trap_lines
+    from hpc.launching.slurm import exit_trap_lines
 
     bin_dir, requests = tmp_path / "bin", tmp_path / "requests"
     bin_dir.mkdir(parents=True)

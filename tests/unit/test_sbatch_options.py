@@ -13,8 +13,8 @@ from hpc.config.sbatch import KNOWN, OWNED, sbatch_lines
 from hpc.config.schema import ClusterConfig, JobConfig
 from hpc.config.validate import check_dependencies, check_script_values
 from hpc.errors import UserError
+from hpc.launching.slurm import render_sbatch
 from hpc.rundir import RunDir
-from hpc.submit.slurm import render_sbatch
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20)
 

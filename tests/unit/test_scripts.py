@@ -21,9 +21,9 @@ from hpc.config.scripts import Script, check_script, literal, parse_script, spli
 from hpc.config.validate import validate_job
 from hpc.env import RankInfo
 from hpc.errors import UserError
+from hpc.launching.launch import resolved_yaml
+from hpc.launching.snapshot import freeze_job_code
 from hpc.rank.script import ScriptStopped, raising_stops, torchrun_environment
-from hpc.submit.launch import resolved_yaml
-from hpc.submit.snapshot import freeze_job_code
 from tests.support.runs import ROOT
 
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "ddp" / "train.py"
@@ -178,8 +178,8 @@ def test_launch_refuses_a_scripts_options_before_the_double_dash_and_arguments_w
 
 
 def test_a_stopped_run_says_what_it_saved_as_its_result_tells(tmp_path):
+    from hpc.launching.launch import stopped_line
     from hpc.rundir import RunDir
-    from hpc.submit.launch import stopped_line
 
     run_dir = RunDir(tmp_path)
     command = f"bash {tmp_path / 'command.txt'}"
@@ -256,8 +256,8 @@ def test_the_ranks_start_in_the_frozen_copy_of_a_script_of_the_launch_dir_unless
     in its frozen copy: hpc.rank.script.starting_dir); a script elsewhere, or workdir= given, pins
     the directory the ranks start in (the run itself: tests/mpi/test_user_script.py)."""
     from hpc.config.schema import JobConfig
+    from hpc.launching.launch import pin_inputs
     from hpc.rank.script import starting_dir
-    from hpc.submit.launch import pin_inputs
 
     (tmp_path / "train.py").write_text("")
     (tmp_path / "elsewhere").mkdir()

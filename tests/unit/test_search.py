@@ -15,12 +15,12 @@ from hpc import slurmctl
 from hpc.config.compose import fixed_overrides, sweeper_config
 from hpc.config.search import check_search, edge_points, search_arguments, search_space, sweeper_name
 from hpc.errors import UserError
+from hpc.launching import trials
+from hpc.launching.launchers import LAUNCHERS
+from hpc.launching.study import tell
+from hpc.launching.sweep import SweepPoint
 from hpc.objective import check_objective, objective_direction, objective_value, reported_objectives
 from hpc.rundir import RunDir
-from hpc.submit import trials
-from hpc.submit.launchers import LAUNCHERS
-from hpc.submit.study import tell
-from hpc.submit.sweep import SweepPoint
 from tests.support.runs import ROOT
 
 OPTUNA = ["hydra/sweeper=optuna"]
@@ -215,7 +215,7 @@ def test_a_signal_that_comes_as_a_local_trial_completes_stops_the_study_after_it
     import signal
 
     from hpc.config.compose import compose_job
-    from hpc.submit import local
+    from hpc.launching import local
 
     def completes_as_signalled(job, env, run_dir, info=None, code=None, stops=None):
         run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -246,7 +246,7 @@ def test_a_study_is_kept_in_a_journal_file_by_default_and_in_a_database_when_ask
     sweep dir whose study began in optuna.db goes on there."""
     import optuna
 
-    from hpc.submit.study import study_storage
+    from hpc.launching.study import study_storage
 
     storage, named = study_storage(None, tmp_path)
     optuna.create_study(study_name="s", storage=storage).optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from hpc.launching.sweep import SweepPoint
+from hpc.launching.trials import _label
 from hpc.shown import shown_override, shown_value
-from hpc.submit.sweep import SweepPoint
-from hpc.submit.trials import _label
 from hpc.tools.status import swept_label
 
 

@@ -83,7 +83,7 @@ def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_rank0s_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from hpc.submit.slurm import UNKNOWN_POLLS, Follower, wait_for_job
+    from hpc.launching.slurm import UNKNOWN_POLLS, Follower, wait_for_job
 
     bin_dir, count = tmp_path / "bin", tmp_path / "count"
     bin_dir.mkdir()

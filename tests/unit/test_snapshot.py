@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from hpc.submit.snapshot import freeze_code, store_of
+from hpc.launching.snapshot import freeze_code, store_of
 
 
 def _project(root):
@@ -70,7 +70,7 @@ def test_a_discarded_run_leaves_no_store_behind_but_a_kept_runs_files_stay(tmp_p
     root's store goes too, save the files another run dir still links."""
     import shutil
 
-    from hpc.submit import tidy
+    from hpc.launching import tidy
 
     root = tmp_path / "project"
     _project(root)

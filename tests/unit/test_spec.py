@@ -5,7 +5,7 @@ import pytest
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.config.validate import check_resources, check_training
 from hpc.errors import UserError
-from hpc.submit.launch import rank_environment
+from hpc.launching.launch import rank_environment
 
 SIMULATED = ClusterConfig(name="sim", launcher="slurm", cpus_per_node=4, gpus_per_node=0, max_nodes=4)
 

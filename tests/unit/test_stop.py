@@ -35,10 +35,10 @@ PY = sys.executable
         ([PY, "-m", "hpc.rank.main", str(RUN)], 1001.5, True),  # within the clock's slack
         ([PY, "-m", "hpc.rank.main", str(RUN)], 1010.0, False),  # started after the heartbeat: a pid taken anew
         ([PY, "-m", "hpc.rank.main", "/runs/other"], 900.0, False),
-        ([PY, "-u", "-m", "hpc.rank.warm", str(RUN)], 900.0, True),  # a fork of the run's warm process (hpc.submit.ranks)
+        ([PY, "-u", "-m", "hpc.rank.warm", str(RUN)], 900.0, True),  # a fork of the run's warm process (hpc.launching.ranks)
         ([PY, "-u", "-m", "hpc.rank.warm", "/runs/other"], 900.0, False),  # another run's
-        ([PY, "-m", "hpc.submit.ranks", "--warm", str(RUN), "mpirun", "-n", "2", PY, "-m", "hpc.rank.main", str(RUN)], 900.0, False),
-        ([PY, "-m", "hpc.submit.ranks", str(RUN), "mpirun", "-n", "2", PY, "-m", "hpc.rank.main", str(RUN)], 900.0, False),  # the launcher
+        ([PY, "-m", "hpc.launching.ranks", "--warm", str(RUN), "mpirun", "-n", "2", PY, "-m", "hpc.rank.main", str(RUN)], 900.0, False),
+        ([PY, "-m", "hpc.launching.ranks", str(RUN), "mpirun", "-n", "2", PY, "-m", "hpc.rank.main", str(RUN)], 900.0, False),  # the launcher
         (mpirun_command(2, [PY, "-m", "hpc.rank.main", str(RUN)], mpirun="/usr/bin/mpirun"), 900.0, False),  # what launch.py runs
         ([PY, "-c", "pass", "-m", "hpc.rank.main", str(RUN)], 900.0, False),
         (["srun", "--mpi=pmix", "python3", "-m", "hpc.rank.main", str(RUN)], 900.0, False),

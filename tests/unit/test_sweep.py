@@ -12,7 +12,7 @@ import pytest
 from hpc.config.compose import expand_sweep, sweep_points
 from hpc.config.schema import JobConfig, ResourcesConfig
 from hpc.errors import UserError
-from hpc.submit.sweep import SweepPoint, sweep_groups
+from hpc.launching.sweep import SweepPoint, sweep_groups
 from tests.support.runs import ROOT
 
 
@@ -137,7 +137,7 @@ def test_a_ctrl_c_during_a_local_sweep_stops_it_after_the_point_it_came_in(tmp_p
     import signal
 
     from hpc.config.compose import compose_job
-    from hpc.submit import local, sweep
+    from hpc.launching import local, sweep
 
     ran: list[str] = []
 
@@ -165,7 +165,7 @@ def test_an_interrupted_local_sweep_keeps_its_unrun_points_in_sweep_json(tmp_pat
     import signal
 
     from hpc.config.compose import compose_job
-    from hpc.submit import local, sweep
+    from hpc.launching import local, sweep
     from hpc.tools.resubmit import resubmit
     from hpc.tools.status import statuses
 
@@ -201,8 +201,8 @@ def test_a_sweeps_run_root_is_remembered_for_hpc_status(tmp_path, monkeypatch):
     from dataclasses import replace
 
     from hpc.config.compose import compose_job
+    from hpc.launching.sweep import SweepPoint, write_point_dirs
     from hpc.runroots import remembered
-    from hpc.submit.sweep import SweepPoint, write_point_dirs
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     root = tmp_path / "scratch" / "runs"

@@ -249,7 +249,7 @@ def test_a_bad_optimizer_or_scheduler_is_refused_on_the_login_node(overrides, me
 
 
 def test_a_custom_optimizer_from_torch_is_not_frozen_but_ones_from_a_users_package_are(tmp_path, monkeypatch):
-    from hpc.submit.snapshot import user_sources
+    from hpc.launching.snapshot import user_sources
 
     package = tmp_path / "myopt"
     package.mkdir()

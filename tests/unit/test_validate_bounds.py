@@ -232,7 +232,7 @@ def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
 
 def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm_granted(monkeypatch, tmp_path):
     """One violation per check, each refused by validate_job; inside an allocation (plain sbatch,
-    hpc.submit.prepare) the resources, the launcher's tools, after= and the container are Slurm's
+    hpc.launching.prepare) the resources, the launcher's tools, after= and the container are Slurm's
     to decide, and are not checked."""
     assert validate.validate_job(JobConfig()).num_train > 0  # the built-in task: its data checked and described
     refused = [

@@ -1,5 +1,5 @@
 """A job is validated once on its way out (issue 47): hpc.app checks and pins it
-(hpc.submit.launch.prepare), and what runs or submits it takes it as it is. Validating twice
+(hpc.launching.launch.prepare), and what runs or submits it takes it as it is. Validating twice
 read every HDF5 file's labels twice (an lru_cache hid it) and let the two checks drift."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trials of a search (hydra/sweeper=optuna: hpc.submit.study asks for them).
+"""The trials of a search (hydra/sweeper=optuna: hpc.launching.study asks for them).
 
 Each batch the study asks for goes out as one job array per resource shape (on cluster=local:
 one run after another, here). The launcher then waits for the batch, printing one line each time
@@ -6,7 +6,7 @@ a trial's state changes, and hands back each trial's objective (`sweep.objective
 result.json), or why it has none. A trial whose job is preempted or reaches its time limit is
 requeued and resumes like any job; it is done only when its run completes or its job ends for
 good. Everything goes into sweep.json as it happens, so hpc.status shows the study and a
-launcher started again (hpc.submit.study) finds the trials it had
+launcher started again (hpc.launching.study) finds the trials it had
 submitted.
 """
 
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import UserError
+from hpc.launching.launch import rank_environment
+from hpc.launching.launchers import GONE, ForegroundLauncher, QueuedLauncher
+from hpc.launching.sweep import SweepPoint, prepare_points, queued, read_record, run_here, submit_arrays, write_point_dirs, write_record
 from hpc.objective import objective_value, reported_objectives
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RunDir
 from hpc.shown import shown_override
-from hpc.submit.launch import rank_environment
-from hpc.submit.launchers import GONE, ForegroundLauncher, QueuedLauncher
-from hpc.submit.sweep import SweepPoint, prepare_points, queued, read_record, run_here, submit_arrays, write_point_dirs, write_record
 
 POLL_S = 2.0
 COMMAND_LINE = frozenset(sys.argv[1:])  # what every trial shares (the study adds it to each one's overrides)

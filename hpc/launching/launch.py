@@ -17,13 +17,13 @@ from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
+from hpc.launching.deaths import KILLED, tell_killed
+from hpc.launching.launchers import QueuedLauncher, launcher_for
+from hpc.launching.ranks import ENDED_AT_ONCE
+from hpc.launching.snapshot import freeze_job_code
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import RUN_MARKER, RunDir, failure_line, mark_run_dir
 from hpc.runroots import remember
-from hpc.submit.deaths import KILLED, tell_killed
-from hpc.submit.launchers import QueuedLauncher, launcher_for
-from hpc.submit.ranks import ENDED_AT_ONCE
-from hpc.submit.snapshot import freeze_job_code
 from trainers.config import LM_TASK
 from trainers.data.datasets import DatasetInfo
 
@@ -97,9 +97,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         print(resolved_yaml(job))
         print(launcher.dry_run(job, env, run_dir))
         return 0
-    mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
-    remember(Path(job.run_root))  # hpc.status with no dir named finds it
-    run_dir.config.write_text(resolved_yaml(job))
+    record_run(job, run_dir)
     if isinstance(launcher, QueuedLauncher):
         return submit_and_tell(launcher, job, env, run_dir)
     ranks = job.resources.nodes * job.resources.tasks_per_node
@@ -108,7 +106,7 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
     code = launcher.run(job, env, run_dir)
     tell(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}", console=False)
     tell(f"run directory: {run_dir.path}")
-    if code == KILLED:  # no rank could say why: the launcher does, from the kernel's log (hpc.submit.deaths)
+    if code == KILLED:  # no rank could say why: the launcher does, from the kernel's log (hpc.launching.deaths)
         print(f"error: {tell_killed(run_dir)}", file=sys.stderr, flush=True)
     elif code != 0 and (failure := run_failure(run_dir)):  # a rank's error, whichever rank: rank 0's log alone reaches this terminal
         print(f"error: the run failed on {failure}", file=sys.stderr, flush=True)
@@ -119,6 +117,14 @@ def launch(job: JobConfig, run_dir: RunDir) -> int:
         command = shlex.quote(str(run_dir.path / "command.txt"))
         tell(f"ended at once (a second Ctrl-C): the newest committed checkpoint stays the newest; to resume: bash {command}")
     return code
+
+
+def record_run(job: JobConfig, run_dir: RunDir) -> None:
+    """Before the ranks start or the job is submitted: the run dir marked as one, its run root
+    remembered (hpc.status with no dir named finds it), and config.yaml, what the ranks read."""
+    mark_run_dir(run_dir.path)  # a script's folder frozen later leaves it out (hpc.config.freezing)
+    remember(Path(job.run_root))
+    run_dir.config.write_text(resolved_yaml(job))
 
 
 def stopped_line(run_dir: RunDir) -> str:
@@ -140,13 +146,7 @@ def stopped_line(run_dir: RunDir) -> str:
 
 def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> int:
     """Submit the job, say its id in the form after= takes, and (wait=true) follow it to its end."""
-    try:
-        job_id = launcher.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
-    except UserError:
-        shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
-        raise
-    info = {"job_id": job_id, "cluster": job.cluster.name, "launcher": job.cluster.launcher, "run_dir": str(run_dir.path)}
-    run_dir.write_json(run_dir.job, info)
+    job_id = submit_job(launcher, job, env, run_dir)
     tell(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})")
     tell(f"run directory: {run_dir.path}")
     if not job.wait:
@@ -154,6 +154,18 @@ def submit_and_tell(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str
     state = launcher.wait(job_id, run_dir, print, functools.partial(print, file=sys.stderr))  # rank 0's console, as a local run shows it
     tell(f"job {job_id} ended: {state}")
     return 0 if state in launcher.succeeded_states and run_dir.result.exists() else 1
+
+
+def submit_job(launcher: QueuedLauncher, job: JobConfig, env: dict[str, str], run_dir: RunDir) -> str:
+    """Submit the job with its code frozen; its id, also in job.json. Refused: nothing is left."""
+    try:
+        job_id = launcher.submit(job, env, run_dir, freeze_job_code(run_dir.code, job))
+    except UserError:
+        shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing was submitted: leave nothing
+        raise
+    info = {"job_id": job_id, "cluster": job.cluster.name, "launcher": job.cluster.launcher, "run_dir": str(run_dir.path)}
+    run_dir.write_json(run_dir.job, info)
+    return job_id
 
 
 def run_failure(run_dir: RunDir) -> str:

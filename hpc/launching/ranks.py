@@ -1,4 +1,4 @@
-"""`python -m hpc.submit.ranks RUN_DIR MPIRUN_COMMAND...`: a local run's ranks, as launch.py and
+"""`python -m hpc.launching.ranks RUN_DIR MPIRUN_COMMAND...`: a local run's ranks, as launch.py and
 the run's command.txt start them.
 
 - mpirun runs in a session of its own, and a Ctrl-C (SIGINT), SIGTERM or SIGHUP that reaches
@@ -154,7 +154,7 @@ def run_exit_code(mpirun_code: int, run_dir: RunDir) -> int:
 def main(argv: list[str]) -> int:
     from hpc.cli import Parser
 
-    parser = Parser("python -m hpc.submit.ranks", __doc__ or "")
+    parser = Parser("python -m hpc.launching.ranks", __doc__ or "")
     parser.add_argument("--warm", action="store_true", help="fork the ranks from one warm process (cluster.warm_ranks): torch imported once")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (its result.json gives the exit code)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="MPIRUN_COMMAND...", help="mpirun and its arguments")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from hpc.submit.snapshot import STORE
+from hpc.launching.snapshot import STORE
 
 # The deepest folders that existed when this command started, per run root (see note_run_root).
 _EXISTING: set[Path] = set()
@@ -47,7 +47,7 @@ def prune_empty(path: Path) -> None:
 
 
 def release_store(store: Path) -> None:
-    """The files of a run root's store of frozen code (hpc.submit.snapshot) that no run dir links
+    """The files of a run root's store of frozen code (hpc.launching.snapshot) that no run dir links
     any more, and the folders that leaves empty, the store's own included. A launch that made a
     file and has not linked it yet finds it gone and copies instead (snapshot._place)."""
     if not store.is_dir():

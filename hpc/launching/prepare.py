@@ -1,6 +1,6 @@
 """Inside an allocation that a user got with plain `sbatch`: compose, check, make the run dir.
 
-    exports=$(python3 -m hpc.submit.prepare [hydra overrides...]) || exit $?
+    exports=$(python3 -m hpc.launching.prepare [hydra overrides...]) || exit $?
     eval "$exports"        # HPCTK_RUN_DIR and the ranks' environment, shell-quoted
     srun --mpi=pmix python3 -m hpc.rank.main "$HPCTK_RUN_DIR"
 
@@ -25,10 +25,10 @@ from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.validate import validate_job
 from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
 from hpc.errors import UserError
+from hpc.launching.launch import pin_inputs, rank_environment, resolved_yaml
+from hpc.launching.slurm import setup_lines
+from hpc.launching.snapshot import freeze_job_code
 from hpc.rundir import RunDir, mark_run_dir
-from hpc.submit.launch import pin_inputs, rank_environment, resolved_yaml
-from hpc.submit.slurm import setup_lines
-from hpc.submit.snapshot import freeze_job_code
 
 
 def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
@@ -38,7 +38,7 @@ def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
     except RankEnvError as err:
         raise UserError(str(err)) from None
     if shape is None:
-        raise UserError("hpc.submit.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)")
+        raise UserError("hpc.launching.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)")
     return shape
 
 

@@ -21,12 +21,12 @@ from typing import Any
 
 from hpc.config.schema import JobConfig
 from hpc.errors import UserError
+from hpc.launching.launch import prepare, rank_environment, resolved_yaml
+from hpc.launching.launchers import ForegroundLauncher, QueuedLauncher, launcher_for
+from hpc.launching.snapshot import freeze_job_code
+from hpc.launching.tidy import prune_empty
 from hpc.rundir import RUN_MARKER, RunDir, mark_run_dir
 from hpc.runroots import remember
-from hpc.submit.launch import prepare, rank_environment, resolved_yaml
-from hpc.submit.launchers import ForegroundLauncher, QueuedLauncher, launcher_for
-from hpc.submit.snapshot import freeze_job_code
-from hpc.submit.tidy import prune_empty
 
 SWEEP_FILE = "sweep.json"
 
@@ -54,7 +54,7 @@ def sweep_groups(points: Sequence[SweepPoint], params_of: Callable[[JobConfig], 
 
 
 def launch_sweep(points: Sequence[SweepPoint], sweep_dir: Path, emit: Callable[[str], None] = print) -> int:
-    """Submit (or run locally) every point, each prepared already (hpc.submit.launch.prepare: hpc.app
+    """Submit (or run locally) every point, each prepared already (hpc.launching.launch.prepare: hpc.app
     checks a sweep's points before its sweep dir is made; a study's trials: prepare_points)."""
     prepared = list(points)
     dry = {point.job.dry_run for point in prepared}
@@ -159,7 +159,7 @@ def submit_array_group(
 
 
 def prepare_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
-    """Every point validated and its inputs pinned (hpc.submit.launch.prepare); UserError naming
+    """Every point validated and its inputs pinned (hpc.launching.launch.prepare); UserError naming
     the first point that is refused."""
     prepared = []
     for point in points:

@@ -27,9 +27,9 @@ from typing import Any, Literal, cast
 from hpc.config.schema import JobConfig
 from hpc.config.search import Search, search_arguments
 from hpc.errors import UserError
+from hpc.launching.sweep import SweepPoint, read_record
+from hpc.launching.trials import Outcome, run_batch, wait_for
 from hpc.shown import shown_value
-from hpc.submit.sweep import SweepPoint, read_record
-from hpc.submit.trials import Outcome, run_batch, wait_for
 
 Direction = Literal["minimize", "maximize"]
 Compose = Callable[[list[list[str]]], list[JobConfig]]  # override lists -> their configs (hpc.config.compose.compose_jobs)

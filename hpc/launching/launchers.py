@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from typing import Any
 from hpc import slurmctl
 from hpc.config.launchers import LauncherTraits, traits
 from hpc.config.schema import JobConfig
+from hpc.launching import local, slurm
 from hpc.rundir import RunDir
-from hpc.submit import local, slurm
 
 GONE = "GONE"  # a job's state once its scheduler no longer knows it
 
@@ -53,6 +54,11 @@ class ForegroundLauncher(ABC):
     ) -> int:
         """Run the job's ranks to their end, here; their exit code. `info`: more for job.json;
         `code`: sources frozen already; `stops`: each signal that reached this process meanwhile."""
+
+    @abstractmethod
+    def start(self, job: JobConfig, env: dict[str, str], run_dir: RunDir, console: Path) -> subprocess.Popen[bytes]:
+        """Start the job's ranks in the background (the Python API); rank 0's console into
+        `console`; SIGINT or SIGTERM to the process stops them at a step, with a save."""
 
 
 class QueuedLauncher(ABC):
@@ -110,6 +116,10 @@ class QueuedLauncher(ABC):
         """Block until the job ended, printing rank 0's stdout (`emit`) and stderr (`emit_err`)
         as they grow, as a local run shows them; its final state."""
 
+    def console(self, job_id: str, run_dir: RunDir) -> Path | None:
+        """The file rank 0's console (its stdout) goes to, where the scheduler keeps one."""
+        return None
+
 
 Launcher = ForegroundLauncher | QueuedLauncher
 
@@ -125,6 +135,9 @@ class LocalLauncher(ForegroundLauncher):
         self, job: JobConfig, env: dict[str, str], run_dir: RunDir, info: dict[str, Any] | None = None, code: Path | None = None, stops: list[int] | None = None
     ) -> int:
         return local.run_local(job, env, run_dir, info, code, stops)
+
+    def start(self, job: JobConfig, env: dict[str, str], run_dir: RunDir, console: Path) -> subprocess.Popen[bytes]:
+        return local.start_local(job, env, run_dir, console)
 
 
 class SlurmLauncher(QueuedLauncher):
@@ -179,6 +192,9 @@ class SlurmLauncher(QueuedLauncher):
     def wait(self, job_id: str, run_dir: RunDir, emit: Callable[[str], None] = print, emit_err: Callable[[str], None] = print) -> str:
         stdout, stderr = slurm.rank0_console(run_dir.submitit / "%j", job_id)
         return slurm.wait_for_job(job_id, [slurm.Follower(stdout, emit), slurm.Follower(stderr, emit_err)])
+
+    def console(self, job_id: str, run_dir: RunDir) -> Path | None:
+        return slurm.rank0_console(run_dir.submitit / "%j", job_id)[0]
 
 
 LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLauncher()}

@@ -1,0 +1,251 @@
+"""Submitting from Python (a script, a notebook): `from hpc import submit`.
+
+    from hpc import submit
+
+    job = submit("cluster=simulated", "trainer.max_steps=100")
+    for line in job.lines():    # rank 0's console as it grows, until the job ends
+        print(line)
+    job.wait()                  # "COMPLETED"
+    job.result()["val_metrics"]
+
+`submit` takes what launch.py takes (overrides, Hydra's flags, `-m` for a grid sweep, and a
+script's own arguments as `script_args`) and does what launch.py does, in this process: the job is
+composed, checked, frozen and submitted with the same one-line errors (raised as SubmitError).
+It returns a `Job` at once, for a queued cluster and for local ranks alike: local ranks run in
+the background (rank 0's console in <run dir>/console.log). A grid sweep returns its jobs, one
+per point: submitted as job arrays at once; on local ranks its points run one after another
+before `submit` returns, as launch.py -m runs them. What this process was (its umask, working
+directory, environment and logging) is as it was when `submit` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc.app import Single, check_sweep, grid_sweep, info_only, job_environment, make_run_dir, parse_args, restrict_access, single_job, sweep_dir_of
+from hpc.config.compose import load_plugins, register_schemas
+from hpc.config.local_gpus import override_key
+from hpc.errors import UserError
+from hpc.launching.launch import discard_run_dir, rank_environment, record_run, submit_job, tell
+from hpc.launching.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedLauncher, launcher_for, queued_launcher
+from hpc.launching.slurm import Follower
+from hpc.launching.sweep import SWEEP_FILE
+from hpc.rundir import RunDir
+
+RESULT_STATES = {"completed": "COMPLETED", "failed": "FAILED", "stopped": "STOPPED"}
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # hydra.job_logging's file handler
+
+
+class SubmitError(UserError):
+    """The job was refused or could not be submitted; the message is launch.py's error line."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted job or a run of local ranks, known by its run dir; `process`: the local
+    ranks this process started (None: a queued job, or local ranks another process ran)."""
+
+    run_dir: Path
+    job_id: str | None
+    process: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def state(self) -> str:
+        """RUNNING while local ranks run; the scheduler's state while it knows the job; then the
+        run dir's: COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN before a rank wrote its end."""
+        if self.process is not None and self.process.poll() is None:
+            return "RUNNING"
+        if self.job_id is not None:
+            state = self.launcher().jobs([self.job_id])[self.job_id].state
+            if state != GONE:
+                return state
+        status = RESULT_STATES.get(str(self.result().get("status")), "UNKNOWN")
+        return "FAILED" if status == "UNKNOWN" and self.process is not None and self.process.returncode else status
+
+    def ended(self) -> bool:
+        """Whether the job is over (a requeued job is not)."""
+        if self.job_id is None:
+            return self.process is None or self.process.poll() is not None
+        state = self.state()
+        return state in self.launcher().terminal_states or state in RESULT_STATES.values()
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> str:
+        """Block until the job ended (for a requeued job: until it ended for good); its state.
+        TimeoutError after `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"the ranks of {self.run_dir} still run after {timeout_s:g} s") from None
+            return self.state()
+        while not self.ended():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {self.state()} after {timeout_s:g} s")
+            time.sleep(poll_s)  # a scheduler's queue offers no event for a job's end
+        return self.state()
+
+    def result(self) -> dict[str, Any]:
+        """result.json: how the run ended, its steps and figures ({} before a rank wrote it)."""
+        return RunDir(self.run_dir).read_result()
+
+    def console(self) -> Path | None:
+        """The file rank 0's console goes to (None: the scheduler keeps none, or a local run
+        another process ran, whose console was its terminal)."""
+        if self.job_id is None:
+            return RunDir(self.run_dir).console if self.process is not None else None
+        return self.launcher().console(self.job_id, RunDir(self.run_dir))
+
+    def logs(self) -> str:
+        """Rank 0's console so far ("" before it wrote anything)."""
+        lines: list[str] = []
+        path = self.console()
+        if path is not None:
+            Follower(path, lines.append)(flush=True)
+        return "\n".join(lines)
+
+    def lines(self, poll_s: float = 0.5) -> Iterator[str]:
+        """Rank 0's console line by line as it grows, from its start until the job ended."""
+        lines: list[str] = []
+        path = self.console()
+        if path is None:
+            return
+        follow = Follower(path, lines.append)
+        while True:
+            ended = self.ended()
+            follow(flush=ended)
+            yield from lines
+            lines.clear()
+            if ended:
+                return
+            time.sleep(poll_s)  # a file that grows offers no event here
+
+    def cancel(self) -> None:
+        """Local ranks: stopped at a step with a save, as a Ctrl-C stops them (resumable:
+        `bash <run dir>/command.txt`); a queued job: cancelled."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+        elif self.job_id is not None and (failed := self.launcher().cancel(self.job_id)):
+            raise SubmitError(f"cancelling job {self.job_id}: {failed}")
+
+    def launcher(self) -> QueuedLauncher:
+        """Whom to ask of the job: the launcher its job.json names (Slurm before it named one)."""
+        try:
+            named = RunDir(self.run_dir).read_json(RunDir(self.run_dir).job).get("launcher")
+        except (OSError, ValueError, AttributeError):
+            named = None
+        return queued_launcher(named if isinstance(named, str) and named in LAUNCHERS else "slurm")
+
+
+def submit(*overrides: str, script_args: Sequence[str] | None = None, cwd: str | Path | None = None) -> Job | list[Job]:
+    """Compose, check and submit the job of `overrides` (a script's arguments: `script_args`),
+    with relative paths taken from `cwd`; the job, or a grid sweep's jobs. SubmitError with
+    the line launch.py would print when it is refused."""
+    argv = [str(override) for override in overrides]
+    passed = None if script_args is None else [str(arg) for arg in script_args]
+    with kept_process_state(cwd):
+        try:
+            return submitted(argv, passed)
+        except UserError as err:
+            raise SubmitError(str(err)) from None
+
+
+def submitted(argv: list[str], script_args: list[str] | None) -> Job | list[Job]:
+    register_schemas()
+    load_plugins()
+    args = parse_args(argv)
+    args.argv = argv
+    if info_only(args):
+        raise UserError("--help, --cfg, --info and --version print and submit nothing: run them as hpc-launch")
+    if "verify" in map(override_key, args.overrides):
+        raise UserError("verify=resume runs the verifier in the foreground: run it as hpc-launch verify=resume ...")
+    if script_args is not None and args.multirun:
+        raise UserError("script_args go to a single run's script: with -m give them as script_args=[...] among the overrides")
+    single = None if args.multirun else single_job(args, script_args)
+    if single is not None:
+        return start(single)
+    sweep = check_sweep(args)
+    if sweep.search is not None:
+        raise UserError("a search (hydra/sweeper=optuna) runs its trials from the command line: hpc-launch -m ...")
+    if sweep.points[0][1].dry_run:
+        raise UserError("dry_run=true submits nothing: run it as hpc-launch to see what would run")
+    restrict_access([job for _, job in sweep.points])
+    grid_sweep(sweep, emit=lambda line: None)
+    sweep_dir = sweep_dir_of(sweep.shared)
+    points = RunDir(sweep_dir).read_json(sweep_dir / SWEEP_FILE).get("points", [])
+    return [Job(sweep_dir / point["run_dir"], point.get("job_id")) for point in points]
+
+
+def start(single: Single) -> Job:
+    """The run dir made and the job submitted, or its local ranks started in the background."""
+    job = single.job
+    if job.dry_run:
+        raise UserError("dry_run=true submits nothing: run it as hpc-launch to see what would run")
+    run_dir = make_run_dir(single.cfg)
+    os.environ.update(job_environment(single.cfg))  # for the ranks, as launch.py sets them; undone after
+    with launch_log(run_dir):
+        if single.note:
+            logging.getLogger("hpc.launch").info(single.note)
+        try:
+            record_run(job, run_dir)
+            launcher = launcher_for(job)
+            env = rank_environment(job)
+            if isinstance(launcher, QueuedLauncher):
+                job_id = submit_job(launcher, job, env, run_dir)
+                tell(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})", console=False)
+                return Job(run_dir.path, job_id)
+            assert isinstance(launcher, ForegroundLauncher)
+            process = launcher.start(job, env, run_dir, run_dir.console)
+            tell(f"ranks started in the background (pid {process.pid}); their console: {run_dir.console}", console=False)
+            return Job(run_dir.path, None, process)
+        except UserError:
+            discard_run_dir(run_dir)
+            raise
+
+
+@contextlib.contextmanager
+def launch_log(run_dir: RunDir) -> Iterator[None]:
+    """<run dir>/launch.log, as launch.py's logging writes it, for the time of the launch only."""
+    handler = logging.FileHandler(run_dir.path / "launch.log")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root, launch = logging.getLogger(), logging.getLogger("hpc.launch")
+    root.addHandler(handler)
+    level = launch.level
+    launch.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        launch.setLevel(level)
+        root.removeHandler(handler)
+        handler.close()
+
+
+@contextlib.contextmanager
+def kept_process_state(cwd: str | Path | None) -> Iterator[None]:
+    """What launching changes in its process (the umask for run_access, the working directory
+    relative paths are taken from, hydra.job.env_set) put back when the launch is done."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    environ, here = dict(os.environ), os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(here)
+        os.umask(umask)
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+
+
+__all__ = ["Job", "SubmitError", "submit"]
