@@ -36,7 +36,7 @@ from hpc.config.compose import load_plugins, register_schemas
 from hpc.config.local_gpus import override_key
 from hpc.errors import UserError
 from hpc.launching.launch import discard_run_dir, rank_environment, record_run, submit_job, tell
-from hpc.launching.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedLauncher, launcher_for, queued_launcher
+from hpc.launching.launchers import GONE, ForegroundLauncher, QueuedLauncher, job_launcher, launcher_for
 from hpc.launching.slurm import Follower
 from hpc.launching.sweep import SWEEP_FILE
 from hpc.rundir import RunDir
@@ -140,10 +140,10 @@ class Job:
     def launcher(self) -> QueuedLauncher:
         """Whom to ask of the job: the launcher its job.json names (Slurm before it named one)."""
         try:
-            named = RunDir(self.run_dir).read_json(RunDir(self.run_dir).job).get("launcher")
-        except (OSError, ValueError, AttributeError):
-            named = None
-        return queued_launcher(named if isinstance(named, str) and named in LAUNCHERS else "slurm")
+            record = RunDir(self.run_dir).read_json(RunDir(self.run_dir).job)
+        except (OSError, ValueError):
+            record = {}
+        return job_launcher(record if isinstance(record, dict) else {})
 
 
 def submit(*overrides: str, script_args: Sequence[str] | None = None, cwd: str | Path | None = None) -> Job | list[Job]:

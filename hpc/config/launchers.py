@@ -25,6 +25,8 @@ class LauncherTraits:
     asks_for_gpus: bool
     tool: str  # the command it starts jobs with, on this machine
     without_tool: str  # the refusal where that command is missing
+    job_id_form: str = r"\d+(_\d+)?"  # its job ids (after=, after_any=), a regular expression: Slurm's job or array task
+    job_id_examples: tuple[str, str, str] = ("123", "124", "123_4")  # two jobs and an array's task, for the refusal
 
 
 LAUNCHER_TRAITS = {

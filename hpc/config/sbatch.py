@@ -12,6 +12,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from hpc.config.launchers import LAUNCHER_TRAITS, LauncherTraits
 from hpc.errors import UserError
 
 # sbatch's own long options (Slurm 22.05 to 24.11; `sbatch --help` lists most, the rest are in its
@@ -102,19 +103,17 @@ def sbatch_lines(options: Mapping[str, Any]) -> dict[str, Any]:
     return rendered
 
 
-JOB_ID = re.compile(r"\d+(_\d+)?")  # a job, or one task of an array (123_4)
-
-
-def job_ids(key: str, value: Any) -> list[str]:
-    """`after`/`after_any` as job ids: one id, a list (after=[123,124]) or a text of ids separated by
-    commas or colons (after="123,124"); UserError for anything else."""
+def job_ids(key: str, value: Any, launcher: LauncherTraits = LAUNCHER_TRAITS["slurm"]) -> list[str]:
+    """`after`/`after_any` as `launcher`'s job ids: one id, a list (after=[123,124]) or a text of
+    ids separated by commas or colons (after="123,124"); UserError for anything else."""
     if value is None or value == "" or value == []:
         return []
     items = value if isinstance(value, list | tuple) else re.split(r"[,:]", str(value))
     ids = [str(item).strip() for item in items]
-    bad = [item for item in ids if not JOB_ID.fullmatch(item)]
+    bad = [item for item in ids if not re.fullmatch(launcher.job_id_form, item)]
     if bad or isinstance(value, bool):
-        raise UserError(f"{key}={value!r}: name Slurm job ids, e.g. {key}=123 or {key}=[123,124] (an array's task: 123_4)")
+        one, two, task = launcher.job_id_examples
+        raise UserError(f"{key}={value!r}: name {launcher.scheduler} job ids, e.g. {key}={one} or {key}=[{one},{two}] (an array's task: {task})")
     return ids
 
 

@@ -278,25 +278,16 @@ def check_container(job: JobConfig) -> None:
 
 
 def check_dependencies(job: JobConfig) -> None:
-    """after= and after_any=: Slurm job ids of jobs Slurm knows; after= (afterok) none that has
-    ended otherwise than COMPLETED, which would leave this job pending for ever."""
-    from hpc import slurmctl
-
-    waits = {"after": job_ids("after", job.after), "after_any": job_ids("after_any", job.after_any)}
-    if not any(waits.values()):
-        return
-    if not traits(job.cluster.launcher).queued:
+    """after= and after_any=: job ids in the scheduler's form, on a launcher whose jobs can wait
+    (a queued one). Whether the scheduler knows them: hpc.launching.launch.check_waits."""
+    launcher = traits(job.cluster.launcher)
+    if launcher.queued:
+        waits = {"after": job_ids("after", job.after, launcher), "after_any": job_ids("after_any", job.after_any, launcher)}
+    else:  # ids in a form no scheduler takes are refused as such first
+        waits = {"after": job_ids("after", job.after), "after_any": job_ids("after_any", job.after_any)}
+    if any(waits.values()) and not launcher.queued:
         key = next(key for key, ids in waits.items() if ids)
         raise UserError(f"{key}= holds a job until others end: it needs a Slurm cluster (cluster={job.cluster.name} runs at once, here)")
-    if shutil.which("scontrol") is None:  # a dry run away from Slurm: the ids' form is checked
-        return
-    for key, ids in waits.items():
-        for job_id in ids:
-            state = slurmctl.job_fields(job_id).get("JobState")
-            if state is None:
-                raise UserError(f"{key}={job_id}: Slurm knows no job {job_id} (a typo, or it ended long enough ago to be forgotten)")
-            if key == "after" and state in slurmctl.TERMINAL_STATES and state != "COMPLETED":
-                raise UserError(f"{key}={job_id}: job {job_id} ended {state}, so this job would never start; use after_any={job_id} to run it anyway")
 
 
 def check_script_values(job: JobConfig) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from collectives.mpirun import huge_pages_environment, root_environment
 from hpc.config.diskspace import space_warnings
+from hpc.config.sbatch import job_ids
 from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
 from hpc.config.validate import validate_job
@@ -49,9 +50,28 @@ def prepare(job: JobConfig) -> JobConfig:
     """Validate, and pin what ranks must not re-derive. A run root too small for the job's
     checkpoints is a warning line; a read-only one is refused (hpc.config.diskspace)."""
     info = validate_job(job)
+    check_waits(job)
     for line in space_warnings(job, info):
         print(line, file=sys.stderr, flush=True)
     return pin_inputs(job, info)
+
+
+def check_waits(job: JobConfig) -> None:
+    """after= and after_any= (their form checked already): jobs the job's scheduler knows, and
+    none of after='s ended otherwise than succeeded, which would leave this job waiting for ever.
+    Not asked where the scheduler's tools are not here (a dry run away from the cluster)."""
+    launcher = launcher_for(job)
+    if not isinstance(launcher, QueuedLauncher) or shutil.which(launcher.query_tool()) is None:
+        return
+    waits = {"after": job_ids("after", job.after, launcher.traits), "after_any": job_ids("after_any", job.after_any, launcher.traits)}
+    scheduler = launcher.traits.scheduler
+    for key, ids in waits.items():
+        for job_id in ids:
+            state = launcher.dependency_state(job_id)
+            if state is None:
+                raise UserError(f"{key}={job_id}: {scheduler} knows no job {job_id} (a typo, or it ended long enough ago to be forgotten)")
+            if key == "after" and state in launcher.terminal_states and state not in launcher.succeeded_states:
+                raise UserError(f"{key}={job_id}: job {job_id} ended {state}, so this job would never start; use after_any={job_id} to run it anyway")
 
 
 def pin_inputs(job: JobConfig, info: DatasetInfo | None) -> JobConfig:

@@ -27,6 +27,7 @@ from typing import Any
 from hpc import slurmctl
 from hpc.config.launchers import LauncherTraits, traits
 from hpc.config.schema import JobConfig
+from hpc.errors import UserError
 from hpc.launching import local, slurm
 from hpc.rundir import RunDir
 
@@ -120,6 +121,24 @@ class QueuedLauncher(ABC):
         """The file rank 0's console (its stdout) goes to, where the scheduler keeps one."""
         return None
 
+    def query_tool(self) -> str:
+        """The command this machine needs to ask the scheduler of its jobs (hpc.stop, after=)."""
+        return self.traits.tool
+
+    def dependency_state(self, job_id: str) -> str | None:
+        """A job's state as a job waiting on it (after=, after_any=) sees it; None: unknown to
+        the scheduler, so nothing could wait on it."""
+        state = self.jobs([job_id])[job_id].state
+        return None if state == GONE else state
+
+    def signal_command(self, job_id: str, name: str) -> str:
+        """What `signal(job_id, name)` runs, in the scheduler's words, for the line that says so."""
+        return f"{self.traits.scheduler}: signal {name} to job {job_id}"
+
+    def cancel_hint(self, job_id: str) -> str:
+        """How a user cancels the job, for a hint."""
+        return f"{self.traits.scheduler}'s own cancel removes it"
+
 
 Launcher = ForegroundLauncher | QueuedLauncher
 
@@ -196,6 +215,18 @@ class SlurmLauncher(QueuedLauncher):
     def console(self, job_id: str, run_dir: RunDir) -> Path | None:
         return slurm.rank0_console(run_dir.submitit / "%j", job_id)[0]
 
+    def query_tool(self) -> str:
+        return "squeue"
+
+    def dependency_state(self, job_id: str) -> str | None:
+        return slurmctl.job_fields(job_id).get("JobState")  # slurmctld's own: a job only accounting knows cannot be waited on
+
+    def signal_command(self, job_id: str, name: str) -> str:
+        return f"scancel --signal={name} {job_id}"
+
+    def cancel_hint(self, job_id: str) -> str:
+        return f"scancel {job_id} cancels it"
+
 
 LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLauncher()}
 
@@ -203,6 +234,15 @@ LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLaunch
 def launcher_for(job: JobConfig) -> Launcher:
     """The job's launcher (cluster.launcher, checked by hpc.config.validate)."""
     return LAUNCHERS[job.cluster.launcher]
+
+
+def job_launcher(job: dict[str, Any]) -> QueuedLauncher:
+    """The queued launcher a job.json names (Slurm where it names none: written before launchers
+    were named); UserError for a name this toolkit does not know."""
+    name = job.get("launcher") or "slurm"
+    if name not in LAUNCHERS:
+        raise UserError(f"job.json names launcher {name!r}, which this toolkit does not know (known: {', '.join(LAUNCHERS)})")
+    return queued_launcher(str(name))
 
 
 def queued_launcher(name: str) -> QueuedLauncher:

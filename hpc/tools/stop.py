@@ -9,9 +9,10 @@ RUN_DIR` and it started before it wrote its heartbeat. Never the launcher or mpi
 command lines name the run dir too), nor a process that took the pid of a rank that ended. The
 ranks exit with code 75 and `bash RUN_DIR/command.txt` resumes the run.
 
-A Slurm job: `scancel --signal=USR1 JOB`, which signals the tasks of every step, as a preemption
-does (not the batch shell: its EXIT trap requeues the job). Rank 0 asks for the requeue, and the
-job resumes by itself from the checkpoint.
+A queued job: its scheduler's signal to every rank (the launcher its job.json names; Slurm:
+`scancel --signal=USR1 JOB`, which signals the tasks of every step, as a preemption does, not the
+batch shell, whose EXIT trap requeues the job). Rank 0 asks for the requeue, and the job resumes
+by itself from the checkpoint.
 
 One line says what was sent. A directory that is no run dir, a run that is not running and a
 run whose ranks recorded no pid are one line each, with exit code 2. Login-node code: no torch.
@@ -21,14 +22,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
 from hpc.errors import UserError
+from hpc.launching.launchers import QueuedLauncher, job_launcher
 from hpc.rankprocs import CLOCK_SLACK_S, RANK_MODULE, is_rank_of, live_ranks, pids_of, process_facts, stop_signal
 from hpc.rundir import RunDir
 
@@ -52,18 +54,20 @@ def read_run(path: Path) -> tuple[RunDir, dict[str, Any]]:
     return run_dir, job if isinstance(job, dict) else {}
 
 
-def stop_slurm_job(job_id: str, name: str) -> str:
-    """The stop to every rank of Slurm job `job_id` through scancel, when it runs."""
-    if not slurmctl.available("squeue"):
-        raise UserError(f"job {job_id} is a Slurm job and squeue is not here; run python -m hpc.stop on the cluster's login node")
-    state = slurmctl.job_state(job_id)
-    if state != "RUNNING":
-        hint = f" (scancel {job_id} cancels it)" if state in slurmctl.WAITING_STATES else ""
+def stop_queued_job(launcher: QueuedLauncher, job_id: str, name: str) -> str:
+    """The stop to every rank of the scheduler's job `job_id` (Slurm's: scancel), when it runs."""
+    tool = launcher.query_tool()
+    if shutil.which(tool) is None:
+        raise UserError(f"job {job_id} is a {launcher.traits.scheduler} job and {tool} is not here; run python -m hpc.stop on the cluster's login node")
+    state = launcher.jobs([job_id])[job_id].state
+    if state not in launcher.running_states:
+        hint = f" ({launcher.cancel_hint(job_id)})" if state in launcher.waiting_states else ""
         raise UserError(f"job {job_id} is not running ({state}): no rank to stop{hint}")
-    error = slurmctl.cancel(job_id, signal=name)
+    sent = launcher.signal_command(job_id, name)
+    error = launcher.signal(job_id, name)
     if error is not None:
-        raise UserError(f"scancel --signal={name} {job_id}: {error}")
-    return f"sent SIG{name} to every rank of job {job_id} (scancel --signal={name} {job_id}): they stop at the same step and save, and the job is requeued"
+        raise UserError(f"{sent}: {error}")
+    return f"sent SIG{name} to every rank of job {job_id} ({sent}): they stop at the same step and save, and the job is requeued"
 
 
 def stop_local_ranks(run_dir: RunDir, name: str, host: str) -> str:
@@ -91,7 +95,7 @@ def stop_run(path: Path, host: str | None = None) -> str:
     name = stop_signal(run_dir)
     job_id = job.get("job_id")
     if isinstance(job_id, str) and job_id:
-        return stop_slurm_job(job_id, name)
+        return stop_queued_job(job_launcher(job), job_id, name)
     return stop_local_ranks(run_dir, name, host or socket.gethostname())
 
 

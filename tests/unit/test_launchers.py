@@ -51,7 +51,7 @@ def test_slurm_jobs_come_from_scontrol_then_accounting_then_gone(monkeypatch):
     assert asked == [["8", "9"]]  # accounting only for the jobs scontrol no longer shows
 
 
-FAKE = LauncherTraits("fakeq", "FakeQ", queued=True, one_machine=False, asks_for_gpus=True, tool="true", without_tool="no fakeq")
+FAKE = LauncherTraits("fakeq", "FakeQ", True, False, True, "true", "no fakeq", job_id_form=r"q\d+(\.\d+)?", job_id_examples=("q1", "q2", "q1.0"))
 
 
 class FakeQueue(QueuedLauncher):
@@ -145,12 +145,11 @@ def test_a_new_scheduler_answers_a_studys_waiting_for_its_trials(fake_queue, tmp
 
 
 def test_the_login_checks_ask_a_launchers_traits_not_its_name(fake_queue, monkeypatch):
-    monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: {"JobState": "RUNNING"})
     """A queued launcher other than Slurm may take more than one node and wait for other jobs;
     one without a queue (this machine's) may do neither."""
     queued = on_fake_queue(0, nodes=3).job
     monkeypatch.setattr("hpc.config.validate.check_node_fit", lambda job: None)
-    validate_job(replace(queued, after="12"))  # refused for nothing a queue offers
+    validate_job(replace(queued, after="q12"))  # refused for nothing a queue offers
     local = replace(queued, cluster=ClusterConfig(name="mine", launcher="local"))
     with pytest.raises(UserError, match=r"resources.nodes=3: cluster=local runs on this one machine"):
         validate_job(local)
@@ -238,3 +237,40 @@ def test_wait_true_follows_a_job_to_its_end_in_its_schedulers_own_words(fake_que
     assert launch.submit_and_tell(fake_queue, job, {}, run_dir) == code
     assert json.loads(run_dir.job.read_text())["launcher"] == "fakeq" and fake_queue.submitted == run_dir.path
     assert f"job q0.0 ended: {state}" in capsys.readouterr().out
+
+
+def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher(fake_queue, tmp_path, monkeypatch):
+    """hpc.stop, the Python API's Job and after= ask the launcher job.json names: a made-up
+    scheduler answers all three with nothing but its own class (no Slurm tool is asked)."""
+    from hpc.api import Job
+    from hpc.launching import launch
+    from hpc.tools import stop
+
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: pytest.fail("Slurm asked of a fakeq job"))
+    monkeypatch.setattr(stop.shutil, "which", lambda tool: f"/bin/{tool}" if tool == "true" else None)  # FakeQ's tool only
+    monkeypatch.setattr(launch.shutil, "which", stop.shutil.which)
+    signalled: list[tuple[str, str]] = []
+    monkeypatch.setattr(fake_queue, "signal", lambda job_id, name: signalled.append((job_id, name)))
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.config.write_text("name: train\ncluster:\n  name: fq\n  signal: USR2\n")
+    run.write_json(run.job, {"job_id": "q0.1", "launcher": "fakeq"})
+    fake_queue.states["q0.1"] = "QUEUED"
+    with pytest.raises(UserError, match=r"^job q0.1 is not running \(QUEUED\): no rank to stop \(FakeQ's own cancel removes it\)$"):
+        stop.stop_run(run.path)
+    fake_queue.states["q0.1"] = "GOING"
+    line = stop.stop_run(run.path)
+    assert signalled == [("q0.1", "USR2")] and line.startswith("sent SIGUSR2 to every rank of job q0.1 (FakeQ: signal USR2 to job q0.1)")
+    assert Job(run.path, "q0.1").launcher() is fake_queue and Job(run.path, "q0.1").state() == "GOING"
+    fake_queue.states["q0.2"] = "BROKEN"
+    waiting = replace(JobConfig(), cluster=ClusterConfig(name="fq", launcher="fakeq"))
+    launch.check_waits(replace(waiting, after="q0.1", after_any="q0.2"))  # running, and broken but waited on in any state
+    with pytest.raises(UserError, match=r"^after=q0.2: job q0.2 ended BROKEN, so this job would never start"):
+        launch.check_waits(replace(waiting, after="q0.2"))
+    with pytest.raises(UserError, match=r"^after_any=q9: FakeQ knows no job q9"):
+        launch.check_waits(replace(waiting, after_any="q9"))
+    with pytest.raises(UserError, match=r"^after='12': name FakeQ job ids, e.g. after=q1 or after=\[q1,q2\] \(an array's task: q1.0\)$"):
+        check_dependencies(replace(waiting, after="12"))  # its own form of ids, on the login node's first check
+    run.write_json(run.job, {"job_id": "q0.1", "launcher": "pbs"})
+    with pytest.raises(UserError, match=r"^job.json names launcher 'pbs', which this toolkit does not know \(known: local, slurm, fakeq\)$"):
+        stop.stop_run(run.path)

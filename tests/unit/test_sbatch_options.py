@@ -72,7 +72,8 @@ def test_after_and_after_any_become_sbatchs_dependency(tmp_path, after, after_an
 
 def test_a_dependency_is_refused_in_one_line_where_it_could_never_hold(monkeypatch):
     from hpc import slurmctl
-    from hpc.config import validate
+    from hpc.launching import launch
+    from hpc.launching.launch import check_waits
 
     with pytest.raises(UserError, match=r"^after='12x': name Slurm job ids, e.g. after=123 or after=\[123,124\]"):
         check_dependencies(JobConfig(cluster=CLUSTER, after="12x"))
@@ -81,13 +82,15 @@ def test_a_dependency_is_refused_in_one_line_where_it_could_never_hold(monkeypat
     with pytest.raises(UserError, match=r"^cluster.sbatch.dependency: the toolkit sets --dependency itself; use after= \(afterok\) and after_any="):
         sbatch_lines({"dependency": "afterok:5"})
     states = {"5": "FAILED", "6": "RUNNING"}
-    monkeypatch.setattr(validate.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: f"/usr/bin/{tool}")
     monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: {"JobState": states[job_id]} if job_id in states else {})
     with pytest.raises(UserError, match=r"^after=5: job 5 ended FAILED, so this job would never start; use after_any=5 to run it anyway$"):
-        check_dependencies(JobConfig(cluster=CLUSTER, after=[6, 5]))
+        check_waits(JobConfig(cluster=CLUSTER, after=[6, 5]))
     with pytest.raises(UserError, match=r"^after_any=9: Slurm knows no job 9 \(a typo, or it ended long enough ago to be forgotten\)$"):
-        check_dependencies(JobConfig(cluster=CLUSTER, after_any=9))
-    check_dependencies(JobConfig(cluster=CLUSTER, after=6, after_any=5))  # running, and failed but waited on in any state
+        check_waits(JobConfig(cluster=CLUSTER, after_any=9))
+    check_waits(JobConfig(cluster=CLUSTER, after=6, after_any=5))  # running, and failed but waited on in any state
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: None)
+    check_waits(JobConfig(cluster=CLUSTER, after_any=9))  # away from the cluster (a dry run): the form alone is checked
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])

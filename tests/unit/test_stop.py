@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from collectives.mpirun import mpirun_command
+from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.tools import stop
 from hpc.tools.stop import is_rank_of, main, process_facts, stop_run
@@ -198,9 +199,9 @@ def test_a_slurm_job_is_stopped_through_scancel_while_it_runs(tmp_path, monkeypa
     run_dir = run_dir_at(tmp_path, job_id="12_3", cluster="simulated")
     sent: list[tuple[str, str | None]] = []
     state = {"now": "RUNNING"}
-    monkeypatch.setattr(stop.slurmctl, "available", lambda tool="scontrol": True)
-    monkeypatch.setattr(stop.slurmctl, "job_state", lambda job_id: state["now"])
-    monkeypatch.setattr(stop.slurmctl, "cancel", lambda job_id, signal=None: sent.append((job_id, signal)))
+    monkeypatch.setattr(stop.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: {job_id: {"JobState": state["now"]} for job_id in ids})
+    monkeypatch.setattr(slurmctl, "cancel", lambda job_id, signal=None: sent.append((job_id, signal)))
     line = stop_run(run_dir)
     assert sent == [("12_3", "USR1")]  # every step's tasks, not the batch shell: no --batch, no --full
     assert line == "sent SIGUSR1 to every rank of job 12_3 (scancel --signal=USR1 12_3): they stop at the same step and save, and the job is requeued"
@@ -211,3 +212,6 @@ def test_a_slurm_job_is_stopped_through_scancel_while_it_runs(tmp_path, monkeypa
     with pytest.raises(UserError, match=r"^job 12_3 is not running \(COMPLETED\): no rank to stop$"):
         stop_run(run_dir)
     assert len(sent) == 1
+    monkeypatch.setattr(stop.shutil, "which", lambda tool: None)
+    with pytest.raises(UserError, match=r"^job 12_3 is a Slurm job and squeue is not here; run python -m hpc.stop on the cluster's login node$"):
+        stop_run(run_dir)
