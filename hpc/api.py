@@ -25,17 +25,20 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc.app import Single, check_sweep, grid_sweep, info_only, job_environment, make_run_dir, parse_args, restrict_access, single_job, sweep_dir_of
+from hpc.app import Single, check_sweep, discard, grid_sweep, info_only, job_environment, make_run_dir, parse_args, restrict_access, single_job, sweep_dir_of
 from hpc.config.compose import load_plugins, register_schemas
+from hpc.config.launchers import traits
 from hpc.config.local_gpus import override_key
 from hpc.errors import UserError
-from hpc.launching.launch import discard_run_dir, rank_environment, record_run, submit_job, tell
+from hpc.launching.deaths import KILLED, tell_killed
+from hpc.launching.launch import rank_environment, record_run, submit_job
 from hpc.launching.launchers import GONE, ForegroundLauncher, QueuedLauncher, job_launcher, launcher_for
 from hpc.launching.slurm import Follower
 from hpc.launching.sweep import SWEEP_FILE
@@ -60,7 +63,7 @@ class Job:
 
     def state(self) -> str:
         """RUNNING while local ranks run; the scheduler's state while it knows the job; then the
-        run dir's: COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN before a rank wrote its end."""
+        run dir's: COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN (it ended without a word)."""
         if self.process is not None and self.process.poll() is None:
             return "RUNNING"
         if self.job_id is not None:
@@ -71,11 +74,13 @@ class Job:
         return "FAILED" if status == "UNKNOWN" and self.process is not None and self.process.returncode else status
 
     def ended(self) -> bool:
-        """Whether the job is over (a requeued job is not)."""
+        """Whether the job is over: its ranks exited, or its scheduler calls it ended or forgot
+        it (a requeued job has not ended)."""
         if self.job_id is None:
             return self.process is None or self.process.poll() is not None
-        state = self.state()
-        return state in self.launcher().terminal_states or state in RESULT_STATES.values()
+        launcher = self.launcher()
+        state = launcher.jobs([self.job_id])[self.job_id].state
+        return state == GONE or state in launcher.terminal_states
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> str:
         """Block until the job ended (for a requeued job: until it ended for good); its state.
@@ -98,8 +103,9 @@ class Job:
         return RunDir(self.run_dir).read_result()
 
     def console(self) -> Path | None:
-        """The file rank 0's console goes to (None: the scheduler keeps none, or a local run
-        another process ran, whose console was its terminal)."""
+        """The file rank 0's console goes to (local ranks: stdout and stderr; a queued job: its
+        stdout, the file its scheduler keeps); None: the scheduler keeps none, or local ranks
+        another process ran, whose console was its terminal."""
         if self.job_id is None:
             return RunDir(self.run_dir).console if self.process is not None else None
         return self.launcher().console(self.job_id, RunDir(self.run_dir))
@@ -178,6 +184,8 @@ def submitted(argv: list[str], script_args: list[str] | None) -> Job | list[Job]
         raise UserError("a search (hydra/sweeper=optuna) runs its trials from the command line: hpc-launch -m ...")
     if sweep.points[0][1].dry_run:
         raise UserError("dry_run=true submits nothing: run it as hpc-launch to see what would run")
+    if any(not traits(job.cluster.launcher).queued for _, job in sweep.points) and threading.current_thread() is not threading.main_thread():
+        raise UserError("a sweep of local runs runs its points here, one after another, passing Ctrl-C on: call submit from the main thread")
     restrict_access([job for _, job in sweep.points])
     grid_sweep(sweep, emit=lambda line: None)
     sweep_dir = sweep_dir_of(sweep.shared)
@@ -190,52 +198,71 @@ def start(single: Single) -> Job:
     job = single.job
     if job.dry_run:
         raise UserError("dry_run=true submits nothing: run it as hpc-launch to see what would run")
+    if job.verify.mode is not None:
+        raise UserError("verify=resume runs the verifier in the foreground: run it as hpc-launch verify=resume ...")
     run_dir = make_run_dir(single.cfg)
     os.environ.update(job_environment(single.cfg))  # for the ranks, as launch.py sets them; undone after
-    with launch_log(run_dir):
+    with launch_log(run_dir) as log:
         if single.note:
-            logging.getLogger("hpc.launch").info(single.note)
+            log(single.note)
         try:
             record_run(job, run_dir)
-            launcher = launcher_for(job)
-            env = rank_environment(job)
+            launcher, env = launcher_for(job), rank_environment(job)
             if isinstance(launcher, QueuedLauncher):
                 job_id = submit_job(launcher, job, env, run_dir)
-                tell(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})", console=False)
+                log(f"submitted job {job_id} to {job.cluster.name} (a job to run once it completes: after={job_id})")
                 return Job(run_dir.path, job_id)
             assert isinstance(launcher, ForegroundLauncher)
             process = launcher.start(job, env, run_dir, run_dir.console)
-            tell(f"ranks started in the background (pid {process.pid}); their console: {run_dir.console}", console=False)
-            return Job(run_dir.path, None, process)
+            log(f"ranks started in the background (pid {process.pid}); their console: {run_dir.console}")
         except UserError:
-            discard_run_dir(run_dir)
+            discard(run_dir)
             raise
+    threading.Thread(target=after_ranks, args=(process, run_dir), daemon=True, name="hpc-ranks-end").start()
+    return Job(run_dir.path, None, process)
+
+
+def after_ranks(process: subprocess.Popen[bytes], run_dir: RunDir) -> None:
+    """Once the background ranks exit (the process reaped: no zombie for hpc.status to take for
+    running): their end in launch.log, and for ranks the kernel killed, the end only the
+    launcher can record (hpc.launching.deaths)."""
+    code = process.wait()
+    with launch_log(run_dir) as log:
+        log(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}")
+        if code == KILLED:
+            log(tell_killed(run_dir))
 
 
 @contextlib.contextmanager
-def launch_log(run_dir: RunDir) -> Iterator[None]:
-    """<run dir>/launch.log, as launch.py's logging writes it, for the time of the launch only."""
+def launch_log(run_dir: RunDir) -> Iterator[Callable[[str], None]]:
+    """A writer of lines into <run dir>/launch.log, as launch.py's logging writes them (this
+    process's own logging untouched)."""
     handler = logging.FileHandler(run_dir.path / "launch.log")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root, launch = logging.getLogger(), logging.getLogger("hpc.launch")
-    root.addHandler(handler)
-    level = launch.level
-    launch.setLevel(logging.INFO)
+
+    def log(line: str) -> None:
+        handler.handle(logging.LogRecord("hpc.launch", logging.INFO, __file__, 0, line, None, None))
+
     try:
-        yield
+        yield log
     finally:
-        launch.setLevel(level)
-        root.removeHandler(handler)
         handler.close()
 
 
 @contextlib.contextmanager
 def kept_process_state(cwd: str | Path | None) -> Iterator[None]:
-    """What launching changes in its process (the umask for run_access, the working directory
-    relative paths are taken from, hydra.job.env_set) put back when the launch is done."""
+    """What launching changes in its process put back when the launch is done: the umask for
+    run_access, the working directory relative paths are taken from, hydra.job.env_set, and
+    Hydra's global state (a caller inside its own Hydra app keeps it). Not for two threads at once."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
     umask = os.umask(0o077)
     os.umask(umask)
     environ, here = dict(os.environ), os.getcwd()
+    hydra = GlobalHydra.instance()
+    callers_hydra, callers_config = (hydra.hydra if hydra.is_initialized() else None), HydraConfig.instance().cfg
+    hydra.clear()
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -243,9 +270,13 @@ def kept_process_state(cwd: str | Path | None) -> Iterator[None]:
     finally:
         os.chdir(here)
         os.umask(umask)
-        if dict(os.environ) != environ:
-            os.environ.clear()
-            os.environ.update(environ)
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        os.environ.update({name: value for name, value in environ.items() if os.environ.get(name) != value})
+        hydra.clear()
+        if callers_hydra is not None:
+            hydra.initialize(callers_hydra)
+        HydraConfig.instance().cfg = callers_config
 
 
 __all__ = ["Job", "SubmitError", "submit"]

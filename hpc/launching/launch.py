@@ -196,7 +196,7 @@ def run_failure(run_dir: RunDir) -> str:
 
 
 def discard_run_dir(run_dir: RunDir) -> None:
-    """After a dry run or refused input, remove what Hydra created; nothing else is there."""
+    """After a dry run or refused input, remove what Hydra and launch.py created; nothing else is there."""
     leftovers = {p.name for p in run_dir.path.iterdir()} if run_dir.path.is_dir() else set()
-    if leftovers <= {".hydra", "launch.log", RUN_MARKER}:
+    if leftovers <= {".hydra", "launch.log", "config.yaml", RUN_MARKER}:  # nothing ran: what launch.py wrote before it
         shutil.rmtree(run_dir.path, ignore_errors=True)

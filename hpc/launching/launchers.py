@@ -40,6 +40,7 @@ class QueuedJob:
 
     state: str  # the scheduler's own word (RUNNING, PENDING, COMPLETED, ...), or GONE
     restarts: int = 0  # how often it was requeued
+    reason: str = ""  # why it waits, in the scheduler's words ("Dependency", "requeue hold to 06:01:10")
 
 
 class ForegroundLauncher(ABC):
@@ -196,8 +197,9 @@ class SlurmLauncher(QueuedLauncher):
         seen = {}
         for job_id in job_ids:
             fields = slurmctl.record_of(records, job_id)
-            restarts = fields.get("Restarts", "0")
-            seen[job_id] = QueuedJob(fields.get("JobState") or accounting.get(job_id) or GONE, int(restarts) if restarts.isdigit() else 0)
+            restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else 0
+            state = fields.get("JobState") or accounting.get(job_id) or GONE
+            seen[job_id] = QueuedJob(state, restarts, slurm.waiting_reason(fields, restarts) if state == "PENDING" else "")
         return seen
 
     def cancel(self, job_id: str) -> str | None:
@@ -234,6 +236,10 @@ LAUNCHERS: dict[str, Launcher] = {"local": LocalLauncher(), "slurm": SlurmLaunch
 def launcher_for(job: JobConfig) -> Launcher:
     """The job's launcher (cluster.launcher, checked by hpc.config.validate)."""
     return LAUNCHERS[job.cluster.launcher]
+
+
+def queued_launchers() -> list[QueuedLauncher]:
+    return [launcher for launcher in LAUNCHERS.values() if isinstance(launcher, QueuedLauncher)]
 
 
 def job_launcher(job: dict[str, Any]) -> QueuedLauncher:

@@ -357,6 +357,26 @@ def rank0_console(folder: Path, job_id: str) -> tuple[Path, Path]:
     return paths.stdout, paths.stderr
 
 
+def waiting_reason(fields: dict[str, str], restarts: int) -> str:
+    """Why a pending job waits (scontrol's Reason), and for Slurm's hold after a requeue until
+    when; "" where Slurm gives none."""
+    reason = fields.get("Reason", "")
+    if reason in ("None", ""):
+        return ""
+    return (held_until(fields, restarts) or reason) if reason == "BeginTime" else reason
+
+
+def held_until(fields: dict[str, str], restarts: int) -> str:
+    """Why a job waits for its begin time, and until when: Slurm holds a requeued job back for
+    about two minutes (`scontrol update jobid=J starttime=now` lifts it; `scontrol release` does
+    not). "" where Slurm gave no time."""
+    when = next((fields[k] for k in ("EligibleTime", "StartTime") if fields.get(k, "Unknown") not in ("Unknown", "None", "")), "")
+    clock = when.rpartition("T")[2]
+    if not clock:
+        return ""
+    return f"requeue hold to {clock}" if restarts else f"begins {clock}"
+
+
 class Follower:
     """A file's new whole lines since the last look (a line still being written waits)."""
 

@@ -3,8 +3,9 @@
     python -m hpc.status                 every run under runs/
     python -m hpc.status RUN_OR_SWEEP_DIR
 
-State comes from Slurm (squeue, then sacct where accounting runs), and from the run directory
-once Slurm has forgotten the job; restarts, the last step, the newest committed checkpoint and
+State comes from the job's scheduler, asked through the launcher its job.json names (Slurm:
+scontrol, then sacct where accounting runs), and from the run directory once it has forgotten
+the job; restarts, the last step, the newest committed checkpoint and
 the current samples/s, the last step's loss and the task's metrics (by the task's names) come from
 the run directory. A run that was interrupted ends its line with what the interruptions cost in
 all (`python -m hpc.report RUN_DIR` has the table).
@@ -20,6 +21,7 @@ value is reported), and its trials listed best first. Login-node code: no torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -28,14 +30,14 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hpc import slurmctl
 from hpc.errors import UserError
 from hpc.interruptions import TIMELINE, restarts_in, total_line
+from hpc.launching.launchers import GONE, QueuedJob, job_launcher, queued_launchers
 from hpc.objective import objective_direction, objective_value
 from hpc.rundir import RunDir, failure_line, find_runs, last_records, read_jsonl
 from hpc.runlock import ranks_running
@@ -49,7 +51,7 @@ T = TypeVar("T")
 # States after which a run writes nothing more: a search trial without its objective by then has
 # failed. STOPPED here is result.json's "stopped" (a local run, or a job Slurm forgot), which nothing
 # restarts; a Slurm job that is to be requeued reads PENDING or REQUEUED meanwhile.
-ENDED_STATES = frozenset({*slurmctl.TERMINAL_STATES, "DIED", "STOPPED"})
+LOCAL_ENDED = frozenset({"DIED", "STOPPED"})
 WATCH_S = 10.0  # --watch's interval when it names no SECONDS
 
 
@@ -101,7 +103,7 @@ class RunStatus:
     def rate(self) -> str:
         """`250samples/s`, `1.2e+05tokens/s` or `4.1steps/s`, the first known; `-` for a job
         waiting to run (again): its last rate would read as progress."""
-        if self.state in slurmctl.WAITING_STATES:
+        if self.job_id is not None and self.state in waiting_states():
             return "-"
         for value, unit in ((self.samples_per_s, "samples/s"), (self.tokens_per_s, "tokens/s"), (self.steps_per_s, "steps/s")):
             if value is not None:
@@ -137,17 +139,6 @@ def header(swept_width: int = 0, metrics_width: int = 0, objective_width: int = 
     objective = f"{'objective':<{objective_width}} " if objective_width else ""
     metrics = f"{'metrics':<{metrics_width}}  " if metrics_width else ""
     return f"{'job':<12} {run}{swept}{objective}{'state':<24} {'restarts':>8} {'step':>8} {'ckpt':>8} {'rate':>16}  {metrics}log"
-
-
-def held_until(fields: dict[str, str], restarts: int) -> str:
-    """Why a job waits for its begin time, and until when: Slurm holds a requeued job back for
-    about two minutes (`scontrol update jobid=J starttime=now` lifts it; `scontrol release` does
-    not). "" where Slurm gave no time."""
-    when = next((fields[k] for k in ("EligibleTime", "StartTime") if fields.get(k, "Unknown") not in ("Unknown", "None", "")), "")
-    clock = when.rpartition("T")[2]
-    if not clock:
-        return ""
-    return f"requeue hold to {clock}" if restarts else f"begins {clock}"
 
 
 def figure(value: float) -> str:
@@ -263,7 +254,7 @@ def trial_outcome(value: float | None, state: str) -> str:
     """The trial's outcome: completed (the objective reported), failed (ended without it), or running or waiting."""
     if value is not None:
         return "completed"
-    return "failed" if state in ENDED_STATES else "running or waiting"
+    return "failed" if state in ended_states() else "running or waiting"
 
 
 def ranked(trials: Sequence[RunStatus]) -> list[RunStatus]:
@@ -343,26 +334,24 @@ def _local_state(job: dict[str, Any], result: dict[str, Any]) -> str:
     return "UNKNOWN"
 
 
-def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: dict[str, str], swept: str = "", search: SearchRecord | None = None) -> RunStatus:
+def run_status(run_dir: RunDir, queued: Mapping[str, QueuedJob], swept: str = "", search: SearchRecord | None = None) -> RunStatus:
+    """A run's status; `queued`: what its scheduler says of the jobs (QueuedLauncher.jobs)."""
     job = _read_json(run_dir.job)
     result = run_dir.read_result()  # result.json, or the end recorded where a full or read-only disk left it
     job_id = job.get("job_id")
-    fields = slurmctl.record_of(slurm, job_id) if job_id else {}
+    seen = queued.get(job_id, QueuedJob(GONE)) if isinstance(job_id, str) else QueuedJob(GONE)
     if job_id is None:
         # Ranks of a start hold the run dir's lock while they live: running, though its launcher
         # was killed, or its result.json is an earlier start's (a resume from command.txt)
         state = "RUNNING" if ranks_running(run_dir.path) else _local_state(job, result)
-    elif fields:
-        state = fields.get("JobState", "UNKNOWN")
-    elif job_id in accounting:
-        state = accounting[job_id]
-    elif result:  # Slurm forgot the job (MinJobAge) and keeps no accounting: the run dir knows
+    elif seen.state != GONE:
+        state = seen.state
+    elif result:  # the scheduler forgot the job (Slurm's MinJobAge, no accounting): the run dir knows
         state = result_state(result)
     else:
         state = "UNKNOWN"
     timeline = read_jsonl(run_dir.path / TIMELINE)
-    slurm_restarts = int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else int(result.get("restarts", 0))
-    restarts = max(slurm_restarts, restarts_in(timeline))
+    restarts = max(seen.restarts, int(result.get("restarts", 0)), restarts_in(timeline))
     newest = last_records(run_dir.steps, 20)
     step = newest[-1] if newest else None
     metrics = read_jsonl(run_dir.metrics)
@@ -371,9 +360,7 @@ def run_status(run_dir: RunDir, slurm: dict[str, dict[str, str]], accounting: di
     if rate is None:
         rate = epoch.get("samples_per_s")
     tokens = (step or {}).get("tokens_per_s", epoch.get("tokens_per_s"))
-    reason = fields.get("Reason", "") if state == "PENDING" and fields.get("Reason") not in (None, "None") else ""
-    if reason == "BeginTime":
-        reason = held_until(fields, restarts) or reason
+    reason = seen.reason if state == seen.state else ""
     return RunStatus(
         run_dir.path,
         job_id,
@@ -426,15 +413,39 @@ def run_name(run: Path, root: Path) -> str:
     return str(run.relative_to(root)) if run != root and run.is_relative_to(root) else run.name
 
 
+def queued_jobs(records: Sequence[dict[str, Any]]) -> dict[str, QueuedJob]:
+    """What each job's scheduler says of it (job.json's launcher, asked once per launcher for
+    all its jobs); a job.json naming a launcher this toolkit does not know: left out (UNKNOWN)."""
+    by_launcher: dict[str, list[str]] = {}
+    for record in records:
+        job_id = record.get("job_id")
+        if isinstance(job_id, str):
+            by_launcher.setdefault(str(record.get("launcher") or "slurm"), []).append(job_id)
+    seen: dict[str, QueuedJob] = {}
+    for name, ids in by_launcher.items():
+        with contextlib.suppress(UserError):
+            seen.update(job_launcher({"launcher": name}).jobs(ids))
+    return seen
+
+
+def ended_states() -> frozenset[str]:
+    """States after which a run writes nothing more (a search trial without its objective by
+    then has failed): every scheduler's terminal ones, and a local run's (result.json's "stopped",
+    which nothing restarts; a queued job to be requeued reads as waiting meanwhile)."""
+    return LOCAL_ENDED.union(*(launcher.terminal_states for launcher in queued_launchers()))
+
+
+def waiting_states() -> frozenset[str]:
+    return frozenset().union(*(launcher.waiting_states for launcher in queued_launchers()))
+
+
 def statuses_of(runs: Sequence[RunDir], root: Path | None = None) -> list[RunStatus]:
     """Each run's status, a search's trials best first (in the places its runs held); `root`: the
     listed dir, which names the runs (their `run` column)."""
-    job_ids = [j for j in (_read_json(r.job).get("job_id") for r in runs) if isinstance(j, str)]
-    slurm = slurmctl.job_records(job_ids)
-    accounting = slurmctl.accounting_states([j for j in job_ids if j not in slurm])
+    queued = queued_jobs([_read_json(run.job) for run in runs])
     swept = swept_values(runs)
     found = searches(runs)
-    listed = [run_status(run, slurm, accounting, swept_label(swept.get(run.path, {})), found.get(run.path.parent)) for run in runs]
+    listed = [run_status(run, queued, swept_label(swept.get(run.path, {})), found.get(run.path.parent)) for run in runs]
     if root is not None:
         listed = [dataclasses.replace(status, run=run_name(status.run_dir, root)) for status in listed]
     return rank_trials(listed)
@@ -521,7 +532,7 @@ def as_record(status: RunStatus) -> dict[str, Any]:
 
 def still_going(status: RunStatus) -> bool:
     """Running, or a Slurm job waiting to run (again): what --watch waits for."""
-    return status.state in ("RUNNING", "COMPLETING") or (status.job_id is not None and status.state in slurmctl.WAITING_STATES)
+    return status.state in ("RUNNING", "COMPLETING") or (status.job_id is not None and status.state in waiting_states())
 
 
 def render(found: list[RunStatus]) -> list[str]:

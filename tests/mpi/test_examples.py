@@ -86,7 +86,7 @@ def check_hf_trainer(example, run_dir, stdout):  # type: ignore[no-untyped-def]
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["status"], result["steps"], result["world_size"]) == ("completed", 100, 2)
     assert result["val_metrics"]["acc"] == evaluations[-1]["val_acc"]
-    status = run_status(RunDir(run_dir), {}, {})  # hpc.status's line: the step, the rate and the figures logged
+    status = run_status(RunDir(run_dir), {})  # hpc.status's line: the step, the rate and the figures logged
     assert (status.state, status.last_step) == ("COMPLETED", 100) and status.rate.endswith("steps/s"), status
     assert f"val_acc={result['val_metrics']['acc']:.4g}" in status.metrics, status.metrics
 

@@ -77,7 +77,7 @@ def test_a_loop_that_draws_ahead_resumes_bit_exactly_after_two_stops_under_launc
     assert (result["status"], result["resumed_from"], result["steps"], result["restarts"]) == ("completed", stops[1] + 1, ITERS, 2), said
     # hpc.status counts the two relaunches as restarts beside their two interruptions, shows the
     # tokens the script reported to end_step() as a rate, and the validation loss it logged
-    status = run_status(RunDir(run_dir), {}, {})
+    status = run_status(RunDir(run_dir), {})
     assert (status.state, status.restarts, status.interrupted.split(":")[0]) == ("COMPLETED", 2, "2 interruptions"), said
     assert status.rate.endswith("tokens/s") and f"val_loss={result['val_metrics']['loss']:.4g}" in status.metrics, (status.rate, status.metrics)
     assert step_losses(run_dir) == expected, said

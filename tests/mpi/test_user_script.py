@@ -126,7 +126,7 @@ def test_a_script_that_fails_on_any_rank_is_a_failed_run_that_says_where_and_why
     failed = result["failed_rank"]
     assert (result["status"], result["finished"], result["exit_code"]) == ("failed", False, 1) and failed in ((1,) if fail_rank == "1" else (0, 1))
     assert result["error"] == f"ValueError: rank {failed} cannot read its shard"
-    status = run_status(RunDir(run_dir), {}, {})
+    status = run_status(RunDir(run_dir), {})
     assert status.state == "FAILED" and f"(failed on rank {failed}: ValueError: rank {failed} cannot read its shard)" in status.line()
     # The launching terminal names the rank and the error, rank 1's included (its log is a file)
     assert f"error: the run failed on rank {failed}: ValueError: rank {failed} cannot read its shard" in done.stderr, done.stderr[-2000:]

@@ -42,3 +42,16 @@ def test_what_only_the_command_line_does_is_refused_in_one_line(tmp_path, overri
     with pytest.raises(SubmitError, match=refusal):
         submit(*overrides, cwd=tmp_path)
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]
+
+
+def test_a_refusal_after_the_run_dir_was_made_leaves_nothing_and_the_process_as_it_was(tmp_path, monkeypatch):
+    """mpirun missing is found once the run dir exists (and run_access=private set the umask):
+    the run dir goes, with the date folder made for it, and the umask comes back."""
+    from hpc import SubmitError, submit
+    from hpc.launching import local
+
+    monkeypatch.setattr(local, "find_mpirun", lambda: None)
+    before = process_state()
+    with pytest.raises(SubmitError, match=r"^mpirun not found: run scripts/install.sh$"):
+        submit("run_access=private", "+hydra.job.env_set.HPCTK_API_PROBE=1", cwd=tmp_path)
+    assert not list(tmp_path.iterdir()) and process_state() == before

@@ -408,6 +408,15 @@ def test_a_broken_rule_is_caught(monkeypatch, tmp_path):
     assert violations(("hpc.rank",), ("hpc.launching",)) == ["hpc.rank.main:1 imports hpc.launching.launch"]
     edges = {m: {i.target for i in found if under(i.target, "hpc")} for m, found in GRAPH.items() if under(m, "hpc")}
     assert cycle_in(edges) is not None
+    # a parent package's function imports count where a module imports the package itself: a rank
+    # module's `from hpc import submit` reaches the launching code that hpc.submit() loads
+    monkeypatch.setitem(GRAPH, "hpc.rank.signals", [*GRAPH["hpc.rank.signals"], Import("hpc.rank.signals", "hpc", 1, True)])
+    assert under_launching(closure("hpc.rank.signals", module_level_only=False))
+    assert not under_launching(closure("hpc.rank.diskfaults", module_level_only=False))  # importing hpc.rank.x runs hpc's module level only
+
+
+def under_launching(modules: set[str]) -> bool:
+    return any(under(module, "hpc.launching") for module in modules)
 
 
 # --- other projects through their public doors only (issue 33) ------------------------------

@@ -245,6 +245,7 @@ def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher
     from hpc.api import Job
     from hpc.launching import launch
     from hpc.tools import stop
+    from hpc.tools.status import statuses, statuses_of
 
     monkeypatch.setattr(slurmctl, "job_records", lambda ids: pytest.fail("Slurm asked of a fakeq job"))
     monkeypatch.setattr(stop.shutil, "which", lambda tool: f"/bin/{tool}" if tool == "true" else None)  # FakeQ's tool only
@@ -262,6 +263,12 @@ def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher
     line = stop.stop_run(run.path)
     assert signalled == [("q0.1", "USR2")] and line.startswith("sent SIGUSR2 to every rank of job q0.1 (FakeQ: signal USR2 to job q0.1)")
     assert Job(run.path, "q0.1").launcher() is fake_queue and Job(run.path, "q0.1").state() == "GOING"
+    fake_queue.states["q0.1"] = "QUEUED"
+    (listed,) = statuses(run.path)  # hpc.status: the state in FakeQ's words, and no rate while it waits
+    assert (listed.job_id, listed.state, listed.rate) == ("q0.1", "QUEUED", "-")
+    assert "q0.1" in statuses_of([run])[0].line(8) and Job(run.path, "q0.1").ended() is False
+    fake_queue.states["q0.1"] = "DONE"
+    assert Job(run.path, "q0.1").wait(timeout_s=5, poll_s=0) == "DONE"
     fake_queue.states["q0.2"] = "BROKEN"
     waiting = replace(JobConfig(), cluster=ClusterConfig(name="fq", launcher="fakeq"))
     launch.check_waits(replace(waiting, after="q0.1", after_any="q0.2"))  # running, and broken but waited on in any state

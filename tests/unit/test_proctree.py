@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.proctree import children, descendants, kill_tree, parents
+from hpc.proctree import children, descendants, kill_tree, parents, session_members
 
 # A root whose two children lead process groups of their own, one with a child of its own; all sleep.
 TREE = """
@@ -29,12 +29,13 @@ def running(pid: int) -> bool:
 
 
 def test_parents_reads_the_parent_after_a_command_name_with_spaces_and_parentheses(tmp_path):
-    for pid, stat in {"7": "7 (a) b) S 1 7 7", "9": "9 (mpirun) S 7 9 9", "11": "11 (x) S 9 11 9", "self": "0 (y) S 3"}.items():
+    for pid, stat in {"7": "7 (a) b) S 1 7 7", "9": "9 (mpirun) S 7 9 9", "11": "11 (x) S 9 11 9", "12": "12 (y) S 1 12 9", "self": "0 (y) S 3"}.items():
         (tmp_path / pid).mkdir()
         (tmp_path / pid / "stat").write_text(stat)
     (tmp_path / "13").mkdir()  # ended between the listing and the read: no stat
-    assert parents(tmp_path) == {7: 1, 9: 7, 11: 9}
+    assert parents(tmp_path) == {7: 1, 9: 7, 11: 9, 12: 1}
     assert children(7, tmp_path) == [9] and descendants(7, tmp_path) == [9, 11] and descendants(11, tmp_path) == []
+    assert session_members(9, tmp_path) == [9, 11, 12]  # 12: reparented to init, still in mpirun's session
     assert parents(tmp_path / "absent") == {}
 
 
@@ -53,5 +54,6 @@ def test_kill_tree_ends_children_in_groups_of_their_own_and_theirs():
             time.sleep(0.05)  # polled: init reaps the orphans in its own time
         assert not any(running(pid) for pid in tree), [pid for pid in tree if running(pid)]
     finally:
-        kill_tree(root.pid)
+        if root.poll() is None:  # never a reaped pid: another process may have it now
+            kill_tree(root.pid)
         root.wait()

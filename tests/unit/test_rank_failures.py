@@ -212,7 +212,7 @@ def test_a_start_up_failure_leaves_a_failed_result_with_the_rank_and_the_error(t
     result = json.loads(run.result.read_text())
     assert (result["status"], result["failed_rank"], result["exit_code"]) == ("failed", 0, 1)
     assert "max_stepz" in result["error"] and "\n" not in result["error"]
-    assert run_status(run, {}, {}).state == "FAILED"
+    assert run_status(run, {}).state == "FAILED"
     assert "Traceback" not in capsys.readouterr().err  # a refusal: its one line
 
 

@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
+from hpc import slurmctl
+from hpc.launching.launchers import QueuedJob
 from hpc.rundir import RunDir, find_runs, last_record
 from hpc.tools.report import scaling_figures
-from hpc.tools.status import run_status, statuses
+from hpc.tools.status import queued_jobs, run_status, statuses
 from tests.support.runs import ROOT, holding
 
 
@@ -110,8 +112,8 @@ def test_status_of_a_sweep_shows_its_swept_values_and_no_rate_while_pending(tmp_
         run.write_json(run.job, {"job_id": f"5_{i}"})
     found = statuses(sweep)
     assert [s.swept for s in found] == ["optim.lr=0.1", "optim.lr=0.2"]
-    slurm = {"5_0": {"JobState": "RUNNING"}, "5_1": {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}}
-    running, pending = (run_status(run, slurm, {}, s.swept) for run, s in zip(runs, found, strict=True))
+    queued = {"5_0": QueuedJob("RUNNING"), "5_1": QueuedJob("PENDING", 1, "BeginTime")}
+    running, pending = (run_status(run, queued, s.swept) for run, s in zip(runs, found, strict=True))
     assert running.line(12).split()[:7] == ["5_0", "optim.lr=0.1", "RUNNING", "0", "10", "-", "250samples/s"]
     assert pending.line(12).split()[:7] == ["5_1", "optim.lr=0.2", "PENDING(BeginTime)", "1", "10", "-", "-"]
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -127,7 +129,8 @@ def test_status_json_gives_scripts_every_runs_fields(tmp_path, capsys, monkeypat
     runs = [_run(sweep, str(i), 2, [100, 250]) for i in range(2)]
     _sweep(sweep, [(run, [f"optim.lr={lr}"]) for run, lr in zip(runs, ["0.1", "0.2"], strict=True)])
     runs[0].write_json(runs[0].job, {"job_id": "5_0"})
-    monkeypatch.setattr(status_module.slurmctl, "job_records", lambda ids: {"5_0": {"JobState": "PENDING", "Reason": "Dependency"}})
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: {"5_0": {"JobState": "PENDING", "Reason": "Dependency"}})
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {})
     assert status_module.main([str(sweep), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(r["run"], r["job_id"], r["state"], r["reason"], r["swept"], r["last_step"]) for r in listed] == [
@@ -139,40 +142,45 @@ def test_status_json_gives_scripts_every_runs_fields(tmp_path, capsys, monkeypat
     assert "error: --json lists once: drop --watch" in capsys.readouterr().err
 
 
-def test_status_of_a_local_run_reads_the_run_dir(tmp_path):
+def test_status_of_a_local_run_reads_the_run_dir(tmp_path, monkeypatch):
     run = _run(tmp_path, "r", 2, [100])
     for step, committed in ((10, True), (20, True), (30, False)):  # step 30: a save that never committed
         (run.checkpoints / f"step-{step:09d}").mkdir(parents=True)
         if committed:
             (run.checkpoints / f"step-{step:09d}" / "COMMITTED").write_text("{}")
     run.write_json(run.job, {"launcher": "local", "pid": os.getpid(), "host": socket.gethostname()})
-    status = run_status(run, {}, {})
+    status = run_status(run, {})
     assert (status.state, status.last_step, status.checkpoint_step, status.samples_per_s) == ("RUNNING", 10, 20, 100.0)
     run.write_json(run.result, {"status": "stopped", "restarts": 2})
-    assert run_status(run, {}, {}).state == "STOPPED"
+    assert run_status(run, {}).state == "STOPPED"
     # Ranks of a start from command.txt (the old result.json still there), or outliving a killed
     # launcher (its pid gone): they hold the run dir's lock, and the run is running
     run.write_json(run.job, {"launcher": "local", "pid": 2**22 + 1, "host": socket.gethostname()})
     rank = holding("hold_rank", run.path)
     try:
-        assert run_status(run, {}, {}).state == "RUNNING"
+        assert run_status(run, {}).state == "RUNNING"
     finally:
         rank.kill()
         rank.wait()
-    assert run_status(run, {}, {}).state == "STOPPED"
-    run.write_json(run.job, {"job_id": "77_3"})
-    slurm = {"77_3": {"JobState": "RUNNING", "Restarts": "1"}}
-    assert (run_status(run, slurm, {}).state, run_status(run, slurm, {}).restarts) == ("RUNNING", 1)
-    assert run_status(run, {}, {"77_3": "TIMEOUT"}).state == "TIMEOUT"
-    requeued = run_status(run, {"77_3": {"JobState": "PENDING", "Restarts": "2", "Reason": "BeginTime"}}, {})
+    assert run_status(run, {}).state == "STOPPED"
+    run.write_json(run.job, {"job_id": "77_3"})  # a Slurm job from before job.json named its launcher
+
+    def slurm_says(accounting: dict[str, str] | None = None, **fields: str) -> dict[str, QueuedJob]:
+        monkeypatch.setattr(slurmctl, "job_records", lambda ids: {"77_3": fields} if fields else {})
+        monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: accounting or {})
+        return queued_jobs([{"job_id": "77_3"}])
+
+    running = slurm_says(JobState="RUNNING", Restarts="1")
+    assert (run_status(run, running).state, run_status(run, running).restarts) == ("RUNNING", 2)  # result.json's 2: the larger
+    assert run_status(run, slurm_says({"77_3": "TIMEOUT"})).state == "TIMEOUT"
+    requeued = run_status(run, slurm_says(JobState="PENDING", Restarts="2", Reason="BeginTime"))
     assert (requeued.reason, requeued.line().split()[1:3]) == ("BeginTime", ["PENDING(BeginTime)", "2"])
     # Slurm's hold after a requeue, and until when (its EligibleTime)
     held = {"JobState": "PENDING", "Restarts": "2", "Reason": "BeginTime", "EligibleTime": "2026-12-02T06:01:10", "StartTime": "2026-12-02T06:01:10"}
-    assert run_status(run, {"77_3": held}, {}).line().split()[1:5] == ["PENDING(requeue", "hold", "to", "06:01:10)"]
-    begins = {**held, "Restarts": "0"}  # sbatch --begin: not a requeue
-    assert run_status(run, {"77_3": begins}, {}).reason == "begins 06:01:10"
-    assert run_status(run, {"77_3": {"JobState": "PENDING", "Reason": "None"}}, {}).line().split()[1] == "PENDING"
-    assert run_status(run, {}, {}).state == "STOPPED"  # Slurm forgot it: result.json tells
+    assert run_status(run, slurm_says(**held)).line().split()[1:5] == ["PENDING(requeue", "hold", "to", "06:01:10)"]
+    assert run_status(run, slurm_says(**{**held, "Restarts": "0"})).reason == "begins 06:01:10"  # sbatch --begin: not a requeue
+    assert run_status(run, slurm_says(JobState="PENDING", Reason="None")).line().split()[1] == "PENDING"
+    assert run_status(run, slurm_says()).state == "STOPPED"  # Slurm forgot it: result.json tells
 
 
 def test_dead_local_run_is_reported_as_died(tmp_path):
@@ -180,7 +188,7 @@ def test_dead_local_run_is_reported_as_died(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     run.write_json(run.job, {"launcher": "local", "pid": dead.pid, "host": socket.gethostname()})
-    assert run_status(run, {}, {}).state == "DIED"
+    assert run_status(run, {}).state == "DIED"
 
 
 def test_runs_are_found_below_a_root_but_not_in_hydra_or_code_dirs(tmp_path):
@@ -247,7 +255,7 @@ def test_status_shows_the_last_steps_loss_and_the_tasks_own_metric_names(tmp_pat
         [{"time": 1795491712.26, "step": 7, "epoch": 1, "loss": 0.0123456, "samples_per_s": 90.0, "step_ms": 3.0, "close": 0.75, "within_3_sigma": 1.0}],
     )
     _jsonl(builtin.steps, [{"step": 3, "epoch": 1, "loss": 0.5, "samples_per_s": 90.0, "accuracy": 0.875}])
-    assert run_status(user, {}, {}).metrics == "loss=0.01235 close=0.75 within_3_sigma=1 val_accuracy=0.9"  # the newest validation after
+    assert run_status(user, {}).metrics == "loss=0.01235 close=0.75 within_3_sigma=1 val_accuracy=0.9"  # the newest validation after
     listing = subprocess.run([sys.executable, "-m", "hpc.status", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0, listing.stderr
     header, first, second = listing.stdout.splitlines()
@@ -266,13 +274,13 @@ def test_status_of_a_script_run_counts_restarts_as_interruptions_and_shows_its_r
     _jsonl(run.metrics, [{"step": 3, "val_loss": 1.5}, {"step": 5, "val_loss": 1.25, "val_ppl": 3.5}, {"step": 5, "peak_memory_mib": [80, 81]}])
     cost = {"total_s": 3.0, "held_s": None, "queued_s": None, "redone_steps": 1}
     _jsonl(run.path / "timeline.jsonl", [{"event": "start"}, {"event": "stop"}, {"event": "start", "cost": cost}, {"event": "start", "cost": cost}])
-    status = run_status(run, {}, {})
+    status = run_status(run, {})
     assert (status.restarts, status.interrupted.split(":")[0]) == (2, "2 interruptions")
     assert status.rate == "3.846steps/s" and status.metrics == "loss=2 val_loss=1.25 val_ppl=3.5"  # the median of 5 step times: 260 ms
     _jsonl(run.steps, [{"step": 6, "loss": 2.0, "step_ms": 100.0, "tokens_per_s": 81920.0}])
-    assert run_status(run, {}, {}).rate == "81920tokens/s"
+    assert run_status(run, {}).rate == "81920tokens/s"
     run.write_json(run.job, {"job_id": "9"})
-    requeued = run_status(run, {"9": {"JobState": "PENDING", "Restarts": "1"}}, {})
+    requeued = run_status(run, {"9": QueuedJob("PENDING", 1)})
     assert (requeued.restarts, requeued.rate) == (2, "-")  # the timeline knew of a restart inside the allocation; no rate while pending
 
 
