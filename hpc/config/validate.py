@@ -265,15 +265,8 @@ def check_container(job: JobConfig) -> None:
             raise UserError(f"{key}={value!r}: one path (or SRC:DST) of printable characters without commas")
     if job.dry_run:  # the script is shown; the submission checks the runtime
         return
-    if cluster.container_runtime == "pyxis":
-        from hpc import slurmctl
-
-        if slurmctl.srun_has_option("--container-image") is False:
-            raise UserError(
-                f"cluster.container={cluster.container}: this cluster's srun has no --container-image (the pyxis plugin is not installed); "
-                "use cluster.container_runtime=apptainer where apptainer is, or run without cluster.container"
-            )
-    elif shutil.which("apptainer") is None:
+    # pyxis: the scheduler's launcher asks its srun (QueuedLauncher.refusal, before the submission)
+    if cluster.container_runtime == "apptainer" and shutil.which("apptainer") is None:
         raise UserError(f"cluster.container={cluster.container}: apptainer not found on PATH (cluster.container_runtime=apptainer); install it or use pyxis")
 
 

@@ -51,6 +51,10 @@ def prepare(job: JobConfig) -> JobConfig:
     checkpoints is a warning line; a read-only one is refused (hpc.config.diskspace)."""
     info = validate_job(job)
     check_waits(job)
+    launcher = launcher_for(job)
+    refused = launcher.refusal(job) if isinstance(launcher, QueuedLauncher) else None
+    if refused:
+        raise UserError(refused)
     for line in space_warnings(job, info):
         print(line, file=sys.stderr, flush=True)
     return pin_inputs(job, info)

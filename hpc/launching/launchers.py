@@ -126,6 +126,11 @@ class QueuedLauncher(ABC):
         """The command this machine needs to ask the scheduler of its jobs (hpc.stop, after=)."""
         return self.traits.tool
 
+    def refusal(self, job: JobConfig) -> str | None:
+        """What the scheduler itself cannot run of the checked job (asked of its tools before a
+        submission: a plugin the job needs); None: nothing."""
+        return None
+
     def dependency_state(self, job_id: str) -> str | None:
         """A job's state as a job waiting on it (after=, after_any=) sees it; None: unknown to
         the scheduler, so nothing could wait on it."""
@@ -219,6 +224,15 @@ class SlurmLauncher(QueuedLauncher):
 
     def query_tool(self) -> str:
         return "squeue"
+
+    def refusal(self, job: JobConfig) -> str | None:
+        cluster = job.cluster
+        if job.dry_run or not cluster.container or cluster.container_runtime != "pyxis" or slurmctl.srun_has_option("--container-image") is not False:
+            return None  # srun not here to ask: the submission will tell
+        return (
+            f"cluster.container={cluster.container}: this cluster's srun has no --container-image (the pyxis plugin is not installed); "
+            "use cluster.container_runtime=apptainer where apptainer is, or run without cluster.container"
+        )
 
     def dependency_state(self, job_id: str) -> str | None:
         return slurmctl.job_fields(job_id).get("JobState")  # slurmctld's own: a job only accounting knows cannot be waited on

@@ -185,17 +185,21 @@ def test_the_launchers_tool_must_be_here_unless_a_queued_jobs_dry_run_submits_no
 
 def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
     from hpc import slurmctl
+    from hpc.launching.launch import prepare
+    from hpc.launching.launchers import LAUNCHERS, QueuedLauncher
 
     image = {"cluster": dataclasses.replace(SLURM, container="/images/pt.sqsh")}
     answers = {"answer": True}
     monkeypatch.setattr(slurmctl, "srun_has_option", lambda option: answers["answer"])
     validate.check_container(job_with(image))
+    slurm = LAUNCHERS["slurm"]
+    assert isinstance(slurm, QueuedLauncher) and slurm.refusal(job_with(image)) is None
     answers["answer"] = None  # srun could not be asked: the submission will tell
-    validate.check_container(job_with(image))
+    assert slurm.refusal(job_with(image)) is None
     answers["answer"] = False
     with pytest.raises(UserError, match="no --container-image"):
-        validate.check_container(job_with(image))
-    validate.check_container(job_with({**image, "dry_run": True}))  # shown, not submitted: the runtime is not asked
+        prepare(job_with(image))  # launch.py's check of a job before it runs
+    assert slurm.refusal(job_with({**image, "dry_run": True})) is None  # shown, not submitted: the runtime is not asked
     with pytest.raises(UserError, match="use a Slurm cluster"):
         validate.check_container(job_with({"cluster": dataclasses.replace(ClusterConfig(), container="/images/pt.sqsh")}))
     odd = {"cluster": dataclasses.replace(SLURM, container="/images/pt.sqsh", container_runtime="docker")}
@@ -218,15 +222,18 @@ def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
 def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
     from hpc import slurmctl
 
+    from hpc.launching import launch
+
     states = {"5": "COMPLETED", "6": "FAILED", "7": "RUNNING"}
-    monkeypatch.setattr(validate.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: f"/usr/bin/{tool}")
     monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: {"JobState": states[job_id]} if job_id in states else {})
-    validate.check_dependencies(job_with({"after": "5,7", "after_any": "6"}, SLURM))
+    launch.check_waits(job_with({"after": "5,7", "after_any": "6"}, SLURM))
     with pytest.raises(UserError, match="after=6: job 6 ended FAILED, so this job would never start; use after_any=6"):
-        validate.check_dependencies(job_with({"after": [5, 6]}, SLURM))
+        launch.check_waits(job_with({"after": [5, 6]}, SLURM))
     with pytest.raises(UserError, match="after_any=9: Slurm knows no job 9"):
-        validate.check_dependencies(job_with({"after_any": 9}, SLURM))
-    monkeypatch.setattr(validate.shutil, "which", lambda tool: None)  # away from Slurm (a dry run): the ids' form only
+        launch.check_waits(job_with({"after_any": 9}, SLURM))
+    monkeypatch.setattr(launch.shutil, "which", lambda tool: None)  # away from Slurm (a dry run): the ids' form only
+    launch.check_waits(job_with({"after": 9}, SLURM))
     validate.check_dependencies(job_with({"after": 9}, SLURM))
 
 
