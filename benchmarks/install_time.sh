@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-2}" in
--h | --help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 *[!0-9]* | "") echo "usage: $0 [ROUNDS]" >&2; exit 2 ;;
 esac
 rounds=${1:-2}
