@@ -221,7 +221,6 @@ def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
 
 def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
     from hpc import slurmctl
-
     from hpc.launching import launch
 
     states = {"5": "COMPLETED", "6": "FAILED", "7": "RUNNING"}
