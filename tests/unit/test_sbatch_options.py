@@ -127,8 +127,10 @@ def test_a_container_the_cluster_cannot_start_is_refused_in_one_line(monkeypatch
         check_container(JobConfig(cluster=replace(CLUSTER, container="x", container_mounts=["/a,/b"])))
     monkeypatch.setattr(slurmctl, "srun_has_option", lambda option: False)
     check_container(JobConfig(cluster=replace(CLUSTER, container="x")))  # the form is the config's; srun is the launcher's to ask
-    assert LAUNCHERS["slurm"].refusal(JobConfig(cluster=replace(CLUSTER, container="x"))).startswith(
-        "cluster.container=x: this cluster's srun has no --container-image (the pyxis plugin is not installed)"
+    assert (
+        LAUNCHERS["slurm"]
+        .refusal(JobConfig(cluster=replace(CLUSTER, container="x")))
+        .startswith("cluster.container=x: this cluster's srun has no --container-image (the pyxis plugin is not installed)")
     )
     monkeypatch.setattr(validate.shutil, "which", lambda tool: None)
     with pytest.raises(UserError, match=r"^cluster.container=x.sif: apptainer not found on PATH"):
