@@ -55,16 +55,18 @@ class SubmitError(UserError):
 @dataclass(frozen=True)
 class Job:
     """A submitted job or a run of local ranks, known by its run dir; `process`: the local
-    ranks this process started (None: a queued job, or local ranks another process ran)."""
+    ranks this process started (None: a queued job, or local ranks another process ran), and
+    `recorded`: set once they exited and their end is recorded (after_ranks)."""
 
     run_dir: Path
     job_id: str | None
     process: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
+    recorded: threading.Event | None = field(default=None, compare=False, repr=False)
 
     def state(self) -> str:
         """RUNNING while local ranks run; the scheduler's state while it knows the job; then the
         run dir's: COMPLETED, FAILED, STOPPED (resumable), or UNKNOWN (it ended without a word)."""
-        if self.process is not None and self.process.poll() is None:
+        if self.recorded is not None and not self.recorded.is_set():
             return "RUNNING"
         if self.job_id is not None:
             state = self.launcher().jobs([self.job_id])[self.job_id].state
@@ -73,29 +75,35 @@ class Job:
         status = RESULT_STATES.get(str(self.result().get("status")), "UNKNOWN")
         return "FAILED" if status == "UNKNOWN" and self.process is not None and self.process.returncode else status
 
-    def ended(self) -> bool:
-        """Whether the job is over: its ranks exited, or its scheduler calls it ended or forgot
-        it (a requeued job has not ended)."""
+    def ended(self, forgotten_polls: int = 1) -> bool:
+        """Whether the job is over: its ranks exited (their end recorded), or its scheduler calls
+        it ended, or forgot it (a requeued job has not ended)."""
+        return self.over(forgotten_polls)[0]
+
+    def over(self, forgotten_polls: int) -> tuple[bool, int]:
+        """(ended, how many polls in a row the scheduler knew no such job); a job it forgot has
+        ended once it says so twice (one slow scontrol reads the same) or the run dir has its end."""
         if self.job_id is None:
-            return self.process is None or self.process.poll() is not None
+            return self.recorded is None or self.recorded.is_set(), 0
         launcher = self.launcher()
         state = launcher.jobs([self.job_id])[self.job_id].state
-        return state == GONE or state in launcher.terminal_states
+        forgotten = forgotten_polls + 1 if state == GONE else 0
+        return state in launcher.terminal_states or forgotten >= 2 or (forgotten == 1 and bool(self.result())), forgotten
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 2.0) -> str:
         """Block until the job ended (for a requeued job: until it ended for good); its state.
         TimeoutError after `timeout_s`."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(f"the ranks of {self.run_dir} still run after {timeout_s:g} s") from None
+        if self.recorded is not None:
+            if not self.recorded.wait(timeout_s):
+                raise TimeoutError(f"the ranks of {self.run_dir} still run after {timeout_s:g} s")
             return self.state()
-        while not self.ended():
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        ended, forgotten = self.over(0)
+        while not ended:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} still {self.state()} after {timeout_s:g} s")
             time.sleep(poll_s)  # a scheduler's queue offers no event for a job's end
+            ended, forgotten = self.over(forgotten)
         return self.state()
 
     def result(self) -> dict[str, Any]:
@@ -124,9 +132,9 @@ class Job:
         path = self.console()
         if path is None:
             return
-        follow = Follower(path, lines.append)
+        follow, forgotten = Follower(path, lines.append), 0
         while True:
-            ended = self.ended()
+            ended, forgotten = self.over(forgotten)
             follow(flush=ended)
             yield from lines
             lines.clear()
@@ -138,8 +146,9 @@ class Job:
         """Local ranks: stopped at a step with a save, as a Ctrl-C stops them (resumable:
         `bash <run dir>/command.txt`); a queued job: cancelled."""
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
+            if self.recorded is None or not self.recorded.is_set():  # never a reaped pid: another process may have it now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, signal.SIGTERM)
         elif self.job_id is not None and (failed := self.launcher().cancel(self.job_id)):
             raise SubmitError(f"cancelling job {self.job_id}: {failed}")
 
@@ -218,19 +227,23 @@ def start(single: Single) -> Job:
         except UserError:
             discard(run_dir)
             raise
-    threading.Thread(target=after_ranks, args=(process, run_dir), daemon=True, name="hpc-ranks-end").start()
-    return Job(run_dir.path, None, process)
+    recorded = threading.Event()
+    threading.Thread(target=after_ranks, args=(process, run_dir, recorded), daemon=True, name="hpc-ranks-end").start()
+    return Job(run_dir.path, None, process, recorded)
 
 
-def after_ranks(process: subprocess.Popen[bytes], run_dir: RunDir) -> None:
-    """Once the background ranks exit (the process reaped: no zombie for hpc.status to take for
-    running): their end in launch.log, and for ranks the kernel killed, the end only the
-    launcher can record (hpc.launching.deaths)."""
-    code = process.wait()
-    with launch_log(run_dir) as log:
-        log(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}")
-        if code == KILLED:
-            log(tell_killed(run_dir))
+def after_ranks(process: subprocess.Popen[bytes], run_dir: RunDir, recorded: threading.Event) -> None:
+    """The one waiter of the background ranks (the process reaped: no zombie for hpc.status to
+    take for running): once they exit, their end in launch.log, and for ranks the kernel killed,
+    the end only the launcher can record (hpc.launching.deaths); then `recorded` is set."""
+    try:
+        code = process.wait()
+        with launch_log(run_dir) as log:
+            log(f"the ranks exited with code {code}; command: {run_dir.path / 'command.txt'}")
+            if code == KILLED:
+                log(tell_killed(run_dir))
+    finally:
+        recorded.set()
 
 
 @contextlib.contextmanager
@@ -273,6 +286,7 @@ def kept_process_state(cwd: str | Path | None) -> Iterator[None]:
         for name in set(os.environ) - set(environ):
             del os.environ[name]
         os.environ.update({name: value for name, value in environ.items() if os.environ.get(name) != value})
+        hydra = GlobalHydra.instance()  # Hydra's own contexts put back a copy of the one they found
         hydra.clear()
         if callers_hydra is not None:
             hydra.initialize(callers_hydra)

@@ -51,13 +51,18 @@ def prepare(job: JobConfig) -> JobConfig:
     checkpoints is a warning line; a read-only one is refused (hpc.config.diskspace)."""
     info = validate_job(job)
     check_waits(job)
+    check_refusal(job)
+    for line in space_warnings(job, info):
+        print(line, file=sys.stderr, flush=True)
+    return pin_inputs(job, info)
+
+
+def check_refusal(job: JobConfig) -> None:
+    """What the job's scheduler itself cannot run (QueuedLauncher.refusal), in one line."""
     launcher = launcher_for(job)
     refused = launcher.refusal(job) if isinstance(launcher, QueuedLauncher) else None
     if refused:
         raise UserError(refused)
-    for line in space_warnings(job, info):
-        print(line, file=sys.stderr, flush=True)
-    return pin_inputs(job, info)
 
 
 def check_waits(job: JobConfig) -> None:
@@ -202,5 +207,6 @@ def run_failure(run_dir: RunDir) -> str:
 def discard_run_dir(run_dir: RunDir) -> None:
     """After a dry run or refused input, remove what Hydra and launch.py created; nothing else is there."""
     leftovers = {p.name for p in run_dir.path.iterdir()} if run_dir.path.is_dir() else set()
-    if leftovers <= {".hydra", "launch.log", "config.yaml", RUN_MARKER}:  # nothing ran: what launch.py wrote before it
+    ours = {".hydra", "launch.log", RUN_MARKER} | ({"config.yaml"} if RUN_MARKER in leftovers else set())  # config.yaml: launch.py's, beside its marker
+    if leftovers <= ours:
         shutil.rmtree(run_dir.path, ignore_errors=True)

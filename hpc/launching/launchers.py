@@ -126,6 +126,10 @@ class QueuedLauncher(ABC):
         """The command this machine needs to ask the scheduler of its jobs (hpc.stop, after=)."""
         return self.traits.tool
 
+    def stoppable(self, state: str) -> bool:
+        """Whether a job in `state` has ranks a stop signal reaches (hpc.stop)."""
+        return state in self.running_states
+
     def refusal(self, job: JobConfig) -> str | None:
         """What the scheduler itself cannot run of the checked job (asked of its tools before a
         submission: a plugin the job needs); None: nothing."""
@@ -223,7 +227,10 @@ class SlurmLauncher(QueuedLauncher):
         return slurm.rank0_console(run_dir.submitit / "%j", job_id)[0]
 
     def query_tool(self) -> str:
-        return "squeue"
+        return "scontrol"  # jobs() and dependency_state() ask it (and sacct, where accounting runs)
+
+    def stoppable(self, state: str) -> bool:
+        return state == "RUNNING"  # COMPLETING: its ranks are ending already
 
     def refusal(self, job: JobConfig) -> str | None:
         cluster = job.cluster
@@ -256,10 +263,16 @@ def queued_launchers() -> list[QueuedLauncher]:
     return [launcher for launcher in LAUNCHERS.values() if isinstance(launcher, QueuedLauncher)]
 
 
+# job.json's names of launchers from before they were the launchers' own: a hand-typed sbatch
+# script's job (hpc.launching.prepare) wrote "sbatch" until 2026-12-03
+FORMER_NAMES = {"sbatch": "slurm"}
+
+
 def job_launcher(job: dict[str, Any]) -> QueuedLauncher:
     """The queued launcher a job.json names (Slurm where it names none: written before launchers
     were named); UserError for a name this toolkit does not know."""
     name = job.get("launcher") or "slurm"
+    name = FORMER_NAMES.get(str(name), name)
     if name not in LAUNCHERS:
         raise UserError(f"job.json names launcher {name!r}, which this toolkit does not know (known: {', '.join(LAUNCHERS)})")
     return queued_launcher(str(name))

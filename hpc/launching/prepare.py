@@ -76,7 +76,7 @@ def prepare_exports(argv: list[str], env: Mapping[str, str]) -> str:
     # it then is. (sbatch keeps only the batch script: the code as it was at submission is gone
     # by the first start; launch.py freezes at submission.)
     code = run_dir.code if run_dir.code.is_dir() else freeze_job_code(run_dir.code, job)
-    run_dir.write_json(run_dir.job, {"job_id": job_id, "launcher": "sbatch", "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
+    run_dir.write_json(run_dir.job, {"job_id": job_id, "launcher": "slurm", "started_by": "sbatch", "cluster": job.cluster.name, "run_dir": str(run_dir.path)})
     lines = setup_lines({**rank_environment(job), RUN_DIR_VARIABLE: str(run_dir.path)}, code)
     umask = ACCESS_UMASKS.get(job.run_access)
     return "\n".join([*lines, "export PYTHONSAFEPATH=1", *([f"umask {umask:04o}"] if umask is not None else [])])

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.errors import UserError
-from hpc.launching.launchers import QueuedLauncher, job_launcher
+from hpc.launching.launchers import GONE, QueuedLauncher, job_launcher
 from hpc.rankprocs import CLOCK_SLACK_S, RANK_MODULE, is_rank_of, live_ranks, pids_of, process_facts, stop_signal
 from hpc.rundir import RunDir
 
@@ -60,7 +60,9 @@ def stop_queued_job(launcher: QueuedLauncher, job_id: str, name: str) -> str:
     if shutil.which(tool) is None:
         raise UserError(f"job {job_id} is a {launcher.traits.scheduler} job and {tool} is not here; run python -m hpc.stop on the cluster's login node")
     state = launcher.jobs([job_id])[job_id].state
-    if state not in launcher.running_states:
+    if state == GONE:
+        raise UserError(f"job {job_id} is not running: {launcher.traits.scheduler} no longer knows it")
+    if not launcher.stoppable(state):
         hint = f" ({launcher.cancel_hint(job_id)})" if state in launcher.waiting_states else ""
         raise UserError(f"job {job_id} is not running ({state}): no rank to stop{hint}")
     sent = launcher.signal_command(job_id, name)

@@ -55,3 +55,24 @@ def test_a_refusal_after_the_run_dir_was_made_leaves_nothing_and_the_process_as_
     with pytest.raises(SubmitError, match=r"^mpirun not found: run scripts/install.sh$"):
         submit("run_access=private", "+hydra.job.env_set.HPCTK_API_PROBE=1", cwd=tmp_path)
     assert not list(tmp_path.iterdir()) and process_state() == before
+
+
+def test_a_caller_inside_its_own_hydra_app_keeps_it(tmp_path, monkeypatch):
+    """submit() composes with Hydra's compose API, whose global state is the caller's too: a
+    notebook or a @hydra.main app that set Hydra up goes on composing after submit()."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from hpc import SubmitError, submit
+    from hpc.config.compose import CONF_DIR, register_schemas
+    from hpc.launching import local
+
+    monkeypatch.setattr(local, "find_mpirun", lambda: None)  # refused after the composition and the run dir
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="callers"):
+        before = compose("config", overrides=["optim.lr=0.3"])
+        with pytest.raises(SubmitError, match=r"^mpirun not found"):
+            submit("optim.lr=0.2", cwd=tmp_path)
+        assert GlobalHydra.instance().is_initialized()
+        after = compose("config", overrides=["optim.lr=0.3"])
+        assert after.optim.lr == before.optim.lr == 0.3

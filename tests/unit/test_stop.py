@@ -208,10 +208,19 @@ def test_a_slurm_job_is_stopped_through_scancel_while_it_runs(tmp_path, monkeypa
     state["now"] = "PENDING"
     with pytest.raises(UserError, match=r"^job 12_3 is not running \(PENDING\): no rank to stop \(scancel 12_3 cancels it\)$"):
         stop_run(run_dir)
-    state["now"] = "COMPLETED"
-    with pytest.raises(UserError, match=r"^job 12_3 is not running \(COMPLETED\): no rank to stop$"):
+    for ended in ("COMPLETED", "COMPLETING"):  # COMPLETING: its ranks are ending already
+        state["now"] = ended
+        with pytest.raises(UserError, match=rf"^job 12_3 is not running \({ended}\): no rank to stop$"):
+            stop_run(run_dir)
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: {})
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {})
+    with pytest.raises(UserError, match=r"^job 12_3 is not running: Slurm no longer knows it$"):
         stop_run(run_dir)
-    assert len(sent) == 1
+    run_dir.joinpath("job.json").write_text(json.dumps({"job_id": "12_3", "launcher": "sbatch"}))  # a hand-typed sbatch job's, before 2026-12-03
+    state["now"] = "RUNNING"
+    monkeypatch.setattr(slurmctl, "job_records", lambda ids: {job_id: {"JobState": state["now"]} for job_id in ids})
+    assert stop_run(run_dir).startswith("sent SIGUSR1 to every rank of job 12_3")
+    assert len(sent) == 2
     monkeypatch.setattr(stop.shutil, "which", lambda tool: None)
-    with pytest.raises(UserError, match=r"^job 12_3 is a Slurm job and squeue is not here; run python -m hpc.stop on the cluster's login node$"):
+    with pytest.raises(UserError, match=r"^job 12_3 is a Slurm job and scontrol is not here; run python -m hpc.stop on the cluster's login node$"):
         stop_run(run_dir)

@@ -185,7 +185,7 @@ def test_the_launchers_tool_must_be_here_unless_a_queued_jobs_dry_run_submits_no
 
 def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
     from hpc import slurmctl
-    from hpc.launching.launch import prepare
+    from hpc.launching.launch import check_refusal
     from hpc.launching.launchers import LAUNCHERS, QueuedLauncher
 
     image = {"cluster": dataclasses.replace(SLURM, container="/images/pt.sqsh")}
@@ -198,7 +198,7 @@ def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
     assert slurm.refusal(job_with(image)) is None
     answers["answer"] = False
     with pytest.raises(UserError, match="no --container-image"):
-        prepare(job_with(image))  # launch.py's check of a job before it runs
+        check_refusal(job_with(image))  # launch.py's check of a job before it runs (prepare)
     assert slurm.refusal(job_with({**image, "dry_run": True})) is None  # shown, not submitted: the runtime is not asked
     with pytest.raises(UserError, match="use a Slurm cluster"):
         validate.check_container(job_with({"cluster": dataclasses.replace(ClusterConfig(), container="/images/pt.sqsh")}))
