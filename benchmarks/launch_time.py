@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import parse_job_id  # noqa: E402
-from hpc.slurmctl import cancel  # noqa: E402
+from hpc.slurm.slurmctl import cancel  # noqa: E402
 
 PLAIN_SUBMITIT = """
 import sys, submitit

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.simcluster import nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
 from hpc.interruptions import TIMELINE, costs  # noqa: E402
 from hpc.rundir import read_jsonl  # noqa: E402
-from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state, submit_wrapped  # noqa: E402
+from hpc.slurm.slurmctl import TERMINAL_STATES, job_fields, job_state, submit_wrapped  # noqa: E402
 
 EVERY_STEPS = 5
 STRETCHES = ("to_stop_s", "to_commit_s", "to_exit_s", "relaunch_s", "held_s", "queued_s", "start_up_s", "load_s", "first_step_s", "total_s")

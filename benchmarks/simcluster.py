@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.slurmctl import hostnames, job_fields, job_state, node_states, start_now
+from hpc.slurm.slurmctl import hostnames, job_fields, job_state, node_states, start_now
 from trainers.checkpoint.layout import committed_steps
 
 SIM = str(Path(__file__).resolve().parents[1] / "scripts" / "slurm-sim.sh")

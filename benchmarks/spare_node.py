@@ -7,7 +7,7 @@ simulated Slurm.
 Each trial submits a 2-node x 2-rank job, waits for step 8 and a committed checkpoint, and
 SIGKILLs everything on a node of the step that is not the batch host (scripts/slurm-sim.sh
 kill-node), as when a node loses power, or (crash) rank 1's process alone:
-- spare:   `resources.spare_nodes=1`. The step supervisor (hpc.launching.supervise) leaves the node
+- spare:   `resources.spare_nodes=1`. The step supervisor (hpc.slurm.supervise) leaves the node
            out and starts the ranks on the spare, inside the allocation.
 - requeue: no spare. The EXIT trap requeues the job. Slurm then holds it back (BeginTime, about
            2 minutes), and the benchmark skips that hold by starting it at once
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.simcluster import SIM, newest_committed_step, nodes_settled, parse_job_id, poll, restarts, start_job_now  # noqa: E402
 from hpc.interruptions import TIMELINE  # noqa: E402
 from hpc.rundir import RunDir, read_jsonl  # noqa: E402
-from hpc.slurmctl import job_fields, job_state  # noqa: E402
+from hpc.slurm.slurmctl import job_fields, job_state  # noqa: E402
 from trainers.watchdog import heartbeat_file  # noqa: E402
 
 PATHS = ("spare", "requeue", "crash")

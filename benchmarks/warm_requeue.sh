@@ -25,7 +25,7 @@ one() {  # one WARM: a job, its stop, its requeue; prints a line of seconds
     (cd "$root" && python3 - "$job" "$run_dir" "$warm" <<'PY'
 import json, sys
 from benchmarks.simcluster import nodes_settled, poll, restarts, start_job_now
-from hpc.slurmctl import job_state
+from hpc.slurm.slurmctl import job_state
 job, run_dir, warm = sys.argv[1:]
 poll(lambda: restarts(job) >= 1 and job_state(job) == "PENDING", "the requeue")
 poll(nodes_settled, "the nodes to settle", 300)

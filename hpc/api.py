@@ -38,9 +38,9 @@ from hpc.config.launchers import traits
 from hpc.config.local_gpus import override_key
 from hpc.errors import UserError
 from hpc.launching.deaths import KILLED, tell_killed
+from hpc.launching.follow import Follower
 from hpc.launching.launch import rank_environment, record_run, submit_job
 from hpc.launching.launchers import GONE, ForegroundLauncher, QueuedLauncher, job_launcher, launcher_for
-from hpc.launching.slurm import Follower
 from hpc.launching.sweep import SWEEP_FILE
 from hpc.rundir import RunDir
 

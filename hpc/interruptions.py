@@ -9,7 +9,7 @@ Rank 0 appends to `<run_dir>/timeline.jsonl`:
   and StartTime. With it goes the breakdown of the interruption it recovered from (`cost`).
 
 Failures leave no stop event (the rank is gone); their time and cause come from the step
-supervisor's records (hpc.launching.supervise), and the requeue time from the EXIT trap
+supervisor's records (hpc.slurm.supervise), and the requeue time from the EXIT trap
 (`<id>.requeued-<start>`). Pure functions; a leaf (standard library only).
 """
 

@@ -1,6 +1,6 @@
 """A rank's death seen by its closed connection, not by its heartbeat's silence.
 
-The step supervisor (hpc.launching.supervise) listens on a TCP port and hands its address to the
+The step supervisor (hpc.slurm.supervise) listens on a TCP port and hands its address to the
 step's ranks (HPCTK_LIVENESS=host:port:token); each rank connects from its first instruction and holds
 the connection, sending nothing. A rank that dies (SIGKILL, a crash, every process of a node
 killed) has its connection closed by its kernel at once; a node that loses power or its network
@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from hpc.env import slurm_task
+from hpc.env import task_place
 
 LIVENESS_VARIABLE = "HPCTK_LIVENESS"  # host:port:token of the step supervisor's listener
 # Idle before the first probe, between probes, probes missed: a host that stopped answering is
@@ -44,7 +44,7 @@ _held: list[socket.socket] = []
 
 def hold_from_env() -> None:
     """`hold` for a rank srun started under the step supervisor (its rank and node from Slurm)."""
-    hold(os.environ.get(LIVENESS_VARIABLE), *slurm_task(os.environ))
+    hold(os.environ.get(LIVENESS_VARIABLE), *task_place(os.environ))
 
 
 def hold(address: str | None, rank: str, node: str) -> None:

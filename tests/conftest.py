@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpc.config.local_gpus import machine_gpus
-from hpc.slurmctl import TERMINAL_STATES, job_state
+from hpc.slurm.slurmctl import TERMINAL_STATES, job_state
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

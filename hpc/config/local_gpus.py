@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from collectives.backends import BACKEND_TABLE
-from hpc.config.launchers import LAUNCHER_TRAITS
+from hpc.config.launchers import traits
 from hpc.config.schema import JobConfig, ResourcesConfig, typed_job, with_backend
 from hpc.fabric.detect import PROC_GPUS, GpuCount, count_gpus
 
@@ -101,8 +101,11 @@ def with_local_gpus(job: JobConfig, named: frozenset[str], found: Callable[[], G
     (None where they did not). `job`: as composed, its backend not resolved yet (`auto`);
     `named`: the keys its overrides name; `found`: counts the GPUs (called for local jobs only).
     Pure but for `found`."""
-    chosen = LAUNCHER_TRAITS.get(job.cluster.launcher)  # an unknown one: refused by hpc.config.validate
-    if chosen is None or chosen.asks_for_gpus:
+    try:
+        chosen = traits(job.cluster.launcher)
+    except KeyError:  # an unknown one: refused by hpc.config.validate
+        return job, None
+    if chosen.asks_for_gpus:
         return job, None  # Slurm: the job asks for what it uses
     gpus = found()
     if not gpus.count:

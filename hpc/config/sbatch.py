@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from hpc.config.launchers import LAUNCHER_TRAITS, LauncherTraits
+from hpc.config.launchers import SLURM, LauncherTraits
 from hpc.errors import UserError
 
 # sbatch's own long options (Slurm 22.05 to 24.11; `sbatch --help` lists most, the rest are in its
@@ -103,7 +103,7 @@ def sbatch_lines(options: Mapping[str, Any]) -> dict[str, Any]:
     return rendered
 
 
-def job_ids(key: str, value: Any, launcher: LauncherTraits = LAUNCHER_TRAITS["slurm"]) -> list[str]:
+def job_ids(key: str, value: Any, launcher: LauncherTraits = SLURM) -> list[str]:
     """`after`/`after_any` as `launcher`'s job ids: one id, a list (after=[123,124]) or a text of
     ids separated by commas or colons (after="123,124"); UserError for anything else."""
     if value is None or value == "" or value == []:

@@ -17,7 +17,7 @@ from typing import Any
 
 from collectives.backends import resolve_backend
 from collectives.config import CommConfig
-from hpc.config.launchers import LAUNCHER_TRAITS
+from hpc.config.launchers import launcher_names
 from hpc.errors import UserError
 from hpc.fabric.topology import TopologyConfig, parse_topology_conf
 from trainers.config import (
@@ -29,7 +29,7 @@ from trainers.config import (
     TrainerConfig,
 )
 
-CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.launching.slurm.container_launch)
+CONTAINER_RUNTIMES = ("pyxis", "apptainer")  # cluster.container_runtime (hpc.slurm.batch.container_launch)
 ACCESS_UMASKS = {"private": 0o077, "group": 0o027}  # run_access -> umask; "umask": unchanged
 RUN_ACCESS = (*ACCESS_UMASKS, "umask")
 STOP_SIGNALS = ("USR1", "USR2", "TERM", "INT")  # cluster.signal: the ones the ranks handle
@@ -56,7 +56,7 @@ class ClusterConfig:
     # A job whose rank died (killed, OOM, a lost node) requeues itself at most this many times.
     failure_requeues: int = 3
     # A rank that dies or stalls first restarts the ranks inside the allocation (no queue wait),
-    # at most this many times per start of the job (hpc.launching.supervise); 0: requeue at once.
+    # at most this many times per start of the job (hpc.slurm.supervise); 0: requeue at once.
     allocation_restarts: int = 3
     # The ranks forked from one warm process per node that has torch and the toolkit imported (hpc.rank.warm):
     # a restart in the allocation costs a fork, not an interpreter's start; a local run imports torch once, not
@@ -86,8 +86,8 @@ class ClusterConfig:
 
     def check(self) -> None:
         """The cluster section's own settings, each alone; against the job's resources: hpc.config.validate."""
-        if self.launcher not in LAUNCHER_TRAITS:
-            raise UserError(f"cluster.launcher={self.launcher!r} is not one of {', '.join(LAUNCHER_TRAITS)}")
+        if self.launcher not in launcher_names():
+            raise UserError(f"cluster.launcher={self.launcher!r} is not one of {', '.join(launcher_names())}")
         if self.failure_requeues < 0:
             raise UserError(f"cluster.failure_requeues={self.failure_requeues} must be >= 0 (0: a failed job is not requeued)")
         if self.allocation_restarts < 0:

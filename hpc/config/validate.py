@@ -391,7 +391,7 @@ def check_user_script(job: JobConfig) -> None:
 
 def validate_job(job: JobConfig, in_allocation: bool = False) -> DatasetInfo | None:
     """Every check of a job, on the login node (launch.py, each sweep point) and inside an
-    allocation a user got with plain sbatch (hpc.launching.prepare). There the allocation Slurm
+    allocation a user got with plain sbatch (hpc.slurm.prepare). There the allocation Slurm
     granted is authoritative, so what it replaces (resources, the launcher's tools) is not checked."""
     check_script_values(job)
     if not in_allocation:

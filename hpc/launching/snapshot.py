@@ -3,7 +3,7 @@
 A job that waits in the queue, is requeued a day later, or a local run resumed next week from
 its command.txt, must run the code it started with, not whatever the checkout holds by then.
 We copy the packages' sources (a few hundred KB) into the run (or sweep) directory and put that
-copy first on the ranks' PYTHONPATH (the sbatch script, hpc.launching.slurm; the mpirun command, hpc.launching.local);
+copy first on the ranks' PYTHONPATH (the sbatch script, hpc.slurm.batch; the mpirun command, hpc.launching.local);
 SOURCE.json records the git commit and whether the tree was dirty, git.diff the changes. What of a
 directory is copied (never the run root, a run dir, data, outputs, virtualenvs or .git) is
 hpc.config.freezing's rule.

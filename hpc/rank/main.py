@@ -39,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, rendezvous, restart_count, slurm_job_id
+from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, job_id, rendezvous, restart_count
 from hpc.interruptions import TIMELINE, restarts_in
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.diskfaults import end_on_storage_failure, storage_line
@@ -112,7 +112,7 @@ def train_rank(run_dir_path: str) -> dict[str, Any]:
 
     run_dir = RunDir(Path(run_dir_path))
     rank = RankInfo.from_env(os.environ)
-    if slurm_job_id(os.environ) is None:  # Slurm runs one instance of a job; a local run's ranks say they run
+    if job_id(os.environ) is None:  # Slurm runs one instance of a job; a local run's ranks say they run
         hold_rank(run_dir.path)
     try:
         job = to_job_config(OmegaConf.load(run_dir.config))
@@ -231,9 +231,9 @@ def end_for_good(rank: RankInfo, why: str) -> None:
     """No restart in the allocation and no requeue: the error would repeat."""
     scheduler = scheduler_of(os.environ)
     scheduler.mark_error(f"rank {rank.rank}: {why}")  # the step supervisor starts no restart
-    job_id = scheduler.forbid_requeue()
-    if job_id is not None:
-        log.error("job %s will not be requeued: an error in the code or data would repeat", job_id)
+    forbidden = scheduler.forbid_requeue()
+    if forbidden is not None:
+        log.error("job %s will not be requeued: an error in the code or data would repeat", forbidden)
 
 
 def ring_position(job: JobConfig, rank: RankInfo) -> int | None:

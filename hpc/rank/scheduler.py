@@ -1,14 +1,11 @@
 """The ranks' side of the launcher seam: the job they run in, as its scheduler knows it, and what
-follows a stop. hpc.rank.main, the watchdog hookup and the run handle (hpc.run) ask the
-Scheduler of their environment (`scheduler_of`), never a scheduler's variables or tools.
+follows a stop. hpc.rank.main, the watchdog hookup, the timeline and the run handle (hpc.run) ask
+the Scheduler of their environment (`scheduler_of`), never a scheduler's variables or tools.
 
-- SlurmJob: SLURM_JOB_ID is set; its facts come from scontrol, a requeue is `scontrol requeue`
-  (or a request to the batch script's EXIT trap), all in hpc.rank.lifecycle.
+- A scheduler plugin's `job` (hpc.schedulers): chosen where its environment claims the job
+  (Slurm's: hpc.slurm.job.SlurmJob, where SLURM_JOB_ID is set).
 - NoScheduler: ranks mpirun started (cluster=local, or by hand): nothing to requeue; a stopped
   run exits EXIT_RESUMABLE for whoever starts the run dir again.
-
-A new scheduler: a class with these methods, chosen in scheduler_of by its own job variable;
-its submission side is hpc.launching.launchers.QueuedLauncher.
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from hpc import slurmctl
-from hpc.env import restart_count, slurm_job_id
-from hpc.rank import lifecycle
+from hpc.env import scheduler_environment
+from hpc.rank.lifecycle import EXIT_RESUMABLE
+from hpc.schedulers import loaded, plugins
 
 
 @dataclass(frozen=True)
@@ -71,46 +68,10 @@ class Scheduler(Protocol):
         """What a person types to start the run again from its newest committed checkpoint."""
         ...
 
-
-class SlurmJob:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = env
-
-    def job_id(self) -> str | None:
-        return slurm_job_id(self.env)
-
-    def plan_after_stop(self, received_at: datetime, signal_seconds: int) -> StopPlan:
-        return StopPlan(*lifecycle.plan_after_stop(self.env, received_at, signal_seconds))
-
-    def can_requeue(self) -> bool:
-        return slurmctl.available("scontrol")
-
-    def requeue(self, job_id: str) -> str | None:
-        return slurmctl.requeue(job_id, restart_count(self.env))
-
-    def request_requeue(self, job_id: str, detail: str) -> Path | None:
-        return lifecycle.request_requeue(self.env, job_id, detail)
-
-    def requeued_by_batch_script(self) -> bool:
-        return lifecycle.trap_requeues(self.env)
-
-    def mark_finished(self) -> Path | None:
-        return lifecycle.mark_finished(self.env)
-
-    def mark_error(self, message: str) -> Path | None:
-        return lifecycle.mark_error(self.env, message)
-
-    def note_run_dir(self, run_dir: Path) -> Path | None:
-        return lifecycle.note_run_dir(self.env, run_dir)
-
-    def forbid_requeue(self) -> str | None:
-        return lifecycle.forbid_failure_requeue(self.env)
-
-    def resume_command(self, run_dir: Path) -> str:
-        if not (run_dir / "config.yaml").is_file():  # ranks started by the user's own batch script
-            return f"submit your batch script again (it resumes {shlex.quote(str(run_dir))})"
-        # launch.py's job, submitted again into its run dir (its job.sbatch is bound to its job id)
-        return f"python -m hpc.resubmit {shlex.quote(str(run_dir))}"
+    def queue_times(self) -> tuple[float | None, float | None]:
+        """(eligible, started): when this start of the job became eligible to run again after a
+        requeue, and when the scheduler started it (epoch seconds); None where it cannot say."""
+        ...
 
 
 class NoScheduler:
@@ -120,7 +81,7 @@ class NoScheduler:
         return None
 
     def plan_after_stop(self, received_at: datetime, signal_seconds: int) -> StopPlan:
-        return StopPlan("not a Slurm job: run its command.txt (or start the same run dir again) to resume", None, lifecycle.EXIT_RESUMABLE)
+        return StopPlan("not a Slurm job: run its command.txt (or start the same run dir again) to resume", None, EXIT_RESUMABLE)
 
     def can_requeue(self) -> bool:
         return False
@@ -151,7 +112,15 @@ class NoScheduler:
             return f"start the same command again (it resumes {shlex.quote(str(run_dir))})"
         return f"bash {shlex.quote(str(run_dir / 'command.txt'))}"
 
+    def queue_times(self) -> tuple[float | None, float | None]:
+        return None, None
+
 
 def scheduler_of(env: Mapping[str, str]) -> Scheduler:
     """The scheduler whose job these ranks run in, from their environment."""
-    return SlurmJob(env) if slurm_job_id(env) is not None else NoScheduler()
+    found = scheduler_environment(env)
+    if found is None:
+        return NoScheduler()
+    name = next(name for name in plugins() if loaded(name, "environment") is found)
+    job: Scheduler = loaded(name, "job")(env)
+    return job

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
-from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, rendezvous, restart_count, slurm_job_id
+from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, job_id, rendezvous, restart_count
 from hpc.rank.hosting import Host, hosted, started_handle
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 
@@ -115,7 +115,7 @@ def script_environment(host: Host, threads: int) -> dict[str, str]:
     env = torchrun_environment(
         host.rank,
         rendezvous(os.environ),
-        slurm_job_id(os.environ) or host.run_dir.path.name,
+        job_id(os.environ) or host.run_dir.path.name,
         restart_count(os.environ) + int(os.environ.get(STEP_ATTEMPT_VARIABLE, "0") or 0),
     )
     env["TORCHELASTIC_ERROR_FILE"] = str(host.run_dir.path / "logs" / f"error-rank-{host.rank.rank:05d}.json")

@@ -4,7 +4,7 @@ the interruption it recovered from (hpc.interruptions), which rank 0's log says 
 
 What the ranks cannot see themselves comes from files beside them: the step supervisor's records
 (`<requests dir>/<id>.steps.jsonl`: the launch, a failure), the EXIT trap's requeue time
-(`<id>.requeued-<start>`), and Slurm's EligibleTime and StartTime after a requeue."""
+(`<id>.requeued-<start>`), and the scheduler's eligible and start times after a requeue."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
-from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, batch_started, restart_count, slurm_job_id
+from hpc.env import REQUEST_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, batch_started, job_id, restart_count
 from hpc.interruptions import TIMELINE, Cost, cost_of_interruption
+from hpc.rank.scheduler import scheduler_of
 from hpc.rundir import RunDir, read_jsonl
 from trainers.faults import FAULTS
 
@@ -28,13 +27,6 @@ log = logging.getLogger("hpc.rank")
 def append(path: Path, event: dict[str, Any]) -> None:
     with path.open("a") as f:
         f.write(json.dumps(event) + "\n")
-
-
-def _slurm_time(value: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(value).timestamp() if value and value[0].isdigit() else None
-    except ValueError:
-        return None
 
 
 def best_effort(record: Callable[..., None], *args: Any) -> None:
@@ -54,7 +46,8 @@ class Timeline:
     def __init__(self, run_dir: RunDir, env: Mapping[str, str], process_started: float) -> None:
         self.path = run_dir.path / TIMELINE
         self.steps_file = run_dir.steps
-        self.job_id = slurm_job_id(env)
+        self.job_id = job_id(env)
+        self.scheduler = scheduler_of(env)
         self.start = restart_count(env)
         self.attempt = int(env.get(STEP_ATTEMPT_VARIABLE) or 0)
         self.requests = Path(env[REQUEST_DIR_VARIABLE]) if env.get(REQUEST_DIR_VARIABLE) and self.job_id else None
@@ -109,8 +102,7 @@ class Timeline:
         launched = next((float(r["launched"]) for r in mine if r.get("attempt") == self.attempt), self.process_started)
         event: dict[str, Any] = {"event": "start", "start": self.start, "attempt": self.attempt, "launched": launched, **milestones}
         if self.job_id is not None and self.attempt == 0 and self.start > 0:
-            fields = slurmctl.job_fields(self.job_id)
-            event["eligible"], event["slurm_started"] = _slurm_time(fields.get("EligibleTime")), _slurm_time(fields.get("StartTime"))
+            event["eligible"], event["slurm_started"] = self.scheduler.queue_times()  # the key named for the first scheduler it came from
             # the batch script's first line: Slurm's launch of it is Slurm's, and StartTime is whole
             # seconds; one from before this start (inherited by a script that sets none) is not it
             batch = self.batch_started

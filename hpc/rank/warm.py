@@ -1,7 +1,7 @@
 """Warm ranks: one process per node of a Slurm job imports what a rank imports (torch, the
 toolkit) once, before any rank needs it, and forks a rank from that state when one starts.
 
-    python -u -m hpc.rank.warm [RUN_DIR]   (one per node, each in a one-task srun step: hpc.launching.warmnodes;
+    python -u -m hpc.rank.warm [RUN_DIR]   (one per node, each in a one-task srun step: hpc.slurm.warmnodes;
                                             one beside mpirun for a local run: hpc.launching.ranks)
 
 RUN_DIR is not read: it names the run on the command line, which a fork keeps (hpc.rankprocs).
@@ -45,7 +45,7 @@ import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
-from hpc.env import WARM_ADDRESS_VARIABLE, WARM_VARIABLE, slurm_job_id, slurm_task
+from hpc.env import WARM_ADDRESS_VARIABLE, WARM_VARIABLE, job_id, task_place
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -103,10 +103,10 @@ def address(env: Mapping[str, str]) -> str | None:
     (WARM_ADDRESS_VARIABLE); a Slurm job's, from the job and the node; None for neither."""
     if named := env.get(WARM_ADDRESS_VARIABLE):
         return f"\0{named}"
-    job = slurm_job_id(env)
+    job = job_id(env)
     if job is None:
         return None
-    node = slurm_task(env)[1]
+    node = task_place(env)[1]
     return f"\0hpctk-warm.{os.getuid()}.{job}.{node}"
 
 
@@ -219,7 +219,7 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
     until the standard input ends (the supervisor is done) or the step does. A failed import
     closes the socket: the waiting clients start their ranks cold."""
     name, token = address(env), env.get(WARM_VARIABLE)
-    node = slurm_task(env)[1]
+    node = task_place(env)[1]
     if name is None or not token:
         print(f"hpc-warm: failed {node}: not a Slurm job step with {WARM_VARIABLE} set", flush=True)
         return 2

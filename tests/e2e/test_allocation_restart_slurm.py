@@ -1,4 +1,4 @@
-"""Restarts inside the allocation on the real Slurm (hpc.launching.supervise): a lost node with one
+"""Restarts inside the allocation on the real Slurm (hpc.slurm.supervise): a lost node with one
 spare costs a new job step in the same allocation, not a requeue. The run completes with the same
 per-step losses and the same final weights as an uninterrupted one. Killed ranks restarted in the
 allocation: the resume verifier's Slurm test (tests/e2e/test_verify_slurm.py) kills them and
@@ -15,7 +15,7 @@ import pytest
 from benchmarks.simcluster import SIM, job_hosts, newest_committed_step, poll, restarts
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
-from hpc.slurmctl import job_fields
+from hpc.slurm.slurmctl import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import fixtures_env, logged_steps, state_hash, step_losses, submit_job
 
@@ -45,7 +45,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 def step_records(run_dir: Path) -> list[dict[str, object]]:
-    """The supervisor's record of each job step it launched (hpc.launching.supervise)."""
+    """The supervisor's record of each job step it launched (hpc.slurm.supervise)."""
     logs = list((run_dir / "slurm" / "requeue-requests").glob("*.steps.jsonl"))
     return [json.loads(line) for log in logs for line in log.read_text().splitlines()]
 

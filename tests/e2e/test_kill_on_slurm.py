@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import newest_committed_step, parse_job_id, poll, release_when_requeued, restarts, wait_for_resume
-from hpc.slurmctl import TERMINAL_STATES, job_fields, job_state
+from hpc.slurm.slurmctl import TERMINAL_STATES, job_fields, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, rank_pids, run_dirs, run_launch, submit_job
 from trainers.checkpoint.checkpointer import Checkpointer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.slurmctl import job_fields, max_array_size
+from hpc.slurm.slurmctl import job_fields, max_array_size
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from benchmarks.simcluster import lose_nodes, newest_committed_step, node_state, poll
-from hpc.slurmctl import job_fields
+from hpc.slurm.slurmctl import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import logged_steps, submit_job
 

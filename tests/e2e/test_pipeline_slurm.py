@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from benchmarks.simcluster import parse_job_id
-from hpc.slurmctl import job_fields
+from hpc.slurm.slurmctl import job_fields
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT, run_launch
 from trainers.checkpoint.export import load

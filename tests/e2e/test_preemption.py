@@ -14,7 +14,7 @@ import pytest
 from benchmarks.simcluster import job_story, nodes_settled, poll, release_when_requeued, restarts
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
-from hpc.slurmctl import job_state
+from hpc.slurm.slurmctl import job_state
 from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import catches, fixtures_env, logged_steps, pending, rank_pids, state_hash, step_losses, submit_job

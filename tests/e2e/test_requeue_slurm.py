@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import poll, release_when_requeued, restarts
-from hpc.launching.slurm import requeue_function_lines
-from hpc.slurmctl import job_state
+from hpc.slurm.batch import requeue_function_lines
+from hpc.slurm.slurmctl import job_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("needs_slurm")]
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.simcluster import poll, release_when_requeued
-from hpc.slurmctl import job_state
+from hpc.slurm.slurmctl import job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT, logged_steps, submit_job
 from tests.support.search import check_study, launch_command, run_search, sweep_points

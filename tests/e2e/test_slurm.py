@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks.simcluster import parse_job_id
-from hpc.slurmctl import TERMINAL_STATES, job_state
+from hpc.slurm.slurmctl import TERMINAL_STATES, job_state
 from tests.conftest import wait_until_done
 from tests.support.runs import run_dirs, run_launch
 from trainers.reporting.metrics import read_metrics

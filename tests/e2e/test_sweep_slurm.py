@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import parse_job_id
-from hpc.slurmctl import job_fields
+from hpc.slurm.slurmctl import job_fields
 from hpc.tools.status import statuses
 from tests.conftest import wait_until_done
 from tests.support.runs import ROOT, run_dirs

@@ -16,7 +16,7 @@ def process_state() -> tuple[int, str, dict[str, str]]:
 
 
 def test_submit_is_a_function_of_hpc_even_after_the_launching_package_was_imported(tmp_path):
-    import hpc.launching.slurm  # noqa: F401 - what any launcher-side import does first
+    import hpc.slurm.batch  # noqa: F401 - what any launcher-side import does first
     from hpc import SubmitError, submit
 
     assert callable(submit) and not hasattr(submit, "__path__")

@@ -66,7 +66,7 @@ def test_a_rank_gets_as_many_torch_threads_as_cores_it_owns():
 
     available = sorted(os.sched_getaffinity(0))
     unbound = binding_for(TopologyConfig(), rank(0, local_world=2))
-    per_task = cpus_per_task({"SLURM_CPUS_PER_TASK": "8"})
+    per_task = cpus_per_task({"SLURM_JOB_ID": "5", "SLURM_CPUS_PER_TASK": "8"})
     assert rank_threads(3, per_task, unbound, 2) == 3  # trainer.threads_per_rank wins
     assert rank_threads(None, per_task, unbound, 2) == 8  # Slurm gave the task 8 CPUs
     assert cpus_per_task({}) is None and cpus_per_task({"SLURM_CPUS_PER_TASK": "0"}) is None

@@ -14,10 +14,10 @@ from hpc.config.schema import to_job_config
 from hpc.config.scripts import check_script
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
-from hpc.launching.prepare import job_run_dir
 from hpc.launching.snapshot import freeze_code, freeze_job_code
 from hpc.launching.sweep import SweepPoint, write_point_dirs
 from hpc.rundir import RUN_MARKER, mark_run_dir
+from hpc.slurm.prepare import job_run_dir
 
 ROOT = Path("/work/proj")
 
@@ -142,6 +142,6 @@ def test_every_run_and_sweep_dir_the_toolkit_makes_is_marked(tmp_path):
     job = replace(to_job_config({}), run_root=str(tmp_path / "runs"))
     write_point_dirs([SweepPoint(0, ("optim.lr=0.1",), job), SweepPoint(1, ("optim.lr=0.2",), job)], tmp_path / "sweep")
     assert all((tmp_path / "sweep" / name / RUN_MARKER).is_file() for name in ("", "0", "1"))
-    run_dir, existed = job_run_dir(job, "12")  # a hand-typed sbatch script's run dir (hpc.launching.prepare)
+    run_dir, existed = job_run_dir(job, "12")  # a hand-typed sbatch script's run dir (hpc.slurm.prepare)
     assert not existed and (run_dir.path / RUN_MARKER).is_file()
     # launch.py's own run dirs: tests/mpi/test_relaunch.py

@@ -18,8 +18,8 @@ from hpc.config.compose import compose_job
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.config.validate import check_resources, check_script_values, validate_job
 from hpc.errors import UserError
-from hpc.launching.slurm import render_sbatch, setup_lines
 from hpc.rundir import RunDir
+from hpc.slurm.batch import render_sbatch, setup_lines
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20)
 SHELL_SPECIALS = list("'\"$`;|&<>()[]{}*?!#~\\ \n\t\r") + ["$(id)", "`id`", "${HOME}", "\x00", "\x7f", "é", "☃"]

@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "collectives", "trainers", "benchmarks", "tests")
-LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.slurmctl", "hpc.cli", "hpc.interruptions", "hpc.runroots", "hpc.liveness"}
+LEAVES = {"hpc.errors", "hpc.rundir", "hpc.env", "hpc.schedulers", "hpc.cli", "hpc.interruptions", "hpc.runroots", "hpc.liveness"}
+LEAVES |= {"hpc.slurm.environment", "hpc.slurm.slurmctl"}  # the Slurm plugin's: its variables, its tools
 # `python -m hpc.status` and friends: public command names (README) forwarding to hpc.tools.
 COMMANDS = {f"hpc.{name}": f"hpc.tools.{name}" for name in ("status", "report", "topology", "costmodel", "stop", "resubmit", "evaluate")}
 # `python -m trainers.export` and friends: public command names (README, docs) forwarding to the topic packages.
@@ -196,8 +197,29 @@ def test_the_ranks_first_statement_catches_the_stop_signals_with_the_standard_li
 
 
 def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
-    bad = [v for v in violations(("hpc.launching", "hpc.config", "hpc.app", "launch"), ("hpc.rank",)) if not v.endswith(" imports hpc.rank.main")]
+    submission = ("hpc.launching", "hpc.config", "hpc.app", "launch", *SLURM_LOGIN_SIDE)
+    bad = [v for v in violations(submission, ("hpc.rank",)) if not v.endswith(" imports hpc.rank.main")]
     assert not bad, bad
+
+
+# The Slurm plugin (hpc.schedulers): its login side, and its rank side, which the ranks load by name
+SLURM_LOGIN_SIDE = ("hpc.slurm.launcher", "hpc.slurm.batch", "hpc.slurm.prepare")
+SLURM_RANK_SIDE = ("hpc.slurm.job", "hpc.slurm.environment")
+
+
+def test_only_the_slurm_plugin_imports_slurm_code():
+    """Nothing of the toolkit outside hpc.slurm imports it (the registry names it in strings;
+    benchmarks that drive the simulated Slurm may ask slurmctl): a scheduler is one package."""
+    bad = [v for v in violations(("hpc", "collectives", "trainers", "launch"), ("hpc.slurm",)) if not v.startswith("hpc.slurm.")]
+    assert not bad, bad
+    assert {i.target for i in GRAPH["hpc.slurm"]} == set(), "hpc.slurm's __init__ imports nothing: a rank loading its rank side loads no login code"
+
+
+def test_the_slurm_plugins_rank_side_reaches_no_login_code():
+    for module in SLURM_RANK_SIDE:
+        login = ("hpc.launching", "hpc.tools", "hpc.config", *SLURM_LOGIN_SIDE, "hydra", "submitit")
+        reached = {m for m in closure(module, module_level_only=False) if under(m, *login)}
+        assert not reached, f"{module} reaches {sorted(reached)}"
 
 
 def test_nothing_but_the_process_s_own_start_imports_the_rank_entry_point():
@@ -221,10 +243,10 @@ def test_backend_names_are_branched_on_only_in_the_backend_table():
 
 
 def test_what_the_batch_step_and_the_ranks_import_first_is_light():
-    # submitit pickles hpc.launching.supervise.supervise_step on the login node by reference and runs
+    # submitit pickles hpc.slurm.supervise.supervise_step on the login node by reference and runs
     # it in the batch step: importing it must stay light; so must hpc.rank.main's module level
     heavy = {"torch", "omegaconf", "hydra", "numpy", "h5py", "mpi4py", "submitit"}
-    for module in ("hpc.launching.supervise", "hpc.rank.main"):
+    for module in ("hpc.slurm.supervise", "hpc.rank.main"):
         reached = closure(module, module_level_only=True)
         assert not reached & heavy, (module, sorted(reached & heavy))
 
@@ -309,7 +331,7 @@ def test_trainers_import_neither_hpc_nor_hydra_nor_submitit():
 
 
 def test_the_fabric_library_is_pure():
-    bad = violations(("hpc.fabric",), ("hpc.config", "hpc.launching", "hpc.rank", "hpc.tools", "hpc.slurmctl", "torch", "hydra", "subprocess", "submitit"))
+    bad = violations(("hpc.fabric",), ("hpc.config", "hpc.launching", "hpc.rank", "hpc.tools", "hpc.slurm", "torch", "hydra", "subprocess", "submitit"))
     assert not bad, bad
 
 
@@ -339,7 +361,7 @@ def builds_command(path: Path, first: set[str], anywhere: set[str] = frozenset()
 def test_only_slurmctl_runs_slurms_tools():
     tools = {"scontrol", "squeue", "sacct", "sinfo", "scancel", "sbatch"}
     users = sorted(m for m in MODULES if under(m, *PRODUCT) and builds_command(MODULES[m], tools))
-    assert users == ["hpc.slurmctl"], users
+    assert users == ["hpc.slurm.slurmctl"], users
 
 
 def test_one_builder_of_the_mpirun_command():
@@ -367,7 +389,8 @@ def reads_variables(path: Path, prefixes: tuple[str, ...]) -> list[str]:
 def test_one_reader_of_the_launcher_environment():
     # the allreduce benchmark decides whether it was started as one of several ranks before MPI starts
     launcher = ("SLURM_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_")  # where a rank sits (OMPI_MCA_* are settings)
-    allowed = {"hpc.env": launcher, "collectives.bench": launcher[1:]}
+    # a scheduler's own variables are its plugin's environment's (hpc.env asks it): Slurm's here
+    allowed = {"hpc.env": launcher[1:], "hpc.slurm.environment": launcher[:1], "collectives.bench": launcher[1:]}
     for module in (m for m in MODULES if under(m, *PRODUCT)):
         read = [key for key in reads_variables(MODULES[module], launcher) if not key.startswith(allowed.get(module, ()))]
         assert not read, f"{module} reads {read}; read the launcher environment through hpc.env"

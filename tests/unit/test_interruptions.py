@@ -124,8 +124,8 @@ def test_a_timeline_that_cannot_be_written_or_read_costs_a_warning_never_the_run
 def test_a_requeued_start_counts_from_its_batch_scripts_first_line_not_an_earlier_one(tmp_path: Path, monkeypatch, exported, decimal, expected):
     """HPCTK_BATCH_STARTED (bash's $EPOCHREALTIME, a comma in some locales) is finer than Slurm's
     StartTime (whole seconds); one older than StartTime was inherited from an earlier job."""
-    from hpc import slurmctl
     from hpc.env import BATCH_STARTED_VARIABLE
+    from hpc.slurm import slurmctl
 
     fields = {"EligibleTime": "2026-12-02T10:00:00", "StartTime": "2026-12-02T10:00:10"}
     monkeypatch.setattr(slurmctl, "job_fields", lambda job, timeout_s=60: fields)

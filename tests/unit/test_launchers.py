@@ -8,28 +8,33 @@ import json
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hpc import slurmctl
-from hpc.config import launchers as traits_table
-from hpc.config.launchers import LAUNCHER_TRAITS, LauncherTraits
+from hpc.config.launchers import launcher_names, traits
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.config.validate import check_dependencies, validate_job
+from hpc.env import REQUEST_DIR_VARIABLE
 from hpc.errors import UserError
+from hpc.launching import launchers as launchers_module
 from hpc.launching import sweep, trials
-from hpc.launching.launchers import GONE, LAUNCHERS, ForegroundLauncher, QueuedJob, QueuedLauncher, SlurmLauncher
+from hpc.launching.launchers import GONE, ForegroundLauncher, QueuedJob, QueuedLauncher, launchers
 from hpc.launching.sweep import SweepPoint
 from hpc.rank import lifecycle
-from hpc.rank.scheduler import NoScheduler, SlurmJob, scheduler_of
+from hpc.rank.scheduler import NoScheduler, scheduler_of
 from hpc.rundir import RunDir
+from hpc.schedulers import loaded, plugins
+from hpc.slurm import slurmctl
+from hpc.slurm.job import SlurmJob
+from hpc.slurm.launcher import SlurmLauncher
+from tests.plugins import fakeq
+from tests.plugins.fakeq import FakeQueue
 
 
 def test_every_launcher_has_its_traits_and_the_kind_its_traits_say():
-    assert set(LAUNCHERS) == set(LAUNCHER_TRAITS)
-    for name, launcher in LAUNCHERS.items():
-        assert launcher.traits is LAUNCHER_TRAITS[name]
+    assert list(launchers()) == launcher_names() == ["local", "slurm"]
+    for name, launcher in launchers().items():
+        assert launcher.traits is traits(name)
         assert isinstance(launcher, QueuedLauncher) == launcher.traits.queued != isinstance(launcher, ForegroundLauncher)
 
 
@@ -51,66 +56,23 @@ def test_slurm_jobs_come_from_scontrol_then_accounting_then_gone(monkeypatch):
     assert asked == [["8", "9"]]  # accounting only for the jobs scontrol no longer shows
 
 
-FAKE = LauncherTraits("fakeq", "FakeQ", True, False, True, "true", "no fakeq", job_id_form=r"q\d+(\.\d+)?", job_id_examples=("q1", "q2", "q1.0"))
-
-
-class FakeQueue(QueuedLauncher):
-    """A scheduler that exists only in this test: it records what it is given."""
-
-    traits = FAKE
-    terminal_states = frozenset({"DONE", "BROKEN"})
-    waiting_states = frozenset({"QUEUED"})
-    running_states = frozenset({"GOING"})
-    succeeded_states = frozenset({"DONE"})
-
-    def __init__(self) -> None:
-        self.arrays: list[tuple[dict[str, Any], list[str], int | None]] = []
-        self.states: dict[str, str] = {}
-
-    def dry_run(self, job, env, run_dir):
-        return "# fakeq script"
-
-    def submit(self, job, env, run_dir, code):
-        self.submitted = run_dir.path
-        return self.submit_array(self.array_parameters(job, env, code), [run_dir], code, None)[1][0]
-
-    def array_parameters(self, job, env, code):
-        return {"nodes": job.resources.nodes, "after": []}
-
-    def max_array_size(self):
-        return 2
-
-    def after_any(self, params, job_id):
-        return {**params, "after": [*params["after"], job_id]}
-
-    def submit_array(self, params, run_dirs, folder, max_parallel):
-        array = f"q{len(self.arrays)}"
-        self.arrays.append((params, [run_dir.path.name for run_dir in run_dirs], max_parallel))
-        return array, [f"{array}.{i}" for i in range(len(run_dirs))], f"# fakeq array {array}"
-
-    def render_array(self, params, folder, run_dirs, max_parallel):
-        return f"# fakeq array of {len(run_dirs)}"
-
-    def jobs(self, job_ids):
-        return {job_id: QueuedJob(self.states.get(job_id, GONE)) for job_id in job_ids}
-
-    def cancel(self, job_id):
-        return None
-
-    def signal(self, job_id, name):
-        return None
-
-    def wait(self, job_id, run_dir, emit=print, emit_err=print):
-        return self.states.get(job_id, GONE)
+def clear_registry() -> None:
+    plugins.cache_clear()
+    loaded.cache_clear()
+    launchers_module._LAUNCHERS.clear()
 
 
 @pytest.fixture
-def fake_queue(monkeypatch) -> FakeQueue:
-    queue = FakeQueue()
-    monkeypatch.setitem(LAUNCHERS, "fakeq", queue)
-    monkeypatch.setitem(traits_table.LAUNCHER_TRAITS, "fakeq", FAKE)
+def fake_queue(monkeypatch, tmp_path) -> FakeQueue:
+    """FakeQ installed as a package would be: found through its entry point, named nowhere else."""
+    monkeypatch.syspath_prepend(str(fakeq.register(tmp_path / "site")))
+    clear_registry()
+    queue = launchers()["fakeq"]
+    assert isinstance(queue, FakeQueue)
     monkeypatch.setattr(sweep, "freeze_job_code", lambda code, *jobs: Path(code).mkdir(parents=True))
-    return queue
+    yield queue
+    monkeypatch.undo()
+    clear_registry()
 
 
 def on_fake_queue(num: int, nodes: int = 1, max_parallel: int | None = None) -> SweepPoint:
@@ -172,7 +134,7 @@ def test_ranks_ask_the_scheduler_of_their_environment(tmp_path, monkeypatch):
     )
     assert told == (None, False, False, None, None, None) and quiet.mark_error("x") is None and quiet.note_run_dir(tmp_path) is None
     assert quiet.requeue("4") == "job 4: no scheduler runs these ranks"
-    env = {"SLURM_JOB_ID": "4", "SLURM_RESTART_COUNT": "1", lifecycle.REQUEST_DIR_VARIABLE: str(tmp_path)}
+    env = {"SLURM_JOB_ID": "4", "SLURM_RESTART_COUNT": "1", REQUEST_DIR_VARIABLE: str(tmp_path)}
     job = scheduler_of(env)
     assert job.job_id() == "4" and job.requeued_by_batch_script() == slurmctl.available("scontrol")
     assert job.request_requeue("4", "stopped by SIGUSR1") == tmp_path / "4.restart-1"
@@ -194,11 +156,11 @@ def test_a_jobs_launcher_is_the_one_its_job_json_names(tmp_path):
 
     with pytest.raises(ValueError, match="launcher local runs jobs in the foreground; it queues none"):
         queued_launcher("local")
-    assert queued_launcher("slurm") is LAUNCHERS["slurm"]
+    assert queued_launcher("slurm") is launchers()["slurm"]
     run = RunDir(tmp_path)
     assert isinstance(Job(tmp_path, "5").launcher(), SlurmLauncher)  # a run dir from before job.json named one
     run.write_json(run.job, {"job_id": "5", "launcher": "slurm"})
-    assert Job(tmp_path, "5").launcher() is LAUNCHERS["slurm"]
+    assert Job(tmp_path, "5").launcher() is launchers()["slurm"]
 
 
 def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
@@ -209,10 +171,10 @@ def test_each_launchers_dry_run_is_what_it_would_run(tmp_path):
 
     run_dir = RunDir(tmp_path / "run")
     local = compose_job([])
-    shown = LAUNCHERS["local"].dry_run(local, rank_environment(local), run_dir)
+    shown = launchers()["local"].dry_run(local, rank_environment(local), run_dir)
     assert shown.startswith("# command (cluster=local runs mpirun, no sbatch)\n") and "hpc.rank.main" in shown and str(run_dir.path) in shown
     slurm = compose_job(["cluster=simulated", "resources.nodes=2"])
-    launcher = LAUNCHERS["slurm"]
+    launcher = launchers()["slurm"]
     assert isinstance(launcher, QueuedLauncher)
     script = launcher.dry_run(slurm, rank_environment(slurm), run_dir)
     assert script.startswith("# sbatch script\n#!/bin/bash") and "#SBATCH --nodes=2" in script
@@ -281,3 +243,76 @@ def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher
     run.write_json(run.job, {"job_id": "q0.1", "launcher": "pbs"})
     with pytest.raises(UserError, match=r"^job.json names launcher 'pbs', which this toolkit does not know \(known: local, slurm, fakeq\)$"):
         stop.stop_run(run.path)
+
+
+RANK_SIDE = """
+import json, os
+from datetime import datetime
+from pathlib import Path
+from hpc.env import RankInfo, cpus_per_task, job_id, job_hosts, rendezvous, restart_count, task_place
+from hpc.rank.scheduler import scheduler_of
+info = RankInfo.from_env(os.environ)
+job = scheduler_of(os.environ)
+plan = job.plan_after_stop(datetime.now(), 30)
+print(json.dumps({
+    "info": [info.rank, info.local_rank, info.world_size, info.local_world_size, info.node_rank, info.num_nodes, list(info.hosts), info.launcher],
+    "job": [job_id(os.environ), restart_count(os.environ), cpus_per_task(os.environ), list(job_hosts(os.environ)), list(task_place(os.environ))],
+    "rendezvous": rendezvous(os.environ),
+    "scheduler": type(job).__name__, "plan": [plan.what, plan.requeue_id, plan.exit_code],
+    "requeued": job.requeue(plan.requeue_id), "resume": job.resume_command(Path("/runs/a b")),
+}))
+"""
+
+
+def test_a_third_schedulers_ranks_know_their_place_rendezvous_and_requeue_through_its_plugin_alone(tmp_path):
+    """A rank of a FakeQ job, in a fresh interpreter that finds FakeQ only through its entry point:
+    where it sits, its job, its rendezvous, and what a stop does, all from FakeQ's plugin."""
+    import os
+    import subprocess
+    import sys
+
+    site = fakeq.register(tmp_path / "site")
+    requeues = tmp_path / "requeues"
+    launchers_own = ("SLURM_", "OMPI_", "PMIX_", "FAKEQ_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(launchers_own)}
+    root = Path(__file__).resolve().parents[2]
+    fake_job = {"FAKEQ_JOB": "q42", "FAKEQ_RANK": "3", "FAKEQ_SIZE": "4", "FAKEQ_PER_NODE": "2", "FAKEQ_NODES": "fa,fb"}
+    fake_job |= {"FAKEQ_RESTARTS": "2", "FAKEQ_CPUS": "3"}
+    env = {**base, **fake_job, "FAKEQ_REQUEUES": str(requeues), "PYTHONPATH": f"{site}{os.pathsep}{root}"}
+    done = subprocess.run([sys.executable, "-c", RANK_SIDE], env=env, capture_output=True, text=True, check=True, timeout=120)
+    seen = json.loads(done.stdout)
+    assert seen["info"] == [3, 1, 4, 2, 1, 2, ["fa", "fb"], "fakeq"]
+    assert seen["job"] == ["q42", 2, 3, ["fa", "fb"], ["3", "fb"]]
+    assert seen["rendezvous"] == ["fa", 20042] and seen["scheduler"] == "FakeQJob"
+    assert seen["plan"] == ["FakeQ requeues job q42", "q42", 0] and seen["requeued"] is None and requeues.read_text() == "requeue q42\n"
+    assert seen["resume"] == "fakeq resubmit '/runs/a b'"
+    # without its package installed the same variables are no scheduler's: one process, no job
+    alone = subprocess.run([sys.executable, "-c", RANK_SIDE], env={**env, "PYTHONPATH": str(root)}, capture_output=True, text=True, check=True, timeout=120)
+    seen = json.loads(alone.stdout)
+    assert seen["info"][2] == 1 and seen["info"][7] == "single" and seen["job"][0] is None and seen["scheduler"] == "NoScheduler"
+
+
+def test_a_broken_or_clashing_plugin_is_refused_in_one_line(tmp_path, monkeypatch):
+    from hpc.config.schema import ClusterConfig
+
+    site = tmp_path / "site"
+    meta = fakeq.register(site) / "fakeq_plugin-1.0.dist-info" / "entry_points.txt"
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        meta.write_text("[hpc.schedulers]\npbs = no_such_module:PLUGIN\n")
+        clear_registry()
+        broken = r"^scheduler plugin entry point pbs = no_such_module:PLUGIN cannot be loaded \(ModuleNotFoundError: No module named 'no_such_module'\)$"
+        with pytest.raises(UserError, match=broken):
+            ClusterConfig(name="x", launcher="pbs").check()
+        meta.write_text("[hpc.schedulers]\nslurm2 = hpc.schedulers:BUILT_IN\n")
+        clear_registry()
+        with pytest.raises(UserError, match=r"^scheduler plugin entry point slurm2 = hpc.schedulers:BUILT_IN is a tuple, not a hpc.schedulers.Sched"):
+            plugins()
+        meta.write_text("[hpc.schedulers]\nmine = tests.plugins.fakeq:CLASH\n")
+        clear_registry()
+        with pytest.raises(UserError, match=r"^scheduler plugin entry point mine = tests.plugins.fakeq:CLASH takes the name 'slurm', which is taken$"):
+            plugins()
+    finally:
+        monkeypatch.undo()
+        clear_registry()
+    assert list(plugins()) == ["slurm"]

@@ -124,10 +124,10 @@ def test_a_slurmd_that_listens_answers_and_a_closed_port_does_not():
 
 
 def test_a_step_whose_rank_closed_on_a_node_without_slurmd_is_ended_with_that_node_lost(tmp_path):
-    """StepWatch (hpc.launching.supervise) with a stand-in for srun: a rank's death on a node whose
+    """StepWatch (hpc.slurm.supervise) with a stand-in for srun: a rank's death on a node whose
     slurmd answers is left to srun; one on a node whose slurmd does not is a lost node, and the
     step is ended at once (srun killed) with that node, and only it, lost."""
-    from hpc.launching.supervise import StepRecord, StepWatch
+    from hpc.slurm.supervise import StepRecord, StepWatch
 
     with socket.create_server(("127.0.0.1", 0)) as live, socket.create_server(("127.0.0.1", 0)) as gone:
         slurmd = {"node7": ("127.0.0.1", gone.getsockname()[1]), "node8": ("127.0.0.1", live.getsockname()[1])}

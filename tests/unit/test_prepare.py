@@ -1,9 +1,9 @@
 import pytest
 
 from hpc.config.schema import JobConfig
-from hpc.env import allocation_shape
 from hpc.errors import UserError
-from hpc.launching.prepare import fit_to_allocation, granted_shape
+from hpc.slurm.environment import allocation_shape
+from hpc.slurm.prepare import fit_to_allocation, granted_shape
 
 
 @pytest.mark.parametrize(

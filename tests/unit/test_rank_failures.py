@@ -17,10 +17,10 @@ import pytest
 from collectives.base import CollectivesError
 from hpc.env import REQUEST_DIR_VARIABLE, RankInfo
 from hpc.errors import UserError
-from hpc.rank import lifecycle
 from hpc.rank import main as rank_main
 from hpc.rank.failures import repeats
 from hpc.rundir import RunDir
+from hpc.slurm import job as lifecycle
 from tests.support.runs import ROOT
 from trainers.checkpoint.checkpointer import CheckpointError, store_failure
 from trainers.checkpoint.storage import StoreError

@@ -2,9 +2,10 @@ from datetime import datetime
 
 import pytest
 
-from hpc.env import slurm_job_id
-from hpc.rank.lifecycle import EXIT_RESUMABLE, plan_after_stop, stop_reason
-from hpc.slurmctl import parse_job_fields
+from hpc.rank.lifecycle import EXIT_RESUMABLE
+from hpc.slurm.environment import slurm_job_id
+from hpc.slurm.job import plan_after_stop, stop_reason
+from hpc.slurm.slurmctl import parse_job_fields
 
 NOW = datetime(2026, 11, 23, 12, 0, 0)
 
@@ -65,7 +66,7 @@ def run_exit_trap(
     `requested`: the ranks stopped and asked for a requeue."""
     import subprocess
 
-    from hpc.launching.slurm import exit_trap_lines
+    from hpc.slurm.batch import exit_trap_lines
 
     bin_dir, requests = tmp_path / "bin", tmp_path / "requests"
     bin_dir.mkdir(parents=True)
@@ -147,7 +148,7 @@ def fake_scontrol(tmp_path, failed_requeues: int, state: str, restarts: int = 0,
 )
 def test_rank_zeros_own_requeue_is_tried_again_while_the_job_runs(tmp_path, monkeypatch, failed, state, restarts, tries, waits, error):
     """What a hand-written batch script's rank 0 does after a stop (hpc.rank.scheduler), as the trap does."""
-    from hpc import slurmctl
+    from hpc.slurm import slurmctl
 
     state, _, flag = state.partition(" ")
     bin_dir, calls = fake_scontrol(tmp_path, failed, state, restarts, flag or "Requeue=1 BatchFlag=1")

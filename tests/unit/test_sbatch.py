@@ -6,8 +6,8 @@ import pytest
 
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig
 from hpc.errors import UserError
-from hpc.launching.slurm import render_sbatch, sbatch_parameters
 from hpc.rundir import RunDir
+from hpc.slurm.batch import render_sbatch, sbatch_parameters
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20, account="proj1")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpc.config.schema import ClusterConfig, JobConfig, ResourcesConfig, SweepConfig
-from hpc.launching.slurm import render_array_sbatch, render_sbatch, sbatch_parameters
 from hpc.rundir import RunDir
+from hpc.slurm.batch import render_array_sbatch, render_sbatch, sbatch_parameters
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTER = ClusterConfig(name="simulated", launcher="slurm", partition="debug", cpus_per_node=8, max_nodes=4)

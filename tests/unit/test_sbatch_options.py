@@ -13,8 +13,8 @@ from hpc.config.sbatch import KNOWN, OWNED, sbatch_lines
 from hpc.config.schema import ClusterConfig, JobConfig
 from hpc.config.validate import check_dependencies, check_script_values
 from hpc.errors import UserError
-from hpc.launching.slurm import render_sbatch
 from hpc.rundir import RunDir
+from hpc.slurm.batch import render_sbatch
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20)
 
@@ -71,9 +71,9 @@ def test_after_and_after_any_become_sbatchs_dependency(tmp_path, after, after_an
 
 
 def test_a_dependency_is_refused_in_one_line_where_it_could_never_hold(monkeypatch):
-    from hpc import slurmctl
     from hpc.launching import launch
     from hpc.launching.launch import check_waits
+    from hpc.slurm import slurmctl
 
     with pytest.raises(UserError, match=r"^after='12x': name Slurm job ids, e.g. after=123 or after=\[123,124\]"):
         check_dependencies(JobConfig(cluster=CLUSTER, after="12x"))
@@ -114,10 +114,10 @@ def test_a_container_wraps_the_ranks_alone_and_mounts_the_run_dir(tmp_path, runt
 
 
 def test_a_container_the_cluster_cannot_start_is_refused_in_one_line(monkeypatch):
-    from hpc import slurmctl
     from hpc.config import validate
     from hpc.config.validate import check_container
-    from hpc.launching.launchers import LAUNCHERS
+    from hpc.launching.launchers import launchers
+    from hpc.slurm import slurmctl
 
     with pytest.raises(UserError, match=r"^cluster.container=x.sif: the ranks start in a container through srun; use a Slurm cluster \(cluster=local runs"):
         check_container(JobConfig(cluster=replace(ClusterConfig(), container="x.sif")))
@@ -128,7 +128,7 @@ def test_a_container_the_cluster_cannot_start_is_refused_in_one_line(monkeypatch
     monkeypatch.setattr(slurmctl, "srun_has_option", lambda option: False)
     check_container(JobConfig(cluster=replace(CLUSTER, container="x")))  # the form is the config's; srun is the launcher's to ask
     assert (
-        LAUNCHERS["slurm"]
+        launchers()["slurm"]
         .refusal(JobConfig(cluster=replace(CLUSTER, container="x")))
         .startswith("cluster.container=x: this cluster's srun has no --container-image (the pyxis plugin is not installed)")
     )

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from hpc import slurmctl
 from hpc.config.compose import fixed_overrides, sweeper_config
 from hpc.config.search import check_search, edge_points, search_arguments, search_space, sweeper_name
 from hpc.errors import UserError
 from hpc.launching import trials
-from hpc.launching.launchers import LAUNCHERS
+from hpc.launching.launchers import launchers
 from hpc.launching.study import tell
 from hpc.launching.sweep import SweepPoint
 from hpc.objective import check_objective, objective_direction, objective_value, reported_objectives
 from hpc.rundir import RunDir
+from hpc.slurm import slurmctl
 from tests.support.runs import ROOT
 
 OPTUNA = ["hydra/sweeper=optuna"]
@@ -200,7 +200,7 @@ def test_waiting_follows_a_requeue_and_fails_only_jobs_that_ended_for_good(tmp_p
     monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {})
     lines: list[str] = []
     points = [_point(num, job) for num in range(3)]
-    outcomes = trials.wait_for_jobs(LAUNCHERS["slurm"], points, {0: "7_0", 1: "7_1", 2: "7_2"}, tmp_path, "val_accuracy", lines.append, poll_s=0)
+    outcomes = trials.wait_for_jobs(launchers()["slurm"], points, {0: "7_0", 1: "7_1", 2: "7_2"}, tmp_path, "val_accuracy", lines.append, poll_s=0)
     assert outcomes[0] == trials.Outcome(0, 0.91)
     assert outcomes[1].value is None and "job 7_1 ended FAILED without a result" in str(outcomes[1].error)
     assert outcomes[2].value is None and "reported no sweep.objective=val_accuracy (it has: loss, samples_per_s, val_loss)" in str(outcomes[2].error)
@@ -227,11 +227,11 @@ def test_a_signal_that_comes_as_a_local_trial_completes_stops_the_study_after_it
     lines: list[str] = []
     point = _point(0, compose_job([]))
     with pytest.raises(trials.SearchInterrupted, match="interrupted as trial #0 ended; run the same command again") as raised:
-        trials.run_local_trial(point, LAUNCHERS["local"], tmp_path, "val_accuracy", lines.append)
+        trials.run_local_trial(point, launchers()["local"], tmp_path, "val_accuracy", lines.append)
     assert raised.value.exit_code == 75
     assert lines == ["trial #0 (optim.lr=0.1): running locally", "trial #0 (optim.lr=0.1): val_accuracy=0.91"]
     monkeypatch.setattr(local, "run_local", lambda *args, **kwargs: pytest.fail("a completed trial ran again"))
-    assert trials.run_local_trial(point, LAUNCHERS["local"], tmp_path, "val_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again
+    assert trials.run_local_trial(point, launchers()["local"], tmp_path, "val_accuracy", lines.append) == trials.Outcome(0, 0.91)  # the same command again
 
 
 def test_a_trial_is_named_by_its_point_with_optunas_number_where_it_differs():

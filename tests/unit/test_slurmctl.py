@@ -1,4 +1,4 @@
-"""hpc.slurmctl against stand-in Slurm tools on PATH: what each call runs, how it parses the
+"""hpc.slurm.slurmctl against stand-in Slurm tools on PATH: what each call runs, how it parses the
 answer, and that a missing or failing tool gives an empty answer instead of an exception."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc import slurmctl
+from hpc.slurm import slurmctl
 
 SCONTROL_JOB = (
     "JobId=41 ArrayJobId=40 ArrayTaskId=1 JobName=train JobState=RUNNING Restarts=2 Requeue=1 "
@@ -83,7 +83,7 @@ def test_without_slurm_every_answer_is_empty(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_rank0s_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from hpc.launching.slurm import UNKNOWN_POLLS, Follower, wait_for_job
+    from hpc.slurm.batch import UNKNOWN_POLLS, Follower, wait_for_job
 
     bin_dir, count = tmp_path / "bin", tmp_path / "count"
     bin_dir.mkdir()
@@ -110,6 +110,6 @@ def test_waiting_for_a_job_outlasts_a_failing_squeue_and_streams_rank0s_console(
 
 
 def test_an_empty_restart_count_is_no_restart():
-    from hpc.env import restart_count
+    from hpc.slurm.environment import restart_count
 
     assert restart_count({"SLURM_RESTART_COUNT": ""}) == 0 and restart_count({}) == 0 and restart_count({"SLURM_RESTART_COUNT": "3"}) == 3

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from hpc import slurmctl
 from hpc.launching.launchers import QueuedJob
 from hpc.rundir import RunDir, find_runs, last_record
+from hpc.slurm import slurmctl
 from hpc.tools.report import scaling_figures
 from hpc.tools.status import queued_jobs, run_status, statuses
 from tests.support.runs import ROOT, holding
@@ -221,7 +221,7 @@ def test_a_directory_without_runs_is_one_line_and_exit_2(tmp_path, module):
 
 
 def test_array_task_ranges_of_pending_tasks_expand():
-    from hpc.slurmctl import array_task_ids
+    from hpc.slurm.slurmctl import array_task_ids
 
     assert array_task_ids("0-3%2") == [0, 1, 2, 3]
     assert array_task_ids("3,5-7") == [3, 5, 6, 7]

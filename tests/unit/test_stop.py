@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from collectives.mpirun import mpirun_command
-from hpc import slurmctl
 from hpc.errors import UserError
+from hpc.slurm import slurmctl
 from hpc.tools import stop
 from hpc.tools.stop import is_rank_of, main, process_facts, stop_run
 from trainers.watchdog import Heartbeat, heartbeat_file

@@ -13,9 +13,9 @@ from hpc.config.schema import JobConfig
 from hpc.config.validate import check_resources
 from hpc.env import REQUEST_DIR_VARIABLE
 from hpc.errors import UserError
-from hpc.launching.slurm import exit_trap_lines, job_setup_lines
 from hpc.rank import main as rank_main
-from hpc.rank.lifecycle import mark_finished, request_requeue
+from hpc.slurm.batch import exit_trap_lines, job_setup_lines
+from hpc.slurm.job import mark_finished, request_requeue
 
 
 def accepted_signals() -> list[str]:

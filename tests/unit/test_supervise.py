@@ -1,4 +1,4 @@
-"""The batch script's step supervisor (hpc.launching.supervise): when it starts the ranks again in
+"""The batch script's step supervisor (hpc.slurm.supervise): when it starts the ranks again in
 the allocation and when it leaves the job to the EXIT trap. The decision is a pure function; the
 loop runs here against stand-in srun and scontrol scripts (the real Slurm runs it in
 tests/e2e/test_allocation_restart_slurm.py)."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc.launching import supervise
-from hpc.launching.supervise import (
+from hpc.slurm import supervise
+from hpc.slurm.supervise import (
     NO_PROGRESS_LIMIT,
     PROBE_FLOOR_S,
     PROBE_S,
@@ -116,7 +116,7 @@ def run_supervisor(
     # started with ignored (a test run started in the background ignores it), and the fake srun's
     # trap is how these tests see the supervisor's two interrupts.
     done = subprocess.run(
-        [sys.executable, "-m", "hpc.launching.supervise", "srun", "--mpi=pmix", "ranks"],
+        [sys.executable, "-m", "hpc.slurm.supervise", "srun", "--mpi=pmix", "ranks"],
         env=env,
         capture_output=True,
         text=True,
@@ -235,7 +235,7 @@ def test_a_task_slurm_saw_killed_is_said_as_a_likely_out_of_memory_death(line, s
 def test_a_run_dirs_pkill_pattern_matches_its_ranks_command_line_alone(tmp_path):
     import subprocess as sp
 
-    from hpc.launching.supervise import rank_pattern
+    from hpc.slurm.supervise import rank_pattern
 
     run_dir = Path("/runs/2026-12-02/08-52-37.811_train (a+b)[1]{2}^$|x\\y")
     rank = f"/usr/bin/python3.11 -u -m hpc.rank.main {run_dir}"
@@ -245,7 +245,7 @@ def test_a_run_dirs_pkill_pattern_matches_its_ranks_command_line_alone(tmp_path)
         f"{rank}/other",  # another run dir
         "python -m hpc.rank.main /runs/2026-12-02",
         f"srun --unbuffered --mpi=pmix /usr/bin/python -u -m hpc.rank.main {run_dir}",  # the ranks' srun client
-        f"python -m hpc.launching.supervise srun --mpi=pmix python -u -m hpc.rank.main {run_dir}",  # a supervisor started by hand
+        f"python -m hpc.slurm.supervise srun --mpi=pmix python -u -m hpc.rank.main {run_dir}",  # a supervisor started by hand
     ]
     found = sp.run(["grep", "-E", "--", rank_pattern(run_dir)], input="\n".join(lines) + "\n", capture_output=True, text=True)
     assert found.stdout.splitlines() == lines[:2]

@@ -184,15 +184,15 @@ def test_the_launchers_tool_must_be_here_unless_a_queued_jobs_dry_run_submits_no
 
 
 def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
-    from hpc import slurmctl
     from hpc.launching.launch import check_refusal
-    from hpc.launching.launchers import LAUNCHERS, QueuedLauncher
+    from hpc.launching.launchers import QueuedLauncher, launchers
+    from hpc.slurm import slurmctl
 
     image = {"cluster": dataclasses.replace(SLURM, container="/images/pt.sqsh")}
     answers = {"answer": True}
     monkeypatch.setattr(slurmctl, "srun_has_option", lambda option: answers["answer"])
     validate.check_container(job_with(image))
-    slurm = LAUNCHERS["slurm"]
+    slurm = launchers()["slurm"]
     assert isinstance(slurm, QueuedLauncher) and slurm.refusal(job_with(image)) is None
     answers["answer"] = None  # srun could not be asked: the submission will tell
     assert slurm.refusal(job_with(image)) is None
@@ -220,8 +220,8 @@ def test_containers_are_checked_for_their_runtime_and_values(monkeypatch):
 
 
 def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
-    from hpc import slurmctl
     from hpc.launching import launch
+    from hpc.slurm import slurmctl
 
     states = {"5": "COMPLETED", "6": "FAILED", "7": "RUNNING"}
     monkeypatch.setattr(launch.shutil, "which", lambda tool: f"/usr/bin/{tool}")
@@ -238,7 +238,7 @@ def test_after_names_jobs_slurm_knows_that_did_not_end_badly(monkeypatch):
 
 def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm_granted(monkeypatch, tmp_path):
     """One violation per check, each refused by validate_job; inside an allocation (plain sbatch,
-    hpc.launching.prepare) the resources, the launcher's tools, after= and the container are Slurm's
+    hpc.slurm.prepare) the resources, the launcher's tools, after= and the container are Slurm's
     to decide, and are not checked."""
     assert validate.validate_job(JobConfig()).num_train > 0  # the built-in task: its data checked and described
     refused = [

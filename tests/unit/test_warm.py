@@ -220,8 +220,8 @@ def test_a_warm_process_whose_imports_fail_sends_its_waiting_clients_cold(job_en
 
 
 def test_the_warm_step_runs_the_ranks_python_and_asks_for_the_nodes_gpus():
-    from hpc.env import job_cpus_per_node
-    from hpc.launching.warmnodes import STEP_NAME, warm_program, warm_step
+    from hpc.slurm.environment import job_cpus_per_node
+    from hpc.slurm.warmnodes import STEP_NAME, warm_program, warm_step
 
     ranks = ["srun", "--unbuffered", "--mpi=pmix", "/opt/py/bin/python3", "-u", "-m", "hpc.rank.main", "/runs/r"]
     assert warm_program(ranks) == ["/opt/py/bin/python3", "-u", "-m", "hpc.rank.warm"]
@@ -256,8 +256,8 @@ echo ended >"$FAKE_LOG/$node.eof"
 
 
 def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopts_and_its_trap_ends(tmp_path):
-    from hpc.launching.slurm import exit_trap_lines
-    from hpc.launching.warmnodes import BatchStep, WarmNodes, batch_start_lines
+    from hpc.slurm.batch import exit_trap_lines
+    from hpc.slurm.warmnodes import BatchStep, WarmNodes, batch_start_lines
 
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     bin_dir.mkdir()
@@ -268,7 +268,7 @@ def test_the_batch_script_starts_a_warm_step_per_node_which_the_supervisor_adopt
         (bin_dir / tool).chmod(0o755)
     program = [sys.executable, "-u", "-m", "hpc.rank.warm"]
     adopt = (  # the supervisor, as submitit starts it after the setup lines
-        "import json, os, sys; from hpc.launching.warmnodes import WarmNodes; "
+        "import json, os, sys; from hpc.slurm.warmnodes import WarmNodes; "
         f"warm = WarmNodes.adopt({program!r}, os.environ, 2); print(json.dumps([warm.token, sorted(warm.steps), warm.env(), sorted(warm.broken)]))"
     )
     trap = [line for line in exit_trap_lines(0) if "hpctk_warm_in" in line]  # the trap's first deed

@@ -1,6 +1,6 @@
 """Inside an allocation that a user got with plain `sbatch`: compose, check, make the run dir.
 
-    exports=$(python3 -m hpc.launching.prepare [hydra overrides...]) || exit $?
+    exports=$(python3 -m hpc.slurm.prepare [hydra overrides...]) || exit $?
     eval "$exports"        # HPCTK_RUN_DIR and the ranks' environment, shell-quoted
     srun --mpi=pmix python3 -m hpc.rank.main "$HPCTK_RUN_DIR"
 
@@ -23,12 +23,13 @@ from hpc.config.compose import compose_job
 from hpc.config.schema import ACCESS_UMASKS, JobConfig, apply_run_access
 from hpc.config.scripts import split_passthrough, with_script_args
 from hpc.config.validate import validate_job
-from hpc.env import RUN_DIR_VARIABLE, RankEnvError, allocation_shape, slurm_job_id
+from hpc.env import RUN_DIR_VARIABLE, RankEnvError
 from hpc.errors import UserError
 from hpc.launching.launch import pin_inputs, rank_environment, resolved_yaml
-from hpc.launching.slurm import setup_lines
 from hpc.launching.snapshot import freeze_job_code
 from hpc.rundir import RunDir, mark_run_dir
+from hpc.slurm.batch import setup_lines
+from hpc.slurm.environment import allocation_shape, slurm_job_id
 
 
 def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
@@ -38,7 +39,7 @@ def granted_shape(env: Mapping[str, str]) -> tuple[int, int]:
     except RankEnvError as err:
         raise UserError(str(err)) from None
     if shape is None:
-        raise UserError("hpc.launching.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)")
+        raise UserError("hpc.slurm.prepare runs inside an sbatch allocation (SLURM_JOB_NUM_NODES is not set)")
     return shape
 
 

@@ -14,11 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpc import slurmctl
 from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
 from hpc.env import (
@@ -32,10 +31,12 @@ from hpc.env import (
     WARM_VARIABLE,
 )
 from hpc.errors import UserError
-from hpc.launching.warmnodes import END_CALL as WARM_END_CALL
-from hpc.launching.warmnodes import batch_start_lines, warm_program
+from hpc.launching.follow import Follower
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
+from hpc.slurm import slurmctl
+from hpc.slurm.warmnodes import END_CALL as WARM_END_CALL
+from hpc.slurm.warmnodes import batch_start_lines, warm_program
 
 SUBMITTED_SCRIPT_GLOB = "*_submission.sh"  # where submitit (1.5.0 and later) keeps the script it gave sbatch: <job id>_submission.sh
 UNKNOWN_POLLS = 5  # consecutive squeue answers of UNKNOWN (forgotten, or squeue failing) that end wait_for_job
@@ -60,7 +61,7 @@ def job_setup_lines(
     directory, and SLURM_EXPORT_ENV=ALL makes srun hand these exports to the ranks even on
     clusters whose sbatch defaults to --export=NONE (which srun would otherwise inherit). Rank 0
     leaves requeue requests for the EXIT trap in <run or sweep dir>/slurm/requeue-requests; the
-    step supervisor (hpc.launching.supervise) reads the exports after it."""
+    step supervisor (hpc.slurm.supervise) reads the exports after it."""
     requests = code_root.parent / "slurm" / "requeue-requests"
     return [
         f"export {BATCH_STARTED_VARIABLE}=${{EPOCHREALTIME:-$(date +%s.%N)}}  # first: the cost of an interruption counts from here",
@@ -78,7 +79,7 @@ def job_setup_lines(
 
 def requeue_function_lines() -> list[str]:
     """`hpctk_requeue ID CODE`: `scontrol requeue`, tried again while it fails and the job still
-    runs and allows a requeue, as hpc.slurmctl.requeue does: a busy or restarting slurmctld
+    runs and allows a requeue, as hpc.slurm.slurmctl.requeue does: a busy or restarting slurmctld
     times out RPCs ("Socket timed out on send/recv operation"), and a requeue lost to one left
     a stopped run ended for good, as COMPLETED. A try that timed out may still go through once
     slurmctld reads it: a restart count above this start's is success. One that never goes
@@ -128,12 +129,12 @@ def exit_trap_lines(max_failure_requeues: int) -> list[str]:
       limit (the job is no longer RUNNING), not when the ranks requeued it themselves
       (watchdog), and not after a Python error: the failing rank sets Requeue=0 first, since it
       would fail the same way again. Both requeues go through requeue_function_lines. First,
-      the warm steps' FIFO is closed (hpc.launching.warmnodes.batch_start_lines)."""
+      the warm steps' FIFO is closed (hpc.slurm.warmnodes.batch_start_lines)."""
     return [
         *requeue_function_lines(),
         "hpctk_on_exit() {",
         "    local rc=$? id=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        f"    {WARM_END_CALL}  # the warm steps end (hpc.launching.warmnodes)",
+        f"    {WARM_END_CALL}  # the warm steps end (hpc.slurm.warmnodes)",
         "    id=${id:-$SLURM_JOB_ID}",
         f'    local dir="${REQUEST_DIR_VARIABLE}" failures=${{SLURM_RESTART_COUNT:-0}}  # no directory: every restart counts',
         '    local request="$dir/$id.restart-${SLURM_RESTART_COUNT:-0}"',
@@ -182,7 +183,7 @@ def sbatch_parameters(job: JobConfig, env: dict[str, str], code_root: Path = PRO
     program = warm_program(["srun", *rank_python, "-u", "-m", "hpc.rank.main"])
     warm_lines = batch_start_lines(program, res.tasks_per_node * res.gpus_per_task) if cluster.warm_ranks and program and not container else []
     params: dict[str, Any] = {
-        "rank_python": rank_python,  # hpc.launching.slurm's own: taken out before submitit sees the rest
+        "rank_python": rank_python,  # hpc.slurm.batch's own: taken out before submitit sees the rest
         "job_name": job.name,
         "nodes": res.nodes + res.spare_nodes,
         "ntasks_per_node": res.tasks_per_node,
@@ -247,7 +248,7 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
     Returns the job ids ("123" or "123_0", "123_1", ...) and the submitted script.
 
     Through submitit's public API only: its parameters (`setup` before the command, use_srun=False),
-    and the function it runs in the batch step: hpc.launching.supervise.supervise_step, the step
+    and the function it runs in the batch step: hpc.slurm.supervise.supervise_step, the step
     supervisor running the ranks' srun line (srun_line) with the run dir of its array task."""
     import submitit
 
@@ -270,7 +271,7 @@ def submit_array(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, m
 def _submit(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_parallel: int | None) -> list[Any]:
     import submitit
 
-    from hpc.launching.supervise import supervise_step
+    from hpc.slurm.supervise import supervise_step
 
     executor = submitit.SlurmExecutor(folder=folder / "%j", python=shlex.quote(sys.executable))
     array = len(run_dirs) > 1
@@ -280,7 +281,7 @@ def _submit(params: dict[str, Any], run_dirs: list[RunDir], folder: Path, max_pa
     # The srun line travels in submitit's pickle; the script shows it too, for whoever reads it, as
     # comments (a line break in a path is shown escaped: it would end the comment)
     shown = shlex.join([*lines[0][:-1], "RUN_DIR"]) if array else shlex.join(lines[0])
-    note = ["# the ranks' step, started by the step supervisor (hpc.launching.supervise) that submitit runs below:", f"#   {shown}"]
+    note = ["# the ranks' step, started by the step supervisor (hpc.slurm.supervise) that submitit runs below:", f"#   {shown}"]
     if array:
         note.append(f"#   RUN_DIR: the array task's point dir, {shlex.quote(str(run_dirs[0].path.parent))}/<point number>")
     note = [line.replace("\n", "\\n").replace("\r", "\\r") for line in note]
@@ -375,31 +376,6 @@ def held_until(fields: dict[str, str], restarts: int) -> str:
     if not clock:
         return ""
     return f"requeue hold to {clock}" if restarts else f"begins {clock}"
-
-
-class Follower:
-    """A file's new whole lines since the last look (a line still being written waits)."""
-
-    def __init__(self, path: Path, emit: Callable[[str], None]) -> None:
-        self.path, self.emit, self.offset, self.partial = path, emit, 0, ""
-
-    def __call__(self, flush: bool = False) -> None:
-        try:
-            with self.path.open(errors="replace") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-                self.offset = f.tell()
-        except OSError:
-            chunk = ""
-        *lines, self.partial = (self.partial + chunk).split("\n")
-        if flush and self.partial:
-            lines, self.partial = [*lines, self.partial], ""
-        for line in lines:
-            if not line.startswith(SUBMITIT_LINE):
-                self.emit(line)
-
-
-SUBMITIT_LINE = "submitit "  # its job runner's own lines ("submitit INFO (...) - Starting with JobEnvironment(...)")
 
 
 def wait_for_job(job_id: str, outputs: Sequence[Follower], poll_s: float = 1.0) -> str:

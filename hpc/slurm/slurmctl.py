@@ -21,7 +21,7 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 # a busy or restarting slurmctld times out RPCs): REQUEUE_TRIES tries, the wait before try N+1
 # N x REQUEUE_BACKOFF_S, no try begun after REQUEUE_DEADLINE_S, each scontrol call given
 # SCONTROL_TIMEOUT_S (its own MessageTimeout is 10 s by default). The batch script's EXIT trap
-# does the same in bash (hpc.launching.slurm.requeue_function_lines).
+# does the same in bash (hpc.slurm.batch.requeue_function_lines).
 REQUEUE_TRIES = 5
 REQUEUE_BACKOFF_S = 2
 REQUEUE_DEADLINE_S = 45

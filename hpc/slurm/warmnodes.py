@@ -1,7 +1,7 @@
 """The warm processes of a Slurm job's nodes (hpc.rank.warm): one one-task srun step per node of
 the allocation, spares included, started before the ranks' first step and kept for the job's
 life, so a rank started again in the allocation is a fork of a process that has torch imported
-(hpc.launching.supervise).
+(hpc.slurm.supervise).
 
 The batch script starts them itself, at its last setup line (batch_start_lines), before submitit's
 Python and the step supervisor start: their imports overlap that start, which is most of a
@@ -24,11 +24,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc.env import WARM_DIR_VARIABLE, WARM_RANKS_VARIABLE, WARM_VARIABLE, job_cpus_per_node, restart_count, slurm_job_id
-from hpc.slurmctl import task_per_node
+from hpc.env import WARM_DIR_VARIABLE, WARM_RANKS_VARIABLE, WARM_VARIABLE
+from hpc.slurm.environment import job_cpus_per_node, restart_count, slurm_job_id
+from hpc.slurm.slurmctl import task_per_node
 
 STEP_NAME = "hpc-warm"  # srun --job-name of the warm steps: a failed rank's step is killed, never these
-# The EXIT trap's call (hpc.launching.slurm.exit_trap_lines) of what batch_start_lines defines.
+# The EXIT trap's call (hpc.slurm.batch.exit_trap_lines) of what batch_start_lines defines.
 END_CALL = "[[ -n ${hpctk_warm_in:-} ]] && hpctk_warm_end"
 
 

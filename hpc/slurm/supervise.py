@@ -1,5 +1,5 @@
 """The step supervisor: what the batch step runs in place of a bare srun (submitit runs
-`supervise_step(srun line)` there; by hand: `python -m hpc.launching.supervise srun ARGS...`).
+`supervise_step(srun line)` there; by hand: `python -m hpc.slurm.supervise srun ARGS...`).
 
 It runs the ranks' step. When a rank dies or stalls, it starts the ranks again in the same
 allocation at once, and they resume from the newest committed checkpoint: no requeue, no queue
@@ -12,7 +12,7 @@ and a node where the first rank died in two steps in a row, are left out of the 
 Bounded: at most HPCTK_ALLOCATION_RESTARTS restarts in one start of the job, and none after
 NO_PROGRESS_LIMIT restarts in a row that committed no new checkpoint. When it gives up it
 returns srun's exit code and the EXIT trap falls back to requeueing the job
-(hpc.launching.slurm.exit_trap_lines), which counts against `cluster.failure_requeues`.
+(hpc.slurm.batch.exit_trap_lines), which counts against `cluster.failure_requeues`.
 
 A lost node hangs srun: Slurm ends the step only once it declares the node DOWN (SlurmdTimeout,
 60 to 300 s), and until then srun reports nothing, while the ranks left wait in a collective. So
@@ -52,7 +52,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpc import slurmctl
 from hpc.env import (
     ALLOCATION_RESTARTS_VARIABLE,
     REQUEST_DIR_VARIABLE,
@@ -61,14 +60,13 @@ from hpc.env import (
     WARM_GPUS_VARIABLE,
     WARM_RANKS_VARIABLE,
     WARM_VARIABLE,
-    job_node_list,
-    restart_count,
-    slurm_job_id,
 )
-from hpc.launching.warmnodes import STEP_NAME as WARM_STEP_NAME
-from hpc.launching.warmnodes import WarmNodes, warm_program
 from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
 from hpc.rundir import RunDir
+from hpc.slurm import slurmctl
+from hpc.slurm.environment import job_node_list, restart_count, slurm_job_id
+from hpc.slurm.warmnodes import STEP_NAME as WARM_STEP_NAME
+from hpc.slurm.warmnodes import WarmNodes, warm_program
 
 # After a failed task Slurm ends the step's other tasks (SIGTERM, KillWait, SIGKILL); a step still
 # running HUNG_STEP_MARGIN_S after that waits on a lost node.
@@ -507,7 +505,7 @@ def say(message: str) -> None:
 
 
 def supervise_step(srun: list[str]) -> None:
-    """What submitit runs in the batch step (hpc.launching.slurm.submit_array): the ranks' srun line
+    """What submitit runs in the batch step (hpc.slurm.batch.submit_array): the ranks' srun line
     under the supervisor. It ends the process with the step's exit code (SystemExit, which
     submitit's job runner lets through): the batch script's EXIT trap decides on a requeue by it,
     and the runner does not log "Job completed successfully" after ranks that stopped to requeue."""
@@ -520,7 +518,7 @@ def supervise_step(srun: list[str]) -> None:
 def main(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hpc.launching.supervise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m hpc.slurm.supervise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("srun", nargs=argparse.REMAINDER, metavar="srun [SRUN OPTIONS] PROGRAM [ARGS]", help="the ranks' srun line")
     srun = parser.parse_args(argv).srun
     if not srun or Path(srun[0]).name != "srun":
