@@ -15,7 +15,7 @@ a task the scheduler's own launcher started (srun's), PMIx (PMIX_RANK), else a s
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,26 +131,28 @@ class SchedulerEnvironment(Protocol):
         ...
 
 
+def scheduler_environments() -> Iterator[tuple[str, SchedulerEnvironment]]:
+    """(name, environment) of every scheduler plugin, the built-in ones first: the installed
+    packages are looked up (a scan of site-packages) only where no built-in one answered."""
+    yield from ((name, loaded(name, "environment")) for name in built_in_first())
+    yield from ((name, loaded(name, "environment")) for name in plugins() if name not in built_in_first())
+
+
+def scheduler_named(env: Mapping[str, str]) -> tuple[str, SchedulerEnvironment] | None:
+    """(plugin name, environment) of the scheduler whose job `env` is in (the first plugin that
+    claims it); None outside any scheduler's job."""
+    return next(((name, found) for name, found in scheduler_environments() if found.job_id(env) is not None), None)
+
+
 def scheduler_environment(env: Mapping[str, str]) -> SchedulerEnvironment | None:
-    """The environment of the scheduler whose job `env` is in (the first plugin that claims it);
-    None outside any scheduler's job."""
-    for names in (built_in_first, lambda: list(plugins())):  # the installed ones looked up only where needed
-        for name in names():
-            found: SchedulerEnvironment = loaded(name, "environment")
-            if found.job_id(env) is not None:
-                return found
-    return None
+    """The environment of the scheduler whose job `env` is in; None outside any scheduler's job."""
+    named = scheduler_named(env)
+    return named[1] if named is not None else None
 
 
 def scheduler_task(env: Mapping[str, str]) -> RankInfo | None:
     """The rank of a task a scheduler's own launcher started (srun's), as its plugin reads it."""
-    for names in (built_in_first, lambda: list(plugins())):
-        for name in names():
-            found: SchedulerEnvironment = loaded(name, "environment")
-            task = found.task(env)
-            if task is not None:
-                return task
-    return None
+    return next((task for _, found in scheduler_environments() if (task := found.task(env)) is not None), None)
 
 
 def int_variable(env: Mapping[str, str], key: str, default: int | None = None) -> int:

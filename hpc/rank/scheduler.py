@@ -17,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from hpc.env import scheduler_environment
+from hpc.env import scheduler_named
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.schedulers import loaded, plugins
+from hpc.schedulers import loaded
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,8 @@ class NoScheduler:
 
 def scheduler_of(env: Mapping[str, str]) -> Scheduler:
     """The scheduler whose job these ranks run in, from their environment."""
-    found = scheduler_environment(env)
-    if found is None:
+    named = scheduler_named(env)
+    if named is None:
         return NoScheduler()
-    name = next(name for name in plugins() if loaded(name, "environment") is found)
-    job: Scheduler = loaded(name, "job")(env)
+    job: Scheduler = loaded(named[0], "job")(env)
     return job

@@ -16,7 +16,7 @@ from hpc.config.launchers import LauncherTraits
 from hpc.env import PORT_BASE, PORT_SPAN, RankInfo
 from hpc.launching.launchers import GONE, QueuedJob, QueuedLauncher
 from hpc.rank.lifecycle import EXIT_RESUMABLE
-from hpc.rank.scheduler import StopPlan
+from hpc.rank.scheduler import NoScheduler, StopPlan
 from hpc.schedulers import SchedulerPlugin
 
 FAKE = LauncherTraits("fakeq", "FakeQ", True, False, True, "true", "no fakeq", job_id_form=r"q\d+(\.\d+)?", job_id_examples=("q1", "q2", "q1.0"))
@@ -121,8 +121,9 @@ class FakeQEnvironment:
 ENVIRONMENT = FakeQEnvironment()
 
 
-class FakeQJob:
-    """The ranks' side: a stop requeues the job, by a line in FAKEQ_REQUEUES."""
+class FakeQJob(NoScheduler):
+    """The ranks' side: a stop requeues the job, by a line in FAKEQ_REQUEUES; no batch script
+    to tell anything (NoScheduler's answers)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
@@ -143,26 +144,5 @@ class FakeQJob:
             f.write(f"requeue {job_id}\n")
         return None
 
-    def request_requeue(self, job_id: str, detail: str) -> Path | None:
-        return None
-
-    def requeued_by_batch_script(self) -> bool:
-        return False
-
-    def mark_finished(self) -> Path | None:
-        return None
-
-    def mark_error(self, message: str) -> Path | None:
-        return None
-
-    def note_run_dir(self, run_dir: Path) -> Path | None:
-        return None
-
-    def forbid_requeue(self) -> str | None:
-        return None
-
     def resume_command(self, run_dir: Path) -> str:
         return f"fakeq resubmit {shlex.quote(str(run_dir))}"
-
-    def queue_times(self) -> tuple[float | None, float | None]:
-        return None, None
