@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simcluster import parse_job_id, restarts  # noqa: E402  (after the path)
-from hpc import slurmctl  # noqa: E402
+from hpc.slurm import slurmctl  # noqa: E402
 
 DEFAULTS = [
     "cluster=simulated",

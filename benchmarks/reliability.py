@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collectives.mpirun import local_ranks_environment  # noqa: E402  (after the path)
-from hpc import slurmctl  # noqa: E402
+from hpc.slurm import slurmctl  # noqa: E402
 
 CHECKPOINT = ["checkpoint.every_steps=5", "checkpoint.every_minutes=null", "checkpoint.async_save=false"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.simcluster import SIM, job_hosts, newest_committed_step, poll, restarts
+from benchmarks.simcluster import SIM, job_hosts, job_story, newest_committed_step, poll, restarts
 from hpc.interruptions import TIMELINE, costs
 from hpc.rundir import read_jsonl
 from hpc.slurm.slurmctl import job_fields
@@ -90,7 +90,9 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
         subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
     assert wait_until_done(job_id, timeout_s=300) == "COMPLETED"
     assert restarts(job_id) == 0  # never requeued: the spare took the lost node's place
-    first, second = step_records(run_dir)
+    records = step_records(run_dir)
+    assert len(records) == 2, f"{records}\n{job_story(job_id, lines=60)}"  # one restart, not two: CI keeps no run dir
+    first, second = records
     assert first["hung"] and lost in first["lost_nodes"] and second["nodes_excluded"] == [lost]
     rank1 = (run_dir / "logs" / "rank-00001.log").read_text()
     restarted = [line for line in rank1.splitlines() if "restart 1 in this allocation" in line]

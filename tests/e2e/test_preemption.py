@@ -141,7 +141,7 @@ def test_real_preemption_by_a_higher_priority_partition_checkpoints_and_requeues
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED"
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 8
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["resumed_from"] >= 8, f"{result}\n{job_story(job_id, lines=60)}"
     assert "preemption: requeueing job" in (run_dir / "logs" / "rank-00000.log").read_text()
 
 

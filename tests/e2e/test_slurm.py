@@ -108,7 +108,8 @@ def test_a_clean_stop_says_what_happened_and_srun_reports_no_killed_tasks(tmp_pa
     ), rank0[-600:]
     task_logs = {path.name: path.read_text() for path in (run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.*")}
     assert len([name for name in task_logs if name.endswith(".out")]) == 4
-    assert not [name for name, text in task_logs.items() if "Job completed successfully" in text or "Terminated" in text]
+    said = [f"{name}:\n{text[-3000:]}" for name, text in task_logs.items() if "Job completed successfully" in text or "Terminated" in text]
+    assert not said, "\n".join(said)
     assert re.search(
         "hpc-toolkit: the ranks " + stopped_pattern("SIGUSR1", steps) + rf" and have exited: requeueing job {job_id}",
         task_logs[f"{job_id}_0_log.err"],
