@@ -78,7 +78,6 @@ def builtin_loop(steps: int, workdir: Path, reads: HostReads) -> list[tuple[floa
     from collectives.base import SingleProcess
     from trainers.context import RunContext
     from trainers.loop.fit import fit
-    from trainers.reporting.metrics import MetricsWriter
     from trainers.reporting.reporter import StepReporter
 
     marks: list[tuple[float, int]] = []
@@ -90,7 +89,7 @@ def builtin_loop(steps: int, workdir: Path, reads: HostReads) -> list[tuple[floa
 
     cfg = proxy_config(steps)
     run = RunContext(checkpoint_dir=workdir / "checkpoints", steps=Marking(workdir / "steps.jsonl"))
-    fit(cfg, SingleProcess(), proxy_task(cfg), MetricsWriter(workdir / "metrics.jsonl"), run)
+    fit(cfg, SingleProcess(), proxy_task(cfg), run)
     return marks
 
 

@@ -59,7 +59,6 @@ def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, to
     loss), on rank 0: measured as the plain loop is, by the clock, not from the step records."""
     from trainers.context import RunContext
     from trainers.loop.fit import fit
-    from trainers.reporting.metrics import MetricsWriter
     from trainers.reporting.reporter import StepReporter
     from trainers.tasks.lm import LanguageModelTask
 
@@ -77,7 +76,7 @@ def toolkit_run(comm: Any, backend: str, steps: int, warmup: int, batch: int, to
 
     clock = Clocked()
     task = LanguageModelTask(tokens=str(tokens), **TASK)
-    fit(fit_config(steps, batch, backend), comm, None, MetricsWriter(None), RunContext(steps=clock), task)
+    fit(fit_config(steps, batch, backend), comm, task, RunContext(steps=clock))
     if comm.rank != 0:
         return 0.0, 0.0
     return clock.ended[steps] - clock.ended[warmup], clock.loss

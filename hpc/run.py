@@ -213,8 +213,9 @@ class Run:
             return self.handle.end_step(metrics)
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
-        """A record in metrics.jsonl (rank 0's values, no communication): `val_loss=...` there is
-        what hpc.status, hpc.report and sweep.objective read."""
+        """A moment's record for every sink (metrics.jsonl keeps it; rank 0's values, no
+        communication): `val_loss=...` there is what hpc.status, hpc.report and sweep.objective
+        read, and what the trackers plot as val/loss."""
         self.handle.log(metrics, step)
 
     def sync_gradients(self, model: Any, optimizer: Any, sharding: str | None = None) -> None:
@@ -231,7 +232,7 @@ class Run:
         from trainers.task import TaskError
 
         host = hosting.host()
-        chosen = sharding if sharding is not None else (host.job.comm.sharding if host is not None else "none")
+        chosen = sharding if sharding is not None else (host.sharding if host is not None else "none")
         engine = entry("mpi")  # the toolkit's engine syncs here, whatever started the ranks
         if chosen not in engine.shardings:
             raise TaskError(f"sync_gradients(sharding={chosen!r}): one of {', '.join(engine.shardings)}")
@@ -286,7 +287,7 @@ def _build(
 
     host = hosting.host()
     if host is not None:
-        where, rank, cfg = host.run_dir, host.rank, host.job.checkpoint
+        where, rank, cfg = host.run_dir, host.rank, host.checkpoint
         if run_dir is not None and Path(run_dir).resolve() != where.path.resolve():
             log.warning("start_run(run_dir=%s) ignored under launch.py: the job's run dir %s keeps the checkpoints", run_dir, where.path)
         host.stop.reclaim()  # the stop signals set a flag now, checked at step boundaries
@@ -328,18 +329,17 @@ def _start(where: RunDir, rank: RankInfo, cfg: Any, stop: StopFlag, host: hostin
     from trainers.checkpoint.registry import Registry
     from trainers.checkpoint.saving import SaveCoordinator
     from trainers.handle import Handle
-    from trainers.reporting.metrics import MetricsWriter
     from trainers.reporting.reporter import StepReporter
 
     registry = Registry(state)
     comm, owned = _collectives(rank)
     coordinator = SaveCoordinator.in_dir(where.checkpoints, comm, cfg) if cfg.enabled else None
-    handle = Handle(comm, registry, StepBoundary(comm, stop, coordinator), metrics=MetricsWriter(where.metrics if comm.rank == 0 else None), owned_comm=owned)
+    handle = Handle(comm, registry, StepBoundary(comm, stop, coordinator), owned_comm=owned)
     try:
         if host is not None:
             _adopt_job_settings(handle, host)
         else:
-            handle.reporter = StepReporter(where.steps if comm.rank == 0 else None, run_name=where.path.name)
+            handle.reporter = StepReporter(where.steps if comm.rank == 0 else None)
         handle.agree_on_registry()
         stop.phase = "resume"
         began = time.time()
@@ -358,9 +358,9 @@ def _adopt_job_settings(handle: Handle, host: hosting.Host) -> None:
     """launch.py's job: its reporting, watchdog, run timeline and config."""
     from hpc.rank.services import run_milestones, start_watchdog, step_reporter
 
-    job, run_dir, main = host.job, host.run_dir, host.rank.is_main
-    handle.reporter = step_reporter(job, run_dir, main)
-    handle.boundary.watchdog = start_watchdog(job, run_dir, host.rank)
+    run_dir, main = host.run_dir, host.rank.is_main
+    handle.reporter = step_reporter(host.trainer, host.trackers, run_dir, main)
+    handle.boundary.watchdog = start_watchdog(host.trainer, host.requeue, run_dir, host.rank)
     handle.boundary.milestones = run_milestones(run_dir, main)
     handle.config_text = run_dir.config.read_text()
 

@@ -5,7 +5,8 @@
 <run_dir>/job.json         job id, cluster, submission time
 <run_dir>/logs/rank-00000.log   one log per rank, every line carrying the rank
 <run_dir>/console.log      rank 0's console, for local ranks the Python API started in the background
-<run_dir>/metrics.jsonl    per-epoch metrics averaged over ranks (rank 0 writes)
+<run_dir>/metrics.jsonl    every moment's figures averaged over ranks: epoch ends, validations, the test
+                           split, a script's log() (rank 0's run-files sink writes: trainers.reporting.sinks)
 <run_dir>/steps.jsonl      per-step loss averaged over ranks (rank 0 writes)
 <run_dir>/checkpoints/     committed checkpoints step-000000123/ (see trainers.checkpoint.checkpointer); with
                            checkpoint.uri: STORE (their URL) and the staging of saves in progress

@@ -12,7 +12,6 @@ launcher's environment.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,6 @@ from trainers.checkpoint.saving import SaveCoordinator
 from trainers.preemption import StopFlag
 from trainers.reporting import metricnames
 from trainers.reporting.memory import peaks_over_ranks
-from trainers.reporting.metrics import MetricsWriter
 from trainers.reporting.reporter import StepReporter
 from trainers.task import TaskError
 
@@ -48,7 +46,6 @@ class Handle:
     registry: Registry
     boundary: StepBoundary  # the stop vote, the save handshake, saving: as in the built-in loop
     reporter: StepReporter = field(default_factory=lambda: StepReporter(None))
-    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
     config_text: str = ""
     step: int = 0
     resumed_from: int | None = None
@@ -141,7 +138,7 @@ class Handle:
         return vote
 
     def log(self, metrics: dict[str, Any], step: int | None) -> None:
-        """A record in metrics.jsonl (rank 0's values; no communication)."""
+        """A moment's record for the sinks (metrics.jsonl keeps it; rank 0's values; no communication)."""
         record: dict[str, Any] = {"step": self.step if step is None else step}
         for name, value in metrics.items():
             number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
@@ -149,8 +146,7 @@ class Handle:
                 raise TaskError(f"metric {name!r} is {describe(value)}; log() takes numbers or one-element tensors")
             record[name] = float(number)
         self.logged.update({k: v for k, v in record.items() if k != "step"})
-        self.metrics.write(record)
-        self.reporter.figures({name: value for name, value in record.items() if name != "step" and math.isfinite(value)}, int(record["step"]))
+        self.reporter.moment(record)
 
     def save(self, synchronous: bool = True) -> None:
         """A checkpoint of the current step (all ranks call it at the same point)."""
@@ -180,7 +176,7 @@ class Handle:
                 self.save(synchronous=True)
             elif self.coordinator is not None:
                 self.coordinator.finish_pending()
-            self.metrics.write({"step": self.step, "peak_memory_mib": peaks_over_ranks(self.comm)})
+            self.reporter.moment({"step": self.step, "peak_memory_mib": peaks_over_ranks(self.comm)})
             ended_as = "STOPPED" if self.stopped_by is not None else "FINISHED"
         finally:
             self.close(ended_as)
@@ -196,7 +192,6 @@ class Handle:
             boundary.watchdog.close()
             boundary.watchdog = None
         self.reporter.close(ended_as)
-        self.metrics.close()
 
 
 def describe(value: Any) -> str:

@@ -169,7 +169,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         if job.script is not None:  # the user's own script instead of the built-in loop
             return script_to_end(job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
-        watchdog = start_watchdog(job, run_dir, rank)  # before init: a rank may never join either
+        watchdog = start_watchdog(job.trainer, job.cluster.requeue, run_dir, rank)  # before init: a rank may never join either
         if watchdog is not None:
             started.callback(watchdog.close)
         meet = rendezvous(os.environ) if entry(job.comm.backend).rendezvous else None
@@ -211,7 +211,7 @@ def script_rank(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag)
     forget_end(run_dir, rank.rank)  # before any collective of the script: rank 0 never reads an earlier start's word
     stop.phase = "training"
     try:
-        host = Host(job, run_dir, rank, stop, STOP_SIGNALS)
+        host = Host.of(job, run_dir, rank, stop, STOP_SIGNALS)
         return run_script(str(job.script), job.script_args, job.workdir, host, CODE_ROOT)
     except StorageFailure:
         raise  # every rank's, at the same step: train_as_configured ends them alike
@@ -255,19 +255,18 @@ def ring_position(job: JobConfig, rank: RankInfo) -> int | None:
 def run_fit(job: JobConfig, run_dir: RunDir, rank: RankInfo, comm: Collectives, stop: StopFlag, watchdog: Watchdog | None) -> FitResult:
     from trainers.context import FitConfig, RunContext
     from trainers.loop.fit import fit
-    from trainers.reporting.metrics import MetricsWriter
 
     fit_cfg = FitConfig(model=job.model, data=job.data, optim=job.optim, trainer=job.trainer, comm=job.comm, checkpoint=job.checkpoint)
     context = RunContext(
         checkpoint_dir=run_dir.checkpoints,
         config_text=run_dir.config.read_text(),
         stop=stop,
-        steps=step_reporter(job, run_dir, rank.is_main),
+        steps=step_reporter(job.trainer, job.trackers, run_dir, rank.is_main),
         host=rank.host,
         watchdog=watchdog,
         milestones=run_milestones(run_dir, rank.is_main),
     )
-    return fit(fit_cfg, comm, job_task(job), MetricsWriter(run_dir.metrics if rank.is_main else None), context)
+    return fit(fit_cfg, comm, job_task(job), context)
 
 
 def import_without_collection(*modules: str) -> None:

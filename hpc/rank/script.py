@@ -25,11 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc.config.scripts import SCRIPT_DIR, Script, parse_script
 from hpc.env import RUN_DIR_VARIABLE, STEP_ATTEMPT_VARIABLE, TTY_VARIABLE, RankInfo, job_id, rendezvous, restart_count
-from hpc.rank.hosting import Host, hosted, started_handle
+from hpc.rank.hosting import Host, hosted
 from hpc.rank.lifecycle import EXIT_RESUMABLE
+
+if TYPE_CHECKING:
+    from trainers.handle import Handle
 
 log = logging.getLogger("hpc.rank")
 
@@ -64,10 +68,9 @@ class ScriptResult:
     trackers: dict[str, str] = field(default_factory=dict)  # each tracker's state at the end (the run handle's)
 
 
-def with_handle_figures(result: ScriptResult) -> ScriptResult:
+def with_handle_figures(result: ScriptResult, handle: Handle | None) -> ScriptResult:
     """The run handle's view of how the script ended: a stop it agreed on is a stop, whether
     the script then returned or exited with 75."""
-    handle = started_handle()
     if handle is None:
         return result
     if not handle.finished and not handle.stopped_by:
@@ -193,7 +196,7 @@ def run_script(spec: str, args: list[str], workdir: str | None, host: Host, code
                 result.stopped_by = f"the script's exit code {EXIT_RESUMABLE} (resumable)"
             elif code_or_text not in (None, 0):
                 raise ScriptFailed(f"the script exited with {code_or_text!r}") from None
-        result = with_handle_figures(result)
+        result = with_handle_figures(result, host.handle)
     if not received:  # after a raw signal a collective may be left waiting on a peer: the exit ends it
         release_process_group()
     if received and result.stopped_by is None:  # a signal during the script's last instructions

@@ -18,7 +18,7 @@ from hpc.rank.timeline import Timeline
 from hpc.rundir import RunDir
 
 if TYPE_CHECKING:
-    from hpc.config.schema import JobConfig
+    from trainers.config import TrainerConfig
     from trainers.context import Milestones
     from trainers.reporting.reporter import StepReporter
     from trainers.watchdog import Watchdog
@@ -38,32 +38,28 @@ def attached_to_terminal() -> bool:
     return terminal_columns() > 0
 
 
-def step_reporter(job: JobConfig, run_dir: RunDir, is_main: bool) -> StepReporter:
-    """Where a job's steps are reported: steps.jsonl, the progress line and the chosen sinks
-    (`trackers`: Prometheus, TensorBoard, MLflow, W&B), on rank 0; the other ranks' reporter
-    only closes. The trackers are given the composed job once per start."""
+def step_reporter(trainer: TrainerConfig, trackers: list[str], run_dir: RunDir, is_main: bool) -> StepReporter:
+    """Where a job's steps and moments are reported: the run dir's files, the progress line and
+    the sinks chosen (`trackers`, and the trainer's older flags: Prometheus, TensorBoard, MLflow,
+    W&B), on rank 0; the other ranks' reporter only closes. The trackers are given the composed
+    job once per start."""
     from trainers.reporting.reporter import StepReporter
-    from trainers.reporting.trackers import DEFAULT_PROMETHEUS_FILE, SHORT_RETRIES, TRACKERS, TrackedRun, chosen, opened
+    from trainers.reporting.trackers import SHORT_RETRIES, SinkSettings, chosen, opened_sinks
 
     if not is_main:
         return StepReporter(None)
-    trainer = job.trainer
-    names = chosen(job.trackers, trainer.tensorboard, trainer.prometheus_file)
     for name, value in SHORT_RETRIES.items():  # this rank's process only
         os.environ.setdefault(name, value)
-    # read before this start appends to steps.jsonl; only where a tracker is chosen
-    trackers = opened(names, TrackedRun.of(run_dir.path, run_dir.steps)) if any(name in TRACKERS for name in names) else []
+    names = chosen(trackers, trainer.tensorboard, trainer.prometheus_file)
+    sinks = opened_sinks(names, SinkSettings(run_dir.path, run_dir.steps, trainer.prometheus_file, trainer.log_every))
     reporter = StepReporter(
         run_dir.steps,
         log_every=trainer.log_every,
-        prometheus_file=run_dir.path / (trainer.prometheus_file or DEFAULT_PROMETHEUS_FILE) if "prometheus" in names else None,
-        tensorboard_dir=run_dir.path / "tensorboard" if "tensorboard" in names else None,
-        run_name=run_dir.path.name,
         terminal=sys.stdout if attached_to_terminal() else None,
         columns=terminal_columns(),
-        sinks=trackers,
+        sinks=sinks,
     )
-    if trackers:  # the composed job, for the trackers (the other sinks take none)
+    if sinks:  # the composed job, for the trackers (the other sinks take none)
         from omegaconf import OmegaConf
 
         composed = OmegaConf.to_container(OmegaConf.load(run_dir.config), resolve=False)
@@ -78,11 +74,12 @@ def run_milestones(run_dir: RunDir, is_main: bool) -> Milestones:
     return Milestones(Timeline(run_dir, os.environ, process_started()).record_start if is_main else None)
 
 
-def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:
-    """trainers.watchdog, ending the job on a stall: requeue it (Slurm) so it resumes from the
-    last committed checkpoint, then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends
-    the other ranks, including a stopped one."""
-    if job.trainer.watchdog_s is None:
+def start_watchdog(trainer: TrainerConfig, requeue: bool, run_dir: RunDir, rank: RankInfo) -> Watchdog | None:
+    """trainers.watchdog (trainer.watchdog_s), ending the job on a stall: requeue it (where the
+    scheduler can and cluster.requeue lets it) so it resumes from the last committed checkpoint,
+    then exit; the launcher (srun --kill-on-bad-exit, mpirun) ends the other ranks, including a
+    stopped one."""
+    if trainer.watchdog_s is None:
         return None
     from trainers.watchdog import Watchdog
 
@@ -91,7 +88,7 @@ def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog 
         scheduler = scheduler_of(os.environ)
         job_id = scheduler.job_id()
         supervised = STEP_ATTEMPT_VARIABLE in os.environ  # the batch script starts the ranks again in the allocation
-        if job_id is not None and not supervised and job.cluster.requeue and scheduler.can_requeue():
+        if job_id is not None and not supervised and requeue and scheduler.can_requeue():
             error = scheduler.requeue(job_id)
             # Several ranks notice the stall; the first requeue wins, later ones find it pending.
             log.error(
@@ -103,6 +100,4 @@ def start_watchdog(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> Watchdog 
         logging.shutdown()
         os._exit(EXIT_STALLED)
 
-    return Watchdog(
-        job.trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=job.trainer.watchdog_startup_s
-    ).start()
+    return Watchdog(trainer.watchdog_s, run_dir.heartbeats, rank.rank, rank.world_size, rank.host, on_stall, startup_s=trainer.watchdog_startup_s).start()

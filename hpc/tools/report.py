@@ -74,7 +74,7 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
         if not epochs:
             continue
         result = json.loads(run.result.read_text()) if run.result.is_file() else {}
-        last = epochs[-1]
+        last = next((moment for moment in reversed(epochs) if "epoch" in moment), epochs[-1])  # not the held-out test's, after it
         ranks = int(last.get("world_size") or result.get("world_size") or 0)
         if ranks < 1:
             continue

@@ -355,7 +355,7 @@ def run_status(run_dir: RunDir, queued: Mapping[str, QueuedJob], swept: str = ""
     newest = last_records(run_dir.steps, 20)
     step = newest[-1] if newest else None
     metrics = read_jsonl(run_dir.metrics)
-    epoch = metrics[-1] if metrics else {}
+    epoch: dict[str, Any] = next((moment for moment in reversed(metrics) if "samples_per_s" in moment), {})  # an epoch's end, not a later moment's
     rate = step.get("samples_per_s") if step else None
     if rate is None:
         rate = epoch.get("samples_per_s")

@@ -18,8 +18,8 @@ from trainers.context import FitConfig, RunContext
 from trainers.data.datasets import resolve_data_path
 from trainers.loop.fit import fit
 from trainers.preemption import StopFlag
-from trainers.reporting.metrics import MetricsWriter
 from trainers.reporting.reporter import StepReporter
+from trainers.reporting.sinks import PrometheusFile
 from trainers.task import StepOutput, Task
 from trainers.tasks import build_task
 
@@ -108,7 +108,7 @@ class StopAt(StepReporter):
 
     def __init__(self, path: Path | None, stop: StopFlag, at: int | None) -> None:
         # the exporter's file beside steps.jsonl, as trainer.prometheus_file sets it
-        super().__init__(path, prometheus_file=path.with_name("metrics.prom") if path is not None else None)
+        super().__init__(path, sinks=[PrometheusFile(path.with_name("metrics.prom"), "", every=10)] if path is not None else ())
         self.stop, self.at = stop, at
 
     def report(self, record: dict[str, Any]) -> None:
@@ -124,8 +124,7 @@ def train(run_dir: Path, task: Any, cfg: FitConfig, comm: Any = None, stop_at: i
     stop = stop or StopFlag()
     steps = StopAt(run_dir / "steps.jsonl" if main else None, stop, stop_at)
     run = RunContext(checkpoint_dir=run_dir / "checkpoints", stop=stop, steps=steps)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl" if main else None)
-    return fit(cfg, comm or SingleProcess(), task, metrics, run)
+    return fit(cfg, comm or SingleProcess(), task, run)
 
 
 def steps_of(run_dir: Path) -> list[dict[str, Any]]:

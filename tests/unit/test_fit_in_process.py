@@ -21,7 +21,7 @@ from trainers.config import CheckpointConfig, DataConfig, ModelConfig, OptimConf
 from trainers.context import FitConfig, RunContext
 from trainers.data.sampler import eval_shard
 from trainers.loop.fit import fit
-from trainers.reporting.metrics import MetricsWriter, read_metrics
+from trainers.reporting.metrics import read_metrics
 from trainers.reporting.reporter import StepReporter
 from trainers.task import TaskError
 
@@ -39,7 +39,7 @@ def fit_config(max_steps: int | None, batch_size: int = 256, clip_grad_norm: flo
 
 def run_fit(run_dir: Path, max_steps: int | None):  # type: ignore[no-untyped-def]
     cfg = fit_config(max_steps)
-    return fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl"), RunContext(checkpoint_dir=run_dir / "checkpoints"))
+    return fit(cfg, SingleProcess(), builtin_task(cfg), RunContext(checkpoint_dir=run_dir / "checkpoints", steps=StepReporter(run_dir / "steps.jsonl")))
 
 
 def test_max_steps_in_mid_epoch_leaves_the_rest_of_the_epoch_to_a_longer_run(tmp_path):
@@ -63,7 +63,7 @@ def run_ranks(run_dir: Path, ranks: int, batch_size: int, max_steps: int):  # ty
     def rank_fit(comm: ThreadCollectives):  # type: ignore[no-untyped-def]
         main = comm.rank == 0
         run = RunContext(checkpoint_dir=run_dir / "checkpoints", steps=StepReporter(run_dir / "steps.jsonl" if main else None))
-        return fit(cfg, comm, builtin_task(cfg), MetricsWriter(run_dir / "metrics.jsonl" if main else None), run)
+        return fit(cfg, comm, builtin_task(cfg), run)
 
     return ThreadWorld(ranks).run(rank_fit)
 
@@ -93,7 +93,7 @@ def test_the_lr_each_step_used_is_logged_through_the_warm_up_and_the_norm_only_w
     cfg = fit_config(6)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=4, schedule="constant"))
     run = RunContext(checkpoint_dir=tmp_path / "checkpoints", steps=StepReporter(tmp_path / "steps.jsonl"))
-    fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(tmp_path / "metrics.jsonl"), run)
+    fit(cfg, SingleProcess(), builtin_task(cfg), run)
     records = steps_of(tmp_path)
     assert len(records) == 5  # the epoch's steps
     assert [r["lr"] for r in records] == pytest.approx([0.05 * min(1.0, 0.01 + 0.99 * step / 4) for step in range(5)])
@@ -109,7 +109,7 @@ def test_worker_processes_train_exactly_as_the_prefetch_thread(tmp_path, augment
         cfg = fit_config(8, batch_size=256)  # 5 steps per epoch: the workers serve two passes
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, workers=workers, **augment), trainer=dataclasses.replace(cfg.trainer, epochs=2))
         run = RunContext(checkpoint_dir=tmp_path / f"w{workers}" / "checkpoints")
-        results.append(fit(cfg, SingleProcess(), builtin_task(cfg), MetricsWriter(None), run))
+        results.append(fit(cfg, SingleProcess(), builtin_task(cfg), run))
     assert results[0].steps == results[1].steps == 8
     assert (results[0].loss, results[0].val_metrics["accuracy"]) == (results[1].loss, results[1].val_metrics["accuracy"])
 
@@ -206,7 +206,7 @@ def test_a_cnn_trains_channels_last_when_asked_and_reports_its_step_phases(tmp_p
     )
     spy = MemoryFormatSpy(builtin_task(cfg))
     run = RunContext(steps=StepReporter(tmp_path / "steps.jsonl"))
-    result = fit(cfg, SingleProcess(), spy, MetricsWriter(None), run)
+    result = fit(cfg, SingleProcess(), spy, run)
     assert result.steps == 2 and spy.nhwc == [channels_last] * 2 and math.isfinite(result.loss)
     steps = steps_of(tmp_path)
     assert len(steps) == 2 and all(step[key] >= 0 for step in steps for key in ("data_ms", "compute_ms", "comm_ms", "optimizer_ms"))

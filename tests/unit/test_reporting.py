@@ -7,6 +7,8 @@ import json
 import pytest
 
 from trainers.reporting.reporter import StepReporter, find_straggler
+from trainers.reporting.sinks import PrometheusFile, TensorBoardSink, moment_scalars
+from trainers.reporting.trackers import SinkSettings, chosen, opened_sinks
 
 
 def test_straggler_is_the_slowest_rank_above_the_ratio_of_the_median():
@@ -29,7 +31,7 @@ def prometheus_samples(path):
 
 def test_prometheus_file_has_gauges_task_metrics_and_phases(tmp_path):
     prom = tmp_path / "metrics.prom"
-    reporter = StepReporter(tmp_path / "steps.jsonl", log_every=1, prometheus_file=prom, run_name='run "x"')
+    reporter = StepReporter(tmp_path / "steps.jsonl", log_every=1, sinks=[PrometheusFile(prom, 'run "x"', every=1)])
     reporter.report({"step": 7, "samples_per_s": 123.5, "loss": 0.25, "perplexity": 3.5, "data_ms": 2.0, "compute_ms": 10.0})
     run = ("run", 'run "x"')
     samples = prometheus_samples(prom)
@@ -45,7 +47,7 @@ def test_prometheus_file_has_gauges_task_metrics_and_phases(tmp_path):
 
 def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_end(tmp_path):
     prom = tmp_path / "metrics.prom"
-    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=5, log_every=2, prometheus_file=prom, run_name="r")
+    reporter = StepReporter(tmp_path / "steps.jsonl", total_steps=5, log_every=2, sinks=[PrometheusFile(prom, "r", every=2)])
     exported = []
     for step in range(1, 6):
         reporter.report({"step": step, "loss": 1.0, "samples_per_s": 10.0 * step})
@@ -58,13 +60,13 @@ def test_rank0_writes_every_step_and_prometheus_every_log_interval_and_at_the_en
 
 
 def test_a_run_closed_before_its_first_step_exports_nothing(tmp_path):
-    reporter = StepReporter(tmp_path / "steps.jsonl", prometheus_file=tmp_path / "metrics.prom")
+    reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[PrometheusFile(tmp_path / "metrics.prom", "r")])
     reporter.close("STOPPED")
     assert not (tmp_path / "metrics.prom").exists()  # no figure was ever measured
 
 
 def test_other_ranks_write_nothing(tmp_path):
-    reporter = StepReporter(None, prometheus_file=tmp_path / "p.prom")
+    reporter = StepReporter(None, sinks=[PrometheusFile(tmp_path / "p.prom", "r")])
     reporter.report({"step": 10, "loss": 1.0})
     reporter.close()
     assert list(tmp_path.iterdir()) == []
@@ -73,15 +75,34 @@ def test_other_ranks_write_nothing(tmp_path):
 def test_tensorboard_event_files_hold_the_step_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    reporter = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
+    reporter = StepReporter(tmp_path / "steps.jsonl", sinks=[TensorBoardSink(tmp_path / "tb")])
     for step in (1, 2):
         reporter.report({"step": step, "loss": 1.0 / step, "samples_per_s": 5.0})
-    reporter.figures({"test/accuracy": 0.75}, 2)
+    reporter.moment({"step": 2, "test_accuracy": 0.75, "world_size": 2})
     reporter.close()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 0.5)]
     assert events.Scalars("test/accuracy")[0].value == 0.75
+    assert "world_size" not in events.Tags()["scalars"]  # where a moment is, not what it measured
+
+
+def test_every_record_kind_has_one_file_and_one_writer_and_each_plotting_sink_names_figures_alike(tmp_path):
+    """The chosen sinks come from their names alone (the older trainer flags translated by
+    `chosen`); the run dir's files come with every reporter: steps.jsonl gets the steps,
+    metrics.jsonl the moments, each whole, and no other file appears beside them."""
+    run_dir = tmp_path / "run"
+    names = chosen([], tensorboard=True, prometheus_file="own.prom")
+    reporter = StepReporter(run_dir / "steps.jsonl", log_every=1, sinks=opened_sinks(names, SinkSettings(run_dir, run_dir / "steps.jsonl", "own.prom", 1)))
+    reporter.report({"step": 1, "loss": 0.5, "samples_per_s": 4.0})
+    reporter.moment({"epoch": 1, "step": 1, "loss": 0.5, "val_loss": 0.75, "peak_memory_mib": [1.0, 2.0], "world_size": 2})
+    reporter.close()
+    assert sorted(path.name for path in run_dir.iterdir()) == ["metrics.jsonl", "own.prom", "steps.jsonl", "tensorboard"]
+    (moment,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert moment["val_loss"] == 0.75 and moment["peak_memory_mib"] == [1.0, 2.0] and moment["epoch"] == 1
+    assert [json.loads(line)["step"] for line in (run_dir / "steps.jsonl").read_text().splitlines()] == [1]
+    assert moment_scalars(moment) == {"loss": 0.5, "val/loss": 0.75}
+    assert moment_scalars({"step": 3, "test_acc": float("nan"), "lr": 0.1, "done": True}) == {"lr": 0.1}
 
 
 def test_a_terminal_gets_tqdms_bar_redrawn_in_place_with_log_lines_above_it(tmp_path):

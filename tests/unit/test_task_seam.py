@@ -17,8 +17,9 @@ from trainers.context import RunContext
 from trainers.guard import DivergedError
 from trainers.loop.fit import fit
 from trainers.preemption import StopFlag
-from trainers.reporting.metrics import MetricsWriter, read_metrics
+from trainers.reporting.metrics import read_metrics
 from trainers.reporting.reporter import StepReporter
+from trainers.reporting.sinks import TensorBoardSink
 from trainers.task import TaskError
 
 
@@ -65,7 +66,9 @@ def test_the_held_out_split_is_evaluated_once_by_the_run_that_completes_training
     resumed = train(tmp_path, HeldOut(), config(every_steps=5))
     assert set(resumed.test_metrics) == {"loss", "close"} and resumed.val_metrics["loss"] < 1
     assert resumed.test_metrics["loss"] == pytest.approx(100, rel=0.1)  # the held-out split's figures, not validation's
-    assert not any(key.startswith("test_") for epoch in read_metrics(tmp_path / "metrics.jsonl") for key in epoch)  # never during training
+    tested = [moment for moment in read_metrics(tmp_path / "metrics.jsonl") if any(key.startswith("test_") for key in moment)]
+    assert tested == [read_metrics(tmp_path / "metrics.jsonl")[-1]]  # never during training: the last moment, once
+    assert {key: value for key, value in tested[0].items() if key.startswith("test_")} == {f"test_{k}": v for k, v in resumed.test_metrics.items()}
     plain = train(tmp_path / "plain", Regression(), config())
     assert plain.test_metrics == {} and plain.val_metrics
 
@@ -129,9 +132,9 @@ def test_a_user_task_trains_under_reduced_precision(tmp_path, precision):
 def test_a_user_tasks_metric_names_reach_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    steps = StepReporter(tmp_path / "steps.jsonl", tensorboard_dir=tmp_path / "tb")
+    steps = StepReporter(tmp_path / "steps.jsonl", sinks=[TensorBoardSink(tmp_path / "tb")])
     run = RunContext(checkpoint_dir=tmp_path / "checkpoints", stop=StopFlag(), steps=steps)
-    fit(config(), SingleProcess(), Regression(), MetricsWriter(tmp_path / "metrics.jsonl"), run)
+    fit(config(), SingleProcess(), Regression(), run)
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])

@@ -1,7 +1,7 @@
 """A real MLflow tracking server (`mlflow server`, SQLite) behind a proxy that is cut: down when
 a start opens it, back midway, down again at a stop, back for the next start. Training never
 stops for it; each outage is one warning line; once it answers it is given what it missed from
-steps.jsonl and figures.jsonl; a start that ends while it is down says so (result.json's
+steps.jsonl and metrics.jsonl; a start that ends while it is down says so (result.json's
 `trackers`), and the next start completes it: every step once, in order, the figures and the
 job's parameters too."""
 
@@ -50,7 +50,7 @@ def report(reporter: StepReporter, steps: range) -> None:
     for step in steps:
         reporter.report({"step": step, "loss": 1.0 / step, "samples_per_s": 100.0, "compute_ms": 2.0})
         if step % 4 == 0:
-            reporter.figures({"val/accuracy": step / 100}, step)
+            reporter.moment({"epoch": 1, "step": step, "val_accuracy": step / 100, "world_size": 1})
 
 
 def test_mlflow_down_at_the_start_midway_and_at_a_stop_ends_with_every_step_once(tmp_path, mlflow_server, monkeypatch, caplog):

@@ -35,7 +35,7 @@ def start(run_dir: Path, names: list[str], steps: range, loss_offset: float, end
     for step in steps:
         reporter.report({"step": step, "loss": loss_offset + 1.0 / step, "samples_per_s": 100.0, "compute_ms": 2.0})
         if step % 4 == 0:
-            reporter.figures({"val/accuracy": step / 10}, step)
+            reporter.moment({"epoch": 1, "step": step, "val_accuracy": step / 10, "world_size": 1})
     if during is not None:
         during()
     reporter.close(ended_as)
@@ -209,7 +209,7 @@ class Flaky:
             raise ConnectionError("server went away")
         self.steps.append(record["step"])
 
-    def figures(self, figures, step): ...
+    def moment(self, record): ...
     def config(self, config): ...
     def close(self, status): ...
 

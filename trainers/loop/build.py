@@ -19,7 +19,6 @@ from trainers.loop.dataplan import DataPlan, build_data_plan
 from trainers.loop.engine import Engine, build_engine, placed_model
 from trainers.loop.passes import Loop
 from trainers.loop.policies import StepPolicies
-from trainers.reporting.metrics import MetricsWriter
 from trainers.stragglers import StragglerWatch
 from trainers.task import Task
 
@@ -28,7 +27,7 @@ log = logging.getLogger("trainers")
 UNBOUNDED = 1 << 62  # max_steps unset
 
 
-def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, metrics: MetricsWriter | None = None) -> Loop:
+def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext) -> Loop:
     """Model, data, optimizer, schedule and gradient sync, resumed from the newest checkpoint."""
     model = placed_model(cfg, comm, task)
     accumulation = accumulation_steps(cfg.trainer, cfg.data.batch_size, comm.world_size)
@@ -53,7 +52,7 @@ def build_loop(cfg: FitConfig, comm: Collectives, task: Task, run: RunContext, m
         cfg.trainer.eval_every,
     )
     described = {**task.describe(), "task": task_target}
-    return Loop(cfg, comm, run, task, engine, data, policies, progress, registry, resumed_from, described, metrics=metrics or MetricsWriter(None))
+    return Loop(cfg, comm, run, task, engine, data, policies, progress, registry, resumed_from, described)
 
 
 def loop_registry(engine: Engine, progress: Progress) -> Registry:

@@ -9,14 +9,13 @@ from collectives.base import Collectives
 from trainers.context import FitConfig, FitResult, RunContext
 from trainers.loop.build import build_loop
 from trainers.loop.records import EpochEnd
-from trainers.reporting.metrics import MetricsWriter
 from trainers.task import adapt
 
 
-def fit(cfg: FitConfig, comm: Collectives, task: Any, metrics: MetricsWriter, run: RunContext | None = None) -> FitResult:
+def fit(cfg: FitConfig, comm: Collectives, task: Any, run: RunContext | None = None) -> FitResult:
     """Train `task` (trainers.task.Task: a built-in one from trainers.tasks.build_task, or a user's)."""
     task = adapt(task, f"{type(task).__module__}.{type(task).__qualname__}")
-    loop = build_loop(cfg, comm, task, run or RunContext(), metrics)
+    loop = build_loop(cfg, comm, task, run or RunContext())
     epoch_end = EpochEnd()
     stopped_by = loop.stop_agreed()  # a stop during start-up or resume: the newest checkpoint stays as it is
     ended_as = "FAILED"  # how this start ends, for the trackers (an exception leaves it so)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +36,6 @@ from trainers.loop.policies import StepPolicies
 from trainers.loop.records import EpochEnd, LocalStep, PassEnd, StepInFlight, StepSums
 from trainers.reporting import metricnames
 from trainers.reporting.memory import peaks_over_ranks
-from trainers.reporting.metrics import MetricsWriter
 from trainers.reporting.reporter import PHASES, four_places
 from trainers.task import MapDataset, Task, TaskError
 
@@ -59,7 +58,6 @@ class Loop:
     resumed_from: int | None
     model_config: dict[str, Any]  # the task's description; its "task" names what a checkpoint may resume
     metric_names: tuple[str, ...] | None = None  # the task's metric sums, named by the first step
-    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))  # metrics.jsonl (rank 0)
     in_flight: StepInFlight | None = None  # the newest step, its sums not read yet
 
     @property
@@ -211,13 +209,9 @@ class Loop:
         val = self.evaluate()
         self.run.stop.phase = "training"
         log.info("step %d (epoch %d)  %s", progress.step, progress.epoch, figures_line("val", val))
-        self.report_validation(val)
         figures = {f"val_{name}": value for name, value in val.items()}
-        self.metrics.write({"epoch": progress.epoch, "step": progress.step, **figures, "world_size": self.comm.world_size})
+        self.run.steps.moment({"epoch": progress.epoch, "step": progress.step, **figures, "world_size": self.comm.world_size})
         self.keep_if_best(val)
-
-    def report_validation(self, val: dict[str, float]) -> None:
-        self.run.steps.figures({f"val/{name}": value for name, value in val.items()}, self.progress.step)
 
     def keep_if_best(self, val: dict[str, float]) -> None:
         """checkpoint.best: when this validation improves the figure, a checkpoint of this step is
@@ -276,8 +270,7 @@ class Loop:
         rate = f"samples/s {figures.samples_per_s:.0f}" + (f"  tokens/s {figures.samples_per_s * tokens:.0f}" if tokens else "")
         memory = f"peak memory {max(peaks):.0f} MiB (rank {peaks.index(max(peaks))})"
         log.info("epoch %d/%d  loss %.4f  %s  %s  %s", progress.epoch, self.cfg.trainer.epochs, figures.loss, validated, rate, memory)
-        self.report_validation(figures.val)
-        self.metrics.write(
+        self.run.steps.moment(
             {
                 "epoch": progress.epoch,
                 "step": progress.step,
@@ -317,7 +310,7 @@ class Loop:
         figures = self.evaluate(self.data.held_out)
         weights = "the final weights" if best is None else f"the best checkpoint (step {best['step']}, {best['metric']} {best['value']:.4g})"
         log.info("held-out test split, evaluated once on %s: %s", weights, figures_line("test", figures))
-        self.run.steps.figures({f"test/{name}": value for name, value in figures.items()}, self.progress.step)
+        self.run.steps.moment({"step": self.progress.step, **{f"test_{name}": value for name, value in figures.items()}})
         return figures, self.progress.step if best is None else int(best["step"])
 
     def load_best_for_test(self) -> dict[str, Any] | None:
@@ -355,7 +348,6 @@ class Loop:
         self.policies.boundary.close()
         self.engine.sync.close()
         self.run.steps.close(ended_as)
-        self.metrics.close()
 
 
 def figures_line(split: str, figures: dict[str, float]) -> str:

@@ -1,6 +1,7 @@
-"""Per-step reporting on rank 0: the progress line (tqdm's bar on a terminal, timestamped lines
-in a log), and every chosen metrics sink (trainers/reporting/sinks.py: steps.jsonl, TensorBoard, Prometheus;
-trainers/reporting/trackers.py: MLflow, W&B). Every figure it gets is already reduced over ranks.
+"""Reporting on rank 0: the progress line (tqdm's bar on a terminal, timestamped lines in a log),
+and every metrics sink: the run dir's files, always, and the chosen ones (trainers/reporting/sinks.py:
+TensorBoard, Prometheus; trainers/reporting/trackers.py: MLflow, W&B), each given every step's
+record and every moment's. Every figure it gets is already reduced over ranks.
 
 Also the straggler rule: from every rank's mean busy time per step, the slowest vs the median.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainers.faults import refused_writes_noted
-from trainers.reporting.sinks import PHASES, MetricsSink, PrometheusFile, StepsFile, TensorBoardSink, task_metrics
+from trainers.reporting.sinks import PHASES, MetricsSink, RunFiles, task_metrics
 
 __all__ = ["PHASES", "StepReporter", "Straggler", "find_straggler", "four_places", "task_metrics"]
 progress_log = logging.getLogger("trainers.progress")  # a terminal shows these as the bar instead
@@ -59,16 +60,14 @@ def four_places(value: float) -> str:
 
 class StepReporter:
     """Rank 0 reports; on other ranks (`steps_file=None`) every method does nothing. The sinks:
-    steps.jsonl, then a Prometheus file and TensorBoard where given, then `sinks` (the trackers)."""
+    the run dir's files (steps.jsonl and metrics.jsonl beside it), then `sinks` (the chosen ones:
+    trainers.reporting.trackers.opened_sinks)."""
 
     def __init__(
         self,
         steps_file: Path | None,
         total_steps: int | None = None,
         log_every: int = 10,
-        prometheus_file: Path | None = None,
-        tensorboard_dir: Path | None = None,
-        run_name: str = "",
         terminal: TextIO | None = None,
         sinks: Sequence[MetricsSink] = (),
         columns: int = 120,
@@ -79,15 +78,8 @@ class StepReporter:
         self._terminal = terminal if self.enabled else None  # the caller knows whether a person watches
         self._bar: Any = None  # tqdm's, made at the first step (the total is known by then)
         self._columns = columns  # the terminal's width: a longer line is cut, never wrapped
-        self.sinks: list[MetricsSink] = []
+        self.sinks: list[MetricsSink] = [RunFiles(steps_file), *sinks] if steps_file is not None else []
         self.trackers: dict[str, str] = {}  # each tracker's state once closed: "complete", or why not
-        if steps_file is not None:
-            self.sinks.append(StepsFile(steps_file))
-            if prometheus_file is not None:
-                self.sinks.append(PrometheusFile(prometheus_file, run_name, every=self._log_every))
-            if tensorboard_dir is not None:
-                self.sinks.append(TensorBoardSink(tensorboard_dir))
-            self.sinks += sinks
 
     def report(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -127,11 +119,14 @@ class StepReporter:
         loss = four_places(record.get("loss", float("nan")))
         return f"step {record['step']}{of}  loss {loss}  {metrics}{optimizer}{record['samples_per_s']:.0f} samples/s  ms: {split}"
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        """Figures of a moment (validation, a script's log()) at `step`, for the sinks that plot them."""
+    def moment(self, record: Mapping[str, Any]) -> None:
+        """A moment's record (with "step": an epoch's end, a validation, the held-out test, a
+        script's log()), for every sink: metrics.jsonl keeps it whole, the plotting sinks plot it."""
+        if not self.enabled:
+            return
         for sink in self.sinks:
             with refused_writes_noted(None):
-                sink.figures(figures, step)
+                sink.moment(record)
 
     def config(self, config: Mapping[str, Any]) -> None:
         """The composed job, once per start (the trackers record it)."""

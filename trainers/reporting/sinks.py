@@ -1,14 +1,20 @@
-"""Where rank 0's figures go: one protocol (`MetricsSink`) that the built-in loop and the run
-handle both feed through trainers.reporting.reporter.StepReporter, and the sinks that need no account:
-steps.jsonl, TensorBoard's event files and a Prometheus text file. The experiment trackers
-(MLflow, Weights & Biases) are trainers/reporting/trackers.py; the terminal's line is the reporter's own.
+"""Where rank 0's figures go: one protocol (`MetricsSink`) that the built-in loop, the run handle
+and the framework adapters all feed through trainers.reporting.reporter.StepReporter, and the
+sinks that need no account: the run dir's own files (RunFiles: steps.jsonl, metrics.jsonl),
+TensorBoard's event files and a Prometheus text file. The experiment trackers (MLflow, Weights &
+Biases) are trainers/reporting/trackers.py; the terminal's line is the reporter's own.
 
-A sink is handed every figure already reduced over ranks, on rank 0 only; its library is
-imported when the sink is built, i.e. only when the job chose it.
+Two kinds of record, each written to one file by one sink (RunFiles): a training step's (`step`:
+steps.jsonl) and a moment's (`moment`: metrics.jsonl: an epoch's end, a validation, the held-out
+test, a script's log(), the peak memory at the end). A plotting sink takes from a record what it
+plots (`scalars`, `moment_scalars`), so every sink names a figure the same way. A sink is handed
+every figure already reduced over ranks, on rank 0 only; its library is imported when the sink is
+built, i.e. only when the job chose it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +22,7 @@ from typing import Any, Protocol
 from trainers.reporting.metrics import MetricsWriter
 
 PHASES = ("data", "compute", "comm", "optimizer")  # the step time split, in fit()'s order
+MOMENTS_FILE = "metrics.jsonl"  # beside steps.jsonl
 
 # What the loop records about every step itself (MetricsWriter adds "time"); every other number in
 # a record is a task's metric.
@@ -23,11 +30,13 @@ BOOKKEEPING = {
     "time", "step", "epoch", "loss", "samples_per_s", "tokens_per_s", "step_ms", "bad_steps", "rollbacks", "skipped", "samples", "tokens", "lr", "grad_norm",
     *(f"{p}_ms" for p in PHASES),
 }  # fmt: skip
+MOMENT_PLACE = {"time", "step", "epoch", "world_size"}  # where a moment is, not what it measured
+SPLIT_PREFIXES = {"val_": "val/", "test_": "test/"}  # a split's figures, as every plotting sink names them
 
 
 def task_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """The task's metrics in a step record (means per sample over ranks), by name."""
-    return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)}
+    return {key: float(value) for key, value in record.items() if key not in BOOKKEEPING and _number(value)}
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
@@ -38,45 +47,60 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     return {f"train/{key}": float(record[key]) for key in keys if key in record}
 
 
+def moment_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """A moment record's plottable numbers as every plotting sink names them: a split's figures
+    as val/<name> and test/<name>, the rest (an epoch's loss and throughput, what a script
+    logged) by their own names; finite numbers only (no per-rank lists, no flags)."""
+    plotted = {}
+    for key, value in record.items():
+        if key in MOMENT_PLACE or not _number(value) or not math.isfinite(value):
+            continue
+        prefix = next((p for p in SPLIT_PREFIXES if key.startswith(p)), "")
+        plotted[SPLIT_PREFIXES[prefix] + key.removeprefix(prefix) if prefix else key] = float(value)
+    return plotted
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class MetricsSink(Protocol):
     """One destination of a run's figures. `step`: a training step's record (with "step");
-    `figures`: figures of a moment (validation at an epoch's end, a script's log()) at a step;
-    `config`: the composed job, once per start; `close`: the run's end on this start ("FINISHED",
-    "STOPPED": stopped to resume later, "FAILED")."""
+    `moment`: a moment's record (with "step": an epoch's end, a validation, the held-out test, a
+    script's log()); `config`: the composed job, once per start; `close`: the run's end on this
+    start ("FINISHED", "STOPPED": stopped to resume later, "FAILED")."""
 
     def step(self, record: Mapping[str, Any]) -> None: ...
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None: ...
+    def moment(self, record: Mapping[str, Any]) -> None: ...
 
     def config(self, config: Mapping[str, Any]) -> None: ...
 
     def close(self, status: str) -> None: ...
 
 
-FIGURES_FILE = "figures.jsonl"  # beside steps.jsonl
+class RunFiles:
+    """The run dir's record of its figures, the one writer of each file: steps.jsonl, every step's
+    record, and metrics.jsonl beside it, every moment's; both appended (a requeued job keeps
+    appending). hpc.status, hpc.report and the resume verifier read them, and a tracker that
+    lost what it was given is given it again from them (trainers/reporting/trackers.py)."""
 
-
-class StepsFile:
-    """steps.jsonl: every step's record, appended (a requeued job keeps appending); and
-    figures.jsonl beside it: every figure of a moment as the trackers get it ({"step", "figures"}),
-    from which a tracker that lost what it was given is given it again (trainers/reporting/trackers.py)."""
-
-    def __init__(self, path: Path) -> None:
-        self._writer = MetricsWriter(path)
-        self._figures = MetricsWriter(path.with_name(FIGURES_FILE))
+    def __init__(self, steps_file: Path) -> None:
+        self._steps = MetricsWriter(steps_file)
+        self._moments = MetricsWriter(steps_file.with_name(MOMENTS_FILE))
 
     def step(self, record: Mapping[str, Any]) -> None:
-        self._writer.write(dict(record))
+        self._steps.write(dict(record))
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        self._figures.write({"step": step, "figures": dict(figures)})
+    def moment(self, record: Mapping[str, Any]) -> None:
+        self._moments.write(dict(record))
 
     def config(self, config: Mapping[str, Any]) -> None:
         pass  # config.yaml has it
 
     def close(self, status: str) -> None:
-        self._writer.close()
-        self._figures.close()
+        self._steps.close()
+        self._moments.close()
 
 
 class TensorBoardSink:
@@ -93,8 +117,9 @@ class TensorBoardSink:
         for tag, value in scalars(record).items():
             self._writer.add_scalar(tag, value, step)
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        for tag, value in figures.items():
+    def moment(self, record: Mapping[str, Any]) -> None:
+        step = int(record["step"])
+        for tag, value in moment_scalars(record).items():
             self._writer.add_scalar(tag, value, step)
 
     def config(self, config: Mapping[str, Any]) -> None:
@@ -148,7 +173,7 @@ class PrometheusFile:
 
         write_to_textfile(str(self.path), self.registry)
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
+    def moment(self, record: Mapping[str, Any]) -> None:
         pass
 
     def config(self, config: Mapping[str, Any]) -> None:

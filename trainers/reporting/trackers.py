@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.reporting.sinks import FIGURES_FILE, MetricsSink, scalars
+from trainers.reporting.sinks import MOMENTS_FILE, MetricsSink, PrometheusFile, TensorBoardSink, moment_scalars, scalars
 from trainers.reporting.wandb_logs import last_step_written, logs_of
 
 TRACKERS_FILE = "trackers.json"  # in the run dir: {"mlflow": {"run_id": ...}, "wandb": {"id": ...}}
@@ -106,14 +106,13 @@ def records_after(steps_file: Path, step: int | None) -> list[dict[str, Any]]:
     return [first[number] for number in sorted(first)]
 
 
-def figures_after(figures_file: Path, step: int | None) -> dict[int, dict[str, float]]:
-    """figures.jsonl's figures of the steps after `step`, merged by step (the first value of each)."""
+def moments_after(moments_file: Path, step: int | None) -> dict[int, dict[str, float]]:
+    """What metrics.jsonl's moments after `step` plot (moment_scalars), merged by step (the first
+    value of each)."""
     merged: dict[int, dict[str, float]] = {}
-    for number, record in numbered(figures_file, step):
-        figures = record.get("figures")
-        if isinstance(figures, dict):
-            merged[number] = {**figures, **merged.get(number, {})}
-    return merged
+    for number, record in numbered(moments_file, step):
+        merged[number] = {**moment_scalars(record), **merged.get(number, {})}
+    return {number: plotted for number, plotted in merged.items() if plotted}
 
 
 def latest(*steps: int | None) -> int | None:
@@ -191,18 +190,18 @@ class MlflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in figures.items()])
 
     def catch_up(self, run: TrackedRun) -> int | None:
-        """What steps.jsonl and figures.jsonl hold after the run's last step in MLflow, given (a
+        """What steps.jsonl and metrics.jsonl hold after the run's last step in MLflow, given (a
         tracker that was down, here or at an earlier start); the last step MLflow then holds."""
         from mlflow.entities import Metric
 
         held = self.last_logged_step()
-        figures = figures_after(run.steps_file.with_name(FIGURES_FILE), held)
+        figures = moments_after(run.steps_file.with_name(MOMENTS_FILE), held)
         now = int(time.time() * 1000)
         batch: list[Any] = []
         for record in records_after(run.steps_file, held):
             step = int(record["step"])
             batch += [Metric(key, value, now, step) for key, value in {**scalars(record), **figures.pop(step, {})}.items()]
-        for step, figured in figures.items():  # figures of a step with no record (a script's log() at its own step)
+        for step, figured in figures.items():  # moments of a step with no record (a script's log() at its own step)
             batch += [Metric(key, value, now, step) for key, value in figured.items()]
         for first in range(0, len(batch), self.METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[first : first + self.METRICS_PER_BATCH])
@@ -213,9 +212,10 @@ class MlflowTracker(Tracker):
         if self.fresh(step):
             self.log(scalars(record), step)
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        if self.fresh(step):
-            self.log(figures, step)
+    def moment(self, record: Mapping[str, Any]) -> None:
+        step, plotted = int(record["step"]), moment_scalars(record)
+        if plotted and self.fresh(step):
+            self.log(plotted, step)
 
     def config(self, config: Mapping[str, Any]) -> None:
         if self.reopened:
@@ -269,13 +269,13 @@ class WandbTracker(Tracker):
         return last_step_written(earlier)
 
     def replay(self, run: TrackedRun, confirmed: int | None) -> None:
-        """The steps and figures after `confirmed`, as steps.jsonl and figures.jsonl hold them."""
-        figures = figures_after(run.steps_file.with_name(FIGURES_FILE), confirmed)
+        """The steps and moments after `confirmed`, as steps.jsonl and metrics.jsonl hold them."""
+        figures = moments_after(run.steps_file.with_name(MOMENTS_FILE), confirmed)
         for record in records_after(run.steps_file, confirmed):
             step = int(record["step"])
             self.run.log({**scalars(record), **figures.pop(step, {})}, step=step)
             self.last_logged = step
-        for step in sorted(figures):  # figures of a step with no record (a script's log() at its own step)
+        for step in sorted(figures):  # moments of a step with no record (a script's log() at its own step)
             if run.logged_through is not None and step <= run.logged_through:
                 self.run.log(figures[step], step=step)
 
@@ -288,9 +288,10 @@ class WandbTracker(Tracker):
         if self.fresh(int(record["step"])):
             self.log_step(record)
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        if self.fresh(step):
-            self.run.log(dict(figures), step=step)
+    def moment(self, record: Mapping[str, Any]) -> None:
+        step, plotted = int(record["step"]), moment_scalars(record)
+        if plotted and self.fresh(step):
+            self.run.log(plotted, step=step)
 
     def config(self, config: Mapping[str, Any]) -> None:
         self.run.config.update(dict(config), allow_val_change=True)
@@ -330,7 +331,7 @@ class Guarded:
 
     A tracker that can catch up (`catches_up`: MLflow, whose server says what it holds) is tried
     again on rank 0's reporting path every `retry_s` and at the end of the start, each try a
-    fresh open that gives it, from steps.jsonl and figures.jsonl, what it missed. No thread: a
+    fresh open that gives it, from steps.jsonl and metrics.jsonl, what it missed. No thread: a
     try costs the step it happens at a few seconds at most (the library's retries are cut short),
     and nothing is left running when the start ends. W&B is never opened twice in a start (a
     second run in wandb-core's process is not safe); its next start gives it what it missed.
@@ -384,8 +385,8 @@ class Guarded:
     def step(self, record: Mapping[str, Any]) -> None:
         self.call("step", record)
 
-    def figures(self, figures: Mapping[str, float], step: int) -> None:
-        self.call("figures", figures, step)
+    def moment(self, record: Mapping[str, Any]) -> None:
+        self.call("moment", record)
 
     def config(self, config: Mapping[str, Any]) -> None:
         self.config_given = config
@@ -409,3 +410,26 @@ def chosen(trackers: list[str], tensorboard: bool, prometheus_file: str | None) 
     if prometheus_file and "prometheus" not in names:
         names.append("prometheus")
     return names
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """What the chosen sinks are told of a run at a start."""
+
+    run_dir: Path
+    steps_file: Path  # steps.jsonl (metrics.jsonl beside it)
+    prometheus_file: str | None  # trainer.prometheus_file; relative: in the run dir
+    log_every: int  # trainer.log_every: the Prometheus file is rewritten that often
+
+
+FILE_SINKS: dict[str, Callable[[SinkSettings], MetricsSink]] = {
+    "prometheus": lambda at: PrometheusFile(at.run_dir / (at.prometheus_file or DEFAULT_PROMETHEUS_FILE), at.run_dir.name, every=at.log_every),
+    "tensorboard": lambda at: TensorBoardSink(at.run_dir / "tensorboard"),
+}
+
+
+def opened_sinks(names: list[str], at: SinkSettings) -> list[MetricsSink]:
+    """The sinks `names` chose (as `chosen` gives them), opened for this start: the file sinks,
+    then the trackers behind Guarded, told what steps.jsonl held before this start appends to it."""
+    files = [FILE_SINKS[name](at) for name in FILE_SINKS if name in names]
+    return files + (opened(names, TrackedRun.of(at.run_dir, at.steps_file)) if any(name in TRACKERS for name in names) else [])
