@@ -396,6 +396,16 @@ def test_one_reader_of_the_launcher_environment():
         assert not read, f"{module} reads {read}; read the launcher environment through hpc.env"
 
 
+def test_the_run_dirs_figure_files_have_one_writer_the_run_files_sink():
+    """Metrics reach the run dir through the sink protocol only: nothing but the sinks module
+    makes the JSON-lines writer (the loop, the handle and the adapters hand records to the
+    reporter)."""
+    home = {"trainers.reporting.metrics", "trainers.reporting.sinks"}
+    for module in (m for m in MODULES if under(m, *PRODUCT) and m not in home):
+        named = [node.lineno for node in ast.walk(ast.parse(MODULES[module].read_text())) if isinstance(node, ast.Name) and node.id == "MetricsWriter"]
+        assert not named, f"{module} writes metrics itself (lines {named}); hand the record to the reporter (StepReporter.report / .moment)"
+
+
 def test_the_checkpoint_layout_is_named_in_one_place():
     names = {"COMMITTED", "shared.ckpt"}
     for module in (m for m in MODULES if under(m, *PRODUCT) and m != "trainers.checkpoint.layout"):
