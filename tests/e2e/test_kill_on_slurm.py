@@ -40,7 +40,7 @@ JOB = (
     "cluster.failure_requeues=6",
     "cluster.allocation_restarts=0",
 )
-KILLS = 2  # a second kill shows the requeue repeats; a third proved nothing more (and cost 80 s)
+KILLS = 1  # repeated failure requeues: test_a_rank_that_keeps_dying_requeues_the_job_at_most_failure_requeues_times (a second kill here cost 60 s)
 # One node, two ranks, long enough never to finish by itself within a test.
 ENDLESS = (
     "cluster=simulated",
@@ -81,16 +81,33 @@ def is_committed(run_dir: Path, step: int) -> bool:
     return (run_dir / "checkpoints" / f"step-{step:09d}" / "COMMITTED").is_file()
 
 
+def rank0_pid(run_dir: Path) -> int | None:
+    """Rank 0's running process, as its heartbeat names it: where a node's warm process forked
+    the rank (hpc.rank.warm), srun's task is only its client, and stopping the client stops no
+    save. None while it has none yet, or the heartbeat is an earlier start's."""
+    try:
+        pid = int(json.loads((run_dir / "heartbeats" / "rank-00000.json").read_text())["pid"])
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if {b"hpc.rank.main", b"hpc.rank.warm"} & set(command) else None
+
+
 def kill_rank0_during_a_save(run_dir: Path, deadline_s: float = 120) -> tuple[int, int]:
     """SIGKILL rank 0 while a save is in flight: (the step being saved, the newest committed step).
     Rank 0 alone publishes a checkpoint, so it is stopped first (SIGSTOP) and the save is checked
     to be still uncommitted before the kill; a save that committed in that instant is let go and
-    the next one is tried."""
+    the next one is tried. Rank 0's pid is found before the saves are watched: finding it (pgrep)
+    takes longer than a save on a loaded machine, and a save seen first was always gone by then."""
     deadline = time.monotonic() + deadline_s
+    rank0 = None
     while time.monotonic() < deadline:
+        if rank0 is None:
+            rank0 = rank0_pid(run_dir)
+            time.sleep(0 if rank0 is not None else 0.05)
+            continue
         step = save_in_flight(run_dir)
-        rank0 = next((pid for pid in python_ranks(run_dir) if rank_of(pid) == 0), None) if step is not None else None
-        if step is None or rank0 is None:
+        if step is None:
             time.sleep(0.002)  # a save lasts a few steps' worth of ms; no event announces it
             continue
         os.kill(rank0, signal.SIGSTOP)
