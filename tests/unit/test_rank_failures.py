@@ -145,7 +145,7 @@ def test_a_scripts_error_ends_the_job_for_good_only_where_it_would_repeat(err, l
     forbidden: list[bool] = []
     monkeypatch.setattr(lifecycle, "forbid_failure_requeue", lambda env: forbidden.append(True) or "79")
     monkeypatch.setattr(rank_main.logging, "shutdown", lambda: None)
-    monkeypatch.setattr(hosting, "Host", lambda *args: None)  # the script's host: not needed to fail
+    monkeypatch.setattr(hosting.Host, "of", staticmethod(lambda *args: None))  # the script's host: not needed to fail
     raised = script_module.ScriptFailed("the script exited with code 2") if err == "exit 2" else err
 
     def failing(*args):  # what run_script raises when the user's script does

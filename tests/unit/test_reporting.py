@@ -102,6 +102,8 @@ def test_every_record_kind_has_one_file_and_one_writer_and_each_plotting_sink_na
     assert moment["val_loss"] == 0.75 and moment["peak_memory_mib"] == [1.0, 2.0] and moment["epoch"] == 1
     assert [json.loads(line)["step"] for line in (run_dir / "steps.jsonl").read_text().splitlines()] == [1]
     assert moment_scalars(moment) == {"loss": 0.5, "val/loss": 0.75}
+    reporter.moment({"step": 1, "val_late": 1.5})  # a script's log() after finish(): the file still takes it
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["val_late"] == 1.5
     assert moment_scalars({"step": 3, "test_acc": float("nan"), "lr": 0.1, "done": True}) == {"lr": 0.1}
 
 

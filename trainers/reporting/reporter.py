@@ -135,11 +135,13 @@ class StepReporter:
                 sink.config(config)
 
     def close(self, status: str = "FINISHED") -> None:
-        """`status`: how this start ends: FINISHED, STOPPED (to resume later) or FAILED."""
+        """`status`: how this start ends: FINISHED, STOPPED (to resume later) or FAILED. The run
+        dir's files still take a moment after it (a script's log() after finish(): the file is
+        opened again); the other sinks are done."""
         if self._bar is not None:
             self._bar.close()  # the last step's line stays on the screen
         self._bar = self._terminal = None
-        sinks, self.sinks = self.sinks, []
+        sinks, self.sinks = self.sinks, [sink for sink in self.sinks if isinstance(sink, RunFiles)]
         for sink in sinks:
             with refused_writes_noted(None):
                 sink.close(status)
