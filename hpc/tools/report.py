@@ -37,7 +37,7 @@ from hpc.interruptions import TIMELINE, costs
 from hpc.objective import objective_direction, objective_value, validation_metrics
 from hpc.rundir import RunDir, find_runs, read_jsonl
 from hpc.shown import shown_value
-from hpc.tools.status import RunStatus, SearchRecord, by_search, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
+from hpc.tools.status import RunStatus, SearchRecord, by_search, newest_epoch_end, ranked, searches, statuses_of, swept_label, swept_values, trial_outcome
 from hpc.tools.sweep_plots import draw_validation, validation_curves, write_parameter_plot
 from trainers.reporting.reporter import four_places
 
@@ -74,7 +74,7 @@ def scaling_figures(runs: list[RunDir]) -> list[RunFigures]:
         if not epochs:
             continue
         result = json.loads(run.result.read_text()) if run.result.is_file() else {}
-        last = next((moment for moment in reversed(epochs) if "epoch" in moment), epochs[-1])  # not the held-out test's, after it
+        last = newest_epoch_end(epochs) or epochs[-1]  # a script's run has no epoch's end: its last record
         ranks = int(last.get("world_size") or result.get("world_size") or 0)
         if ranks < 1:
             continue

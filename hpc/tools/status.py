@@ -164,6 +164,12 @@ def step_metrics(record: dict[str, Any] | None, validation: dict[str, float] | N
     return " ".join(f"{name}={value:.4g}" for name, value in shown.items())
 
 
+def newest_epoch_end(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """metrics.jsonl's newest record with the training's throughput (an epoch's end), not a later
+    moment's (a validation, the held-out test, a script's log()); None: there is none."""
+    return next((record for record in reversed(records) if "samples_per_s" in record), None)
+
+
 def newest_validation(records: list[dict[str, Any]]) -> dict[str, float]:
     """The newest value of each val_* figure in metrics.jsonl (an epoch's, or what a script logged)."""
     found: dict[str, float] = {}
@@ -355,7 +361,7 @@ def run_status(run_dir: RunDir, queued: Mapping[str, QueuedJob], swept: str = ""
     newest = last_records(run_dir.steps, 20)
     step = newest[-1] if newest else None
     metrics = read_jsonl(run_dir.metrics)
-    epoch: dict[str, Any] = next((moment for moment in reversed(metrics) if "samples_per_s" in moment), {})  # an epoch's end, not a later moment's
+    epoch = newest_epoch_end(metrics) or {}
     rate = step.get("samples_per_s") if step else None
     if rate is None:
         rate = epoch.get("samples_per_s")

@@ -134,12 +134,21 @@ def flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    """What both trackers share: steps already held by the tracker are not given again."""
+    """What both trackers share: steps already held by the tracker are not given again, and a
+    moment is given what it plots (moment_scalars), through the tracker's own `log`."""
 
     holds_through: int | None = None
 
     def fresh(self, step: int) -> bool:
         return self.holds_through is None or step > self.holds_through
+
+    def log(self, figures: Mapping[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def moment(self, record: Mapping[str, Any]) -> None:
+        step, plotted = int(record["step"]), moment_scalars(record)
+        if plotted and self.fresh(step):
+            self.log(plotted, step)
 
 
 class MlflowTracker(Tracker):
@@ -212,11 +221,6 @@ class MlflowTracker(Tracker):
         if self.fresh(step):
             self.log(scalars(record), step)
 
-    def moment(self, record: Mapping[str, Any]) -> None:
-        step, plotted = int(record["step"]), moment_scalars(record)
-        if plotted and self.fresh(step):
-            self.log(plotted, step)
-
     def config(self, config: Mapping[str, Any]) -> None:
         if self.reopened:
             return  # logged at the first start (MLflow refuses a parameter logged again)
@@ -288,10 +292,8 @@ class WandbTracker(Tracker):
         if self.fresh(int(record["step"])):
             self.log_step(record)
 
-    def moment(self, record: Mapping[str, Any]) -> None:
-        step, plotted = int(record["step"]), moment_scalars(record)
-        if plotted and self.fresh(step):
-            self.run.log(plotted, step=step)
+    def log(self, figures: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(figures), step=step)
 
     def config(self, config: Mapping[str, Any]) -> None:
         self.run.config.update(dict(config), allow_val_change=True)
