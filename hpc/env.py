@@ -14,9 +14,11 @@ a task the scheduler's own launcher started (srun's), PMIx (PMIX_RANK), else a s
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from hpc.schedulers import built_in_first, loaded, plugins
@@ -39,6 +41,10 @@ WARM_ADDRESS_VARIABLE = "HPCTK_WARM_ADDRESS"  # a local run's warm process (hpc.
 WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.slurm.warmnodes)
 BATCH_STARTED_VARIABLE = "HPCTK_BATCH_STARTED"  # the batch script's first line's clock: when this start of the job began
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.slurm.prepare -> the hand-typed sbatch script
+# A node's directory for the newest checkpoint's copies in memory (hpc.rank.warm -> its forks;
+# trainers.checkpoint.memory reads it by this name, which it cannot import from here).
+MEMORY_VARIABLE = "HPCTK_MEMORY_CHECKPOINTS"
+MEMORY_BASE = Path("/dev/shm")  # the node's tmpfs
 # torch.distributed store ports derived from a Slurm job id (and a local run's, drawn): below Linux's
 # ephemeral range (32768 up), which a listener bound to 0 (mpirun's own, Open MPI's) or any outgoing
 # connection may hold
@@ -256,6 +262,17 @@ def task_place(env: Mapping[str, str]) -> tuple[str, str]:
     scheduler = scheduler_environment(env)
     place = scheduler.task_place(env) if scheduler is not None else None
     return place or ("?", socket.gethostname())
+
+
+def checkpoint_memory(job: str, node: str | None = None, base: Path = MEMORY_BASE) -> Path:
+    """The node-memory directory of a job's checkpoint copies, one per node under it (every
+    node of a simulated cluster shares one machine's tmpfs): named for the user, the job, the node."""
+
+    def safe(name: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "_"
+
+    job_dir = base / f"hpctk-{os.getuid()}" / safe(job)
+    return job_dir / safe(node) if node is not None else job_dir
 
 
 def rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:

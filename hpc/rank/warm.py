@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -43,9 +44,10 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.env import WARM_ADDRESS_VARIABLE, WARM_VARIABLE, job_id, task_place
+from hpc.env import MEMORY_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE, checkpoint_memory, job_id, task_place
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -237,11 +239,28 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
         listener.close()
         print(f"hpc-warm: failed {node}: {failure}", flush=True)
         return 1
-    server = WarmServer(listener, token)
+    server = WarmServer(listener, token, node_memory(env, name))
     signal.signal(ENDS_HERE, server.end_when_ranks_have)
     print(f"hpc-warm: ready {node} {time.monotonic() - began:.2f}", flush=True)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if server.memory is not None:  # the allocation's copies end with it (a new one starts empty)
+            shutil.rmtree(server.memory, ignore_errors=True)
     return 0
+
+
+def node_memory(env: Mapping[str, str], name: str) -> Path | None:
+    """This node's directory for the newest checkpoint's copies (trainers.checkpoint.memory),
+    made for the warm process's lifetime: None where there is no tmpfs or it cannot be made."""
+    root = checkpoint_memory(job_id(env) or name.strip("\0"), task_place(env)[1])
+    try:
+        root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)  # a former allocation's, left by a SIGKILL
+        root.mkdir(mode=0o700)
+    except OSError:  # no tmpfs here, or not ours: the ranks read the store
+        return None
+    return root
 
 
 def warm_up(modules: Sequence[str]) -> str | None:
@@ -266,8 +285,8 @@ class WarmServer:
     """The warm process's loop: accept a client, fork its rank, tell the client of a rank that
     died of a signal (woken by SIGCHLD: a killed rank's step ends at once)."""
 
-    def __init__(self, listener: socket.socket, token: str) -> None:
-        self.listener, self.token = listener, token
+    def __init__(self, listener: socket.socket, token: str, memory: Path | None = None) -> None:
+        self.listener, self.token, self.memory = listener, token, memory
         self.children: dict[int, socket.socket] = {}
         self.gone: set[int] = set()  # ranks whose client is gone, killed, not yet reaped
         self.ending = False  # SIGTERM came: no more forks, and the end once every rank's
@@ -338,7 +357,7 @@ class WarmServer:
             return
         if pid == 0:
             self.leave()
-            _become_rank(conn, request, fds)
+            _become_rank(conn, request, fds, self.memory)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # its group exists before any killpg below (the fork sets it too)
         for fd in fds:
@@ -417,7 +436,7 @@ def forked_line() -> str | None:
     return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after its task started"
 
 
-def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
+def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], memory: Path | None = None) -> NoReturn:
     """Take the client's place (streams, environment, directory, CPUs), run the rank's module as
     `python -m` would, and end the process with its exit code, told to the client first."""
     code, rank = 1, os.getpid()
@@ -436,6 +455,8 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int]) -
             os.close(fd)
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+        if memory is not None:
+            os.environ[MEMORY_VARIABLE] = str(memory)
         os.chdir(str(request["cwd"]))
         os.umask(int(request["umask"]))
         os.sched_setaffinity(0, [int(cpu) for cpu in request["cpus"]])

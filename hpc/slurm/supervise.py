@@ -43,6 +43,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,8 @@ from hpc.env import (
     WARM_GPUS_VARIABLE,
     WARM_RANKS_VARIABLE,
     WARM_VARIABLE,
+    checkpoint_memory,
+    job_id,
 )
 from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
 from hpc.rundir import RunDir
@@ -437,6 +440,8 @@ class Supervisor:
         finally:
             if warm is not None:
                 warm.stop()
+            if (job := job_id(self.env)) is not None:  # the checkpoint copies of nodes whose warm process died with them
+                shutil.rmtree(checkpoint_memory(job), ignore_errors=True)
 
     def start_warm_nodes(self) -> WarmNodes | None:
         """Every node's warm process (hpc.rank.warm), spares included, where the job wants them

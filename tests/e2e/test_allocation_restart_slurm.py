@@ -1,6 +1,7 @@
 """Restarts inside the allocation on the real Slurm (hpc.slurm.supervise): a lost node with one
-spare costs a new job step in the same allocation, not a requeue. The run completes with the same
-per-step losses and the same final weights as an uninterrupted one. Killed ranks restarted in the
+spare costs a new job step in the same allocation, not a requeue, and the checkpoint comes back
+from the nodes' memory. The run completes with the same per-step losses and the same final
+weights as an uninterrupted one. Killed ranks restarted in the
 allocation: the resume verifier's Slurm test (tests/e2e/test_verify_slurm.py) kills them and
 compares every tensor."""
 
@@ -99,6 +100,10 @@ def test_a_lost_node_is_replaced_by_the_spare_inside_the_allocation(tmp_path, re
     assert restarted and f" on {lost} " not in restarted[0]  # the restarted ranks run on the other two nodes
     # both starts forked from their node's warm process (hpc.rank.warm): the spare's was ready before it was needed
     assert rank1.count("a fork of this node's warm process") == 2, rank1
+    # the checkpoint read back from node memory (trainers.checkpoint.memory): rank 0's node kept
+    # its pieces; the spare holds none, so rank 1's own file is the store's and the shared one is sent
+    assert "own file from store, shared file from rank 0" in rank1, rank1[-3000:]
+    assert "own file from memory, shared file from memory" in (run_dir / "logs" / "rank-00000.log").read_text()
     assert_same_training(run_dir, reference)
     # seen by its ranks' closed connections and its slurmd's silence (hpc.liveness), not a heartbeat's
     assert_one_cost_logged(run_dir, f"node {lost} lost (rank ")

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from trainers.checkpoint.layout import BEST, MARKER, SHARED, parse_best, rank_file, step_dir_name
+from trainers.checkpoint.memory import MemoryCopies
 from trainers.checkpoint.storage import CheckpointStore, LocalStore, StoreError
 from trainers.checkpoint.tensorfile import read_tensor_file, write_tensor_file
 from trainers.faults import STORAGE_ERRNO
@@ -179,11 +180,12 @@ class Checkpointer:
     """One per rank. `begin_save` writes this rank's part; `commit` (all ranks, after they agree
     that everybody finished writing) makes it visible. Rank 0 commits."""
 
-    def __init__(self, store: CheckpointStore | Path, rank: int, world_size: int, keep: int) -> None:
+    def __init__(self, store: CheckpointStore | Path, rank: int, world_size: int, keep: int, memory: MemoryCopies | None = None) -> None:
         if keep < 2:
             raise CheckpointError(f"keep={keep}: keep at least 2 checkpoints so a bad newest one has a fallback")
         self.store = LocalStore(store) if isinstance(store, Path) else store
         self.rank, self.world_size, self.keep = rank, world_size, keep
+        self.memory = memory  # the node's copies of the newest checkpoint (trainers.checkpoint.memory)
         self._writer: threading.Thread | None = None
         self._host_copies = HostCopies()
         self._copied = threading.Event()  # the pending save's deferred copies are done
@@ -234,6 +236,9 @@ class Checkpointer:
             return
         copied = self._copied = threading.Event()
         pieces = [(rank_file(self.rank), own), *([(SHARED, shared)] if shared is not None else [])]
+        # Copies in node memory serve a restart in this allocation; a synchronous save is the
+        # last before the job ends (a stop, the end of training): not worth its time.
+        memory = self.memory if asynchronous else None
 
         def write() -> None:
             try:
@@ -248,6 +253,8 @@ class Checkpointer:
             try:
                 for name, state in pieces:
                     save_tensor_file(tmp / name, state)
+                    if memory is not None:
+                        memory.hold(step, name, tmp / name)
                     self.store.put(step, name, tmp / name)
                     self.store.put(step, f"{name}.sum", tmp / f"{name}.sum")  # the checksum last: the piece is whole
             except BaseException as err:  # reported on the training thread by wait_written()
@@ -285,6 +292,8 @@ class Checkpointer:
         self._error, self.pending_step = None, None
         if step is not None:
             shutil.rmtree(self.store.staging(step), ignore_errors=True)
+            if self.memory is not None:
+                self.memory.drop(step)
 
     def remove_uncommitted(self, step: int) -> None:
         """What a commit of `step` that failed midway left: its staging, and its directory where
@@ -310,6 +319,8 @@ class Checkpointer:
         """Called on every rank once all ranks have written; rank 0 publishes the checkpoint."""
         step = self.pending_step
         self.pending_step = None
+        if step is not None and self.memory is not None:
+            self.memory.keep_only(step)
         if step is None or self.rank != 0:
             return None
         expected = sorted({SHARED, *(rank_file(r) for r in range(self.world_size))})

@@ -11,6 +11,7 @@ import torch
 from collectives.base import Collectives
 from trainers.checkpoint.checkpointer import CheckpointError
 from trainers.checkpoint.registry import Registry, restore_checkpoint
+from trainers.checkpoint.restart import load_held
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.checkpoint.state import Progress
 from trainers.config import CheckpointConfig
@@ -31,7 +32,9 @@ def restore_newest(coordinator: SaveCoordinator | None, comm: Collectives, regis
     """The newest committed checkpoint, the same on every rank, restored into `registry` (every
     loop's resume and the built-in loop's rollback): its step and whether this rank had its own
     file (False: the world size changed); None: none (or checkpoints off, or resume=False)."""
-    restored = coordinator.checkpointer.load_latest() if coordinator is not None and resume else None
+    restored = None
+    if coordinator is not None and resume:  # the same on every rank: load_held is collective
+        restored = load_held(coordinator.checkpointer, comm) or coordinator.checkpointer.load_latest()
     agree_on_newest(comm, restored[0] if restored else None)
     if coordinator is None or restored is None:
         return None

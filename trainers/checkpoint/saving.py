@@ -12,6 +12,7 @@ import torch
 
 from collectives.base import Collectives
 from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
+from trainers.checkpoint.memory import MemoryCopies
 from trainers.checkpoint.storage import StoreError, run_store
 from trainers.config import CheckpointConfig
 from trainers.faults import FAULTS, FaultLatch, agreed_fault, storage_error
@@ -36,7 +37,7 @@ class SaveCoordinator:
             store = run_store(checkpoint_dir, cfg.uri)
         except StoreError as err:
             raise CheckpointError(f"checkpoint.uri: {err}") from None
-        return cls(Checkpointer(store, comm.rank, comm.world_size, cfg.keep), comm, cfg)
+        return cls(Checkpointer(store, comm.rank, comm.world_size, cfg.keep, MemoryCopies.from_env(store.url)), comm, cfg)
 
     def time_vote(self) -> float:
         """1 when this rank's clock says a timed save is due. Ranks leave a step's collective

@@ -123,33 +123,41 @@ def _dtype(name: Any) -> torch.dtype:
 def read_tensor_file(path: Path) -> Any:
     """The object written by write_tensor_file. Nothing in the file can run code; a truncated
     or malformed file raises TensorFileError (pickled objects: pickle.UnpicklingError)."""
-    size = path.stat().st_size
     with path.open("rb") as f:
-        magic, length_bytes = f.read(len(MAGIC)), f.read(8)
-        if magic != MAGIC or len(length_bytes) != 8:
-            raise TensorFileError("not a checkpoint tensor file (bad magic)")
-        (length,) = struct.unpack("<Q", length_bytes)
-        if length > size:
-            raise TensorFileError("header longer than the file (truncated)")
-        header = torch.load(io.BytesIO(f.read(length)), map_location="cpu", weights_only=True)
-        if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
-            raise TensorFileError("malformed header")
-        data_start = len(MAGIC) + 8 + length
-        data_start += -data_start % ALIGN
-        tensors = []
-        for entry in header["tensors"]:
-            dtype, shape, offset, nbytes = _dtype(entry["dtype"]), [int(n) for n in entry["shape"]], int(entry["offset"]), int(entry["bytes"])
-            numel = 1
-            for n in shape:
-                numel *= n
-            if nbytes != numel * torch.empty((), dtype=dtype).element_size() or offset < 0 or data_start + offset + nbytes > size:
-                raise TensorFileError("tensor table does not match the file (truncated or corrupted)")
-            buffer = bytearray(nbytes)
-            f.seek(data_start + offset)
-            if f.readinto(buffer) != nbytes:
-                raise TensorFileError("file ends inside a tensor (truncated)")
-            tensor = torch.frombuffer(buffer, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
-            tensors.append(tensor.reshape(shape))
+        return _read_tensors(f, path.stat().st_size)
+
+
+def read_tensor_bytes(data: bytes | memoryview) -> Any:
+    """The object of a tensor file's bytes (a copy held in memory), as read_tensor_file reads it."""
+    return _read_tensors(io.BytesIO(data), len(data))
+
+
+def _read_tensors(f: io.BufferedIOBase | io.BytesIO, size: int) -> Any:
+    magic, length_bytes = f.read(len(MAGIC)), f.read(8)
+    if magic != MAGIC or len(length_bytes) != 8:
+        raise TensorFileError("not a checkpoint tensor file (bad magic)")
+    (length,) = struct.unpack("<Q", length_bytes)
+    if length > size:
+        raise TensorFileError("header longer than the file (truncated)")
+    header = torch.load(io.BytesIO(f.read(length)), map_location="cpu", weights_only=True)
+    if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
+        raise TensorFileError("malformed header")
+    data_start = len(MAGIC) + 8 + length
+    data_start += -data_start % ALIGN
+    tensors = []
+    for entry in header["tensors"]:
+        dtype, shape, offset, nbytes = _dtype(entry["dtype"]), [int(n) for n in entry["shape"]], int(entry["offset"]), int(entry["bytes"])
+        numel = 1
+        for n in shape:
+            numel *= n
+        if nbytes != numel * torch.empty((), dtype=dtype).element_size() or offset < 0 or data_start + offset + nbytes > size:
+            raise TensorFileError("tensor table does not match the file (truncated or corrupted)")
+        buffer = bytearray(nbytes)
+        f.seek(data_start + offset)
+        if f.readinto(buffer) != nbytes:
+            raise TensorFileError("file ends inside a tensor (truncated)")
+        tensor = torch.frombuffer(buffer, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
+        tensors.append(tensor.reshape(shape))
     return _join(header["object"], tensors)
 
 

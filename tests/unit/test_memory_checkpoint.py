@@ -1,0 +1,191 @@
+"""The newest checkpoint in node memory (trainers.checkpoint.memory) and a restart's read of it
+(trainers.checkpoint.restart): ranks as threads, each node a directory of its own. The real
+thing, a node lost on the simulated Slurm with its ranks forked by the warm processes, is
+tests/e2e/test_allocation_restart_slurm.py."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from collectives.testing import ThreadWorld
+from hpc.env import MEMORY_VARIABLE as HPC_MEMORY_VARIABLE
+from hpc.env import checkpoint_memory
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.layout import SHARED, rank_file, step_dir_name
+from trainers.checkpoint.memory import MEMORY_VARIABLE, MemoryCopies
+from trainers.checkpoint.recovery import restore_newest
+from trainers.checkpoint.restart import broadcast_bytes, load_held
+from trainers.checkpoint.saving import SaveCoordinator
+from trainers.checkpoint.storage import LocalStore
+
+WORLD = 2
+
+
+@pytest.fixture(autouse=True)
+def any_free_space_will_do(monkeypatch):
+    """The tests' directories are on the disk, not a tmpfs: its free share is not the point here."""
+    monkeypatch.setattr("trainers.checkpoint.memory.KEEP_FREE", 0.0)
+
+
+def node_of(root: Path, rank: int, store: LocalStore) -> MemoryCopies:
+    return MemoryCopies(root / f"node{rank}", store.url)
+
+
+def saved(tmp_path: Path, steps: tuple[int, ...] = (2, 4), asynchronous: bool = True, salt: int = 0) -> tuple[LocalStore, list[MemoryCopies]]:
+    """Two ranks on two nodes saved `steps`: each step's shared state is its step number, each
+    rank's own state [rank, step, salt]."""
+    store = LocalStore(tmp_path / "checkpoints")
+    memories = [node_of(tmp_path / "shm", rank, store) for rank in range(WORLD)]
+    checkpointers = [Checkpointer(store, rank, WORLD, keep=2, memory=memories[rank]) for rank in range(WORLD)]
+    for step in steps:
+        for rank, ckpt in enumerate(checkpointers):
+            shared = {"w": torch.full((64,), float(step))} if rank == 0 else None
+            ckpt.begin_save(step, shared, {"rank": torch.tensor([rank, step, salt])}, asynchronous=asynchronous)
+        for ckpt in checkpointers:
+            ckpt.wait_written()
+        for ckpt in reversed(checkpointers):  # rank 0's commit last: the others keep only the step first
+            ckpt.commit()
+    return store, memories
+
+
+def restarted(store: LocalStore, memories: list[MemoryCopies | None]) -> list[tuple[int, dict, dict] | None]:
+    return ThreadWorld(WORLD).run(lambda comm: load_held(Checkpointer(store, comm.rank, WORLD, keep=2, memory=memories[comm.rank]), comm))
+
+
+def test_an_asynchronous_save_leaves_the_newest_committed_step_in_each_node_s_memory(tmp_path):
+    store, memories = saved(tmp_path)
+    assert [m.steps() for m in memories] == [[4], [4]]
+    assert sorted(p.name for p in (memories[0].root / step_dir_name(4)).glob("*.ckpt")) == sorted([rank_file(0), SHARED])
+    assert [p.name for p in (memories[1].root / step_dir_name(4)).glob("*.ckpt")] == [rank_file(1)]
+    # a synchronous save (a stop's, the last one) is not copied: the job ends after it
+    _, synchronous = saved(tmp_path / "sync", asynchronous=False)
+    assert [m.steps() for m in synchronous] == [[], []]
+
+
+def test_a_restart_reads_every_piece_from_memory_and_restores_the_committed_state(tmp_path, caplog):
+    store, memories = saved(tmp_path)
+    (store.root / step_dir_name(4) / rank_file(1)).write_bytes(b"not read: memory holds it")
+    with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
+        results = restarted(store, memories)
+    for rank, result in enumerate(results):
+        assert result is not None
+        step, shared, own = result
+        assert step == 4 and torch.equal(shared["w"], torch.full((64,), 4.0)) and own["rank"].tolist() == [rank, 4, 0]
+    assert "own file from memory, shared file from memory" in caplog.text  # rank 0
+    assert "own file from memory, shared file from rank 0" in caplog.text  # rank 1: sent, not read
+
+
+def test_a_rank_on_a_new_node_reads_its_own_file_from_the_store_and_gets_the_shared_one_sent(tmp_path, caplog):
+    store, memories = saved(tmp_path)
+    spare = node_of(tmp_path / "shm", 7, store)
+    with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
+        results = restarted(store, [memories[0], spare])
+    assert all(r is not None and r[0] == 4 for r in results)
+    assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]
+    assert "own file from store, shared file from rank 0" in caplog.text
+    assert spare.steps() == [4]  # the shared file is held on the new node too from now on
+
+
+def test_a_copy_of_another_save_of_the_step_or_one_cut_short_is_never_used(tmp_path):
+    store, memories = saved(tmp_path)
+    held = memories[1].root / step_dir_name(4) / rank_file(1)
+    other = saved(tmp_path / "other", steps=(4,), salt=1)[1][1].root / step_dir_name(4)  # step 4 saved again: another sum
+    shutil.copyfile(other / rank_file(1), held)
+    shutil.copyfile(other / f"{rank_file(1)}.sum", held.with_name(f"{rank_file(1)}.sum"))
+    shared = memories[0].root / step_dir_name(4) / SHARED
+    shared.write_bytes(shared.read_bytes()[:-8])  # cut short: its recorded sum is still the marker's
+    results = restarted(store, memories)
+    assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]  # the store's file instead
+    assert torch.equal(results[0][1]["w"], torch.full((64,), 4.0))  # and the store's shared file
+
+
+def test_no_copy_anywhere_or_a_piece_nobody_can_get_sends_every_rank_to_the_store_s_path(tmp_path):
+    store, memories = saved(tmp_path)
+    assert restarted(store, [None, None]) == [None, None]  # no memory: the store's path (load_latest)
+    (tmp_path / "copied").mkdir()
+    for name in (SHARED, f"{SHARED}.sum"):
+        shutil.copyfile(memories[0].root / step_dir_name(4) / name, tmp_path / "copied" / name)
+    for memory in memories:
+        memory.drop(4)
+    (store.root / step_dir_name(4) / rank_file(1)).unlink()
+    memories[0].hold(4, SHARED, tmp_path / "copied" / SHARED)
+    # rank 1 can get its own file nowhere: no rank restores alone
+    assert restarted(store, memories) == [None, None]
+
+
+def test_the_restore_falls_back_to_the_store_which_skips_a_broken_newest_step(tmp_path):
+    store, memories = saved(tmp_path)
+    for memory in memories:
+        memory.drop(4)
+    (store.root / step_dir_name(4) / SHARED).write_bytes(b"broken")
+
+    def restore(comm):
+        coordinator = SaveCoordinator(Checkpointer(store, comm.rank, WORLD, keep=2, memory=memories[comm.rank]), comm, None)  # type: ignore[arg-type]
+        loaded = {}
+
+        class Registry:
+            def load(self, step, shared, own, ranks):
+                loaded.update(step=step, w=shared["w"][0].item())
+
+        restore_newest(coordinator, comm, Registry(), "t")  # type: ignore[arg-type]
+        return loaded
+
+    import trainers.checkpoint.recovery as recovery
+
+    original = recovery.restore_checkpoint
+    recovery.restore_checkpoint = lambda registry, step, shared, own, ranks, task: registry.load(step, shared, own, ranks)
+    try:
+        assert ThreadWorld(WORLD).run(restore) == [{"step": 2, "w": 2.0}] * WORLD
+    finally:
+        recovery.restore_checkpoint = original
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 4099])
+def test_bytes_cross_a_broadcast_bit_for_bit_whatever_their_length(size, monkeypatch):
+    monkeypatch.setattr("trainers.checkpoint.restart.CHUNK_BYTES", 1024)  # several parts
+    data = bytes((i * 37 + 11) % 256 for i in range(size))
+    got = ThreadWorld(3).run(lambda comm: broadcast_bytes(comm, data if comm.rank == 1 else None, root=1))
+    assert got == [data] * 3
+
+
+def test_a_full_memory_costs_the_copy_only_and_says_so_once(tmp_path, caplog):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory would go")
+    memory = MemoryCopies(blocked, "store")
+    source = tmp_path / "piece"
+    source.write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, "trainers.checkpoint.memory"):
+        memory.hold(1, "a", source)
+        memory.hold(1, "b", source)
+    assert caplog.text.count("copy in node memory") == 1 and memory.steps() == []
+
+
+def test_a_copy_that_would_leave_the_tmpfs_under_half_free_is_not_made(tmp_path, monkeypatch, caplog):
+    memory = MemoryCopies(tmp_path, "store")
+    source = tmp_path / "piece"
+    source.write_bytes(b"x" * 4096)
+    (tmp_path / "piece.sum").write_text('{"bytes": 4096, "sha256": "0"}')
+    monkeypatch.setattr("trainers.checkpoint.memory.KEEP_FREE", 1.0)  # no room left at any size
+    with caplog.at_level(logging.WARNING, "trainers.checkpoint.memory"):
+        memory.hold(1, "a", source)
+    assert "tmpfs free" in caplog.text and memory.steps() in ([], [1]) and not list(memory.root.rglob("a"))
+    monkeypatch.setattr("trainers.checkpoint.memory.KEEP_FREE", 0.0)
+    memory.hold(1, "a", source)
+    assert (memory.root / step_dir_name(1) / "a").read_bytes() == source.read_bytes()
+
+
+def test_the_node_directory_is_named_for_user_job_and_node_and_the_variable_is_read(tmp_path, monkeypatch):
+    root = checkpoint_memory("123_4", "../x", base=tmp_path)
+    assert root.parent == checkpoint_memory("123_4", base=tmp_path) and root.parent.parent.parent == tmp_path
+    assert root.name == "_x" and root.parent.name == "123_4"  # never a path out of the job's directory
+    assert MEMORY_VARIABLE == HPC_MEMORY_VARIABLE  # trainers cannot import hpc: one name, said twice
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    assert MemoryCopies.from_env("s") is None
+    monkeypatch.setenv(MEMORY_VARIABLE, str(tmp_path))
+    copies = MemoryCopies.from_env("s")
+    assert copies is not None and copies.root.parent == tmp_path

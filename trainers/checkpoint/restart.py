@@ -1,0 +1,159 @@
+"""A restart's read of the newest checkpoint from the nodes' memory (trainers.checkpoint.memory),
+with the store for what no node holds; every rank takes part (it is collective).
+
+The store still decides which checkpoint: the newest committed step in it (the same on every
+rank, or this path is not taken), whose marker names each piece's size and sha256. Each rank takes
+its own file from its node's copy when the copy's recorded sum and size are the marker's, else
+from the store (hashed as it is read).
+The shared file is held on rank 0's old node only: a rank that holds it sends it to the ranks
+that do not, over the collectives, instead of each reading the file system. Any rank that cannot
+get a piece this way sends every rank back to the store's path (`Checkpointer.load_latest`,
+which verifies everything and falls back to older checkpoints): no rank ever restores alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from collectives.base import Collectives
+from trainers.checkpoint.checkpointer import Checkpointer, sha256_of
+from trainers.checkpoint.layout import MARKER, SHARED, rank_file
+from trainers.checkpoint.storage import StoreError
+from trainers.checkpoint.tensorfile import read_tensor_bytes, read_tensor_file
+
+log = logging.getLogger("trainers.checkpoint.restart")
+
+CHUNK_BYTES = 64 << 20  # a broadcast's piece: the shared file is sent in parts, not one buffer
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where this rank's pieces came from, for the log: "memory", "store" or "rank N"."""
+
+    own: str
+    shared: str
+
+
+def load_held(checkpointer: Checkpointer, comm: Collectives) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """(step, shared state, own state) of the newest committed checkpoint, read from the nodes'
+    memory where it is held there; None (on every rank alike) when no node holds it, the ranks
+    disagree on the newest step, the world size changed, or any rank missed a piece."""
+    memory = checkpointer.memory
+    try:
+        steps = checkpointer.store.committed_steps()
+    except StoreError:
+        steps = []
+    newest = steps[-1] if steps else -1
+    held = memory is not None and newest in memory.steps()
+    seen = torch.tensor([newest, -newest, 1.0 if held else 0.0], dtype=torch.float64)
+    comm.allreduce_(seen, op="max")
+    if seen[0] != -seen[1] or newest < 0 or seen[2] == 0:
+        return None
+    files = _marker_files(checkpointer, newest, comm.world_size)
+    own, own_from = _own_state(checkpointer, newest, files)
+    mine = memory.find(newest, SHARED, files[SHARED]) if memory is not None and files else None
+    votes = comm.allgather(torch.tensor([own is not None, mine is not None], dtype=torch.float64)).view(-1, 2)
+    if bool((votes[:, 0] == 0).any()):
+        return None
+    shared, shared_from = _shared_state(checkpointer, comm, newest, files, mine, votes[:, 1])
+    ok = torch.tensor([1.0 if shared is not None else 0.0], dtype=torch.float64)
+    comm.allreduce_(ok, op="min")
+    if ok[0] == 0 or shared is None or own is None:
+        return None
+    sources = Sources(own_from, shared_from)
+    log.info("checkpoint step %d read back from node memory where held: own file from %s, shared file from %s", newest, sources.own, sources.shared)
+    return newest, shared, own
+
+
+def _marker_files(checkpointer: Checkpointer, step: int, world_size: int) -> dict[str, dict[str, Any]]:
+    """The pieces step `step`'s marker names ({} when it cannot be read or names another world)."""
+    try:
+        meta = json.loads(checkpointer.store.read(step, MARKER))
+        files: dict[str, dict[str, Any]] = meta["files"]
+        return files if int(meta["world_size"]) == world_size and SHARED in files else {}
+    except (StoreError, OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _parsed(piece: Path | bytes | memoryview) -> dict[str, Any] | None:
+    """A piece's state; None when it does not parse (never an exception inside the collective
+    protocol: a rank that raised would leave the others waiting in its next collective)."""
+    try:
+        return read_tensor_file(piece) if isinstance(piece, Path) else read_tensor_bytes(piece)
+    except Exception as err:  # noqa: BLE001 - said, and the store's path decides instead
+        log.warning("a checkpoint piece held in memory did not load: %s", err)
+        return None
+
+
+def _from_store(checkpointer: Checkpointer, step: int, name: str, sha256: str) -> dict[str, Any] | None:
+    """Piece `name` from the store, hashed as it is read (its file read twice: the second time from the page cache)."""
+    store = checkpointer.store
+    try:
+        path = store.fetch(step, name)
+    except (StoreError, OSError):
+        return None
+    try:
+        return _parsed(path) if sha256_of(path) == sha256 else None
+    except OSError:  # gone, unreadable
+        return None
+    finally:
+        store.release(path)
+
+
+def _own_state(checkpointer: Checkpointer, step: int, files: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    name = rank_file(checkpointer.rank)
+    if name not in files:
+        return None, "nowhere"
+    held = checkpointer.memory.find(step, name, files[name]) if checkpointer.memory is not None else None
+    if held is not None and (state := _parsed(held)) is not None:
+        return state, "memory"
+    return _from_store(checkpointer, step, name, files[name]["sha256"]), "store"
+
+
+def _shared_state(
+    checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], mine: Path | None, holding: torch.Tensor
+) -> tuple[dict[str, Any] | None, str]:
+    """The shared file: this rank's copy, else the first holder's (every rank takes part in the
+    broadcast when any lacks it), else the store's when no rank holds it."""
+    sha256 = files[SHARED]["sha256"]
+    if not bool((holding > 0).any()):
+        return _from_store(checkpointer, step, SHARED, sha256), "store"
+    if not bool((holding > 0).all()):
+        root = int(torch.nonzero(holding > 0)[0])
+        try:
+            data = mine.read_bytes() if comm.rank == root and mine is not None else None
+        except OSError:
+            data = b""  # sent all the same (the others wait for it): its checksum fails on every rank
+        sent = broadcast_bytes(comm, data, root)
+        if mine is None:
+            if len(sent) != int(files[SHARED]["bytes"]):  # the holder could not read its copy
+                return None, f"rank {root}"
+            if checkpointer.memory is not None:  # held here too from now on: the next restart needs no send
+                threading.Thread(target=checkpointer.memory.hold_bytes, args=(step, SHARED, sent, sha256), daemon=True).start()
+            return _parsed(sent), f"rank {root}"
+    return (_parsed(mine) if mine is not None else None), "memory"
+
+
+def broadcast_bytes(comm: Collectives, data: bytes | None, root: int) -> memoryview:
+    """Root's `data` on every rank (the others pass None), sent as float64 words in parts of
+    CHUNK_BYTES: a broadcast copies bits, whatever their dtype says."""
+    size = torch.tensor([float(len(data)) if data is not None else 0.0], dtype=torch.float64)
+    comm.broadcast_(size, root)
+    nbytes = int(size[0])
+    padded = nbytes + (-nbytes % 8)
+    buffer = bytearray(padded)
+    if data is not None:
+        buffer[:nbytes] = data
+    words = torch.frombuffer(buffer, dtype=torch.float64) if padded else torch.empty(0, dtype=torch.float64)
+    per_chunk = CHUNK_BYTES // 8
+    for start in range(0, words.numel(), per_chunk):
+        part = words[start : start + per_chunk]  # a contiguous view: the broadcast fills it in place
+        comm.broadcast_(part, root)
+    return memoryview(buffer)[:nbytes]
