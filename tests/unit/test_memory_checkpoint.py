@@ -19,7 +19,7 @@ from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.layout import SHARED, rank_file, step_dir_name
 from trainers.checkpoint.memory import MEMORY_VARIABLE, MemoryCopies
 from trainers.checkpoint.recovery import restore_newest
-from trainers.checkpoint.restart import broadcast_bytes, load_held
+from trainers.checkpoint.restart import broadcast_bytes, load_held, share_own_copies
 from trainers.checkpoint.saving import SaveCoordinator
 from trainers.checkpoint.storage import LocalStore
 
@@ -36,7 +36,9 @@ def node_of(root: Path, rank: int, store: LocalStore) -> MemoryCopies:
     return MemoryCopies(root / f"node{rank}", store.url)
 
 
-def saved(tmp_path: Path, steps: tuple[int, ...] = (2, 4), asynchronous: bool = True, salt: int = 0) -> tuple[LocalStore, list[MemoryCopies]]:
+def saved(
+    tmp_path: Path, steps: tuple[int, ...] = (2, 4), asynchronous: bool = True, salt: int = 0, peers: bool = False
+) -> tuple[LocalStore, list[MemoryCopies]]:
     """Two ranks on two nodes saved `steps`: each step's shared state is its step number, each
     rank's own state [rank, step, salt]."""
     store = LocalStore(tmp_path / "checkpoints")
@@ -50,6 +52,8 @@ def saved(tmp_path: Path, steps: tuple[int, ...] = (2, 4), asynchronous: bool = 
             ckpt.wait_written()
         for ckpt in reversed(checkpointers):  # rank 0's commit last: the others keep only the step first
             ckpt.commit()
+        if peers:
+            ThreadWorld(WORLD).run(lambda comm: share_own_copies(checkpointers[comm.rank], comm, step))  # noqa: B023 - run before the loop goes on
     return store, memories
 
 
@@ -89,6 +93,24 @@ def test_a_rank_on_a_new_node_reads_its_own_file_from_the_store_and_gets_the_sha
     assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]
     assert "own file from store, shared file from rank 0" in caplog.text
     assert spare.steps() == [4]  # the shared file is held on the new node too from now on
+
+
+def test_every_node_holds_every_rank_s_small_own_file_so_a_lost_node_s_rank_gets_it_from_a_peer(tmp_path, caplog):
+    store, memories = saved(tmp_path, peers=True)
+    for memory in memories:  # each node: its ranks' own files and the other node's
+        assert sorted(p.name for p in (memory.root / step_dir_name(4)).glob("rank-*.ckpt")) == [rank_file(0), rank_file(1)]
+    (store.root / step_dir_name(4) / rank_file(1)).unlink()  # not read: a peer holds it
+    spare = node_of(tmp_path / "shm", 7, store)
+    with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
+        results = restarted(store, [memories[0], spare])
+    assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]
+    assert "own file from rank 0, shared file from rank 0" in caplog.text
+
+
+def test_own_files_too_large_for_every_node_stay_on_their_own(tmp_path, monkeypatch):
+    monkeypatch.setattr("trainers.checkpoint.restart.PEER_LIMIT", 100)  # sharded state's own files
+    _, memories = saved(tmp_path, peers=True)
+    assert [[p.name for p in (m.root / step_dir_name(4)).glob("rank-*.ckpt")] for m in memories] == [[rank_file(0)], [rank_file(1)]]
 
 
 def test_a_copy_of_another_save_of_the_step_or_one_cut_short_is_never_used(tmp_path):

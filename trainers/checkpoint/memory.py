@@ -68,13 +68,33 @@ class MemoryCopies:
             return
         self._put(step, name, summary, lambda partial: shutil.copyfile(written, partial))
 
-    def hold_bytes(self, step: int, name: str, data: bytes | memoryview, sha256: str) -> None:
-        """Piece `name` of step `step`, received from another rank (`sha256`: the marker's), held here too."""
-        self._put(step, name, {"bytes": len(data), "sha256": sha256}, lambda partial: partial.write_bytes(data))
+    def hold_bytes(self, step: int, name: str, data: bytes | memoryview, sha256: str | None) -> None:
+        """Piece `name` of step `step`, received from another rank, held here too; `sha256`: the
+        marker's, or None to hash it here (a small piece sent before the marker was read)."""
+        summary = {"bytes": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest()}
+        self._put(step, name, summary, lambda partial: partial.write_bytes(data))
+
+    def whole(self, step: int, name: str) -> bytes | None:
+        """The bytes of a copy this node holds, if its size is the one recorded beside it."""
+        path = self._path(step, name)
+        try:
+            data = path.read_bytes()
+            return data if len(data) == int(json.loads(path.with_name(name + SUM).read_bytes())["bytes"]) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def claim(self, step: int, what: str) -> bool:
+        """True for the first of the node's ranks to ask (for `what` of step `step`): one writes for all."""
+        try:
+            os.close(os.open(self._path(step, f".claimed-{what}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except OSError:
+            return False
 
     def _put(self, step: int, name: str, summary: dict[str, Any], write: Callable[[Path], object]) -> None:
         target = self._path(step, name)
-        partial, partial_sum = target.with_name(f".{name}.partial"), target.with_name(f".{name}{SUM}.partial")
+        # named for the process: two ranks of a node may hold the same piece at once (a send)
+        partial, partial_sum = (target.with_name(f".{name}{suffix}.{os.getpid()}.partial") for suffix in ("", SUM))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             room = os.statvfs(self.root)

@@ -13,6 +13,7 @@ which verifies everything and falls back to older checkpoints): no rank ever res
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -31,6 +32,7 @@ from trainers.checkpoint.tensorfile import read_tensor_bytes, read_tensor_file
 log = logging.getLogger("trainers.checkpoint.restart")
 
 CHUNK_BYTES = 64 << 20  # a broadcast's piece: the shared file is sent in parts, not one buffer
+PEER_LIMIT = 64 << 20  # bytes: every rank's own file held on every node only up to this in all
 
 
 @dataclass(frozen=True)
@@ -57,19 +59,26 @@ def load_held(checkpointer: Checkpointer, comm: Collectives) -> tuple[int, dict[
     if seen[0] != -seen[1] or newest < 0 or seen[2] == 0:
         return None
     files = _marker_files(checkpointer, newest, comm.world_size)
-    own, own_from = _own_state(checkpointer, newest, files)
-    mine = memory.find(newest, SHARED, files[SHARED]) if memory is not None and files else None
-    votes = comm.allgather(torch.tensor([own is not None, mine is not None], dtype=torch.float64)).view(-1, 2)
+    find = functools.partial(_find, checkpointer, newest, files)
+    mine, shared_here = find(rank_file(comm.rank)), find(SHARED)
+    holds_all = bool(files) and all(find(rank_file(r)) is not None for r in range(comm.world_size))
+    votes = comm.allgather(torch.tensor([bool(files), mine is not None, shared_here is not None, holds_all], dtype=torch.float64)).view(-1, 4)
     if bool((votes[:, 0] == 0).any()):
         return None
-    shared, shared_from = _shared_state(checkpointer, comm, newest, files, mine, votes[:, 1])
-    ok = torch.tensor([1.0 if shared is not None else 0.0], dtype=torch.float64)
+    own, own_from = _own_state(checkpointer, comm, newest, files, mine, votes)
+    shared, shared_from = _piece_state(checkpointer, comm, newest, files, SHARED, shared_here, votes[:, 2])
+    ok = torch.tensor([1.0 if shared is not None and own is not None else 0.0], dtype=torch.float64)
     comm.allreduce_(ok, op="min")
     if ok[0] == 0 or shared is None or own is None:
         return None
     sources = Sources(own_from, shared_from)
     log.info("checkpoint step %d read back from node memory where held: own file from %s, shared file from %s", newest, sources.own, sources.shared)
     return newest, shared, own
+
+
+def _find(checkpointer: Checkpointer, step: int, files: dict[str, dict[str, Any]], name: str) -> Path | None:
+    memory = checkpointer.memory
+    return memory.find(step, name, files[name]) if memory is not None and name in files else None
 
 
 def _marker_files(checkpointer: Checkpointer, step: int, world_size: int) -> dict[str, dict[str, Any]]:
@@ -107,38 +116,81 @@ def _from_store(checkpointer: Checkpointer, step: int, name: str, sha256: str) -
         store.release(path)
 
 
-def _own_state(checkpointer: Checkpointer, step: int, files: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
-    name = rank_file(checkpointer.rank)
-    if name not in files:
-        return None, "nowhere"
-    held = checkpointer.memory.find(step, name, files[name]) if checkpointer.memory is not None else None
-    if held is not None and (state := _parsed(held)) is not None:
-        return state, "memory"
-    return _from_store(checkpointer, step, name, files[name]["sha256"]), "store"
-
-
-def _shared_state(
-    checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], mine: Path | None, holding: torch.Tensor
+def _own_state(
+    checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], mine: Path | None, votes: torch.Tensor
 ) -> tuple[dict[str, Any] | None, str]:
-    """The shared file: this rank's copy, else the first holder's (every rank takes part in the
-    broadcast when any lacks it), else the store's when no rank holds it."""
-    sha256 = files[SHARED]["sha256"]
+    """This rank's own file: its node's copy; for a rank whose node holds none (a spare), a node
+    holding every rank's copy sends it (each lacking rank's in turn, every rank taking part);
+    with no such node, the store's."""
+    holders = torch.nonzero(votes[:, 3] > 0).flatten().tolist()
+    sent: dict[str, Any] | None = None
+    root = holders[0] if holders else None
+    for lacking in torch.nonzero(votes[:, 1] == 0).flatten().tolist():
+        if root is not None:
+            got = _sent(checkpointer, comm, step, files, rank_file(lacking), _find(checkpointer, step, files, rank_file(lacking)), root)
+            sent = got if lacking == comm.rank else sent
+    if mine is not None:
+        return _parsed(mine), "memory"
+    if sent is not None:
+        return sent, f"rank {root}"
+    return _from_store(checkpointer, step, rank_file(checkpointer.rank), files[rank_file(checkpointer.rank)]["sha256"]), "store"
+
+
+def _piece_state(
+    checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], name: str, mine: Path | None, holding: torch.Tensor
+) -> tuple[dict[str, Any] | None, str]:
+    """A piece every rank needs (the shared file): this rank's copy, else the first holder's
+    (every rank takes part in the broadcast when any lacks it), else the store's when no rank holds it."""
     if not bool((holding > 0).any()):
-        return _from_store(checkpointer, step, SHARED, sha256), "store"
+        return _from_store(checkpointer, step, name, files[name]["sha256"]), "store"
     if not bool((holding > 0).all()):
         root = int(torch.nonzero(holding > 0)[0])
-        try:
-            data = mine.read_bytes() if comm.rank == root and mine is not None else None
-        except OSError:
-            data = b""  # sent all the same (the others wait for it): its checksum fails on every rank
-        sent = broadcast_bytes(comm, data, root)
+        sent = _sent(checkpointer, comm, step, files, name, mine, root)
         if mine is None:
-            if len(sent) != int(files[SHARED]["bytes"]):  # the holder could not read its copy
-                return None, f"rank {root}"
-            if checkpointer.memory is not None:  # held here too from now on: the next restart needs no send
-                threading.Thread(target=checkpointer.memory.hold_bytes, args=(step, SHARED, sent, sha256), daemon=True).start()
-            return _parsed(sent), f"rank {root}"
+            return sent, f"rank {root}"
     return (_parsed(mine) if mine is not None else None), "memory"
+
+
+def _sent(
+    checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], name: str, held: Path | None, root: int
+) -> dict[str, Any] | None:
+    """Piece `name` broadcast from rank `root`'s copy (`held` there), parsed on every rank that
+    holds none (and held there from now on: the next restart sends nothing); None on the others,
+    or when it did not arrive whole."""
+    try:
+        data = held.read_bytes() if comm.rank == root and held is not None else None
+    except OSError:
+        data = b""  # sent all the same (the others wait for it): its size fails on every rank
+    sent = broadcast_bytes(comm, data, root)
+    if held is not None or len(sent) != int(files[name]["bytes"]):
+        return None
+    if checkpointer.memory is not None:
+        threading.Thread(target=checkpointer.memory.hold_bytes, args=(step, name, sent, files[name]["sha256"]), daemon=True).start()
+    return _parsed(sent)
+
+
+def share_own_copies(checkpointer: Checkpointer, comm: Collectives, step: int) -> None:
+    """After the commit of `step` (every rank, collective): every node holds every rank's own
+    file in memory too, so the ranks of a lost node get theirs from a peer on a spare. Only while
+    every rank holds its own copy and they are small (the RNG states and data position of
+    replicated training: PEER_LIMIT); sharded state's large own files stay on their node."""
+    memory = checkpointer.memory
+    mine = memory.whole(step, rank_file(comm.rank)) if memory is not None else None
+    sizes = comm.allgather(torch.tensor([float(len(mine)) if mine is not None else -1.0], dtype=torch.float64))
+    largest = int(sizes.max())
+    if memory is None or bool((sizes < 0).any()) or largest * comm.world_size > PEER_LIMIT:
+        return
+    words = -(-largest // 8)
+    buffer = bytearray(words * 8)
+    buffer[: len(mine or b"")] = mine or b""
+    everyone = comm.allgather(torch.frombuffer(buffer, dtype=torch.float64) if words else torch.empty(0, dtype=torch.float64))
+    if not memory.claim(step, "peers"):  # one rank of each node writes them
+        return
+    raw = memoryview(everyone.view(torch.uint8).numpy().tobytes())  # small: PEER_LIMIT
+    for rank in range(comm.world_size):
+        if rank != comm.rank:
+            start = rank * words * 8
+            memory.hold_bytes(step, rank_file(rank), raw[start : start + int(sizes[rank])], None)
 
 
 def broadcast_bytes(comm: Collectives, data: bytes | None, root: int) -> memoryview:

@@ -13,6 +13,7 @@ import torch
 from collectives.base import Collectives
 from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError
 from trainers.checkpoint.memory import MemoryCopies
+from trainers.checkpoint.restart import share_own_copies
 from trainers.checkpoint.storage import StoreError, run_store
 from trainers.config import CheckpointConfig
 from trainers.faults import FAULTS, FaultLatch, agreed_fault, storage_error
@@ -80,6 +81,7 @@ class SaveCoordinator:
             self.checkpointer.drop_pending(step)
             raise self.refused_save(step, refused)
         self._commit()
+        share_own_copies(self.checkpointer, self.comm, step)  # a lost node's ranks get theirs from a peer
 
     def refused_save(self, step: int, refused: CheckpointError | None) -> Exception:
         """What every rank raises for a save of `step` a file system refused on some rank (the
