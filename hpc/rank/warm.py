@@ -247,6 +247,8 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
     finally:
         if server.memory is not None:  # the allocation's copies end with it (a new one starts empty)
             shutil.rmtree(server.memory, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                server.memory.parent.rmdir()  # the job's, once no node of it on this machine holds any
     return 0
 
 
