@@ -2,7 +2,7 @@
 """A lost node with one spare node against the requeue path, and a rank's crash, same job, on the
 simulated Slurm.
 
-    python benchmarks/spare_node.py [--rounds N (2)] [--paths spare,requeue,crash]
+    python benchmarks/spare_node.py [--rounds N (2)] [--paths spare,requeue,crash] [--hidden 1024]
 
 Each trial submits a 2-node x 2-rank job, waits for step 8 and a committed checkpoint, and
 SIGKILLs everything on a node of the step that is not the batch host (scripts/slurm-sim.sh
@@ -15,6 +15,10 @@ kill-node), as when a node loses power, or (crash) rank 1's process alone:
            zero here (an idle cluster); both add to every requeue on a real one.
 - crash:   rank 1 SIGKILLed (its node lives): the supervisor starts the ranks again in the
            allocation on the same nodes.
+- spare-store, crash-store: the same with `checkpoint.in_memory=false`: the restart reads the
+           checkpoint from the store, not the nodes' memory (trainers.checkpoint.memory).
+The model is an MLP of two hidden layers of --hidden units (1024: a 12 MiB checkpoint with Adam's
+state; 4096: 170 MiB).
 Printed per trial: seconds from the kill to the first resumed step (rank 0's timeline: the first
 step of the first start launched after the kill), the steps redone (trained before the kill,
 trained again after it), and the interruption's total as rank 0 logged it (from the failure as
@@ -44,12 +48,11 @@ from hpc.rundir import RunDir, read_jsonl  # noqa: E402
 from hpc.slurm.slurmctl import job_fields, job_state  # noqa: E402
 from trainers.watchdog import heartbeat_file  # noqa: E402
 
-PATHS = ("spare", "requeue", "crash")
+PATHS = ("spare", "requeue", "crash", "spare-store", "crash-store")
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
     "resources.tasks_per_node=2",
-    "model.hidden_sizes=[1024,1024]",
     "trainer.epochs=3",
     "checkpoint.every_steps=4",
     "checkpoint.every_minutes=null",
@@ -75,10 +78,18 @@ def step_nodes(run_dir: Path) -> set[str]:
     return hosts
 
 
-def trial(work: Path, path: str) -> dict:
+def trial(work: Path, path: str, hidden: int) -> dict:
     """One trial of `path`: spare (a node lost, a spare node allocated), requeue (a node lost, no
-    spare) or crash (one rank SIGKILLed, its node alive: a restart in the allocation)."""
-    overrides = [*JOB, *(["resources.spare_nodes=1"] if path == "spare" else []), f"run_root={work / 'runs'}"]
+    spare) or crash (one rank SIGKILLed, its node alive: a restart in the allocation); `-store`:
+    the checkpoint not kept in the nodes' memory."""
+    kind = path.removesuffix("-store")
+    overrides = [
+        *JOB,
+        f"model.hidden_sizes=[{hidden},{hidden}]",
+        *(["resources.spare_nodes=1"] if kind == "spare" else []),
+        *(["checkpoint.in_memory=false"] if path.endswith("-store") else []),
+        f"run_root={work / 'runs'}",
+    ]
     submitted = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], cwd=work, capture_output=True, text=True, timeout=300)
     if submitted.returncode != 0:
         raise RuntimeError(submitted.stderr[-500:])
@@ -88,20 +99,20 @@ def trial(work: Path, path: str) -> dict:
     poll(lambda: len(step_rows(run_dir)) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a checkpoint", 180)
     lost = sorted(step_nodes(run_dir) - {job_fields(job_id)["BatchHost"]})[0]
     killed_at = time.time()
-    if path == "crash":
+    if kind == "crash":
         os.kill(int(json.loads(heartbeat_file(RunDir(run_dir).heartbeats, 1).read_text())["pid"]), signal.SIGKILL)
     else:
         subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     before = max(row["step"] for row in step_rows(run_dir) if row["time"] <= killed_at)
     try:
-        if path == "requeue":
+        if kind == "requeue":
             poll(lambda: restarts(job_id) >= 1, "the requeue", 300)
             poll(lambda: job_state(job_id) == "PENDING", "the job to pend")
             poll(lambda: nodes_settled(except_nodes=[lost]), "the other nodes to settle", 300)
             start_job_now(job_id)
         poll(lambda: resumed_start(run_dir, killed_at) is not None, "the first resumed step", 400)
     finally:
-        if path != "crash":
+        if kind != "crash":
             subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
     resumed = resumed_start(run_dir, killed_at)
     assert resumed is not None
@@ -165,7 +176,8 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", "--rounds", type=int, default=2, help="rounds: a trial of each path per round, interleaved (default 2)")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"which paths to time, in each round (default: {','.join(PATHS)})")
+    parser.add_argument("--paths", default=",".join(PATHS[:3]), help=f"which of {','.join(PATHS)} to time, in each round (default: {','.join(PATHS[:3])})")
+    parser.add_argument("--hidden", type=int, default=1024, help="units of the MLP's two hidden layers (default 1024)")
     args = parser.parse_args()
     paths = [path.strip() for path in args.paths.split(",")]
     if not set(paths) <= set(PATHS):
@@ -175,7 +187,7 @@ def main() -> int:
         for path in paths:
             poll(nodes_settled, "an idle cluster", 300)
             with tempfile.TemporaryDirectory() as work:
-                row = trial(Path(work), path)
+                row = trial(Path(work), path, args.hidden)
             rows.append(row)
             print(json.dumps(row), flush=True)
     for path in paths:

@@ -211,6 +211,9 @@ class CheckpointConfig:
     every_steps: int = 0  # 0: not by step count
     every_minutes: float | None = 10.0  # None: not by time
     async_save: bool = True  # write on a background thread while training continues
+    # Keep the newest checkpoint in the nodes' memory too, for a restart in the allocation (with
+    # warm ranks: trainers.checkpoint.memory); false: a restart reads the store.
+    in_memory: bool = True
     resume: bool = True  # start from the newest committed checkpoint in the run dir
     # Also keep the checkpoint of the best validation so far by this figure (val_loss, val_accuracy,
     # any val_ figure the task reports), saved when an evaluation improves it; best.json names it.

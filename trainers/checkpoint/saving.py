@@ -38,7 +38,8 @@ class SaveCoordinator:
             store = run_store(checkpoint_dir, cfg.uri)
         except StoreError as err:
             raise CheckpointError(f"checkpoint.uri: {err}") from None
-        return cls(Checkpointer(store, comm.rank, comm.world_size, cfg.keep, MemoryCopies.from_env(store.url)), comm, cfg)
+        memory = MemoryCopies.from_env(store.url) if cfg.in_memory else None
+        return cls(Checkpointer(store, comm.rank, comm.world_size, cfg.keep, memory), comm, cfg)
 
     def time_vote(self) -> float:
         """1 when this rank's clock says a timed save is due. Ranks leave a step's collective
