@@ -15,6 +15,8 @@ kill-node), as when a node loses power, or (crash) rank 1's process alone:
            zero here (an idle cluster); both add to every requeue on a real one.
 - crash:   rank 1 SIGKILLed (its node lives): the supervisor starts the ranks again in the
            allocation on the same nodes.
+- hang:    rank 1 SIGSTOPped (alive, its connections open, silent): seen only by its heartbeat's
+           silence (hpc.slurm.supervise.HEARTBEAT_SILENT_S), then the same restart.
 - spare-store, crash-store: the same with `checkpoint.in_memory=false`: the restart reads the
            checkpoint from the store, not the nodes' memory (trainers.checkpoint.memory).
 The model is an MLP of two hidden layers of --hidden units (1024: a 12 MiB checkpoint with Adam's
@@ -48,7 +50,7 @@ from hpc.rundir import RunDir, read_jsonl  # noqa: E402
 from hpc.slurm.slurmctl import job_fields, job_state  # noqa: E402
 from trainers.watchdog import heartbeat_file  # noqa: E402
 
-PATHS = ("spare", "requeue", "crash", "spare-store", "crash-store")
+PATHS = ("spare", "requeue", "crash", "spare-store", "crash-store", "hang")
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
@@ -99,8 +101,8 @@ def trial(work: Path, path: str, hidden: int) -> dict:
     poll(lambda: len(step_rows(run_dir)) >= 8 and newest_committed_step(run_dir) >= 4, "step 8 and a checkpoint", 180)
     lost = sorted(step_nodes(run_dir) - {job_fields(job_id)["BatchHost"]})[0]
     killed_at = time.time()
-    if kind == "crash":
-        os.kill(int(json.loads(heartbeat_file(RunDir(run_dir).heartbeats, 1).read_text())["pid"]), signal.SIGKILL)
+    if kind in ("crash", "hang"):
+        os.kill(int(json.loads(heartbeat_file(RunDir(run_dir).heartbeats, 1).read_text())["pid"]), signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
     else:
         subprocess.run([SIM, "kill-node", lost], check=True, capture_output=True)
     before = max(row["step"] for row in step_rows(run_dir) if row["time"] <= killed_at)
@@ -112,7 +114,7 @@ def trial(work: Path, path: str, hidden: int) -> dict:
             start_job_now(job_id)
         poll(lambda: resumed_start(run_dir, killed_at) is not None, "the first resumed step", 400)
     finally:
-        if kind != "crash":
+        if kind not in ("crash", "hang"):
             subprocess.run([SIM, "revive-node", lost], check=True, capture_output=True)
     resumed = resumed_start(run_dir, killed_at)
     assert resumed is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,12 @@ def saved(
     return store, memories
 
 
+class FarStore(LocalStore):
+    """A store read as an object store is (`local` False: its pieces are fetched, not read in place)."""
+
+    local = False
+
+
 def restarted(store: LocalStore, memories: list[MemoryCopies | None]) -> list[tuple[int, dict, dict] | None]:
     return ThreadWorld(WORLD).run(lambda comm: load_held(Checkpointer(store, comm.rank, WORLD, keep=2, memory=memories[comm.rank]), comm))
 
@@ -71,28 +78,36 @@ def test_an_asynchronous_save_leaves_the_newest_committed_step_in_each_node_s_me
     assert [m.steps() for m in synchronous] == [[], []]
 
 
-def test_a_restart_reads_every_piece_from_memory_and_restores_the_committed_state(tmp_path, caplog):
+@pytest.mark.parametrize(("far", "shared_from"), [(False, "store"), (True, "rank 0")], ids=["directory", "object-store"])
+def test_a_restart_reads_every_piece_it_can_from_memory_and_restores_the_committed_state(tmp_path, caplog, far, shared_from):
     store, memories = saved(tmp_path)
     (store.root / step_dir_name(4) / rank_file(1)).write_bytes(b"not read: memory holds it")
     with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
-        results = restarted(store, memories)
+        results = restarted(FarStore(store.root) if far else store, memories)
     for rank, result in enumerate(results):
         assert result is not None
         step, shared, own = result
         assert step == 4 and torch.equal(shared["w"], torch.full((64,), 4.0)) and own["rank"].tolist() == [rank, 4, 0]
     assert "own file from memory, shared file from memory" in caplog.text  # rank 0
-    assert "own file from memory, shared file from rank 0" in caplog.text  # rank 1: sent, not read
+    # rank 1: the shared file read from a directory, or sent by rank 0 in place of a download
+    assert f"own file from memory, shared file from {shared_from}" in caplog.text
 
 
-def test_a_rank_on_a_new_node_reads_its_own_file_from_the_store_and_gets_the_shared_one_sent(tmp_path, caplog):
+@pytest.mark.parametrize("far", [False, True], ids=["directory", "object-store"])
+def test_a_rank_on_a_new_node_reads_its_own_file_from_the_store_without_a_peer_copy(tmp_path, caplog, far):
     store, memories = saved(tmp_path)
     spare = node_of(tmp_path / "shm", 7, store)
     with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
-        results = restarted(store, [memories[0], spare])
+        results = restarted(FarStore(store.root) if far else store, [memories[0], spare])
     assert all(r is not None and r[0] == 4 for r in results)
     assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]
-    assert "own file from store, shared file from rank 0" in caplog.text
-    assert spare.steps() == [4]  # the shared file is held on the new node too from now on
+    assert f"own file from store, shared file from {'rank 0' if far else 'store'}" in caplog.text
+    # a file sent is held on the new node from then on (written by a thread of its own: polled)
+    held = spare.root / step_dir_name(4) / f"{SHARED}.sum"
+    deadline = time.monotonic() + 30
+    while far and not held.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held.exists() == far
 
 
 def test_every_node_holds_every_rank_s_small_own_file_so_a_lost_node_s_rank_gets_it_from_a_peer(tmp_path, caplog):
@@ -104,7 +119,7 @@ def test_every_node_holds_every_rank_s_small_own_file_so_a_lost_node_s_rank_gets
     with caplog.at_level(logging.INFO, "trainers.checkpoint.restart"):
         results = restarted(store, [memories[0], spare])
     assert results[1] is not None and results[1][2]["rank"].tolist() == [1, 4, 0]
-    assert "own file from rank 0, shared file from rank 0" in caplog.text
+    assert "own file from rank 0, shared file from store" in caplog.text
 
 
 def test_own_files_too_large_for_every_node_stay_on_their_own(tmp_path, monkeypatch):

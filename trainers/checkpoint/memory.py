@@ -13,9 +13,8 @@ reads the marker from the store): the sum recorded beside it, the one its rank c
 writing the file it was copied from, must be the marker's, and its size the marker's. It is not
 hashed again at a restart (hashing is most of the read): a copy of another save of the same step,
 or one cut short, is never used; a bit flipped in memory afterwards is ECC's to catch. A piece no
-node of the new step holds comes from the store, hashed as it is read; the shared file, held on
-one node only, is sent to the others over the collectives (one read instead of one per rank). A
-new allocation (a requeue) starts with an empty directory.
+node of the new step holds comes from the store, hashed as it is read (trainers.checkpoint.restart
+says which piece comes from where). A new allocation (a requeue) starts with an empty directory.
 """
 
 from __future__ import annotations

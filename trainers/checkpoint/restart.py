@@ -5,10 +5,13 @@ The store still decides which checkpoint: the newest committed step in it (the s
 rank, or this path is not taken), whose marker names each piece's size and sha256. Each rank takes
 its own file from its node's copy when the copy's recorded sum and size are the marker's, else
 from the store (hashed as it is read).
-The shared file is held on rank 0's old node only: a rank that holds it sends it to the ranks
-that do not, over the collectives, instead of each reading the file system. Any rank that cannot
-get a piece this way sends every rank back to the store's path (`Checkpointer.load_latest`,
-which verifies everything and falls back to older checkpoints): no rank ever restores alone.
+A spare's ranks get their own files from a node that holds every rank's (small ones: replicated
+training's), sent over the collectives. The shared file is held on rank 0's old node only: the
+ranks of other nodes read it from a directory store (its page cache beat a broadcast, measured),
+or, from an object store, get it from a rank that holds it over the collectives (one download
+instead of one per rank). Any rank that cannot get a piece this way sends every rank back to the
+store's path (`Checkpointer.load_latest`, which verifies everything and falls back to older
+checkpoints): no rank ever restores alone.
 """
 
 from __future__ import annotations
@@ -139,16 +142,19 @@ def _own_state(
 def _piece_state(
     checkpointer: Checkpointer, comm: Collectives, step: int, files: dict[str, dict[str, Any]], name: str, mine: Path | None, holding: torch.Tensor
 ) -> tuple[dict[str, Any] | None, str]:
-    """A piece every rank needs (the shared file): this rank's copy, else the first holder's
-    (every rank takes part in the broadcast when any lacks it), else the store's when no rank holds it."""
-    if not bool((holding > 0).any()):
-        return _from_store(checkpointer, step, name, files[name]["sha256"]), "store"
-    if not bool((holding > 0).all()):
+    """A piece every rank needs (the shared file): this rank's node's copy; else, from an object
+    store, the first holder's (every rank takes part in the broadcast when any lacks it: one
+    download instead of one per rank); else the store's. A directory store is read, hashed:
+    measured on one machine (docs/benchmarks.md), its page cache beat a broadcast of the file."""
+    some_lack, some_hold = bool((holding == 0).any()), bool((holding > 0).any())
+    if some_lack and some_hold and not checkpointer.store.local:  # the same on every rank
         root = int(torch.nonzero(holding > 0)[0])
         sent = _sent(checkpointer, comm, step, files, name, mine, root)
         if mine is None:
             return sent, f"rank {root}"
-    return (_parsed(mine) if mine is not None else None), "memory"
+    if mine is not None:
+        return _parsed(mine), "memory"
+    return _from_store(checkpointer, step, name, files[name]["sha256"]), "store"
 
 
 def _sent(
