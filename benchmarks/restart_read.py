@@ -3,10 +3,12 @@ against the store's path (Checkpointer.load_latest: every piece verified, then r
 side in one run, with the page cache dropped before each read (as after a node's restart, or a
 shared file system whose other clients evicted it).
 
-    python -m benchmarks.restart_read [--mb 256] [--ranks 2] [--rounds 5] [--dir DIR]
+    python -m benchmarks.restart_read [--mb 64] [--own-mb 128] [--ranks 2] [--rounds 5] [--dir DIR]
 
-Ranks are threads of one process (collectives.testing.ThreadWorld), each its own node's memory
-directory under /dev/shm; the store is a directory on --dir's disk. Needs root to drop the page
+--mb: the shared file's size (rank 0's: replicated weights and optimizer state); --own-mb: each
+rank's own file (its shard of sharded state: ZeRO, FSDP; replicated training's are kilobytes).
+Ranks are threads of one process (collectives.testing.ThreadWorld), each on a node of its own
+(a memory directory under /dev/shm); the store is a directory on --dir's disk. Needs root to drop the page
 cache (/proc/sys/vm/drop_caches); without it the store's read is a warm one and says so. Medians
 over interleaved rounds; the bounds beside them: the disk's sequential read of the checkpoint's
 files (cold), and a copy of the same bytes in memory.
@@ -41,14 +43,13 @@ def drop_page_cache() -> bool:
         return False
 
 
-def saved(store: LocalStore, memories: list[MemoryCopies], megabytes: int) -> None:
-    """A model-and-optimizer-sized shared piece (rank 0's) and a small own piece per rank, saved
-    asynchronously and committed, as training does."""
-    count = megabytes * (1 << 20) // 4
+def saved(store: LocalStore, memories: list[MemoryCopies], megabytes: int, own_megabytes: int) -> None:
+    """The shared piece (rank 0's) and each rank's own, saved asynchronously and committed, as training does."""
     ranks = len(memories)
     checkpointers = [Checkpointer(store, rank, ranks, keep=2, memory=memories[rank]) for rank in range(ranks)]
     for rank, ckpt in enumerate(checkpointers):
-        ckpt.begin_save(1, {"state": torch.randn(count)} if rank == 0 else None, {"rng": torch.get_rng_state()}, asynchronous=True)
+        shared = {"state": torch.randn(megabytes * (1 << 20) // 4)} if rank == 0 else None
+        ckpt.begin_save(1, shared, {"rng": torch.get_rng_state(), "shard": torch.randn(own_megabytes * (1 << 20) // 4)}, asynchronous=True)
     for ckpt in checkpointers:
         ckpt.wait_written()
     for ckpt in reversed(checkpointers):
@@ -77,7 +78,8 @@ def raw_read(paths: list[Path]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.restart_read", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=256, help="the shared piece's size (MiB)")
+    parser.add_argument("--mb", type=int, default=64, help="the shared file's size (MiB)")
+    parser.add_argument("--own-mb", type=int, default=128, help="each rank's own file's size (MiB): its shard")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where the store lives (default: a temporary directory)")
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = LocalStore(work / "checkpoints")
         memories = [MemoryCopies(shm / f"node{rank}", store.url) for rank in range(args.ranks)]
-        saved(store, memories, args.mb)
+        saved(store, memories, args.mb, args.own_mb)
         files = sorted((work / "checkpoints").glob("step-*/*.ckpt"))
         timings: dict[str, list[float]] = {"store": [], "memory": [], "disk bound": [], "memory bound": []}
         cold = True
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             timings["memory bound"].append(raw_read(held))
         medians = {name: statistics.median(values) for name, values in timings.items()}
         cache = "dropped" if cold else "NOT dropped (not root)"
-        print(f"restart read, {args.mb} MiB shared + {args.ranks} own pieces, {args.ranks} ranks, {args.rounds} rounds, page cache {cache}")
+        print(f"restart read, {args.mb} MiB shared + {args.own_mb} MiB own a rank, {args.ranks} ranks, {args.rounds} rounds, page cache {cache}")
         for name, values in timings.items():
             print(f"  {name:12s} {medians[name]:6.3f} s  ({min(values):.3f}-{max(values):.3f})")
         print(f"  memory / store: {medians['memory'] / medians['store']:.3f}x")
