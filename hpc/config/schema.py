@@ -66,7 +66,7 @@ class ClusterConfig:
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun
     # Any other sbatch option: long name -> value (true: a flag), e.g. +cluster.sbatch.mail-type=END,
-    # cluster.sbatch.exclusive=true; those the toolkit sets are refused naming their setting (hpc.config.sbatch).
+    # cluster.sbatch.exclusive=true; those the toolkit sets are refused naming their setting (hpc.slurm.options, through the plugin's launcher).
     sbatch: dict[str, Any] = field(default_factory=dict)
     # The ranks in a container image (docs/running-jobs.md): through pyxis (srun --container-image,
     # an image such as nvcr.io#nvidia/pytorch:24.05-py3) or apptainer (`apptainer exec IMAGE`, a

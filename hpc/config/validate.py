@@ -12,9 +12,9 @@ from typing import Any
 from collectives.backends import BACKEND_TABLE, backend_of, check_comm, offering, sharding_refused
 from collectives.mpirun import find_mpirun
 from hpc.config.launchers import traits
-from hpc.config.sbatch import has_control_character, job_ids, sbatch_lines
 from hpc.config.schema import CONTAINER_RUNTIMES, RUN_ACCESS, JobConfig
 from hpc.config.scripts import check_script
+from hpc.config.scriptvalues import has_control_character, job_ids
 from hpc.config.sources import class_source, constructor_arguments, defines, find_module_file, required_step_arguments
 from hpc.errors import UserError
 from hpc.fabric.topology import check_topology
@@ -275,11 +275,11 @@ def check_dependencies(job: JobConfig) -> None:
     (a queued one). Whether the scheduler knows them: hpc.launching.launch.check_waits."""
     launcher = traits(job.cluster.launcher)
     if launcher.queued:
-        waits = {"after": job_ids("after", job.after, launcher), "after_any": job_ids("after_any", job.after_any, launcher)}
-    else:  # ids in a form no scheduler takes are refused as such first
-        waits = {"after": job_ids("after", job.after), "after_any": job_ids("after_any", job.after_any)}
-    if any(waits.values()) and not launcher.queued:
-        key = next(key for key, ids in waits.items() if ids)
+        job_ids("after", job.after, launcher)
+        job_ids("after_any", job.after_any, launcher)
+        return
+    key = next((key for key, value in (("after", job.after), ("after_any", job.after_any)) if value not in (None, "", [])), None)
+    if key is not None:
         raise UserError(f"{key}= holds a job until others end: it needs a Slurm cluster (cluster={job.cluster.name} runs at once, here)")
 
 
@@ -300,7 +300,6 @@ def check_script_values(job: JobConfig) -> None:
     for key, value in values.items():
         if value is not None and has_control_character(value):
             raise UserError(f"{key}={value!r} contains a control character (line break, tab, ...); use printable characters only")
-    sbatch_lines(cluster.sbatch)  # any sbatch option: known to sbatch, not one the toolkit sets, one printable value
     check_run_root(job.run_root)
     if not job.name.strip() or "/" in job.name:
         raise UserError(f"name={job.name!r} must be non-empty and contain no '/' (it names the run directory)")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from collectives.mpirun import huge_pages_environment, root_environment
 from hpc.config.diskspace import space_warnings
-from hpc.config.sbatch import job_ids
 from hpc.config.schema import JobConfig, task_target
 from hpc.config.scripts import literal, parse_script
+from hpc.config.scriptvalues import job_ids
 from hpc.config.validate import validate_job
 from hpc.errors import UserError
 from hpc.launching.deaths import KILLED, tell_killed
@@ -50,11 +50,19 @@ def prepare(job: JobConfig) -> JobConfig:
     """Validate, and pin what ranks must not re-derive. A run root too small for the job's
     checkpoints is a warning line; a read-only one is refused (hpc.config.diskspace)."""
     info = validate_job(job)
+    check_for_scheduler(job)
     check_waits(job)
     check_refusal(job)
     for line in space_warnings(job, info):
         print(line, file=sys.stderr, flush=True)
     return pin_inputs(job, info)
+
+
+def check_for_scheduler(job: JobConfig) -> None:
+    """The settings only the job's scheduler knows (Slurm's: cluster.sbatch), by its plugin (QueuedLauncher.check)."""
+    launcher = launcher_for(job)
+    if isinstance(launcher, QueuedLauncher):
+        launcher.check(job)
 
 
 def check_refusal(job: JobConfig) -> None:

@@ -130,6 +130,11 @@ class QueuedLauncher(ABC):
         """Whether a job in `state` has ranks a stop signal reaches (hpc.stop)."""
         return state in self.running_states
 
+    def check(self, job: JobConfig) -> None:
+        """The job's settings only this scheduler knows (Slurm's: cluster.sbatch), checked on
+        the login node before anything is written, dry runs included; UserError in one line."""
+        return None
+
     def refusal(self, job: JobConfig) -> str | None:
         """What the scheduler itself cannot run of the checked job (asked of its tools before a
         submission: a plugin the job needs); None: nothing."""

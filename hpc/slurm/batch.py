@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpc.config.sbatch import dependency, sbatch_lines
 from hpc.config.schema import JobConfig
 from hpc.env import (
     ALLOCATION_RESTARTS_VARIABLE,
@@ -35,6 +34,7 @@ from hpc.launching.follow import Follower
 from hpc.rank.main import EXIT_RESUMABLE
 from hpc.rundir import PROJECT_ROOT, RunDir
 from hpc.slurm import slurmctl
+from hpc.slurm.options import dependency, sbatch_lines
 from hpc.slurm.warmnodes import END_CALL as WARM_END_CALL
 from hpc.slurm.warmnodes import batch_start_lines, warm_program
 

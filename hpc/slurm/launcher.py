@@ -13,6 +13,7 @@ from hpc.launching.launchers import GONE, QueuedJob, QueuedLauncher
 from hpc.rundir import RunDir
 from hpc.slurm import batch as slurm
 from hpc.slurm import slurmctl
+from hpc.slurm.options import sbatch_lines
 
 
 class SlurmLauncher(QueuedLauncher):
@@ -77,6 +78,9 @@ class SlurmLauncher(QueuedLauncher):
 
     def stoppable(self, state: str) -> bool:
         return state == "RUNNING"  # COMPLETING: its ranks are ending already
+
+    def check(self, job: JobConfig) -> None:
+        sbatch_lines(job.cluster.sbatch)  # any sbatch option: known to sbatch, not one the toolkit sets, one printable value
 
     def refusal(self, job: JobConfig) -> str | None:
         cluster = job.cluster

@@ -114,7 +114,7 @@ def test_any_sbatch_option_reaches_slurm_with_its_value_literal(tmp_path):
 
 
 def test_every_option_the_installed_sbatch_lists_is_one_cluster_sbatch_knows():
-    from hpc.config.sbatch import KNOWN
+    from hpc.slurm.options import KNOWN
 
     listed = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, check=True).stdout
     options = set(re.findall(r"--([a-z][a-z0-9-]*)", listed)) - {"help", "usage", "version", "verbose", "quiet"}

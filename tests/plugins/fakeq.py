@@ -14,6 +14,7 @@ from typing import Any
 
 from hpc.config.launchers import LauncherTraits
 from hpc.env import PORT_BASE, PORT_SPAN, RankInfo
+from hpc.errors import UserError
 from hpc.launching.launchers import GONE, QueuedJob, QueuedLauncher
 from hpc.rank.lifecycle import EXIT_RESUMABLE
 from hpc.rank.scheduler import NoScheduler, StopPlan
@@ -50,6 +51,10 @@ class FakeQueue(QueuedLauncher):
         self.arrays: list[tuple[dict[str, Any], list[str], int | None]] = []
         self.states: dict[str, str] = {}
         self.submitted: Path | None = None
+
+    def check(self, job):
+        if job.cluster.sbatch:  # its settings are its own: Slurm's options mean nothing to it
+            raise UserError(f"cluster.sbatch: FakeQ takes no sbatch options ({', '.join(sorted(job.cluster.sbatch))})")
 
     def dry_run(self, job, env, run_dir):
         return "# fakeq script"

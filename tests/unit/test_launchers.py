@@ -202,8 +202,9 @@ def test_wait_true_follows_a_job_to_its_end_in_its_schedulers_own_words(fake_que
 
 
 def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher(fake_queue, tmp_path, monkeypatch):
-    """hpc.stop, the Python API's Job and after= ask the launcher job.json names: a made-up
-    scheduler answers all three with nothing but its own class (no Slurm tool is asked)."""
+    """hpc.stop, the Python API's Job, after= and the checks of the scheduler's own settings ask
+    the launcher job.json (or the config) names: a made-up scheduler answers them all with nothing
+    but its own class (no Slurm tool is asked)."""
     from hpc.api import Job
     from hpc.launching import launch
     from hpc.tools import stop
@@ -240,6 +241,9 @@ def test_hpc_stop_the_api_and_after_reach_a_third_scheduler_through_its_launcher
         launch.check_waits(replace(waiting, after_any="q9"))
     with pytest.raises(UserError, match=r"^after='12': name FakeQ job ids, e.g. after=q1 or after=\[q1,q2\] \(an array's task: q1.0\)$"):
         check_dependencies(replace(waiting, after="12"))  # its own form of ids, on the login node's first check
+    with pytest.raises(UserError, match=r"^cluster.sbatch: FakeQ takes no sbatch options \(mail-typo\)$"):  # its own checks, not Slurm's
+        launch.check_for_scheduler(replace(waiting, cluster=replace(waiting.cluster, sbatch={"mail-typo": "END"})))
+    launch.check_for_scheduler(waiting)
     run.write_json(run.job, {"job_id": "q0.1", "launcher": "pbs"})
     with pytest.raises(UserError, match=r"^job.json names launcher 'pbs', which this toolkit does not know \(known: local, slurm, fakeq\)$"):
         stop.stop_run(run.path)

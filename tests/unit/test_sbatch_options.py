@@ -1,4 +1,4 @@
-"""Any sbatch option through cluster.sbatch (hpc.config.sbatch): rendered as #SBATCH lines in the
+"""Any sbatch option through cluster.sbatch (hpc.slurm.options, checked through SlurmLauncher.check): rendered as #SBATCH lines in the
 script the job is submitted with, and every option the toolkit sets itself refused there in one
 line naming the setting that owns it. On the real Slurm: tests/e2e/test_injection_slurm.py."""
 
@@ -9,12 +9,14 @@ from dataclasses import replace
 
 import pytest
 
-from hpc.config.sbatch import KNOWN, OWNED, sbatch_lines
 from hpc.config.schema import ClusterConfig, JobConfig
 from hpc.config.validate import check_dependencies, check_script_values
 from hpc.errors import UserError
+from hpc.launching.launch import prepare
 from hpc.rundir import RunDir
 from hpc.slurm.batch import render_sbatch
+from hpc.slurm.launcher import SlurmLauncher
+from hpc.slurm.options import KNOWN, OWNED, sbatch_lines
 
 CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_per_node=4, max_nodes=4, time_min=20)
 
@@ -22,6 +24,7 @@ CLUSTER = ClusterConfig(name="sim", launcher="slurm", partition="debug", cpus_pe
 def script_with(tmp_path, **options) -> list[str]:
     job = JobConfig(cluster=replace(CLUSTER, sbatch=options), name="train")
     check_script_values(job)
+    SlurmLauncher().check(job)
     return [line for line in render_sbatch(job, {}, RunDir(tmp_path / "run")).splitlines() if line.startswith("#SBATCH")]
 
 
@@ -52,7 +55,7 @@ def test_every_option_the_toolkit_sets_is_refused_naming_the_setting_that_owns_i
 )
 def test_bad_options_are_refused_in_one_line_on_the_login_node(options, message):
     with pytest.raises(UserError, match=message):
-        check_script_values(JobConfig(cluster=replace(CLUSTER, sbatch=options)))
+        prepare(JobConfig(cluster=replace(CLUSTER, sbatch=options), dry_run=True))  # the login node's checks, through the plugin
 
 
 @pytest.mark.parametrize(

@@ -1,19 +1,31 @@
-"""Any sbatch option, from the command line (`+cluster.sbatch.mail-type=END`) or a cluster's
+"""The Slurm plugin's login-side settings: its traits (what the login node's checks ask of it),
+and any sbatch option, from the command line (`+cluster.sbatch.mail-type=END`) or a cluster's
 YAML: `cluster.sbatch` maps sbatch's long option names to values, rendered as `#SBATCH --name=value`
 lines (submitit quotes each value) or `#SBATCH --name` for `true`. The options the toolkit sets
 itself are refused there, naming the setting that owns them: a second `--signal` or `--array`
-line would silently override what the stop, requeue and sweep machinery relies on.
+line would silently override what the stop, requeue and sweep machinery relies on. Checked on
+the login node through the plugin's launcher (SlurmLauncher.check), for Slurm jobs alone.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from hpc.config.launchers import SLURM, LauncherTraits
+from hpc.config.launchers import LauncherTraits
+from hpc.config.scriptvalues import has_control_character, job_ids
 from hpc.errors import UserError
+
+TRAITS = LauncherTraits(  # the plugin's (hpc.schedulers.BUILT_IN)
+    "slurm",
+    "Slurm",
+    queued=True,
+    one_machine=False,
+    asks_for_gpus=True,
+    tool="sbatch",
+    without_tool="sbatch not found: cluster={cluster} needs a Slurm login node; use cluster=local to run here",
+)
 
 # sbatch's own long options (Slurm 22.05 to 24.11; `sbatch --help` lists most, the rest are in its
 # man page). tests/e2e checks this set against the installed sbatch's --help.
@@ -67,13 +79,6 @@ OWNED = {
 }
 
 OPTION_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
-# Control characters (C0, DEL, C1 such as NEL) and Unicode line/paragraph separators: each can
-# end a line for some reader of the sbatch script (Python's splitlines, editors, log viewers).
-CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")
-
-
-def has_control_character(text: str) -> bool:
-    return any(unicodedata.category(ch) in CONTROL_CATEGORIES for ch in text)
 
 
 def sbatch_lines(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,22 +108,10 @@ def sbatch_lines(options: Mapping[str, Any]) -> dict[str, Any]:
     return rendered
 
 
-def job_ids(key: str, value: Any, launcher: LauncherTraits = SLURM) -> list[str]:
-    """`after`/`after_any` as `launcher`'s job ids: one id, a list (after=[123,124]) or a text of
-    ids separated by commas or colons (after="123,124"); UserError for anything else."""
-    if value is None or value == "" or value == []:
-        return []
-    items = value if isinstance(value, list | tuple) else re.split(r"[,:]", str(value))
-    ids = [str(item).strip() for item in items]
-    bad = [item for item in ids if not re.fullmatch(launcher.job_id_form, item)]
-    if bad or isinstance(value, bool):
-        one, two, task = launcher.job_id_examples
-        raise UserError(f"{key}={value!r}: name {launcher.scheduler} job ids, e.g. {key}={one} or {key}=[{one},{two}] (an array's task: {task})")
-    return ids
-
-
 def dependency(after: Any, after_any: Any) -> str | None:
     """sbatch's --dependency for `after` (afterok: each ended COMPLETED) and `after_any`
     (afterany: each ended, in any state); None: neither."""
-    parts = [f"{kind}:{':'.join(ids)}" for kind, ids in (("afterok", job_ids("after", after)), ("afterany", job_ids("after_any", after_any))) if ids]
+    parts = [
+        f"{kind}:{':'.join(ids)}" for kind, ids in (("afterok", job_ids("after", after, TRAITS)), ("afterany", job_ids("after_any", after_any, TRAITS))) if ids
+    ]
     return ",".join(parts) or None
