@@ -203,7 +203,7 @@ def test_the_submission_side_reaches_the_rank_only_through_its_entry_point():
 
 
 # The Slurm plugin (hpc.schedulers): its login side, and its rank side, which the ranks load by name
-SLURM_LOGIN_SIDE = ("hpc.slurm.launcher", "hpc.slurm.batch", "hpc.slurm.prepare")
+SLURM_LOGIN_SIDE = ("hpc.slurm.launcher", "hpc.slurm.batch", "hpc.slurm.prepare", "hpc.slurm.options")
 SLURM_RANK_SIDE = ("hpc.slurm.job", "hpc.slurm.environment")
 
 
