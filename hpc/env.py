@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,6 +274,16 @@ def checkpoint_memory(job: str, node: str | None = None, base: Path = MEMORY_BAS
 
     job_dir = base / f"hpctk-{os.getuid()}" / safe(job)
     return job_dir / safe(node) if node is not None else job_dir
+
+
+def private_dir(path: Path) -> bool:
+    """A directory of this user's alone: not a link, owned by us, no access for others. A name in
+    a tmpfs every user writes to (/dev/shm) is taken only when it is, never followed otherwise."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and found.st_mode & 0o077 == 0
 
 
 def rendezvous(env: Mapping[str, str]) -> tuple[str, int] | None:

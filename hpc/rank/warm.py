@@ -47,7 +47,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.env import MEMORY_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE, checkpoint_memory, job_id, task_place
+from hpc.env import MEMORY_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE, checkpoint_memory, job_id, private_dir, task_place
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -256,12 +256,14 @@ def node_memory(env: Mapping[str, str], name: str) -> Path | None:
     """This node's directory for the newest checkpoint's copies (trainers.checkpoint.memory),
     made for the warm process's lifetime: None where there is no tmpfs or it cannot be made."""
     root = checkpoint_memory(job_id(env) or name.strip("\0"), task_place(env)[1])
-    try:
-        root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        shutil.rmtree(root, ignore_errors=True)  # a former allocation's, left by a SIGKILL
-        root.mkdir(mode=0o700)
-    except OSError:  # no tmpfs here, or not ours: the ranks read the store
-        return None
+    # Each level made private, or refused where another user made it first (the tmpfs is every
+    # user's). What a former warm process of this allocation (or a SIGKILLed one of a former
+    # start of the job) left is kept: a copy is used only as the committed marker names it.
+    for level in (root.parent.parent, root.parent, root):
+        with contextlib.suppress(FileExistsError, OSError):
+            os.mkdir(level, 0o700)
+        if not private_dir(level):  # no tmpfs here, or not ours: the ranks read the store
+            return None
     return root
 
 

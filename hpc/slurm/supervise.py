@@ -63,6 +63,7 @@ from hpc.env import (
     WARM_VARIABLE,
     checkpoint_memory,
     job_id,
+    private_dir,
 )
 from hpc.liveness import LIVENESS_VARIABLE, Listener, node_answers, unanswering
 from hpc.rundir import RunDir
@@ -440,8 +441,9 @@ class Supervisor:
         finally:
             if warm is not None:
                 warm.stop()
-            if (job := job_id(self.env)) is not None:  # the checkpoint copies of nodes whose warm process died with them
-                shutil.rmtree(checkpoint_memory(job), ignore_errors=True)
+            job_dir = checkpoint_memory(job_id(self.env) or self.job_id)
+            if private_dir(job_dir.parent) and private_dir(job_dir):  # the checkpoint copies of nodes whose warm process died with them
+                shutil.rmtree(job_dir, ignore_errors=True)
 
     def start_warm_nodes(self) -> WarmNodes | None:
         """Every node's warm process (hpc.rank.warm), spares included, where the job wants them

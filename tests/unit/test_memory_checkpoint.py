@@ -9,6 +9,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ def any_free_space_will_do(monkeypatch):
 
 
 def node_of(root: Path, rank: int, store: LocalStore) -> MemoryCopies:
+    (root / f"node{rank}").mkdir(parents=True, exist_ok=True)  # the warm process's (hpc.rank.warm.node_memory)
     return MemoryCopies(root / f"node{rank}", store.url)
 
 
@@ -226,3 +228,51 @@ def test_the_node_directory_is_named_for_user_job_and_node_and_the_variable_is_r
     monkeypatch.setenv(MEMORY_VARIABLE, str(tmp_path))
     copies = MemoryCopies.from_env("s")
     assert copies is not None and copies.root.parent == tmp_path
+
+
+def test_a_synchronous_save_leaves_the_copies_held_as_they_are(tmp_path):
+    store, memories = saved(tmp_path)
+    ckpt = Checkpointer(store, 1, WORLD, keep=2, memory=memories[1])
+    ckpt.begin_save(6, None, {"rank": torch.tensor([1, 6, 0])}, asynchronous=False)  # a best-validation save mid-run
+    ckpt.wait_written()
+    ckpt.commit()
+    assert memories[1].steps() == [4]
+
+
+def test_the_memory_directory_is_taken_only_when_it_is_private(tmp_path, monkeypatch):
+    from hpc.env import private_dir
+    from hpc.rank import warm
+
+    monkeypatch.setattr(warm, "checkpoint_memory", lambda job, node: tmp_path / "shm" / "hpctk-0" / job / node)
+    (tmp_path / "shm").mkdir()
+    made = warm.node_memory({}, "\0name")
+    assert made is not None and all(private_dir(level) for level in (made, made.parent, made.parent.parent))
+    shared = tmp_path / "shm" / "hpctk-0" / "name"
+    shared.chmod(0o777)  # as another user's planted directory would be
+    assert warm.node_memory({}, "\0name") is None
+    shared.chmod(0o700)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    shutil.rmtree(made)
+    made.symlink_to(target)  # a link is never followed
+    assert warm.node_memory({}, "\0name") is None and not private_dir(made)
+
+
+def test_the_job_s_memory_limit_is_read_from_its_cgroup_and_kept_half_free(tmp_path, monkeypatch):
+    from trainers.checkpoint import memory
+
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job_7/step_0\n")
+    group = tmp_path / "fs" / "job_7" / "step_0"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text("1000\n")
+    (group / "memory.current").write_text("300\n")
+    assert memory.cgroup_memory(proc, tmp_path / "fs") == (1000, 300)
+    (group / "memory.max").write_text("max\n")
+    assert memory.cgroup_memory(proc, tmp_path / "fs") == (None, 300)
+    assert memory.cgroup_memory(tmp_path / "absent", tmp_path / "fs") == (None, None)
+    monkeypatch.setattr(memory, "cgroup_memory", lambda: (1000, 300))
+    monkeypatch.setattr(memory, "KEEP_FREE", 0.5)
+    monkeypatch.setattr(memory.os, "statvfs", lambda path: SimpleNamespace(f_bavail=1 << 30, f_frsize=1, f_blocks=1 << 30))  # an empty tmpfs
+    assert memory.room_short(tmp_path, 200) is None
+    assert "of the job's memory limit (0 MiB) free" in (memory.room_short(tmp_path, 201) or "")

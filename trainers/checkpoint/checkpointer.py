@@ -236,8 +236,8 @@ class Checkpointer:
             return
         copied = self._copied = threading.Event()
         pieces = [(rank_file(self.rank), own), *([(SHARED, shared)] if shared is not None else [])]
-        # Copies in node memory serve a restart in this allocation; a synchronous save is the
-        # last before the job ends (a stop, the end of training): not worth its time.
+        # Copies in node memory serve a restart in this allocation; a synchronous save is mostly
+        # the last before the job ends (a stop, the end of training): not worth its time.
         memory = self.memory if asynchronous else None
 
         def write() -> None:
@@ -319,8 +319,8 @@ class Checkpointer:
         """Called on every rank once all ranks have written; rank 0 publishes the checkpoint."""
         step = self.pending_step
         self.pending_step = None
-        if step is not None and self.memory is not None:
-            self.memory.keep_only(step)
+        if step is not None and self.memory is not None and step in self.memory.steps():
+            self.memory.keep_only(step)  # a synchronous save (not copied) leaves the copies held as they are
         if step is None or self.rank != 0:
             return None
         expected = sorted({SHARED, *(rank_file(r) for r in range(self.world_size))})

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,31 @@ MEMORY_VARIABLE = "HPCTK_MEMORY_CHECKPOINTS"  # the node's directory for this al
 # a copy that would leave less than this part of it free is not made.
 KEEP_FREE = 0.5
 SUM = ".sum"  # beside each copy: its size and sha256, as its rank wrote them (trainers.checkpoint.checkpointer)
+
+
+def room_short(root: Path, size: int) -> str | None:
+    """Why a copy of `size` bytes is not made here; None: there is room. The tmpfs must keep
+    KEEP_FREE of it free, and the job's memory cgroup (which tmpfs pages count against, where
+    Slurm confines jobs) KEEP_FREE of its limit."""
+    room = os.statvfs(root)
+    if size > room.f_bavail * room.f_frsize - KEEP_FREE * room.f_blocks * room.f_frsize:
+        return f"{size} bytes would leave under {KEEP_FREE:.0%} of the tmpfs free"
+    limit, used = cgroup_memory()
+    if limit is not None and used is not None and size > limit - used - KEEP_FREE * limit:
+        return f"{size} bytes would leave under {KEEP_FREE:.0%} of the job's memory limit ({limit >> 20} MiB) free"
+    return None
+
+
+def cgroup_memory(proc: Path = Path("/proc/self/cgroup"), mount: Path = Path("/sys/fs/cgroup")) -> tuple[int | None, int | None]:
+    """(limit, usage) in bytes of this process's cgroup v2 memory controller; None where unknown or unlimited."""
+    try:
+        relative = next(line.split(":", 2)[2] for line in proc.read_text().splitlines() if line.startswith("0::"))
+        where = mount / relative.strip().lstrip("/")
+        limit_text = (where / "memory.max").read_text().strip()
+        used = int((where / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None, None
+    return (None if limit_text == "max" else int(limit_text)), used
 
 
 class MemoryCopies:
@@ -73,13 +99,19 @@ class MemoryCopies:
         summary = {"bytes": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest()}
         self._put(step, name, summary, lambda partial: partial.write_bytes(data))
 
-    def whole(self, step: int, name: str) -> bytes | None:
-        """The bytes of a copy this node holds, if its size is the one recorded beside it."""
+    def size(self, step: int, name: str) -> int | None:
+        """The size of a copy this node holds whole (its size the one recorded beside it); None: none."""
         path = self._path(step, name)
         try:
-            data = path.read_bytes()
-            return data if len(data) == int(json.loads(path.with_name(name + SUM).read_bytes())["bytes"]) else None
+            size = path.stat().st_size
+            return size if size == int(json.loads(path.with_name(name + SUM).read_bytes())["bytes"]) else None
         except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def read(self, step: int, name: str) -> bytes | None:
+        try:
+            return self._path(step, name).read_bytes()
+        except OSError:
             return None
 
     def claim(self, step: int, what: str) -> bool:
@@ -92,15 +124,20 @@ class MemoryCopies:
 
     def _put(self, step: int, name: str, summary: dict[str, Any], write: Callable[[Path], object]) -> None:
         target = self._path(step, name)
-        # named for the process: two ranks of a node may hold the same piece at once (a send)
-        partial, partial_sum = (target.with_name(f".{name}{suffix}.{os.getpid()}.partial") for suffix in ("", SUM))
+        # named for the process and thread: two ranks of a node may hold the same piece at once (a send)
+        unique = f"{os.getpid()}.{threading.get_ident()}"
+        partial, partial_sum = (target.with_name(f".{name}{suffix}.{unique}.partial") for suffix in ("", SUM))
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            room = os.statvfs(self.root)
-            if int(summary["bytes"]) > room.f_bavail * room.f_frsize - KEEP_FREE * room.f_blocks * room.f_frsize:
-                raise OSError(errno.ENOSPC, f"{summary['bytes']} bytes would leave under {KEEP_FREE:.0%} of the tmpfs free")
+            # never the node's directory (its warm process made it, and removes it at its end: a
+            # late writer must not make it again)
+            self.root.mkdir(exist_ok=True)
+            target.parent.mkdir(exist_ok=True)
+            short = room_short(self.root, int(summary["bytes"]))
+            if short:
+                raise OSError(errno.ENOSPC, short)
             write(partial)
             partial_sum.write_text(json.dumps(summary))
+            target.with_name(name + SUM).unlink(missing_ok=True)  # no moment where new bytes sit beside an old sum
             os.replace(partial, target)
             os.replace(partial_sum, target.with_name(name + SUM))  # last: the copy is whole
         except OSError as err:

@@ -36,6 +36,7 @@ log = logging.getLogger("trainers.checkpoint.restart")
 
 CHUNK_BYTES = 64 << 20  # a broadcast's piece: the shared file is sent in parts, not one buffer
 PEER_LIMIT = 64 << 20  # bytes: every rank's own file held on every node only up to this in all
+BROADCAST_LIMIT = 1 << 30  # bytes: a shared file sent from a holder rather than downloaded by each rank, up to this
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ def _marker_files(checkpointer: Checkpointer, step: int, world_size: int) -> dic
     try:
         meta = json.loads(checkpointer.store.read(step, MARKER))
         files: dict[str, dict[str, Any]] = meta["files"]
-        return files if int(meta["world_size"]) == world_size and SHARED in files else {}
+        named = {SHARED, *(rank_file(r) for r in range(world_size))}
+        whole = all(isinstance(files.get(n), dict) and {"bytes", "sha256"} <= set(files[n]) for n in named)
+        return files if int(meta["step"]) == step and int(meta["world_size"]) == world_size and whole else {}
     except (StoreError, OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -147,7 +150,8 @@ def _piece_state(
     download instead of one per rank); else the store's. A directory store is read, hashed:
     measured on one machine (docs/benchmarks.md), its page cache beat a broadcast of the file."""
     some_lack, some_hold = bool((holding == 0).any()), bool((holding > 0).any())
-    if some_lack and some_hold and not checkpointer.store.local:  # the same on every rank
+    # the same on every rank; every rank takes a buffer of the file's size: large ones are downloaded by each
+    if some_lack and some_hold and not checkpointer.store.local and int(files[name]["bytes"]) <= BROADCAST_LIMIT:
         root = int(torch.nonzero(holding > 0)[0])
         sent = _sent(checkpointer, comm, step, files, name, mine, root)
         if mine is None:
@@ -179,16 +183,18 @@ def share_own_copies(checkpointer: Checkpointer, comm: Collectives, step: int) -
     """After the commit of `step` (every rank, collective): every node holds every rank's own
     file in memory too, so the ranks of a lost node get theirs from a peer on a spare. Only while
     every rank holds its own copy and they are small (the RNG states and data position of
-    replicated training: PEER_LIMIT); sharded state's large own files stay on their node."""
+    replicated training: PEER_LIMIT); sharded state's large own files stay on their node (their
+    sizes are compared first: nothing is read of them)."""
     memory = checkpointer.memory
-    mine = memory.whole(step, rank_file(comm.rank)) if memory is not None else None
-    sizes = comm.allgather(torch.tensor([float(len(mine)) if mine is not None else -1.0], dtype=torch.float64))
+    size = memory.size(step, rank_file(comm.rank)) if memory is not None else None
+    sizes = comm.allgather(torch.tensor([float(size) if size is not None else -1.0], dtype=torch.float64))
     largest = int(sizes.max())
     if memory is None or bool((sizes < 0).any()) or largest * comm.world_size > PEER_LIMIT:
         return
+    mine = memory.read(step, rank_file(comm.rank)) or b""  # gone since: sent empty, and not held by the others
     words = -(-largest // 8)
     buffer = bytearray(words * 8)
-    buffer[: len(mine or b"")] = mine or b""
+    buffer[: min(len(mine), len(buffer))] = mine[: len(buffer)]
     everyone = comm.allgather(torch.frombuffer(buffer, dtype=torch.float64) if words else torch.empty(0, dtype=torch.float64))
     if not memory.claim(step, "peers"):  # one rank of each node writes them
         return
