@@ -87,6 +87,10 @@ PROBE_SLOWER = 4.0
 # A step that cannot go on (a node lost, a rank dead): srun gets this long to end once its tasks
 # were SIGKILLed (it waits for a lost node's, and for the step's end in Slurm's books, KillWait, otherwise).
 SRUN_AFTER_KILL_S = 0.5
+# The step's scancels still in flight when the job is about to be requeued are waited for (a lost
+# node's are answered after MessageTimeout) or killed: Slurm numbers a requeued job's steps from 0
+# again, and a late SIGKILL for step N of this start would end step N of the next (seen in CI).
+CANCELS_SETTLE_S = 15.0
 NO_PROGRESS_LIMIT = 2  # restarts in a row with no new committed checkpoint before giving up
 # srun's report of a task that ended badly: "srun: error: node2: tasks 0-1: Killed",
 # "srun: error: node1: task 3: Exited with exit code 1". The first names where the failure began.
@@ -199,6 +203,17 @@ def probe_nodes(nodes: Sequence[str]) -> list[str]:
             break
         time.sleep(0.05)  # several children, no single exit to wait on
     return sorted(lost, key=list(nodes).index)
+
+
+def settle(processes: Sequence[subprocess.Popen[bytes]], within_s: float) -> None:
+    """Each of `processes` ended: waited for, all together within `within_s`, else killed."""
+    deadline = time.monotonic() + within_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def kill_ranks(nodes: Sequence[str], run_dir: Path) -> subprocess.Popen[bytes] | None:
@@ -495,6 +510,7 @@ class Supervisor:
             if reason is not None:
                 if code != 0 and restarts:
                     say(f"not restarting job {self.job_id} in its allocation: {reason}")
+                settle(self.cancels, CANCELS_SETTLE_S)
                 return code
             excluded += [n for n in record.lost_nodes if n not in excluded]
             if warm is not None:

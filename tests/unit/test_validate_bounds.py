@@ -243,7 +243,6 @@ def test_validate_job_runs_every_check_and_inside_an_allocation_skips_what_slurm
     assert validate.validate_job(JobConfig()).num_train > 0  # the built-in task: its data checked and described
     refused = [
         ({"name": "a/b"}, "must be non-empty and contain no '/'"),
-        ({"cluster": dataclasses.replace(ClusterConfig(), sbatch={"partition": "x"})}, "cluster.sbatch.partition: the toolkit sets --partition itself"),
         ({"trainer.epochs": 0}, "trainer.epochs=0 must be >= 1"),
         ({"topology.transport": "carrier-pigeon"}, "topology.transport='carrier-pigeon' is not one of"),
         ({"optim.optimizer": {"lr": 0.1}}, "optim.optimizer has no _target_"),
