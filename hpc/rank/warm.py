@@ -239,7 +239,7 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
         listener.close()
         print(f"hpc-warm: failed {node}: {failure}", flush=True)
         return 1
-    server = WarmServer(listener, token, node_memory(env, name))
+    server = WarmServer(listener, token, node_memory(env))
     signal.signal(ENDS_HERE, server.end_when_ranks_have)
     print(f"hpc-warm: ready {node} {time.monotonic() - began:.2f}", flush=True)
     try:
@@ -252,10 +252,14 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
     return 0
 
 
-def node_memory(env: Mapping[str, str], name: str) -> Path | None:
+def node_memory(env: Mapping[str, str]) -> Path | None:
     """This node's directory for the newest checkpoint's copies (trainers.checkpoint.memory),
-    made for the warm process's lifetime: None where there is no tmpfs or it cannot be made."""
-    root = checkpoint_memory(job_id(env) or name.strip("\0"), task_place(env)[1])
+    made for the warm process's lifetime: None where there is no tmpfs or it cannot be made, and
+    for a local run (never restarted in place: nothing would read the copies)."""
+    job = job_id(env)
+    if job is None:
+        return None
+    root = checkpoint_memory(job, task_place(env)[1])
     # Each level made private, or refused where another user made it first (the tmpfs is every
     # user's). What a former warm process of this allocation (or a SIGKILLed one of a former
     # start of the job) left is kept: a copy is used only as the committed marker names it.

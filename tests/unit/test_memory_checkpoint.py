@@ -243,19 +243,21 @@ def test_the_memory_directory_is_taken_only_when_it_is_private(tmp_path, monkeyp
     from hpc.env import private_dir
     from hpc.rank import warm
 
+    assert warm.node_memory({}) is None  # a local run: never restarted in place
+    monkeypatch.setattr(warm, "job_id", lambda env: "name")
     monkeypatch.setattr(warm, "checkpoint_memory", lambda job, node: tmp_path / "shm" / "hpctk-0" / job / node)
     (tmp_path / "shm").mkdir()
-    made = warm.node_memory({}, "\0name")
+    made = warm.node_memory({})
     assert made is not None and all(private_dir(level) for level in (made, made.parent, made.parent.parent))
     shared = tmp_path / "shm" / "hpctk-0" / "name"
     shared.chmod(0o777)  # as another user's planted directory would be
-    assert warm.node_memory({}, "\0name") is None
+    assert warm.node_memory({}) is None
     shared.chmod(0o700)
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     shutil.rmtree(made)
     made.symlink_to(target)  # a link is never followed
-    assert warm.node_memory({}, "\0name") is None and not private_dir(made)
+    assert warm.node_memory({}) is None and not private_dir(made)
 
 
 def test_the_job_s_memory_limit_is_read_from_its_cgroup_and_kept_half_free(tmp_path, monkeypatch):
