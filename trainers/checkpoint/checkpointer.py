@@ -132,10 +132,9 @@ class Committed:
     where: str  # the step's place in its store, for messages
 
 
-def verify(store: CheckpointStore, step: int) -> Committed:
-    """Checkpoint `step` if its marker names pieces that are all there with their sizes (and, in
-    a local store, their checksums: an object store's are checked as a piece is fetched), else
-    CheckpointError."""
+def read_marker(store: CheckpointStore, step: int) -> tuple[int, dict[str, dict[str, Any]]]:
+    """(world size, {piece: {"bytes", "sha256"}}) of committed step `step`'s marker; CheckpointError
+    when it is missing, unreadable or names another step."""
     name = step_dir_name(step)
     try:
         meta = json.loads(store.read(step, MARKER))
@@ -149,6 +148,15 @@ def verify(store: CheckpointStore, step: int) -> Committed:
         raise CheckpointError(f"{name}: unreadable {MARKER} marker ({err})") from None
     except StoreError as err:
         raise CheckpointError(f"{name}: {err}") from None
+    return world_size, files
+
+
+def verify(store: CheckpointStore, step: int) -> Committed:
+    """Checkpoint `step` if its marker names pieces that are all there with their sizes (and, in
+    a local store, their checksums: an object store's are checked as a piece is fetched), else
+    CheckpointError."""
+    name = step_dir_name(step)
+    world_size, files = read_marker(store, step)
     for piece, expected in files.items():
         try:
             size = store.size(step, piece)

@@ -17,18 +17,16 @@ checkpoints): no rank ever restores alone.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from collectives.base import Collectives
-from trainers.checkpoint.checkpointer import Checkpointer, sha256_of
-from trainers.checkpoint.layout import MARKER, SHARED, rank_file
+from trainers.checkpoint.checkpointer import Checkpointer, CheckpointError, read_marker, sha256_of
+from trainers.checkpoint.layout import SHARED, rank_file
 from trainers.checkpoint.storage import StoreError
 from trainers.checkpoint.tensorfile import read_tensor_bytes, read_tensor_file
 
@@ -37,14 +35,6 @@ log = logging.getLogger("trainers.checkpoint.restart")
 CHUNK_BYTES = 64 << 20  # a broadcast's piece: the shared file is sent in parts, not one buffer
 PEER_LIMIT = 64 << 20  # bytes: every rank's own file held on every node only up to this in all
 BROADCAST_LIMIT = 1 << 30  # bytes: a shared file sent from a holder rather than downloaded by each rank, up to this
-
-
-@dataclass(frozen=True)
-class Sources:
-    """Where this rank's pieces came from, for the log: "memory", "store" or "rank N"."""
-
-    own: str
-    shared: str
 
 
 def load_held(checkpointer: Checkpointer, comm: Collectives) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
@@ -75,8 +65,7 @@ def load_held(checkpointer: Checkpointer, comm: Collectives) -> tuple[int, dict[
     comm.allreduce_(ok, op="min")
     if ok[0] == 0 or shared is None or own is None:
         return None
-    sources = Sources(own_from, shared_from)
-    log.info("checkpoint step %d read back from node memory where held: own file from %s, shared file from %s", newest, sources.own, sources.shared)
+    log.info("checkpoint step %d read back from node memory where held: own file from %s, shared file from %s", newest, own_from, shared_from)
     return newest, shared, own
 
 
@@ -88,13 +77,12 @@ def _find(checkpointer: Checkpointer, step: int, files: dict[str, dict[str, Any]
 def _marker_files(checkpointer: Checkpointer, step: int, world_size: int) -> dict[str, dict[str, Any]]:
     """The pieces step `step`'s marker names ({} when it cannot be read or names another world)."""
     try:
-        meta = json.loads(checkpointer.store.read(step, MARKER))
-        files: dict[str, dict[str, Any]] = meta["files"]
-        named = {SHARED, *(rank_file(r) for r in range(world_size))}
-        whole = all(isinstance(files.get(n), dict) and {"bytes", "sha256"} <= set(files[n]) for n in named)
-        return files if int(meta["step"]) == step and int(meta["world_size"]) == world_size and whole else {}
-    except (StoreError, OSError, ValueError, KeyError, TypeError):
+        saved_world, files = read_marker(checkpointer.store, step)
+    except (CheckpointError, OSError):
         return {}
+    named = {SHARED, *(rank_file(r) for r in range(world_size))}
+    whole = isinstance(files, dict) and all(isinstance(files.get(n), dict) and {"bytes", "sha256"} <= set(files[n]) for n in named)
+    return files if saved_world == world_size and whole else {}
 
 
 def _parsed(piece: Path | bytes | memoryview) -> dict[str, Any] | None:
