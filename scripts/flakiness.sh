@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The slow tiers (mpi, net, e2e) several times in a row on this machine, as scripts/test.sh runs
-# them (two workers, the Slurm tests in one group, CI=true: nothing skips). A test that fails in
+# them (three workers, the Slurm tests in one group, CI=true: nothing skips). A test that fails in
 # any round is flaky or broken: it blocks a landing (issue 46). Each round's summary line and the
 # failures are printed at the end; the exit status is non-zero if any round failed.
 #
@@ -16,7 +16,7 @@ failed=0
 for ((round = 1; round <= rounds; round++)); do
     log="${logs}/round-${round}.log"
     started=$SECONDS
-    CI=true python3 -m pytest -q -ra -n 2 --dist loadgroup -p no:cacheprovider tests/mpi tests/net tests/e2e >"$log" 2>&1
+    CI=true python3 -m pytest -q -ra -n 3 --dist loadgroup -p no:cacheprovider tests/mpi tests/net tests/e2e >"$log" 2>&1
     status=$?
     echo "round ${round}/${rounds}: exit ${status} in $(((SECONDS - started) / 60)) min: $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1)"
     if ((status != 0)); then

@@ -33,10 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that submit to Slurm form one pytest-xdist group (scripts/test.sh runs the suite
-    with `-n 2 --dist loadgroup`): one worker runs them one after another, since they share the
+    with `-n 3 --dist loadgroup`): one worker runs them one after another, since they share the
     simulated cluster's nodes and `needs_slurm` cancels every job a test leaves, while the other
-    worker runs the rest. A rank's start or a launcher is one busy core, and a Slurm test mostly
-    waits for Slurm: side by side, the two streams fill the cores one of them alone leaves idle."""
+    workers run the rest. A rank's start or a launcher is one busy core, and a Slurm test mostly
+    waits for Slurm: beside it, two streams of the others fill the two cores."""
     for item in items:
         if item.get_closest_marker("slurm") is not None or "needs_slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
