@@ -26,6 +26,7 @@ from pathlib import Path
 from hpc.config.freezing import frozen_files
 from hpc.config.schema import JobConfig
 from hpc.config.sources import find_module_file
+from hpc.env import WARM_FRAMEWORKS
 from hpc.errors import UserError
 
 SCRIPT_DIR = "script"  # a file's directory, frozen as <code>/script (hpc.launching.snapshot)
@@ -105,6 +106,45 @@ def check_script(spec: str, workdir: Path, skip: Collection[Path] = ()) -> Scrip
     if script.function is not None and not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == script.function for node in tree.body):
         raise UserError(f"script={spec}: {source_file} defines no function {script.function} at its top level")
     return script
+
+
+def frameworks_imported(source: str | bytes) -> list[str]:
+    """The modules the warm process imports for a script of this source (hpc.env.WARM_FRAMEWORKS),
+    in the order the source first imports them, at any depth (a function's own imports too);
+    none for a source that does not parse (the rank's own import says why)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            # `from transformers import Trainer`: the lazy package's trainer module, as if named
+            named = [node.module, *(f"{node.module}.trainer" for alias in node.names if alias.name.endswith("Trainer"))]
+        else:
+            continue
+        for name in named:
+            parts = name.split(".")
+            warm = [WARM_FRAMEWORKS[above] for depth in range(1, len(parts) + 1) if (above := ".".join(parts[:depth])) in WARM_FRAMEWORKS]
+            found += [module for module in warm if module not in found]
+    return found
+
+
+def script_frameworks(spec: str, workdir: Path) -> list[str]:
+    """frameworks_imported for the file `script=` runs (its module's, found without importing);
+    none where there is no such Python file."""
+    try:
+        script = parse_script(spec, workdir)
+        if script.path is not None:
+            source_file: Path | None = script.path
+        else:
+            assert script.module is not None
+            source_file, _ = find_module_file(script.module, [*(p for p in sys.path if p), str(workdir)])
+        return frameworks_imported(source_file.read_bytes()) if source_file is not None and source_file.suffix == ".py" else []
+    except (UserError, ImportError, ValueError, OSError):
+        return []
 
 
 def any_main(module: str, search: list[str]) -> bool:

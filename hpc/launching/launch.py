@@ -14,9 +14,10 @@ from pathlib import Path
 from collectives.mpirun import huge_pages_environment, root_environment
 from hpc.config.diskspace import space_warnings
 from hpc.config.schema import JobConfig, task_target
-from hpc.config.scripts import literal, parse_script
+from hpc.config.scripts import literal, parse_script, script_frameworks
 from hpc.config.scriptvalues import job_ids
 from hpc.config.validate import validate_job
+from hpc.env import WARM_IMPORTS_VARIABLE
 from hpc.errors import UserError
 from hpc.launching.deaths import KILLED, tell_killed
 from hpc.launching.launchers import QueuedLauncher, launcher_for
@@ -39,6 +40,8 @@ def resolved_yaml(job: JobConfig) -> str:
 def rank_environment(job: JobConfig) -> dict[str, str]:
     """Variables every rank needs, on top of the cluster's own."""
     env = {"PYTHONUNBUFFERED": "1", **huge_pages_environment(os.environ)}
+    if job.script and job.cluster.warm_ranks and (frameworks := script_frameworks(job.script, Path(job.workdir or os.getcwd()))):
+        env[WARM_IMPORTS_VARIABLE] = ",".join(frameworks)  # imported once per node, before the ranks fork (cluster.env may say otherwise)
     if job.trainer.threads_per_rank is not None:  # else each rank counts the cores it owns (hpc.rank.binding.rank_threads)
         env["OMP_NUM_THREADS"] = str(job.trainer.threads_per_rank)
     env.update(job.cluster.env)

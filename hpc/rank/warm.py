@@ -47,7 +47,17 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.env import MEMORY_VARIABLE, WARM_ADDRESS_VARIABLE, WARM_VARIABLE, checkpoint_memory, job_id, private_dir, task_place
+from hpc.env import (
+    MEMORY_VARIABLE,
+    WARM_ADDRESS_VARIABLE,
+    WARM_FRAMEWORKS,
+    WARM_IMPORTS_VARIABLE,
+    WARM_VARIABLE,
+    checkpoint_memory,
+    job_id,
+    private_dir,
+    task_place,
+)
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -98,6 +108,7 @@ IGNORED_HERE = (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, si
 # nodes for KillWait after every scancel, until Slurm's SIGKILL.
 ENDS_HERE = signal.SIGTERM
 _forked_at: list[float] = []  # in a fork: when it was made (the rank's log says so: forked_line)
+_frameworks: list[str] = []  # the script's frameworks imported here (forked_line says which)
 
 
 def address(env: Mapping[str, str]) -> str | None:
@@ -234,7 +245,7 @@ def serve(env: Mapping[str, str], modules: Sequence[str] = WARM_MODULES) -> int:
         return 1
     print(f"hpc-warm: listening {node}", flush=True)
     began = time.monotonic()
-    failure = warm_up(modules)  # a SIGTERM meanwhile ends it (no rank forked yet: the queued clients start cold)
+    failure = warm_up(modules, frameworks(env))  # a SIGTERM meanwhile ends it (no rank forked yet: the queued clients start cold)
     if failure is not None:
         listener.close()
         print(f"hpc-warm: failed {node}: {failure}", flush=True)
@@ -271,13 +282,28 @@ def node_memory(env: Mapping[str, str]) -> Path | None:
     return root
 
 
-def warm_up(modules: Sequence[str]) -> str | None:
-    """Import `modules`; why this process cannot fork ranks, or None."""
+def frameworks(env: Mapping[str, str]) -> list[str]:
+    """The frameworks the job's script imports (WARM_IMPORTS_VARIABLE, from launch.py), those of
+    WARM_FRAMEWORKS alone: whatever else a job's environment names is left to its ranks."""
+    allowed = set(WARM_FRAMEWORKS.values())
+    return [name for name in env.get(WARM_IMPORTS_VARIABLE, "").split(",") if name in allowed]
+
+
+def warm_up(modules: Sequence[str], optional: Sequence[str] = ()) -> str | None:
+    """Import `modules`, then `optional` (a script's frameworks: one that fails to import is said
+    and left to the ranks, whose own import tells them why); why this process cannot fork ranks, or None."""
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
             return f"importing {module}: {type(err).__name__}: {err}"
+    for module in optional:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - said in one line; each rank imports it itself
+            print(f"hpc-warm: not imported here: {module}: {type(err).__name__}: {err}", flush=True)
+        else:
+            _frameworks.append(module)
     # Python threads would be lost in the fork holding whatever locks they held. Native pools
     # (OpenBLAS's, started by numpy's import) are re-made in a fork by their own atfork handlers.
     torch = sys.modules.get("torch")
@@ -441,7 +467,8 @@ def forked_line() -> str | None:
     """The rank's log line saying it is a fork of its node's warm process; None for a cold start."""
     if not _forked_at:
         return None
-    return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after its task started"
+    imported = f", {', '.join(_frameworks)} imported there" if _frameworks else ""
+    return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after its task started{imported}"
 
 
 def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], memory: Path | None = None) -> NoReturn:

@@ -124,6 +124,7 @@ def test_a_lightning_script_through_hpc_lightning_resumes_exactly_mid_epoch(tmp_
     assert result["steps"] == 30 and set(result["val_metrics"]) == {"acc", "loss"}, result  # as hpc.status and sweep.objective read them
     logged = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "train_loss" in r] == [10, 20, 30], logged  # training_step's self.log, every log_every_n_steps
+    assert "pytorch_lightning, hpc.lightning imported there" in (reference / "logs" / "rank-00001.log").read_text()  # once, before the fork
 
 
 def test_a_hugging_face_trainer_through_hpc_hf_resumes_exactly_across_epochs(tmp_path):

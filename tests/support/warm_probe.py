@@ -19,7 +19,8 @@ if "numpy" in sys.modules:
     draws["numpy"] = float(sys.modules["numpy"].random.random())
 if "torch" in sys.modules:
     draws["torch"] = float(sys.modules["torch"].rand(1))
-said = {"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line(), "draws": draws}
+had = {name: name in sys.modules for name in os.environ.get("PROBE_MODULES", "").split(",") if name}  # imported before the fork
+said = {"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line(), "draws": draws, "had": had}
 print(json.dumps(said), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("PROBE", "exit")

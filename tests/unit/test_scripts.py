@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from hpc.config.schema import to_job_config
-from hpc.config.scripts import Script, check_script, literal, parse_script, split_passthrough, with_script_args
+from hpc.config.scripts import Script, check_script, frameworks_imported, literal, parse_script, split_passthrough, with_script_args
 from hpc.config.validate import validate_job
-from hpc.env import RankInfo
+from hpc.env import WARM_IMPORTS_VARIABLE, RankInfo
 from hpc.errors import UserError
-from hpc.launching.launch import resolved_yaml
+from hpc.launching.launch import rank_environment, resolved_yaml
 from hpc.launching.snapshot import freeze_job_code
 from hpc.rank.script import ScriptStopped, raising_stops, torchrun_environment
 from tests.support.runs import ROOT
@@ -272,3 +272,41 @@ def test_the_ranks_start_in_the_frozen_copy_of_a_script_of_the_launch_dir_unless
     script = parse_script(here.script, tmp_path)
     assert starting_dir(None, script, code) == code / "script" and starting_dir(str(tmp_path), script, code) == tmp_path
     assert starting_dir(None, script, tmp_path / "unfrozen") == tmp_path  # a hand-typed srun of an old run dir: beside the script
+
+
+def test_the_frameworks_a_script_imports_are_named_for_the_warm_process_and_nothing_else():
+    source = (
+        "import os, pytorch_lightning as pl\n"
+        "from . import helpers\n"  # relative: the user's own
+        "from transformers import GPT2Config, Trainer\n"
+        "import mypkg.transformers\n"  # a user's module of the same name, below a package of theirs
+        "def main():\n"
+        "    from hpc.lightning import Trainer\n"
+        "    import pytorch_lightning.callbacks\n"
+    )
+    assert frameworks_imported(source) == ["pytorch_lightning", "transformers", "transformers.trainer", "hpc.lightning"]
+    assert frameworks_imported("import torch\nfrom transformers import GPT2Config\n") == ["transformers"]  # no Trainer: its module stays out
+    assert frameworks_imported("import torch, numpy\n") == []
+    assert frameworks_imported("def broken(:\n") == []  # the rank's own import says why
+
+
+def test_launch_hands_the_warm_process_the_frameworks_of_a_script_file_or_module(tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("from hpc.hf import Trainer\n")
+    (tmp_path / "t.py").write_text("import pytorch_lightning\n")
+    monkeypatch.chdir(tmp_path)
+
+    def job(**changes: object):  # type: ignore[no-untyped-def]
+        base = to_job_config(OmegaConf.create({"script": "t.py"}))
+        return replace(base, **changes)
+
+    assert rank_environment(job())[WARM_IMPORTS_VARIABLE] == "pytorch_lightning"
+    assert rank_environment(job(script="pkg.train:main"))[WARM_IMPORTS_VARIABLE] == "hpc.hf"
+    assert WARM_IMPORTS_VARIABLE not in rank_environment(job(script=None))  # the built-in loop's imports are the warm process's own
+    assert WARM_IMPORTS_VARIABLE not in rank_environment(job(script="missing.py"))
+    cold = job()
+    assert WARM_IMPORTS_VARIABLE not in rank_environment(replace(cold, cluster=replace(cold.cluster, warm_ranks=False)))
+    told = job()
+    told = replace(told, cluster=replace(told.cluster, env={WARM_IMPORTS_VARIABLE: ""}))
+    assert rank_environment(told)[WARM_IMPORTS_VARIABLE] == ""  # cluster.env says otherwise: none

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.simcluster import poll
-from hpc.env import WARM_VARIABLE
+from hpc.env import WARM_IMPORTS_VARIABLE, WARM_VARIABLE
 from hpc.rank.warm import CONNECT_VARIABLE
 from tests.support.runs import ROOT
 
@@ -339,3 +339,26 @@ def test_a_local_warm_process_that_ends_at_once_leaves_the_ranks_cold_in_one_lin
     ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert warm_listens(ended) is False
     assert capsys.readouterr().err == "hpc-warm: ended at once (exit code 3) (every rank starts its own interpreter)\n"
+
+
+def test_the_frameworks_launch_names_are_imported_before_the_fork_and_only_those_allowed(job_env, tmp_path):
+    # As launch.py names a script's frameworks (hpc.env.WARM_IMPORTS_VARIABLE); this warm process
+    # allows a stand-in and one that is not installed, and is also named a module it does not allow.
+    allowed = {"framework": "tests.support.warm_framework", "missing": "tests.support.no_such_framework"}
+    serve = f"import sys; from hpc.rank import warm; warm.WARM_FRAMEWORKS = {allowed!r}; raise SystemExit(warm.main(sys.argv[1:]))"
+    named = "tests.support.no_such_framework,tests.support.warm_slow_import,tests.support.warm_framework"
+    env = {**job_env, WARM_IMPORTS_VARIABLE: named}
+    server = subprocess.Popen([sys.executable, "-u", "-c", serve, *MODULES], env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        told = [server.stdout.readline() for _ in range(3)]
+        assert told[0] == "hpc-warm: listening warmnode\n" and told[2].startswith("hpc-warm: ready warmnode "), told
+        assert told[1].startswith("hpc-warm: not imported here: tests.support.no_such_framework: ModuleNotFoundError"), told  # and the ranks still fork
+        started = client(job_env, tmp=tmp_path, PROBE_MODULES="tests.support.warm_framework,tests.support.warm_slow_import")
+        probe = said(started)
+        assert started.wait(timeout=30) == 0
+        assert probe["had"] == {"tests.support.warm_framework": True, "tests.support.warm_slow_import": False}, probe
+        assert probe["forked"].endswith(", tests.support.warm_framework imported there"), probe  # the rank's log says so
+    finally:
+        server.kill()
+        server.wait()
