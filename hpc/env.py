@@ -43,18 +43,18 @@ WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say 
 # The frameworks the job's script imports, imported by the warm process too (launch.py names them,
 # hpc.config.scripts.frameworks_imported; hpc.rank.warm imports those in WARM_FRAMEWORKS alone).
 WARM_IMPORTS_VARIABLE = "HPCTK_WARM_IMPORTS"
-# What a script's import (the name, or a package above it) has the warm process import: installed
+# What the warm process imports where a script's import names it or a module below it: installed
 # frameworks that start no thread and touch no GPU when imported (a fork keeps what they built),
 # never a user's own module. Lightning costs a rank 3.5 CPU-s to import, Hugging Face's Trainer 2.3.
-WARM_FRAMEWORKS = {
-    "pytorch_lightning": "pytorch_lightning",
-    "lightning": "lightning",
-    "lightning_fabric": "lightning_fabric",
-    "transformers": "transformers",
-    "transformers.trainer": "transformers.trainer",  # also for `from transformers import Trainer` (the lazy module's heaviest part)
-    "hpc.lightning": "hpc.lightning",
-    "hpc.hf": "hpc.hf",
-}
+WARM_FRAMEWORKS = (
+    "pytorch_lightning",
+    "lightning",
+    "lightning_fabric",
+    "transformers",
+    "transformers.trainer",  # also for `from transformers import Trainer` (the lazy module's heaviest part)
+    "hpc.lightning",
+    "hpc.hf",
+)
 BATCH_STARTED_VARIABLE = "HPCTK_BATCH_STARTED"  # the batch script's first line's clock: when this start of the job began
 RUN_DIR_VARIABLE = "HPCTK_RUN_DIR"  # hpc.slurm.prepare -> the hand-typed sbatch script
 # A node's directory for the newest checkpoint's copies in memory (hpc.rank.warm -> its forks;

@@ -127,7 +127,7 @@ def frameworks_imported(source: str | bytes) -> list[str]:
             continue
         for name in named:
             parts = name.split(".")
-            warm = [WARM_FRAMEWORKS[above] for depth in range(1, len(parts) + 1) if (above := ".".join(parts[:depth])) in WARM_FRAMEWORKS]
+            warm = [above for depth in range(1, len(parts) + 1) if (above := ".".join(parts[:depth])) in WARM_FRAMEWORKS]
             found += [module for module in warm if module not in found]
     return found
 

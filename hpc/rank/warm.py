@@ -285,8 +285,7 @@ def node_memory(env: Mapping[str, str]) -> Path | None:
 def frameworks(env: Mapping[str, str]) -> list[str]:
     """The frameworks the job's script imports (WARM_IMPORTS_VARIABLE, from launch.py), those of
     WARM_FRAMEWORKS alone: whatever else a job's environment names is left to its ranks."""
-    allowed = set(WARM_FRAMEWORKS.values())
-    return [name for name in env.get(WARM_IMPORTS_VARIABLE, "").split(",") if name in allowed]
+    return [name for name in env.get(WARM_IMPORTS_VARIABLE, "").split(",") if name in WARM_FRAMEWORKS]
 
 
 def warm_up(modules: Sequence[str], optional: Sequence[str] = ()) -> str | None:

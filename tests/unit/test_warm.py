@@ -344,7 +344,7 @@ def test_a_local_warm_process_that_ends_at_once_leaves_the_ranks_cold_in_one_lin
 def test_the_frameworks_launch_names_are_imported_before_the_fork_and_only_those_allowed(job_env, tmp_path):
     # As launch.py names a script's frameworks (hpc.env.WARM_IMPORTS_VARIABLE); this warm process
     # allows a stand-in and one that is not installed, and is also named a module it does not allow.
-    allowed = {"framework": "tests.support.warm_framework", "missing": "tests.support.no_such_framework"}
+    allowed = ("tests.support.warm_framework", "tests.support.no_such_framework")
     serve = f"import sys; from hpc.rank import warm; warm.WARM_FRAMEWORKS = {allowed!r}; raise SystemExit(warm.main(sys.argv[1:]))"
     named = "tests.support.no_such_framework,tests.support.warm_slow_import,tests.support.warm_framework"
     env = {**job_env, WARM_IMPORTS_VARIABLE: named}
