@@ -69,7 +69,7 @@ BUDGET_S = {
     "loader": 45,
     "unit": 90,
 }
-# The CPU plumbing mode runs beside other tests on 2 cores (CI): about 2.5x each check's time alone there.
+# The CPU plumbing mode runs beside other tests on 2 cores (CI, three test workers): 2.5-4x each check's time alone there.
 CPU_BUDGET_S = {
     "environment": 60,
     "resnet50": 200,
@@ -77,7 +77,7 @@ CPU_BUDGET_S = {
     "nanogpt": 120,
     "compile": 300,
     "resume": 200,
-    "handle": 130,  # 39 s alone (three launches), 2.5x beside another test: CI timed it out at 70
+    "handle": 240,  # 39 s alone (three launches); three test workers and a busy machine stretched it past 130 (2026-12-03)
     "memory": 60,
     "fsdp": 300,
     "allreduce": 150,
