@@ -244,11 +244,10 @@ def distributed_where_live(obj: Any, saved: Any) -> Any:
     """`saved` with every plain tensor that stands where the live object holds a DTensor of its
     shape replaced by this rank's rows of it, laid out as that DTensor (a replicated checkpoint
     resumed with FSDP2)."""
-    from torch.distributed.tensor import DTensor
-
     current, params = live_state(obj)
     if not any(is_distributed_tensor(v) for v in _tensors(current)) and not any(is_distributed_tensor(p) for p in params or []):
-        return saved  # nothing sharded here
+        return saved  # nothing sharded here (and torch.distributed.tensor, 1.3 CPU-s with sympy, not imported for it)
+    from torch.distributed.tensor import DTensor
 
     def walk(value: Any, path: list[Any]) -> Any:
         if isinstance(value, torch.Tensor) and not is_distributed_tensor(value):

@@ -47,6 +47,7 @@ WARM_IMPORTS_VARIABLE = "HPCTK_WARM_IMPORTS"
 # frameworks that start no thread and touch no GPU when imported (a fork keeps what they built),
 # never a user's own module. Lightning costs a rank 3.5 CPU-s to import, Hugging Face's Trainer 2.3.
 WARM_FRAMEWORKS = (
+    "torch._dynamo",  # the real one, for a job that compiles or syncs through torch.distributed (else a stand-in: hpc.rank.dynamo)
     "pytorch_lightning",
     "lightning",
     "lightning_fabric",

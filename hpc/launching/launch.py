@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from collectives.backends import backend_of
 from collectives.mpirun import huge_pages_environment, root_environment
 from hpc.config.diskspace import space_warnings
 from hpc.config.schema import JobConfig, task_target
@@ -40,13 +41,23 @@ def resolved_yaml(job: JobConfig) -> str:
 def rank_environment(job: JobConfig) -> dict[str, str]:
     """Variables every rank needs, on top of the cluster's own."""
     env = {"PYTHONUNBUFFERED": "1", **huge_pages_environment(os.environ)}
-    if job.script and job.cluster.warm_ranks and (frameworks := script_frameworks(job.script, Path(job.workdir or os.getcwd()))):
-        env[WARM_IMPORTS_VARIABLE] = ",".join(frameworks)  # imported once per node, before the ranks fork (cluster.env may say otherwise)
+    if job.cluster.warm_ranks and (imports := warm_imports(job)):
+        env[WARM_IMPORTS_VARIABLE] = ",".join(imports)  # imported once per node, before the ranks fork (cluster.env may say otherwise)
     if job.trainer.threads_per_rank is not None:  # else each rank counts the cores it owns (hpc.rank.binding.rank_threads)
         env["OMP_NUM_THREADS"] = str(job.trainer.threads_per_rank)
     env.update(job.cluster.env)
     env.update(root_environment())
     return env
+
+
+def warm_imports(job: JobConfig) -> list[str]:
+    """What each node's warm process imports for this job beyond a rank's own modules: the real
+    torch._dynamo where the ranks will need it (a compile, DistributedDataParallel or Horovod, a
+    script: most wrap their model in DDP), else its stand-in serves them (hpc.rank.dynamo); and
+    the frameworks a script imports."""
+    needs_dynamo = bool(job.script) or job.trainer.compile or backend_of(job.comm, job.resources.gpus_per_task).family != "engine"
+    frameworks = script_frameworks(job.script, Path(job.workdir or os.getcwd())) if job.script else []
+    return ["torch._dynamo"] * needs_dynamo + frameworks
 
 
 def prepare(job: JobConfig) -> JobConfig:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, job_id, rendezvous, restart_count
 from hpc.interruptions import TIMELINE, restarts_in
+from hpc.rank import dynamo
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.diskfaults import end_on_storage_failure, storage_line
 from hpc.rank.lifecycle import EXIT_RESUMABLE
@@ -418,6 +419,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {run_dir} is not a run directory (no config.yaml)", file=sys.stderr)
         return 2
     import_without_collection("torch")  # torch initialises no device: before the binding, as always
+    dynamo.stand_in()  # torch._dynamo imported only if the job uses more of it than its optimizers do (a fork has the warm process's)
     try:
         summary = train_rank(run_dir)
         code = int(summary["exit_code"])

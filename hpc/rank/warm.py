@@ -58,14 +58,15 @@ from hpc.env import (
     private_dir,
     task_place,
 )
+from hpc.rank import dynamo
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
 # here may start a Python thread or initialise MPI (mpi4py.MPI): a fork would inherit half of it.
 WARM_MODULES = (
-    "torch",
-    "torch._dynamo",  # torch.optim's first optimizer imports it: 1.5-2 s of a cold rank's start on a 2-core machine
+    "torch",  # torch._dynamo after it: its stand-in (hpc.rank.dynamo), or the real one where the job needs it (WARM_IMPORTS_VARIABLE)
     "numpy",
+    "numpy.random",  # numpy's lazy part: the data order, the augmentations (a fork draws its own streams: _fresh_random_streams)
     "omegaconf",
     "h5py",
     "hpc.rank.main",
@@ -296,6 +297,8 @@ def warm_up(modules: Sequence[str], optional: Sequence[str] = ()) -> str | None:
             importlib.import_module(module)
         except Exception as err:  # noqa: BLE001 - said in one line; the ranks start cold
             return f"importing {module}: {type(err).__name__}: {err}"
+        if module == "torch" and dynamo.NAME not in optional:
+            dynamo.stand_in()  # before the modules below, whose imports may name it
     for module in optional:
         try:
             importlib.import_module(module)

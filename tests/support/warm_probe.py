@@ -20,7 +20,9 @@ if "numpy" in sys.modules:
 if "torch" in sys.modules:
     draws["torch"] = float(sys.modules["torch"].rand(1))
 had = {name: name in sys.modules for name in os.environ.get("PROBE_MODULES", "").split(",") if name}  # imported before the fork
+dynamo = type(sys.modules["torch._dynamo"]).__name__ if "torch._dynamo" in sys.modules else None  # StandIn: hpc.rank.dynamo's
 said = {"pid": os.getpid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("PROBE_X"), "forked": forked_line(), "draws": draws, "had": had}
+said["dynamo"] = dynamo
 print(json.dumps(said), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("PROBE", "exit")

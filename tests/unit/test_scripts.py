@@ -290,7 +290,7 @@ def test_the_frameworks_a_script_imports_are_named_for_the_warm_process_and_noth
     assert frameworks_imported("def broken(:\n") == []  # the rank's own import says why
 
 
-def test_launch_hands_the_warm_process_the_frameworks_of_a_script_file_or_module(tmp_path, monkeypatch):
+def test_launch_hands_the_warm_process_the_frameworks_of_a_script_and_torch_dynamo_where_the_ranks_need_it(tmp_path, monkeypatch):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text("from hpc.hf import Trainer\n")
@@ -301,10 +301,17 @@ def test_launch_hands_the_warm_process_the_frameworks_of_a_script_file_or_module
         base = to_job_config(OmegaConf.create({"script": "t.py"}))
         return replace(base, **changes)
 
-    assert rank_environment(job())[WARM_IMPORTS_VARIABLE] == "pytorch_lightning"
-    assert rank_environment(job(script="pkg.train:main"))[WARM_IMPORTS_VARIABLE] == "hpc.hf"
-    assert WARM_IMPORTS_VARIABLE not in rank_environment(job(script=None))  # the built-in loop's imports are the warm process's own
-    assert WARM_IMPORTS_VARIABLE not in rank_environment(job(script="missing.py"))
+    assert rank_environment(job())[WARM_IMPORTS_VARIABLE] == "torch._dynamo,pytorch_lightning"  # a script: DDP, as most do
+    assert rank_environment(job(script="pkg.train:main"))[WARM_IMPORTS_VARIABLE] == "torch._dynamo,hpc.hf"
+    assert rank_environment(job(script="missing.py"))[WARM_IMPORTS_VARIABLE] == "torch._dynamo"
+    loop = job(script=None)
+    assert WARM_IMPORTS_VARIABLE not in rank_environment(loop)  # the built-in loop on the engine: the stand-in serves its optimizer
+    for needs in (
+        replace(loop, trainer=replace(loop.trainer, compile=True)),
+        replace(loop, comm=replace(loop.comm, backend="gloo")),  # DistributedDataParallel
+        replace(loop, comm=replace(loop.comm, backend="auto"), resources=replace(loop.resources, gpus_per_task=1)),  # NCCL
+    ):
+        assert rank_environment(needs)[WARM_IMPORTS_VARIABLE] == "torch._dynamo"
     cold = job()
     assert WARM_IMPORTS_VARIABLE not in rank_environment(replace(cold, cluster=replace(cold.cluster, warm_ranks=False)))
     told = job()

@@ -362,3 +362,21 @@ def test_the_frameworks_launch_names_are_imported_before_the_fork_and_only_those
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize("named", ["", "torch._dynamo"])
+def test_a_fork_has_torch_dynamos_stand_in_unless_launch_named_the_real_one(job_env, tmp_path, named):
+    # launch.py names torch._dynamo for a job that compiles, runs DDP or a script (hpc.launching.launch.warm_imports)
+    env = {**job_env, WARM_IMPORTS_VARIABLE: named}
+    server = start_warm(env, "torch")
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().startswith("hpc-warm: ready warmnode ")
+        started = client(job_env, tmp=tmp_path)
+        probe = said(started)
+        assert started.wait(timeout=30) == 0
+        assert probe["dynamo"] == ("module" if named else "StandIn"), probe
+        assert probe["forked"].endswith(", torch._dynamo imported there") is bool(named), probe
+    finally:
+        server.kill()
+        server.wait()
