@@ -16,9 +16,16 @@ ranks stop, save and the job requeues. The benchmark starts it again at once: Sl
 Checked per run: completed; per-step losses and final weights equal to the uninterrupted run's
 (run once first, same job, shared by every run); no interruption redid more than one checkpoint
 interval. Reported: the
-median of each stretch of rank 0's interruption costs (hpc.interruptions), and goodput = the
-time in steps that count (each step's last run) / the wall time from the first start to the end,
-Slurm's hold and queue wait excluded; the uninterrupted run's goodput beside it.
+median of each stretch of rank 0's interruption costs (hpc.interruptions), and three goodputs:
+- the steps' goodput: the time in steps that count (each step's last run) / the wall time from
+  the first start to the end (what is left of Slurm's hold and queue wait, once the benchmark
+  releases the job at once, included), the uninterrupted run's beside it;
+- the same with Slurm's hold and queue wait taken out of the wall time (each interruption's
+  `held_s` and `queued_s`);
+- the job's goodput: the uninterrupted run's wall time / this run's, hold and queue wait taken
+  out: the share of the time the interruptions leave to the job's own work (its steps,
+  evaluations and saves, as the uninterrupted run does them). The issue's targets (0.85 at a
+  preemption every 60 s, 0.97 every 300 s) are about what the interruptions cost: this one.
 """
 
 from __future__ import annotations
@@ -123,6 +130,11 @@ def goodput(run_dir: Path, first_start: float, ended: float, waited_s: float) ->
     return sum(counted.values()) / max(ended - first_start - waited_s, 1e-9)
 
 
+def job_goodput(uninterrupted_s: float, wall_s: float, waited_s: float) -> float:
+    """The uninterrupted run's wall time over this run's, Slurm's hold and queue wait taken out."""
+    return uninterrupted_s / max(wall_s - waited_s, 1e-9)
+
+
 def run_job(work: Path, overrides: list[str], next_delay: Callable[[int], float | None]) -> dict:
     """Submit, preempt whenever `next_delay(since_start)` says (None: no more), finish; figures."""
     job_id, run_dir = submit(work, overrides)
@@ -142,6 +154,8 @@ def run_job(work: Path, overrides: list[str], next_delay: Callable[[int], float 
             break
         preemptions += 1
     state = wait_done(job_id)
+    interruptions = costs(read_jsonl(run_dir / TIMELINE))
+    waited = sum(float(c.get("held_s") or 0) + float(c.get("queued_s") or 0) for c in interruptions)
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
     ended = max(float(row["time"]) for row in read_jsonl(run_dir / "steps.jsonl"))
     return {
@@ -150,9 +164,11 @@ def run_job(work: Path, overrides: list[str], next_delay: Callable[[int], float 
         "state": state,
         "completed": result.get("status") == "completed",
         "preemptions": preemptions,
-        "costs": costs(read_jsonl(run_dir / TIMELINE)),
-        "goodput": goodput(run_dir, first_start, ended, 0.0),  # released at once: Slurm's hold and the queue wait are not in the wall time
+        "costs": interruptions,
+        "goodput": goodput(run_dir, first_start, ended, 0.0),  # released at once: Slurm's 2-minute hold is not in the wall time, its rest is
+        "goodput_beyond_hold": goodput(run_dir, first_start, ended, waited),
         "wall_s": ended - first_start,
+        "waited_s": waited,
     }
 
 
@@ -180,6 +196,9 @@ def summarize(label: str, run: dict, reference: dict) -> dict:
         "causes": causes,
         "goodput": round(run["goodput"], 3),
         "reference_goodput": round(reference["goodput"], 3),
+        "goodput_beyond_hold": round(run["goodput_beyond_hold"], 3),
+        "job_goodput": round(job_goodput(reference["wall_s"], run["wall_s"], run["waited_s"]), 3),
+        "waited_s": round(run["waited_s"], 1),
         "wall_s": round(run["wall_s"], 1),
         "reference_wall_s": round(reference["wall_s"], 1),
     }
@@ -194,7 +213,8 @@ def markdown_row(row: dict) -> str:
     same = "yes" if row["identical_losses"] and row["identical_weights"] else "NO"
     return (
         f"| {row['label']} | {row['preemptions']} | {'yes' if row['completed'] else 'NO'} | {same} | {row['max_redone_steps']} | {shown} | "
-        f"{row['goodput']:.3f} ({row['reference_goodput']:.3f}) | {row['wall_s']:.0f} ({row['reference_wall_s']:.0f}) |"
+        f"{row['goodput']:.3f} ({row['reference_goodput']:.3f}) | {row['goodput_beyond_hold']:.3f} | **{row['job_goodput']:.3f}** | "
+        f"{row['wall_s']:.0f} - {row['waited_s']:.0f} ({row['reference_wall_s']:.0f}) |"
     )
 
 
@@ -228,7 +248,8 @@ def main() -> int:
                 poll(nodes_settled, "an idle cluster", 300)
                 rows.append(summarize(label, run_job(Path(work), overrides, next_delay), reference))
     stretches = " / ".join(STRETCHES)
-    print(f"| run | preemptions | completed | bit-identical | max steps redone | median s: {stretches} | goodput (uninterrupted) | wall s (uninterrupted) |")
+    goodputs = "steps' goodput (uninterrupted) | the same, hold and queue out | job's goodput | wall s - hold and queue (uninterrupted)"
+    print(f"| run | preemptions | completed | bit-identical | max steps redone | median s: {stretches} | {goodputs} |")
     for row in rows:
         print(markdown_row(row))
     ok = all(r["completed"] and r["identical_losses"] and r["identical_weights"] and r["redone_within_interval"] for r in rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.preemption_trials import STRETCHES, goodput, losses, markdown_row, weights_digest
+from benchmarks.preemption_trials import STRETCHES, goodput, job_goodput, losses, markdown_row, weights_digest
 from trainers.checkpoint.layout import MARKER, SHARED, step_dir_name
 from trainers.checkpoint.tensorfile import write_tensor_file
 
@@ -36,6 +36,7 @@ def test_goodput_counts_each_step_s_last_run_over_the_wall_time(tmp_path: Path):
     rows = [{"step": 1, "step_ms": 1000.0, "loss": 2.0}, {"step": 2, "step_ms": 1000.0, "loss": 1.5}, {"step": 2, "step_ms": 3000.0, "loss": 1.25}]
     (tmp_path / "steps.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert goodput(tmp_path, 100.0, 110.0, 2.0) == 4.0 / 8.0  # step 2 counted once, as last run
+    assert job_goodput(600.0, 812.0, 12.0) == 0.75  # the uninterrupted wall over this one's, hold and queue wait out
     assert losses(tmp_path) == {1: 2.0, 2: 1.25}
 
 
@@ -50,13 +51,16 @@ def test_a_run_becomes_one_markdown_row_that_says_what_failed():
         "median_s": {key: (None if key == "held_s" else 1.25) for key in STRETCHES},
         "goodput": 0.71234,
         "reference_goodput": 0.879,
+        "goodput_beyond_hold": 0.7201,
+        "job_goodput": 0.7501,
+        "waited_s": 12.2,
         "wall_s": 812.4,
         "reference_wall_s": 600.2,
     }
     cells = [cell.strip() for cell in markdown_row(row).strip("|").split("|")]
     assert cells[:5] == ["every 60 s", "9", "yes", "NO", "3"]
     assert cells[5].split(" / ") == ["-" if key == "held_s" else "1.2" for key in STRETCHES]
-    assert cells[6:] == ["0.712 (0.879)", "812 (600)"]
+    assert cells[6:] == ["0.712 (0.879)", "0.720", "**0.750**", "812 - 12 (600)"]
 
 
 def test_the_spare_node_benchmark_splits_each_interruption_into_its_phases():
