@@ -47,11 +47,9 @@ def real() -> types.ModuleType:
     """The real torch._dynamo, imported now if the stand-in holds its place."""
     with _loading:
         if standing_in():
-            torch = sys.modules["torch"]
             del sys.modules[NAME]
-            torch.__dict__.pop("_dynamo", None)  # the import sets it again, to the real module
-            importlib.import_module(NAME)
-        return sys.modules[NAME]
+            sys.modules["torch"].__dict__.pop("_dynamo", None)  # the import sets it again, to the real module
+        return importlib.import_module(NAME)  # one that failed here fails again, with its own error
 
 
 def graph_break(msg: str = "") -> None:
