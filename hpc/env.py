@@ -40,8 +40,9 @@ WARM_VARIABLE = "HPCTK_WARM"  # the job's token: a rank's task is handed to its 
 WARM_GPUS_VARIABLE = "HPCTK_WARM_GPUS"  # the GPUs each node's warm step asks (its forks open their task's, in its cgroup)
 WARM_ADDRESS_VARIABLE = "HPCTK_WARM_ADDRESS"  # a local run's warm process (hpc.launching.ranks): its socket, named, since no job names it
 WARM_DIR_VARIABLE = "HPCTK_WARM_DIR"  # where the batch script's warm steps say how they are (hpc.slurm.warmnodes)
-# The frameworks the job's script imports, imported by the warm process too (launch.py names them,
-# hpc.config.scripts.frameworks_imported; hpc.rank.warm imports those in WARM_FRAMEWORKS alone).
+# What the warm process imports for this job beyond a rank's own modules (launch.py's warm_imports:
+# the real torch._dynamo where the ranks need it, the frameworks the job's script imports, found by
+# hpc.config.scripts.frameworks_imported); hpc.rank.warm imports those in WARM_FRAMEWORKS alone.
 WARM_IMPORTS_VARIABLE = "HPCTK_WARM_IMPORTS"
 # What the warm process imports where a script's import names it or a module below it: installed
 # frameworks that start no thread and touch no GPU when imported (a fork keeps what they built),

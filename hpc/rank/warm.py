@@ -284,8 +284,8 @@ def node_memory(env: Mapping[str, str]) -> Path | None:
 
 
 def frameworks(env: Mapping[str, str]) -> list[str]:
-    """The frameworks the job's script imports (WARM_IMPORTS_VARIABLE, from launch.py), those of
-    WARM_FRAMEWORKS alone: whatever else a job's environment names is left to its ranks."""
+    """What launch.py names for this job (WARM_IMPORTS_VARIABLE: the real torch._dynamo, a script's
+    frameworks), those of WARM_FRAMEWORKS alone: whatever else a job's environment names is left to its ranks."""
     return [name for name in env.get(WARM_IMPORTS_VARIABLE, "").split(",") if name in WARM_FRAMEWORKS]
 
 
