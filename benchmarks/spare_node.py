@@ -19,6 +19,10 @@ kill-node), as when a node loses power, or (crash) rank 1's process alone:
            silence (hpc.slurm.supervise.HEARTBEAT_SILENT_S), then the same restart.
 - spare-store, crash-store: the same with `checkpoint.in_memory=false`: the restart reads the
            checkpoint from the store, not the nodes' memory (trainers.checkpoint.memory).
+- spare-gloo, crash-gloo, hang-gloo: the same over DDP on Gloo (`comm=gloo`), where the ranks of
+           the live nodes keep their processes (hpc.rank.parking: an in-process restart); `-fork`:
+           with `cluster.in_process_restart=false`, every rank a new fork of its node's warm
+           process, as on the engine.
 The model is an MLP of two hidden layers of --hidden units (1024: a 12 MiB checkpoint with Adam's
 state; 4096: 170 MiB).
 Printed per trial: seconds from the kill to the first resumed step (rank 0's timeline: the first
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -50,7 +55,7 @@ from hpc.rundir import RunDir, read_jsonl  # noqa: E402
 from hpc.slurm.slurmctl import job_fields, job_state  # noqa: E402
 from trainers.watchdog import heartbeat_file  # noqa: E402
 
-PATHS = ("spare", "requeue", "crash", "spare-store", "crash-store", "hang")
+PATHS = ("spare", "requeue", "crash", "spare-store", "crash-store", "hang", "spare-gloo", "spare-gloo-fork", "crash-gloo", "crash-gloo-fork", "hang-gloo")
 JOB = (
     "cluster=simulated",
     "resources.nodes=2",
@@ -84,12 +89,14 @@ def trial(work: Path, path: str, hidden: int) -> dict:
     """One trial of `path`: spare (a node lost, a spare node allocated), requeue (a node lost, no
     spare) or crash (one rank SIGKILLed, its node alive: a restart in the allocation); `-store`:
     the checkpoint not kept in the nodes' memory."""
-    kind = path.removesuffix("-store")
+    kind, *modifiers = path.split("-")
     overrides = [
         *JOB,
         f"model.hidden_sizes=[{hidden},{hidden}]",
         *(["resources.spare_nodes=1"] if kind == "spare" else []),
-        *(["checkpoint.in_memory=false"] if path.endswith("-store") else []),
+        *(["checkpoint.in_memory=false"] if "store" in modifiers else []),
+        *(["comm=gloo"] if "gloo" in modifiers else []),
+        *(["cluster.in_process_restart=false"] if "fork" in modifiers else []),
         f"run_root={work / 'runs'}",
     ]
     submitted = subprocess.run([sys.executable, str(ROOT / "launch.py"), *overrides], cwd=work, capture_output=True, text=True, timeout=300)
@@ -128,6 +135,7 @@ def trial(work: Path, path: str, hidden: int) -> dict:
         "redone_steps": before - result["resumed_from"],
         "logged_cost": resumed.get("cost", {}).get("total_s"),
         "requeues": restarts(job_id),
+        "in_process": sum("an in-process restart" in log.read_text() for log in (run_dir / "logs").glob("rank-*.log")),
         "completed": result["status"] == "completed",
     }
 
@@ -188,8 +196,13 @@ def main() -> int:
     for _ in range(args.trials):
         for path in paths:
             poll(nodes_settled, "an idle cluster", 300)
-            with tempfile.TemporaryDirectory() as work:
+            work = tempfile.mkdtemp(prefix=f"spare-node-{path}-")
+            try:
                 row = trial(Path(work), path, args.hidden)
+            except Exception:
+                print(f"{path}: failed; its run dir is kept under {work}", file=sys.stderr, flush=True)
+                raise
+            shutil.rmtree(work, ignore_errors=True)
             rows.append(row)
             print(json.dumps(row), flush=True)
     for path in paths:
@@ -197,6 +210,7 @@ def main() -> int:
         print(
             f"{path}: kill -> first resumed step median {statistics.median(r['to_first_step_s'] for r in mine):.1f} s, "
             f"steps redone {[r['redone_steps'] for r in mine]}, requeues {[r['requeues'] for r in mine]}, "
+            f"ranks restarted in their process {[r['in_process'] for r in mine]}, "
             f"completed {sum(r['completed'] for r in mine)}/{len(mine)}"
         )
     print("\n".join(phase_table(rows)))

@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from collectives.base import CollectivesError, Deferred, ReduceOp, reduce_scatter_by_allreduce
 
+_ABANDONED: list[torch.Tensor] = []  # lent to the work of a group whose peers are gone: never freed by a worker thread
+
 
 def held_elsewhere(tensor: torch.Tensor) -> bool:
     """True while C++ (a backend's worker thread) holds a reference to the tensor besides its Python object's."""
@@ -58,6 +60,8 @@ class TorchDistCollectives:
         # that must take the GIL, and during interpreter exit that aborts the process
         # ("terminate called without an active exception", seen after a script's last step).
         self._lent: list[torch.Tensor] = []
+        self._abandoned = False
+        _ABANDONED[:] = [t for t in _ABANDONED if held_elsewhere(t)]  # an earlier group's, let go of since: freed here
 
     def _lend(self, *tensors: torch.Tensor) -> None:
         self._lent = [t for t in self._lent if held_elsewhere(t)]  # let go of: ours alone now
@@ -147,7 +151,16 @@ class TorchDistCollectives:
         """End this process at once; the launcher (srun --kill-on-bad-exit, mpirun) ends the rest."""
         os._exit(code)
 
+    def abandon(self) -> None:
+        """Its peers are gone and this process lives on (an in-process restart): close() waits for
+        no worker thread to let go of a tensor (their work failed, and a failed work keeps its
+        tensors while its exception lives); they are kept to the process's end instead."""
+        self._abandoned = True
+
     def close(self) -> None:
+        if self._abandoned:  # only what a worker thread still holds; the rest is freed here
+            _ABANDONED[:] = [t for t in [*_ABANDONED, *self._lent] if held_elsewhere(t)]
+            self._lent = []
         self.quiesce()
         if dist.is_initialized():
             dist.destroy_process_group()

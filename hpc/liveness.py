@@ -40,6 +40,7 @@ SLURMD_RETRY_S = 0.25
 HELLO_LIMIT = 512  # bytes a rank sends in all (token, rank, node, bye)
 
 _held: list[socket.socket] = []
+_registered: list[bool] = []
 
 
 def hold_from_env() -> None:
@@ -61,9 +62,11 @@ def hold(address: str | None, rank: str, node: str) -> None:
         connection.sendall(f"{token} {rank} {node}\n".encode())
     except (OSError, ValueError):
         return
+    if not _registered:  # once per process: a parked rank holds a connection again in its next run
+        _registered.append(True)
+        os.register_at_fork(after_in_child=_let_go_in_child)
+        atexit.register(say_bye)
     _held.append(connection)
-    os.register_at_fork(after_in_child=_let_go_in_child)
-    atexit.register(say_bye)
 
 
 def say_bye() -> None:
@@ -73,6 +76,13 @@ def say_bye() -> None:
             connection.sendall(b"bye\n")
         except OSError:
             pass
+
+
+def let_go() -> None:
+    """`bye`, and the connection closed: this process no longer runs the step's rank (a parked
+    rank, hpc.rank.parking); its next run holds a connection to the next step's supervisor."""
+    say_bye()
+    _let_go_in_child()
 
 
 def _let_go_in_child() -> None:

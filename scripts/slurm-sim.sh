@@ -129,13 +129,19 @@ kill_node() {  # everything in the node's mount namespace dies at once, as when 
     [[ -f $pidfile ]] && pid=$(cat "$pidfile") && namespace=$(readlink "/proc/${pid}/ns/mnt" 2>/dev/null) ||
         die "$1 is not running"
     [[ $namespace != "$(readlink /proc/self/ns/mnt)" ]] || die "$1 shares this shell's mount namespace; refusing"
+    # slurmd first: a rank's connection that closes must find its node's slurmd silent, as on a
+    # node that lost power (killed in /proc's order, a rank could die first and its node still
+    # answer: the step supervisor then took the node for alive and waited for the heartbeats).
+    kill -KILL "$pid" 2>/dev/null && killed=1
     # One find for every process's namespace (a readlink per process took seconds on a loaded
-    # machine, while the node's ranks kept training).
+    # machine, while the node's ranks kept training); the rest in one kill.
+    local others=()
     while read -r proc link; do
         [[ $link == "$namespace" ]] || continue
         proc=${proc%/ns}
-        kill -KILL "${proc#/proc/}" 2>/dev/null && killed=$((killed + 1))
+        others+=("${proc#/proc/}")
     done < <(find /proc/[0-9]*/ns -maxdepth 1 -name mnt -printf '%h %l\n' 2>/dev/null || true)
+    ((${#others[@]} == 0)) || { kill -KILL "${others[@]}" 2>/dev/null || true; killed=$((killed + ${#others[@]})); }
     rm -f "$pidfile"
     echo "slurm-sim: $1 lost (${killed} processes killed); slurmctld marks it DOWN after SlurmdTimeout"
 }

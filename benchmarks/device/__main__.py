@@ -68,6 +68,7 @@ BUDGET_S = {
     "scaling": 110,
     "loader": 45,
     "unit": 90,
+    "restart": 60,
 }
 # The CPU plumbing mode runs beside other tests on 2 cores (CI, three test workers): 2.5-4x each check's time alone there.
 CPU_BUDGET_S = {
@@ -84,6 +85,7 @@ CPU_BUDGET_S = {
     "scaling": 150,
     "loader": 100,
     "unit": 20,
+    "restart": 60,
 }
 ROUND_CHECKS = ("resnet50", "lm", "nanogpt", "compile")  # the toolkit against a reference, in interleaved rounds
 ROUND_S = {"resnet50": 25, "lm": 22, "nanogpt": 40, "compile": 60}  # GPU: a round's time (H200, 2026-11-27: nanogpt 33-38 s) and a margin

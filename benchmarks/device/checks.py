@@ -264,6 +264,57 @@ def unit(mode: str, scratch: Path, report: Report) -> None:
         report.note(line[:300])
 
 
+# A new process's start on this machine, against a group started again in the same process.
+RESTART_PROBE = """
+import datetime, json, sys, time
+began = time.perf_counter()
+import torch, torch.distributed as dist
+imported = time.perf_counter()
+gpu = sys.argv[1] == "gpu"
+if gpu:
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+context = time.perf_counter()
+def group(port):
+    started = time.perf_counter()
+    dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    x = torch.ones(1 << 20, device="cuda" if gpu else "cpu")
+    dist.all_reduce(x)
+    if gpu:
+        torch.cuda.synchronize()
+    ready = time.perf_counter()
+    dist.destroy_process_group()
+    return ready - started
+first, again = group(int(sys.argv[2])), group(int(sys.argv[3]))
+print(json.dumps({"import": imported - began, "context": context - imported, "first": first, "again": again}))
+"""
+
+
+def restart(mode: str, scratch: Path, report: Report) -> None:
+    """What an in-process restart (hpc.rank.parking) keeps on this machine: a new process's
+    torch import and CUDA context, and the group's first start and collective (NCCL on the GPU,
+    Gloo on the CPU; one rank) against the same started again in that process. A fork of the
+    warm process skips the import, not the context (CUDA cannot be forked)."""
+    import json
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(str(free.getsockname()[1]))
+    rounds = []
+    for _ in range(3):  # interleaved with nothing: each a fresh process, the median reported
+        done = subprocess.run([sys.executable, "-c", RESTART_PROBE, mode, *ports], capture_output=True, text=True, timeout=240, check=True)
+        rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    report.figure("import torch (s, a cold rank's; a fork skips it)", round(median["import"], 3))
+    report.figure("CUDA context (s, every fork's; an in-process restart skips it)", round(median["context"], 3))
+    report.figure("group start + first allreduce, new process (s)", round(median["first"], 3))
+    report.figure("group start + first allreduce, again in the same process (s)", round(median["again"], 3))
+    report.figure("an in-process restart saves over a fork (s)", round(median["context"] + median["first"] - median["again"], 3))
+
+
 CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "environment": environment,
     "resume": resume,
@@ -274,6 +325,7 @@ CHECKS: dict[str, Callable[[str, Path, Report], None]] = {
     "scaling": scaling,
     "loader": loader,
     "unit": unit,
+    "restart": restart,
 }
 ROUND_CHECKS: dict[str, Callable[[str, Path, Report, int], None]] = {  # the toolkit against a reference, in --rounds rounds
     "resnet50": resnet50,

@@ -62,6 +62,9 @@ class ClusterConfig:
     # a restart in the allocation costs a fork, not an interpreter's start; a local run imports torch once, not
     # once per rank. false: every rank starts its own.
     warm_ranks: bool = True
+    # With warm ranks and comm=gloo/nccl, a rank whose step ends after a peer's death keeps its process (its
+    # imports, its CUDA context) for the next step of the allocation (hpc.rank.parking). false: a fork each time.
+    in_process_restart: bool = True
     signal: str = "USR1"  # sbatch --signal=<signal>@<signal_seconds>, sent to every rank
     signal_seconds: int = 120  # before the time limit; enough to finish a step and save
     setup: list[str] = field(default_factory=list)  # shell lines run in sbatch before srun

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import sysconfig
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -101,8 +102,11 @@ def newest_step(run_dir: Path) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def seen_before(run_dir: Path, err: BaseException, step: int | None) -> bool:
-    """Whether an earlier start failed with the same error at the same step (failures.jsonl)."""
+def seen_before(run_dir: Path, err: BaseException, step: int | None, since: float | None = None) -> bool:
+    """Whether an earlier start failed with the same error at the same step (failures.jsonl):
+    a record written before `since` (this rank's process started). The same failure's other
+    ranks write theirs after it started: the survivors of one lost peer all fail alike, and
+    that is one failure, not a repeated one (seen on DDP over Gloo: a crash ended the job)."""
     try:
         lines = (run_dir / FAILURES).read_text().splitlines()
     except OSError:
@@ -113,7 +117,10 @@ def seen_before(run_dir: Path, err: BaseException, step: int | None) -> bool:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut by a crash
-        if isinstance(record, dict) and {key: record.get(key) for key in wanted} == wanted:
+        if not isinstance(record, dict) or {key: record.get(key) for key in wanted} != wanted:
+            continue
+        written = record.get("time")
+        if since is None or not isinstance(written, int | float) or written < since:
             return True
     return False
 
@@ -123,17 +130,18 @@ def record_failure(run_dir: Path, err: BaseException, step: int | None, rank: in
     effort: a full disk must not hide the error itself."""
     try:
         with (run_dir / FAILURES).open("a") as f:
-            f.write(json.dumps({"error": signature(err), "step": step, "rank": rank}) + "\n")
+            f.write(json.dumps({"error": signature(err), "step": step, "rank": rank, "time": time.time()}) + "\n")
     except OSError:
         pass
 
 
-def repeats_here(run_dir: Path, err: BaseException, rank: int) -> tuple[bool, str]:
-    """repeats(err), or the evidence of an earlier start; the failure recorded either way.
-    Returns (whether it repeats, why: "" or the evidence in words)."""
+def repeats_here(run_dir: Path, err: BaseException, rank: int, since: float | None = None) -> tuple[bool, str]:
+    """repeats(err), or the evidence of an earlier start (one before `since`: this rank's
+    process start); the failure recorded either way. Returns (whether it repeats, why: "" or
+    the evidence in words)."""
     step = newest_step(run_dir)
     lasting, why = repeats(err), ""
-    if not lasting and seen_before(run_dir, err, step):
+    if not lasting and seen_before(run_dir, err, step, since):
         lasting, why = True, f"the same {type(err).__name__} at step {step} as before a restart: it repeats"
     record_failure(run_dir, err, step, rank)
     return lasting, why

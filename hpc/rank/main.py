@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.env import RESULT_EXIT_VARIABLE, STEP_ATTEMPT_VARIABLE, RankInfo, cpus_per_task, job_id, rendezvous, restart_count
 from hpc.interruptions import TIMELINE, restarts_in
-from hpc.rank import dynamo
+from hpc.rank import dynamo, parking
 from hpc.rank.binding import apply_binding, binding_for, rank_threads
 from hpc.rank.diskfaults import end_on_storage_failure, storage_line
 from hpc.rank.lifecycle import EXIT_RESUMABLE
@@ -152,21 +152,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         binding_line = apply_binding(binding, job.topology)  # before MPI/NCCL start
         threads = rank_threads(job.trainer.threads_per_rank, cpus_per_task(os.environ), binding, rank.local_world_size)
         torch.set_num_threads(threads)
-        log.info(
-            "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d%s)",
-            rank.rank,
-            rank.local_rank,
-            rank.node_rank,
-            rank.num_nodes,
-            rank.host,
-            rank.launcher,
-            restart_count(os.environ),
-            f", restart {os.environ[STEP_ATTEMPT_VARIABLE]} in this allocation" if os.environ.get(STEP_ATTEMPT_VARIABLE, "0") != "0" else "",
-        )
-        log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
-        log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.launching.snapshot)
-        if (forked := forked_line()) is not None:
-            log.info("%s", forked)
+        log_start(rank, binding_line, threads)
         if job.script is not None:  # the user's own script instead of the built-in loop
             return script_to_end(job, run_dir, rank, stop)
         node_position = ring_position(job, rank)
@@ -176,6 +162,7 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         meet = rendezvous(os.environ) if entry(job.comm.backend).rendezvous else None
         comm = init_collectives(job.comm, rank, node_position, meet, pinned_table=run_dir.allreduce_table)
         started.callback(comm.close)
+        arm_parking(job, comm, meet is not None)
         stop.reclaim()  # the stop signals stay ours even if the communication library took one
         if watchdog is not None:  # stopped before the collectives close (closing twice is harmless)
             started.callback(watchdog.close)
@@ -185,10 +172,31 @@ def train_as_configured(job: JobConfig, run_dir: RunDir, rank: RankInfo) -> dict
         except StorageFailure as err:  # raised alike on every rank at one step: each ends, none aborts the others
             return end_on_storage_failure(err, run_dir, rank)
         except BaseException as err:
-            abort_job(err, comm, rank, run_dir)  # ends the process: MPI_Abort (any backend but a single process's)
+            end_in_training(err, comm, rank, run_dir)  # parks, or ends the process (MPI_Abort on the engine)
             raise SystemExit(1) from None
         comm.barrier()  # outside abort_job: a peer lost here must not veto the requeue of a committed stop
+    parking.disarm()  # trained: from here a client's end ends the rank again
     return after_fit(result, job, run_dir, rank, stop)
+
+
+def log_start(rank: RankInfo, binding_line: str, threads: int) -> None:
+    """The rank's first lines: its place, which start, its binding, its code, how it started."""
+    attempt = os.environ.get(STEP_ATTEMPT_VARIABLE, "0")
+    log.info(
+        "rank %d local_rank %d node %d/%d on %s (launcher %s, restart %d%s)",
+        rank.rank,
+        rank.local_rank,
+        rank.node_rank,
+        rank.num_nodes,
+        rank.host,
+        rank.launcher,
+        restart_count(os.environ),
+        f", restart {attempt} in this allocation" if attempt != "0" else "",
+    )
+    log.info("%s, %d torch thread%s", binding_line, threads, "" if threads == 1 else "s")
+    log.info("code: %s", CODE_ROOT)  # the frozen copy on Slurm (hpc.launching.snapshot)
+    if (forked := forked_line()) is not None:
+        log.info("%s", forked)
 
 
 def script_to_end(job: JobConfig, run_dir: RunDir, rank: RankInfo, stop: StopFlag) -> dict[str, Any]:
@@ -289,8 +297,24 @@ def import_without_collection(*modules: str) -> None:
         gc.enable()
 
 
+def arm_parking(job: JobConfig, comm: Collectives, formed_again: bool) -> None:
+    """A rank on a group that can be formed again (torch.distributed's rendezvous, not an MPI
+    world) of a Slurm job may keep its process across a restart in the allocation (hpc.rank.parking)."""
+    if job.cluster.in_process_restart and formed_again and job_id(os.environ) is not None:
+        parking.arm(os.environ.get(parking.SLOT_VARIABLE), getattr(comm, "abandon", None))
+
+
+def end_in_training(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: RunDir) -> None:
+    """A survivor of a peer's end (its heartbeats go on) waits for its step's end and parks where
+    it may (Parked); any other failure ends the job (abort_job)."""
+    if parking.peer_gone(err):
+        parking.wait_for_end(err, log.warning)
+    abort_job(err, comm, rank, run_dir)
+
+
 def abort_job(err: BaseException, comm: Collectives, rank: RankInfo, run_dir: RunDir) -> None:
     """The other ranks would wait in their next collective forever: end the whole job."""
+    parking.raise_if_parking()  # the step ended under this rank, which parks (hpc.rank.parking)
     report_failure(err, rank, run_dir, "aborting")
     logging.shutdown()
     comm.abort(1)
@@ -305,7 +329,8 @@ def report_failure(err: BaseException, rank: RankInfo, run_dir: RunDir, ending: 
     requeue count against the budget."""
     from hpc.rank.failures import from_users_frame, newest_step, one_line, repeats_here
 
-    lasting, why = repeats_here(run_dir.path, err, rank.rank)
+    parking.raise_if_parking()  # not this rank's failure: its step ended under it (hpc.rank.parking)
+    lasting, why = repeats_here(run_dir.path, err, rank.rank, process_started())
     record_failure(run_dir, rank.rank, rank.world_size, process_started(), err)
     refused, found = FaultLatch(), storage_error(err)
     if found is not None and found.filename is not None and refused.note(found) and refused.first is not None:  # a write refused outside the vote's reach
@@ -426,7 +451,10 @@ def main(argv: list[str]) -> int:
     finally:
         # Everything is written: the interpreter's last collection of torch's (and dynamo's)
         # objects took 1.2 of a rank's 1.5 s of exit on a 2-core machine, every job, every rank.
-        gc.freeze()
+        # Not for a rank that parks: its training is still reachable from the unwinding, and
+        # frozen it would never be freed in the process that trains again (hpc.rank.parking).
+        if not parking.parking():
+            gc.freeze()
     told = code == EXIT_RESUMABLE or (code == 1 and summary.get("recorded") is True)  # a failure all ranks agreed on, recorded
     if told and os.environ.get(RESULT_EXIT_VARIABLE) == "1":
         return 0  # hpc.launching.ranks returns result.json's code: a non-zero exit here can hang mpirun (and prints its banner)

@@ -44,6 +44,11 @@ def process_started() -> float:
     return PROCESS_STARTED
 
 
+def forget_caught() -> None:
+    """A parked rank's next run (hpc.rank.parking): what its last run caught was that run's."""
+    _caught.clear()
+
+
 def caught_early() -> tuple[str, float] | None:
     """The first stop signal caught before training installed its own flag: (name, when)."""
     return _caught[0] if _caught else None

@@ -58,7 +58,7 @@ from hpc.env import (
     private_dir,
     task_place,
 )
-from hpc.rank import dynamo
+from hpc.rank import dynamo, parking
 from hpc.rank import signals as rank_signals
 
 # What a rank imports before its first step, whatever it trains: imported once per node. Nothing
@@ -323,9 +323,19 @@ class WarmServer:
 
     def __init__(self, listener: socket.socket, token: str, memory: Path | None = None) -> None:
         self.listener, self.token, self.memory = listener, token, memory
-        self.children: dict[int, socket.socket] = {}
+        self.children: dict[int, socket.socket | None] = {}  # None: parking or parked, no client
         self.gone: set[int] = set()  # ranks whose client is gone, killed, not yet reaped
+        # In-process restarts (hpc.rank.parking): each fork's end of its park channel, the places of
+        # those that may park, those parking (until when) and parked (by place, until when), and
+        # the requests that wait for a rank of their place to park.
+        self.channels: dict[int, socket.socket] = {}
+        self.places: dict[int, str | None] = {}  # each rank's place: its task's (SLURM_LOCALID, GPUs)
+        self.slots: dict[int, str] = {}
+        self.parking: dict[int, float] = {}
+        self.parked: dict[str, tuple[int, float]] = {}
+        self.held: list[tuple[str, socket.socket, dict[str, Any], list[int], float]] = []
         self.ending = False  # SIGTERM came: no more forks, and the end once every rank's
+        self.hold_s = float(os.environ.get(parking.HOLD_VARIABLE) or parking.HOLD_S)
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -341,7 +351,8 @@ class WarmServer:
         stdin_open = True
         while True:
             watched = [*([] if self.ending else [self.listener]), *([sys.stdin] if stdin_open else [])]
-            readable, _, _ = select.select([*watched, self.wake_r, *(c for pid, c in self.children.items() if pid not in self.gone)], [], [])
+            clients = [c for pid, c in self.children.items() if pid not in self.gone and c is not None]
+            readable, _, _ = select.select([*watched, self.wake_r, *clients, *self.channels.values()], [], [], self.next_deadline())
             if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
                 # the supervisor is done, or the batch shell died of the job's SIGTERM with the
                 # ranks still saving: they end (their clients gone) before this process does
@@ -349,16 +360,23 @@ class WarmServer:
             if self.wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_r, 4096)
+            self.reap()
+            # The ends of clients, then the ranks' words, then new clients: a task that came with
+            # its place's old task's end finds that place's rank parking (or parked), not a gap.
+            for pid, conn in list(self.children.items()):
+                if conn is not None and conn in readable:
+                    self.client_gone(pid, conn)
+            for pid, channel in list(self.channels.items()):
+                if channel in readable:
+                    self.heard(pid, channel)
             if self.listener in readable and not self.ending:
                 self.accept()
-            self.reap()
+            self.expire()
             if self.ending:
                 self.listener.close()  # a client still to come starts its rank cold
+                self.end_parked()
                 if not self.children:
                     return
-            for pid, conn in list(self.children.items()):
-                if conn in readable:
-                    self.client_gone(pid, conn)
 
     def client_gone(self, pid: int, conn: socket.socket) -> None:
         """A client never writes after its request: readable means gone (srun's task was killed),
@@ -366,9 +384,15 @@ class WarmServer:
         with contextlib.suppress(OSError):
             if conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
                 return
-        self.gone.add(pid)
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+        channel = self.channels.get(pid)
+        if channel is not None and pid not in self.slots:
+            self.heard(pid, channel)  # its `armed` came with its client's end: heard first
+        if pid in self.slots and not self.ending and not stopped(pid):  # it parks (its own thread saw the end too): the next step may take it
+            conn.close()
+            self.children[pid] = None
+            self.parking[pid] = time.monotonic() + parking.PARK_WITHIN_S
+            return
+        self.kill(pid)
 
     def accept(self) -> None:
         try:
@@ -384,21 +408,149 @@ class WarmServer:
             request, fds = _read_request(conn)
             if request.get("token") != self.token or len(fds) != 3:
                 raise ValueError("a request without the job's token and three streams")
-            pid = os.fork()
+            slot = place_of(request)
         except Exception as err:  # noqa: BLE001 - one bad request (even JSON nested past the recursion limit) never ends the node's ranks
             print(f"hpc-warm: a request refused: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            _drop(conn, fds)
+            return
+        self.place(slot, conn, request, fds)
+
+    def place(self, slot: str | None, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        """The request's rank: the rank parked at its place, or one still parking there (the
+        request waits for it), else a fork."""
+        if slot is not None and slot in self.parked:
+            pid, _ = self.parked.pop(slot)
+            if self.adopt(pid, conn, request, fds, slot):
+                return
+        if slot is not None and any(self.slots.get(pid) == slot for pid in self.parking):
+            self.held.append((slot, conn, request, fds, time.monotonic() + self.hold_s))
+            return
+        self.fork(conn, request, fds)
+
+    def fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        ours, theirs = socket.socketpair()  # the park channel (hpc.rank.parking)
+        try:
+            pid = os.fork()
+        except OSError as err:
+            print(f"hpc-warm: a request refused: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            _drop(conn, fds)
+            ours.close()
+            theirs.close()
             return
         if pid == 0:
             self.leave()
-            _become_rank(conn, request, fds, self.memory)
+            ours.close()
+            _become_rank(conn, request, fds, self.memory, theirs)
+        theirs.close()
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # its group exists before any killpg below (the fork sets it too)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
+        ours.settimeout(REQUEST_S)  # a stopped rank never blocks this loop for longer
+        self.channels[pid] = ours
+        self.places[pid] = place_of(request)
+
+    def adopt(self, pid: int, conn: socket.socket, request: dict[str, Any], fds: list[int], slot: str) -> bool:
+        """Hand the parked rank `pid` the request, its streams and its client (SCM_RIGHTS); False
+        where it cannot be told (it died or was stopped meanwhile): ended, and the caller forks."""
+        payload = json.dumps(request).encode()
+        try:
+            if stopped(pid):
+                raise OSError("stopped")
+            channel = self.channels[pid]
+            channel.sendmsg([_HEADER.pack(len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, conn.fileno()]))])
+            channel.sendall(payload)
+        except (OSError, KeyError):
+            self.kill(pid)
+            return False
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.places[pid] = slot
+        return True
+
+    def heard(self, pid: int, channel: socket.socket) -> None:
+        """A fork's word on its park channel: `armed` (it may park, at the place of its request),
+        `disarmed`, `parked`. Nothing where its words were read already (with its client's end, in
+        the same turn of the loop): a read would wait, and an empty one would forget the rank."""
+        if not select.select([channel], [], [], 0)[0]:
+            return
+        try:
+            words = channel.recv(4096).decode(errors="replace").split("\n")
+        except OSError:
+            words = []
+        if not any(words):  # it ended: reaped below
+            self.forget(pid)
+            return
+        for said in words:
+            if said == "armed" and self.places.get(pid) is not None:
+                self.slots[pid] = str(self.places[pid])
+            elif said == "disarmed":
+                self.slots.pop(pid, None)
+            elif said == "parked":
+                self.on_parked(pid)
+
+    def on_parked(self, pid: int) -> None:
+        conn = self.children.get(pid)
+        if pid not in self.parking and conn is not None and at_eof(conn):
+            self.client_gone(pid, conn)  # its client's end and its word came together: the end first
+        slot = self.slots.pop(pid, None)
+        if self.parking.pop(pid, None) is None or slot is None or self.ending:
+            self.kill(pid)  # parked with its client still there, or nothing will take it
+            return
+        waiting = next((entry for entry in self.held if entry[0] == slot), None)
+        if waiting is not None:
+            self.held.remove(waiting)
+            if not self.adopt(pid, *waiting[1:4], slot):
+                self.fork(*waiting[1:4])
+            return
+        if slot in self.parked:
+            self.kill(self.parked.pop(slot)[0])
+        self.parked[slot] = (pid, time.monotonic() + parking.ADOPT_WITHIN_S)
+
+    def next_deadline(self) -> float | None:
+        """Seconds to the nearest parking's or parked rank's deadline; None: none."""
+        deadlines = [*self.parking.values(), *(until for _, until in self.parked.values()), *(entry[4] for entry in self.held)]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def expire(self) -> None:
+        """A rank not parked in time, or parked and not taken in time, is ended; a request that
+        waited for it gets a fork."""
+        now = time.monotonic()
+        for pid, until in list(self.parking.items()):
+            if now >= until:
+                del self.parking[pid]
+                self.slots.pop(pid, None)
+                self.kill(pid)
+        for slot, (pid, until) in list(self.parked.items()):
+            if now >= until:
+                del self.parked[slot]
+                self.kill(pid)
+        for slot, conn, request, fds, until in list(self.held):
+            parking_here = [pid for pid in self.parking if self.slots.get(pid) == slot]
+            if parking_here and now < until:
+                continue
+            for pid in parking_here:  # too slow to park (a stopped process, a long save): its place gets a fork
+                del self.parking[pid]
+                self.kill(pid)
+            self.held.remove((slot, conn, request, fds, until))
+            self.place(slot, conn, request, fds)
+
+    def end_parked(self) -> None:
+        """The job's end here: no step will take a parked rank."""
+        for pid in [*self.parking, *(pid for pid, _ in self.parked.values())]:
+            self.kill(pid)
+        self.parking.clear()
+        self.parked.clear()
+        for _, conn, _, fds, _ in self.held:
+            _drop(conn, fds)
+        self.held.clear()
+
+    def kill(self, pid: int) -> None:
+        self.gone.add(pid)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
     def leave(self) -> None:
         """In the fork: nothing of the warm process's loop stays open or armed."""
@@ -408,7 +560,24 @@ class WarmServer:
             os.close(fd)
         self.listener.close()
         for other in self.children.values():
-            other.close()
+            if other is not None:
+                other.close()
+        for channel in self.channels.values():
+            channel.close()
+        for _, conn, _, fds, _ in self.held:
+            _drop(conn, fds)
+
+    def forget(self, pid: int) -> None:
+        """A rank reaped: nothing of its parking stays."""
+        channel = self.channels.pop(pid, None)
+        if channel is not None:
+            channel.close()
+        self.slots.pop(pid, None)
+        self.places.pop(pid, None)
+        self.parking.pop(pid, None)
+        for slot, (parked, _) in list(self.parked.items()):
+            if parked == pid:
+                del self.parked[slot]
 
     def reap(self) -> None:
         """Tell the client of each rank that ended how it ended."""
@@ -423,6 +592,7 @@ class WarmServer:
                 os.killpg(pid, signal.SIGKILL)  # what the rank left behind (loader workers, its own children), as Slurm's step end did
             conn = self.children.pop(pid, None)
             self.gone.discard(pid)
+            self.forget(pid)
             if conn is None:
                 continue
             # A rank that ends through its interpreter says how itself; one that os._exit()s (a
@@ -433,9 +603,43 @@ class WarmServer:
             conn.close()
 
 
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def _drop(conn: socket.socket, fds: list[int]) -> None:
+    """A request not served here: its client's connection and streams closed (it starts its rank cold)."""
+    for fd in fds:
+        os.close(fd)
+    conn.close()
+
+
+def place_of(request: dict[str, Any]) -> str | None:
+    """A task's place on its node, which a parked rank must share to be handed it: its local id
+    and the GPUs Slurm gave it (a kept CUDA context is on those); None outside a Slurm step."""
+    env = request.get("env")
+    if not isinstance(env, dict) or env.get(parking.SLOT_VARIABLE) is None:
+        return None
+    return f"{env[parking.SLOT_VARIABLE]}/{env.get('CUDA_VISIBLE_DEVICES', '')}"
+
+
+def at_eof(conn: socket.socket) -> bool:
+    """Whether the other end closed (a client never writes after its request)."""
+    try:
+        return conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): a hung rank, which cannot park."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _read_request(conn: socket.socket, streams: int = 3) -> tuple[dict[str, Any], list[int]]:
     fds = array.array("i")
-    data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(3 * fds.itemsize))
+    data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(streams * fds.itemsize))
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
@@ -469,13 +673,17 @@ def forked_line() -> str | None:
     """The rank's log line saying it is a fork of its node's warm process; None for a cold start."""
     if not _forked_at:
         return None
+    if (adopted := parking.adopted_line(rank_signals.PROCESS_STARTED)) is not None:
+        return adopted
     imported = f", {', '.join(_frameworks)} imported there" if _frameworks else ""
     return f"a fork of this node's warm process (hpc.rank.warm), {_forked_at[0] - rank_signals.PROCESS_STARTED:.2f} s after its task started{imported}"
 
 
-def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], memory: Path | None = None) -> NoReturn:
+def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], memory: Path | None = None, channel: socket.socket | None = None) -> NoReturn:
     """Take the client's place (streams, environment, directory, CPUs), run the rank's module as
-    `python -m` would, and end the process with its exit code, told to the client first."""
+    `python -m` would, and end the process with its exit code, told to the client first. A rank
+    whose step ended under it parks instead (hpc.rank.parking) and runs again for the task that
+    takes it: the same place on the node in the next step."""
     code, rank = 1, os.getpid()
     try:
         os.setpgid(0, 0)  # its own group: the rank and its loader workers end together
@@ -483,25 +691,21 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], m
         for sig in (*IGNORED_HERE, ENDS_HERE):
             if sig not in rank_signals.STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-        os.register_at_fork(after_in_child=conn.close)  # the rank's own children never speak for it
+        os.register_at_fork(after_in_child=_close_in_child)  # the rank's own children never speak for it
         _forked_at.append(time.time())
-        _fresh_random_streams()
-        rank_signals.PROCESS_STARTED = float(request.get("started") or _forked_at[0])
-        for fd, target in zip(fds, (0, 1, 2), strict=True):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
-        if memory is not None:
-            os.environ[MEMORY_VARIABLE] = str(memory)
-        os.chdir(str(request["cwd"]))
-        os.umask(int(request["umask"]))
-        os.sched_setaffinity(0, [int(cpu) for cpu in request["cpus"]])
-        sys.argv = [str(arg) for arg in request["argv"]]
-        conn.settimeout(None)
-        conn.sendall(f"pid {os.getpid()}\n".encode())
-        threading.Thread(target=_end_with_client, args=(conn,), daemon=True, name="hpc-warm-client").start()
-        code = _run_module(str(request["module"]))
+        if channel is not None:
+            parking.attach(channel)
+        while True:
+            _client[:] = [conn]
+            _fresh_random_streams()
+            _take_place(conn, request, fds, memory)
+            code = _run_module(str(request["module"]))
+            if not parking.parking():
+                break
+            taken = _park(conn)
+            if taken is None:
+                os._exit(code)  # no client to tell: the warm process ends it anyway
+            conn, request, fds = taken
     except BaseException:  # noqa: BLE001 - the fork must never return into the warm process's loop
         traceback.print_exc()
     try:
@@ -514,6 +718,86 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], m
             conn.sendall(f"exit {code}\n".encode())
     finally:
         os._exit(code)
+
+
+_client: list[socket.socket] = []  # in a rank: its client's connection now
+
+
+def _close_in_child() -> None:
+    for conn in _client:
+        conn.close()
+    channel = parking.channel()
+    if channel is not None:
+        channel.close()
+
+
+def _take_place(conn: socket.socket, request: dict[str, Any], fds: list[int], memory: Path | None) -> None:
+    """The client's streams, environment, directory, umask and CPUs made this process's; the
+    client told its pid, and watched (its end is the rank's)."""
+    rank_signals.PROCESS_STARTED = float(request.get("started") or _forked_at[0])
+    for fd, target in zip(fds, (0, 1, 2), strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    if memory is not None:
+        os.environ[MEMORY_VARIABLE] = str(memory)
+    os.chdir(str(request["cwd"]))
+    os.umask(int(request["umask"]))
+    os.sched_setaffinity(0, [int(cpu) for cpu in request["cpus"]])
+    sys.argv = [str(arg) for arg in request["argv"]]
+    conn.settimeout(None)
+    conn.sendall(f"pid {os.getpid()}\n".encode())
+    threading.Thread(target=_end_with_client, args=(conn,), daemon=True, name="hpc-warm-client").start()
+
+
+def _park(old: socket.socket) -> tuple[socket.socket, dict[str, Any], list[int]] | None:
+    """The training unwound (its step ended under it): wait until every thread it started has
+    ended, say `parked`, and wait for the next step's task of this place: (its client, its
+    request, its streams); None where this process cannot park (the warm process ends it)."""
+    old.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()  # the training's objects (its group, its loader's workers) let go of now, not in the next run
+    if not parking.threads_ended(parking.PARK_WITHIN_S / 2) or not _device_usable():
+        return None
+    quiet = os.open(os.devnull, os.O_RDWR)  # the old task's pipes are gone: nothing is written until the next task's
+    for target in (0, 1, 2):
+        os.dup2(quiet, target)
+    os.close(quiet)
+    channel = parking.channel()
+    if channel is None or not parking.parked():
+        return None
+    try:
+        channel.settimeout(None)
+        request, fds = _read_request(channel, streams=4)
+    except (OSError, ValueError):
+        return None
+    if len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        return None
+    parking.adopted()
+    rank_signals.forget_caught()  # what the last run caught, and the storage fault it noted, were that run's
+    faults = sys.modules.get("trainers.faults")
+    if faults is not None:
+        faults.FAULTS.clear()
+    return socket.socket(fileno=fds[3]), request, fds[:3]
+
+
+def _device_usable() -> bool:
+    """The CUDA context a parked rank keeps still works (a sticky error, an illegal address, ends
+    it for good: the next run would fail in it), its cached blocks given back to the device."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as err:  # noqa: BLE001 - said, and the process ends: its place gets a fork
+        print(f"hpc-warm: not parked: its CUDA context failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _fresh_random_streams() -> None:
@@ -562,6 +846,8 @@ def _run_module(module: str) -> int:
     except KeyboardInterrupt:
         traceback.print_exc()
         return 130
+    except parking.Parked:  # its step ended under it: not an error of its own (hpc.rank.parking)
+        return 1
     except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit code 1
         traceback.print_exc()
         return 1
@@ -569,13 +855,17 @@ def _run_module(module: str) -> int:
 
 
 def _end_with_client(conn: socket.socket) -> None:
-    """The client is srun's task: when it is gone (Slurm killed the step), so is the rank."""
+    """The client is srun's task: when it is gone (Slurm killed the step), so is the rank, unless
+    it may park (hpc.rank.parking: its collectives are cut, and its training unwinds)."""
     try:
         while conn.recv(1):
             pass
     except OSError:
         pass
-    os.killpg(0, signal.SIGKILL)
+    if _client and conn is not _client[0]:
+        return  # an earlier run's client (this process parked since)
+    if not parking.begin():
+        os.killpg(0, signal.SIGKILL)
 
 
 def main(modules: Sequence[str] = WARM_MODULES) -> int:

@@ -98,12 +98,15 @@ FAILED_TASKS = re.compile(r"srun: error: (?P<node>[^\s:]+): tasks? [\d,\-]+: (?P
 LOST_NODE = re.compile(r"srun: error: Node failure on (?P<node>[^\s,]+)")
 
 
+OOM_HINT = " (SIGKILL: out of memory?)"
+
+
 def failure_text(line: str) -> str:
     """srun's line of a failed task, said as the toolkit says a death: a task Slurm saw killed
     (SIGKILL, nobody's stop) was most often the kernel's out-of-memory killer's doing (Slurm's own
     cgroup says `Out Of Memory` where it watches memory)."""
     text = line.strip().removeprefix("srun: error: ")
-    return f"{text} (SIGKILL: out of memory?)" if text.endswith(": Killed") else text
+    return f"{text}{OOM_HINT}" if text.endswith(": Killed") else text
 
 
 @dataclass
@@ -248,6 +251,7 @@ class StepWatch:
         self.slurmd = dict(slurmd or {})  # where each node's slurmd listens (slurmctl.slurmd_addresses)
         self.cancels: list[subprocess.Popen[bytes]] = []  # scancels of a lost node's step, answered after MessageTimeout
         self.died = False  # srun's first failed task died of a signal (Killed, Segmentation fault, ...), not an exit code
+        self.first = threading.Lock()  # the listener's thread and srun's reader race to say the step's failure first
         self.listener = Listener(self._connection_closed)
         try:
             self.process = subprocess.Popen(command, env={**env, LIVENESS_VARIABLE: self.listener.address}, stderr=subprocess.PIPE, text=True, errors="replace")
@@ -260,30 +264,48 @@ class StepWatch:
     def _connection_closed(self, rank: str, node: str) -> None:
         """A rank's connection closed without a bye (hpc.liveness): its node is lost if its slurmd
         does not answer; otherwise the rank alone ended, and srun says how."""
+        if node not in self.lost:
+            self._node_lost(node, f"rank {rank}'s connection closed")
+
+    def _node_lost(self, node: str, evidence: str) -> bool:
+        """Whether `node`, which `evidence` (a rank's closed connection, srun's line of a task
+        killed there) points to, is lost: its slurmd does not answer. The step's failure is then
+        the node's loss, whichever evidence came first (a lost node's slurmstepd may report its
+        task killed before the rank's connection is seen closed)."""
         address = self.slurmd.get(node)
-        if node in self.lost or address is None or node_answers(address):
-            return
-        self.lost.append(node)
-        if not self.failed.is_set():
+        if address is None or node_answers(address):
+            return False
+        with self.first:
+            if node not in self.lost:
+                self.lost.append(node)
+        self._first_failure(f"node {node} lost ({evidence}, its slurmd does not answer)", node)
+        return True
+
+    def _first_failure(self, failure: str, node: str, died: bool = False) -> bool:
+        """Say the step's failure as its first evidence does (what comes later only adds to what is
+        known): False where another evidence came first."""
+        with self.first:
+            if self.failed.is_set():
+                return False
             self.record.failed = time.time()
-            self.record.failure = f"node {node} lost (rank {rank}'s connection closed, its slurmd does not answer)"
+            self.record.failure = failure
             self.record.first_failed_node = node
+            self.died = died
             self.failed.set()
+            return True
 
     def _read_stderr(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             sys.stderr.write(line)
             sys.stderr.flush()
-            if self.failed.is_set():
+            found = None if self.failed.is_set() else FAILED_TASKS.search(line) or LOST_NODE.search(line)
+            if found is None:
                 continue
-            found = FAILED_TASKS.search(line) or LOST_NODE.search(line)
-            if found:
-                self.record.failed = time.time()
-                self.record.failure = failure_text(line)
-                self.record.first_failed_node = found.group("node")
-                self.died = "what" in found.groupdict() and not found.group("what").startswith("Exited with exit code")
-                self.failed.set()
+            node = found.group("node")
+            died = "what" in found.groupdict() and not found.group("what").startswith("Exited with exit code")
+            if not (died and self._node_lost(node, f"srun: {line.strip().removeprefix('srun: error: ')}")):
+                self._first_failure(failure_text(line), node, died)
 
     def wait(self, allocation_nodes: Callable[[], list[str]], heartbeats: Callable[[], Path | None]) -> int:
         """srun's exit code. The step has failed when a rank's closed connection points to a lost
@@ -312,6 +334,9 @@ class StepWatch:
                 self.record.hung = True
                 self.process.kill()
             self.record.lost_nodes = sorted({*probing.result(), *self.lost})
+            node, failure = self.record.first_failed_node, self.record.failure
+            if failure and node in self.record.lost_nodes and node not in self.lost:
+                self.record.failure = f"node {node} lost ({failure.removesuffix(OOM_HINT)}, no step starts there)"  # what failed first was the node
             break
         code = self.process.wait()
         self.reader.join(timeout=5)
@@ -358,10 +383,7 @@ class StepWatch:
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # being rewritten, or not ours
             if written >= self.record.launched and now - written > self.silent_after_s:
-                self.record.failed = now
-                self.record.failure = f"rank {rank} on {host} silent for {now - written:.0f} s"
-                self.record.first_failed_node = host
-                self.failed.set()
+                self._first_failure(f"rank {rank} on {host} silent for {now - written:.0f} s", host)
                 for _ in range(2):  # srun: a second Ctrl-C within a second ends the step
                     self.process.send_signal(signal.SIGINT)
                     time.sleep(0.2)

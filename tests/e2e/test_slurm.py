@@ -108,7 +108,12 @@ def test_a_clean_stop_says_what_happened_and_srun_reports_no_killed_tasks(tmp_pa
     ), rank0[-600:]
     task_logs = {path.name: path.read_text() for path in (run_dir / "slurm" / job_id).glob(f"{job_id}_*_log.*")}
     assert len([name for name in task_logs if name.endswith(".out")]) == 4
-    said = [f"{name}:\n{text[-3000:]}" for name, text in task_logs.items() if "Job completed successfully" in text or "Terminated" in text]
+    # A rank's rare segfault in Open MPI's start-up (docs/reliability.md: not the toolkit's, not
+    # fixed) restarts the ranks in the allocation first, its step's tasks killed: what the stop's
+    # step said follows the step supervisor's line of that restart.
+    restarted = r"\(node\d+: task \d+: Segmentation fault\): starting them again in this allocation"
+    stop_step = {name: re.split(restarted, text)[-1] for name, text in task_logs.items()}
+    said = [f"{name}:\n{text[-3000:]}" for name, text in stop_step.items() if "Job completed successfully" in text or "Terminated" in text]
     assert not said, "\n".join(said)
     assert re.search(
         "hpc-toolkit: the ranks " + stopped_pattern("SIGUSR1", steps) + rf" and have exited: requeueing job {job_id}",

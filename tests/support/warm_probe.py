@@ -1,5 +1,5 @@
 """What tests/unit/test_warm.py runs as a fork of a warm process (hpc.rank.warm): it says where it
-runs, then does what PROBE says: exit with CODE (or os._exit), wait for SIGUSR1, raise, or sleep."""
+runs, then does what PROBE says: exit with CODE (or os._exit), wait for SIGUSR1, raise, park, or sleep."""
 
 from __future__ import annotations
 
@@ -44,6 +44,17 @@ if mode == "leaves_child":  # a process the rank started and did not end
 
     print(subprocess.Popen(["sleep", "300"]).pid, flush=True)
     sys.exit(0)
+if mode in ("park", "stuck"):  # a rank that may park (hpc.rank.parking) once its client is gone; "stuck" never unwinds
+    from hpc.rank import parking
+
+    while mode == "stuck" and not got:  # arms on SIGUSR1: the test decides when its word is sent
+        time.sleep(0.01)
+
+    print(json.dumps({"armed": parking.arm(os.environ.get(parking.SLOT_VARIABLE))}), flush=True)
+    while mode == "park" and not parking.parking():
+        time.sleep(0.01)
+    if mode == "park":
+        parking.raise_if_parking()  # where the rank's training would report its failure
 if mode == "raise":
     raise RuntimeError("the probe's own error")
 time.sleep(300)

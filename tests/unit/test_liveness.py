@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from hpc.liveness import Listener, node_answers
 from tests.support.runs import ROOT
 
@@ -143,3 +145,41 @@ def test_a_step_whose_rank_closed_on_a_node_without_slurmd_is_ended_with_that_no
         code = watch.wait(lambda: ["node7", "node8"], lambda: None)
     assert code == -signal.SIGKILL and record.hung and record.lost_nodes == ["node7"]
     assert record.failure == "node node7 lost (rank 1's connection closed, its slurmd does not answer)"
+
+
+@pytest.mark.parametrize("slurmd_answers", [True, False])
+def test_srun_saying_a_task_was_killed_on_a_node_without_slurmd_is_that_node_lost(slurmd_answers):
+    """A lost node's slurmstepd may report its task killed before the rank's connection is seen
+    closed: the step's failure is still the node's loss where its slurmd does not answer, and
+    srun's words (a task killed: out of memory?) where it does."""
+    from hpc.slurm.supervise import StepRecord, StepWatch
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        slurmd = {"node7": ("127.0.0.1", server.getsockname()[1])}
+        if not slurmd_answers:
+            server.close()
+        record = StepRecord(start=0, attempt=0, nodes_excluded=[], launched=time.time())
+        srun = ["sh", "-c", "echo 'srun: error: node7: task 1: Killed' >&2; exit 9"]
+        watch = StepWatch(srun, dict(os.environ), record, "local", slurmd)
+        assert watch.wait(list, lambda: None) == 9
+    if slurmd_answers:
+        assert record.failure == "node7: task 1: Killed (SIGKILL: out of memory?)" and watch.lost == []
+    else:
+        assert record.failure == "node node7 lost (srun: node7: task 1: Killed, its slurmd does not answer)" and watch.lost == ["node7"]
+    assert record.first_failed_node == "node7"
+
+
+def test_a_task_killed_on_a_node_the_probes_then_find_lost_is_said_as_that_nodes_loss(monkeypatch):
+    """Its slurmd still answered when srun's word came (it dies last, or its port is held a moment
+    longer): the probes that follow find no step starts there, and the failure says the node."""
+    from hpc.slurm import slurmctl, supervise
+
+    monkeypatch.setattr(supervise, "probe_nodes", lambda nodes: [node for node in nodes if node == "node7"])
+    monkeypatch.setattr(slurmctl, "kill_wait_s", lambda: 0.0)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        record = supervise.StepRecord(start=0, attempt=0, nodes_excluded=[], launched=time.time())
+        srun = ["sh", "-c", "echo 'srun: error: node7: task 1: Killed' >&2; exec sleep 30"]
+        watch = supervise.StepWatch(srun, dict(os.environ), record, "local", {"node7": ("127.0.0.1", server.getsockname()[1])})
+        assert watch.wait(lambda: ["node7", "node8"], lambda: None) == -signal.SIGKILL
+    assert record.lost_nodes == ["node7"] and watch.lost == []
+    assert record.failure == "node node7 lost (node7: task 1: Killed, no step starts there)"

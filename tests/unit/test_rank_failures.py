@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,8 @@ def test_an_error_that_comes_back_the_same_at_the_same_step_after_a_restart_repe
     def fail_at(step: int, err: BaseException) -> bool:
         run.steps.write_text(json.dumps({"step": step, "loss": 2.0}) + "\n")  # where rank 0 had got to
         forbidden.clear()
+        started = time.time()
+        monkeypatch.setattr(rank_main, "process_started", lambda: started)  # each failure a start of its own
         with caplog.at_level(logging.INFO):
             rank_main.abort_job(err, Aborted(), rank, run)  # type: ignore[arg-type]
         return bool(forbidden)
@@ -283,3 +286,17 @@ def test_the_command_a_fault_line_names_resumes_the_run_the_way_it_was_started(t
         (tmp_path / "command.txt").write_text("python launch.py\n")
         (tmp_path / "config.yaml").write_text("{}\n")
     assert scheduler_of(env).resume_command(tmp_path) == said.format(run=tmp_path)
+
+
+def test_the_same_error_of_the_same_failures_other_ranks_is_not_a_repeat(tmp_path):
+    """The survivors of one lost peer fail alike at the same step (Gloo's `Connection reset by
+    peer`): one failure, not a repeated one. The same error written before this rank started is."""
+    from hpc.rank.failures import repeats_here
+
+    (tmp_path / "steps.jsonl").write_text(json.dumps({"step": 10}) + "\n")
+    peer_gone = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:38785: Connection reset by peer")
+    started = time.time()
+    assert repeats_here(tmp_path, peer_gone, rank=2, since=started) == (False, "")  # the first survivor
+    assert repeats_here(tmp_path, peer_gone, rank=0, since=started) == (False, "")  # another, the same moment
+    lasting, why = repeats_here(tmp_path, peer_gone, rank=0, since=time.time() + 1)  # a later start: the evidence counts
+    assert lasting and "as before a restart: it repeats" in why

@@ -189,7 +189,7 @@ def test_a_rank_whose_heartbeat_went_silent_ends_the_step_and_its_unanswering_no
     scontrol = FAKE_SCONTROL.replace("NodeList=node[1-2]", "NodeList=node[1-3]").replace("echo node2 ;;", "echo node2; echo node3 ;;")
     code, steps, calls, err = run_supervisor(tmp_path, "0", scontrol, SILENT_SRUN, HPCTK_HEARTBEAT_SILENT_S="2")
     assert code == 0, err
-    assert steps[0]["failure"].startswith("rank 1 on node2 silent for") and steps[0]["lost_nodes"] == ["node2"]
+    assert steps[0]["failure"].startswith("node node2 lost (rank 1 on node2 silent for") and steps[0]["lost_nodes"] == ["node2"]
     assert calls[1] == "--overlap --exclude=node2 --mpi=pmix ranks"
     assert (tmp_path / "interrupts").read_text().count("interrupted") == 2  # srun was asked to end the step
 

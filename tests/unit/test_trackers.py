@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from hpc.config.validate import check_trackers
 from hpc.errors import UserError
 from tests.support.wandb_files import history, records, run_records
 from trainers.reporting.reporter import StepReporter
-from trainers.reporting.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after
+from trainers.reporting.trackers import TRACKERS_FILE, TrackedRun, last_step, opened, records_after, written_through
 from trainers.reporting.wandb_logs import last_step_written
 
 # A config as the ranks read it: nested, with a value longer than MLflow takes and more keys
@@ -82,14 +82,10 @@ def test_mlflow_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_path, m
     assert runs[0].data.params["optim.lr"] == "0.1" and runs[0].data.params["optim.name"] == "sgd"
 
 
-def poll_for(found: Callable[[], list[Path]], timeout_s: float = 30) -> Path:
-    """The one path `found()` gives, once it gives one: wandb-core writes a stopped start's
-    records after the start returned (a stop does not wait for them)."""
-    deadline = time.monotonic() + timeout_s
-    while not (paths := found()):
-        assert time.monotonic() < deadline, "no start's W&B files hold its records"
-        time.sleep(0.05)
-    (path,) = paths
+def start_holding(wandb_dir: Path, run_id: str, step: int) -> Path:
+    """The one start's offline dir whose log holds `step`: read right after the start returned,
+    since a start's close waits for wandb-core's last records (trackers.written_through)."""
+    (path,) = [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if step in [row["_step"] for row in history_of(p, run_id)]]
     return path
 
 
@@ -115,7 +111,7 @@ def test_wandb_offline_one_run_over_a_stop_and_a_crash_no_step_logged_twice(tmp_
     start(run_dir, ["wandb"], range(5, 9), 0.0, "STOPPED")
     # Then the job was killed with wandb-core holding the second start's records: its files
     # hold nothing, and no clean finish confirmed them.
-    second = poll_for(lambda: [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]])
+    second = start_holding(wandb_dir, run_id, 5)
     (second / f"run-{run_id}.wandb").write_bytes(b":W&B\xe1\xbe\x00")
     (run_dir / TRACKERS_FILE).write_text(json.dumps({"wandb": {"id": run_id, "through": 4}}))
     assert last_step(run_dir / "steps.jsonl") == 8
@@ -146,7 +142,7 @@ def test_wandb_offline_steps_a_killed_start_wrote_are_not_given_again(tmp_path, 
     start(run_dir, ["wandb"], range(5, 13), 0.0, "STOPPED")
     # Then killed before finish() returned: no clean finish confirmed 5-12, and the log was cut
     # partway through the record of one of them.
-    second = poll_for(lambda: [p for p in wandb_dir.glob(f"offline-run-*-{run_id}*") if 5 in [row["_step"] for row in history_of(p, run_id)]])
+    second = start_holding(wandb_dir, run_id, 5)
     log = second / f"run-{run_id}.wandb"
     data = log.read_bytes()
     whole_through_9 = next(size for size in range(len(data)) if last_step_written([write(tmp_path / "cut", data[:size])]) == 9)
@@ -158,6 +154,25 @@ def test_wandb_offline_steps_a_killed_start_wrote_are_not_given_again(tmp_path, 
     rows = [row for row in history(wandb_dir, run_id) if "train/loss" in row]
     assert [row["_step"] for row in rows] == list(range(1, 15))  # 10-12 from steps.jsonl, 5-9 not again
     assert [row["train/loss"] for row in rows][9:12] == [1 / 10, 1 / 11, 1 / 12]
+
+
+def test_a_stop_confirms_only_the_steps_wandb_core_wrote(tmp_path, wandb_dir):
+    """finish() can return before wandb-core wrote its last records: the start waits for the
+    exit record, and where it never comes confirms only the steps on disk."""
+    run_dir = tmp_path / "run"
+    start(run_dir, ["wandb"], range(1, 13), 0.0, "STOPPED")
+    run_id = json.loads((run_dir / TRACKERS_FILE).read_text())["wandb"]["id"]
+    data = (log := start_holding(wandb_dir, run_id, 12) / f"run-{run_id}.wandb").read_bytes()
+    through_9 = next(size for size in range(len(data)) if last_step_written([write(tmp_path / "cut", data[:size])]) == 9)
+    log.write_bytes(data[:through_9])
+    late = threading.Timer(0.3, log.write_bytes, [data])  # wandb-core's last records, after finish()
+    late.start()
+    assert written_through(log, 4) == 12
+    late.join()
+    log.write_bytes(data[:through_9])  # killed before it wrote them
+    began = time.monotonic()
+    assert written_through(log, 4, wait_s=0.3) == 9 and time.monotonic() - began >= 0.3
+    assert written_through(write(tmp_path / "empty", data[:7]), 4, wait_s=0) == 4
 
 
 def write(path: Path, data: bytes) -> Path:

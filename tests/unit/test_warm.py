@@ -12,9 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,58 +19,7 @@ from benchmarks.simcluster import poll
 from hpc.env import WARM_IMPORTS_VARIABLE, WARM_VARIABLE
 from hpc.rank.warm import CONNECT_VARIABLE
 from tests.support.runs import ROOT
-
-CLIENT = (  # hpc.rank.main's first lines, with the probe as the module
-    "import os; from hpc.rank.signals import catch_stop_signals; catch_stop_signals(); from hpc.rank.warm import hand_over; "
-    "hand_over(os.environ, 'tests.support.warm_probe'); print('cold', flush=True)"
-)
-SERVE = "import sys; from hpc.rank import warm; raise SystemExit(warm.main(sys.argv[1:]))"
-MODULES = ("json", "tests.support.warm_probe_deps")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return status != "Z"
-
-
-@pytest.fixture
-def job_env() -> dict[str, str]:
-    """A made-up Slurm task's environment: a job id of its own (the socket's name is global)."""
-    slurm = {"SLURM_JOB_ID": str(uuid.uuid4().int % 10**9), "SLURMD_NODENAME": "warmnode"}
-    return {**os.environ, **slurm, "PYTHONPATH": str(ROOT), WARM_VARIABLE: "t0ken", CONNECT_VARIABLE: "0.5"}
-
-
-def start_warm(env: dict[str, str], *modules: str) -> subprocess.Popen[str]:
-    """A warm process importing `modules`, once it listens."""
-    server = subprocess.Popen([sys.executable, "-u", "-c", SERVE, *modules], env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None
-    assert server.stdout.readline() == "hpc-warm: listening warmnode\n"
-    return server
-
-
-@pytest.fixture
-def warm(job_env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
-    server = start_warm(job_env, *MODULES)
-    assert server.stdout is not None
-    assert server.stdout.readline().startswith("hpc-warm: ready warmnode ")
-    yield server
-    if server.poll() is None:
-        server.kill()
-    server.wait()
-
-
-def client(env: dict[str, str], *args: str, tmp: Path, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CLIENT, *args], env={**env, **extra}, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def said(process: subprocess.Popen[str]) -> dict:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    return json.loads(line) if line.startswith("{") else {"line": line}
+from tests.support.warmserver import MODULES, alive, client, said, start_warm
 
 
 def test_the_fork_runs_in_the_clients_place_and_its_exit_code_is_the_clients(warm, job_env, tmp_path):

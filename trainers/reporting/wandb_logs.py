@@ -64,13 +64,25 @@ def logs_of(wandb_dir: Path, run_id: str) -> list[Path]:
     return sorted(wandb_dir.glob(f"*-{run_id}*/run-{run_id}.wandb"))
 
 
+def readable(log: Path) -> list[Any]:
+    """The log's records; an unreadable log holds none."""
+    try:
+        return records(log)
+    except (OSError, ValueError):
+        return []
+
+
+def last_step_of(held: list[Any]) -> int | None:
+    """The highest history step among the records (None: none)."""
+    steps = [record.history.step.num for record in held if record.WhichOneof("record_type") == "history"]
+    return max(steps) if steps else None
+
+
 def last_step_written(logs: list[Path]) -> int | None:
     """The highest history step the logs hold (None: none); an unreadable log counts as holding none."""
-    steps = []
-    for path in logs:
-        try:
-            held = records(path)
-        except (OSError, ValueError):
-            continue
-        steps += [record.history.step.num for record in held if record.WhichOneof("record_type") == "history"]
-    return max(steps) if steps else None
+    return last_step_of([record for path in logs for record in readable(path)])
+
+
+def ended(held: list[Any]) -> bool:
+    """Whether the records hold their start's exit record, the last one wandb-core writes."""
+    return any(record.WhichOneof("record_type") == "exit" for record in held)
