@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import pytest
 
 from benchmarks.simcluster import parse_job_id, poll, release_when_requeued
 from collectives.mpirun import mpirun_command
+from hpc.slurm.slurmctl import job_state
 from hpc.verify.compare import compare_states, final_state
 from hpc.verify.runs import events
 from tests.conftest import wait_until_done
@@ -87,6 +89,24 @@ def test_a_hugging_face_trainer_stopped_on_two_nodes_requeues_once_and_resumes_e
     assert compared.tensors > 100 and not compared.differing, compared.differing[:5]
 
 
+def submit_until_it_trains(batch: Path, work: Path) -> str:
+    """Submit the hand-typed script and wait for its first steps: the job id. Ranks started by
+    hand have no failure requeue, so a rank's rare segfault in Open MPI's start-up
+    (docs/reliability.md: not the toolkit's, not fixed) ends the job before its first step; that
+    one case is submitted again, once."""
+    for attempt in range(2):
+        submitted = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True, timeout=60, check=True)
+        job_id = submitted.stdout.strip().split(";")[0]
+        output = work / f"slurm-{job_id}.out"
+        poll(lambda: logged_steps(work / "run") >= 5 or job_state(job_id) not in ("PENDING", "RUNNING", "CONFIGURING"), "the script's first steps")
+        if logged_steps(work / "run") >= 5:
+            return job_id
+        said = output.read_text() if output.exists() else ""
+        assert attempt == 0 and "Segmentation fault" in said and logged_steps(work / "run") == 0, said[-3000:]
+        shutil.rmtree(work / "run", ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
 def test_ranks_started_by_hand_with_srun_requeue_their_job_and_resume_bit_exactly(tmp_path):
     """No launch.py: the user's own sbatch script runs `srun python train.py --run-dir run`; the
     handle (unhosted) votes through MPI, and after a stop rank 0 requeues the job itself."""
@@ -98,9 +118,7 @@ def test_ranks_started_by_hand_with_srun_requeue_their_job_and_resume_bit_exactl
         f"#SBATCH --output={shlex.quote(str(tmp_path / 'slurm-%j.out'))}\n"
         f"cd {shlex.quote(str(tmp_path))}\n{shlex.join(srun)}\n"
     )
-    submitted = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True, timeout=60, check=True)
-    job_id = submitted.stdout.strip().split(";")[0]
-    poll(lambda: logged_steps(tmp_path / "run") >= 5, "the script's first steps")
+    job_id = submit_until_it_trains(batch, tmp_path)
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     release_when_requeued(job_id, 0)
     assert wait_until_done(job_id) == "COMPLETED", (tmp_path / f"slurm-{job_id}.out").read_text()[-3000:]
